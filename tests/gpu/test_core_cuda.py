@@ -1,0 +1,76 @@
+"""The core on CUDA: same results as on CPU, and capturable in a CUDA graph (no host sync)."""
+
+import pytest
+import torch
+
+from sglang_ddtree.layout import ancestor_mask, retrieve_arrays, tree_positions
+from sglang_ddtree.tree import build_tree
+from sglang_ddtree.walk import greedy_walk, walk_choices
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+FIELDS = ("tokens", "parents", "depth", "scores", "ranks", "valid")
+
+
+def inputs(bs, depth, vocab, seed, ties=False):
+    gen = torch.Generator().manual_seed(seed)
+    lp = (torch.randn(bs, depth, vocab, generator=gen) * 3).log_softmax(-1)
+    if ties:
+        lp = (lp * 2).round() / 2
+    return lp, torch.randint(0, vocab, (bs,), generator=gen)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("budget", [1, 16, 256, 1024])
+def test_cuda_equals_cpu(budget, ties):
+    lp, roots = inputs(4, 15, 5000, seed=budget, ties=ties)
+    cpu = build_tree(lp, budget, roots)
+    gpu = build_tree(lp.cuda(), budget, roots.cuda())
+    for f in FIELDS:
+        assert torch.equal(getattr(cpu, f), getattr(gpu, f).cpu()), f
+    assert torch.equal(ancestor_mask(cpu), ancestor_mask(gpu).cpu())
+    for a, b in zip(retrieve_arrays(cpu), retrieve_arrays(gpu)):
+        assert torch.equal(a, b.cpu())
+    # make the target follow the tree's first children so the walk goes deep
+    first = retrieve_arrays(cpu)[1]
+    choice = torch.where(first >= 0, cpu.tokens.gather(1, first.clamp(min=0)), 0)
+    w_cpu, w_gpu = walk_choices(cpu, choice), walk_choices(gpu, choice.cuda())
+    assert torch.equal(w_cpu.out_tokens, w_gpu.out_tokens.cpu())
+    assert torch.equal(w_cpu.path, w_gpu.path.cpu())
+
+
+@pytest.mark.parametrize("budget", [16, 1024])
+def test_stages_replay_in_a_cuda_graph(budget):
+    bs, depth, vocab = 3, 15, 32000
+    lp, roots = inputs(bs, depth, vocab, seed=7)
+    static_lp = lp.cuda().to(torch.bfloat16)
+    static_roots = roots.cuda()
+    static_start = torch.tensor([5, 100, 7], device="cuda")
+    static_logits = torch.randn(bs, budget + 1, 128, device="cuda")
+
+    def run():
+        tree = build_tree(static_lp.float().log_softmax(-1), budget, static_roots, check_values=False)
+        walk = greedy_walk(tree, static_logits, check_values=False)
+        return tree, ancestor_mask(tree), tree_positions(tree, static_start), walk
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_tree, g_mask, g_pos, g_walk = run()
+
+    for seed in (11, 12):  # new inputs copied into the static buffers, then replay
+        lp2, roots2 = inputs(bs, depth, vocab, seed=seed)
+        static_lp.copy_(lp2.to(torch.bfloat16))
+        static_roots.copy_(roots2)
+        static_logits.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        e_tree, e_mask, e_pos, e_walk = run()
+        for f in FIELDS:
+            assert torch.equal(getattr(g_tree, f), getattr(e_tree, f)), f
+        assert torch.equal(g_mask, e_mask) and torch.equal(g_pos, e_pos)
+        assert torch.equal(g_walk.out_tokens, e_walk.out_tokens)
