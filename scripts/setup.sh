@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Idempotent setup: a virtualenv in .venv with torch, this package (editable) and the offline/test extras.
+# Uses an existing torch when the interpreter already has one (e.g. a CUDA build on a GPU machine);
+# otherwise installs torch 2.13.0 (the CPU build on the project's machines).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $($PY --version)"
+  $PY -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+if ! python -c "import torch" >/dev/null 2>&1; then
+  echo "[setup] installing torch 2.13.0"
+  python -m pip install -q "torch==2.13.0"
+fi
+if ! python -c "import sglang_ddtree, transformers, pytest" >/dev/null 2>&1 || [ pyproject.toml -nt .venv/.ddtree-installed ]; then
+  echo "[setup] installing sglang-ddtree (editable) with the offline and test extras"
+  python -m pip install -q -e ".[offline,test]"
+  touch .venv/.ddtree-installed
+fi
+python - <<'PY'
+import torch, transformers, sglang_ddtree
+print(f"[setup] ok: python {__import__('sys').version.split()[0]}, torch {torch.__version__}, "
+      f"transformers {transformers.__version__}, sglang-ddtree {sglang_ddtree.__version__}, "
+      f"cuda={'yes' if torch.cuda.is_available() else 'no'}")
+PY

@@ -1,0 +1,728 @@
+"""Baseline files: one JSONL file per run, a header line then one line per (prompt, method).
+
+The format is documented field by field in docs/baseline-format.md. This module owns the schema
+(`BaselineHeader`, `MethodRecord`), reading and writing (with resume), comparability checks between two
+headers, model fingerprints, and the importer for the DDTree paper's reference benchmark output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import math
+import os
+import re
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+FORMAT_NAME = "sglang-ddtree-baseline"
+FORMAT_VERSION = 1
+
+_METHOD_RE = re.compile(r"^(plain|dflash|ddtree_tb([1-9][0-9]*))$")
+STAGES = ("draft", "tree", "verify", "walk", "commit")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# method names
+
+
+def method_name(kind: str, budget: int | None = None) -> str:
+    """`plain`, `dflash` or `ddtree_tb{budget}`."""
+    if kind in ("plain", "dflash"):
+        return kind
+    if kind == "ddtree":
+        if budget is None or int(budget) < 1:
+            raise ValueError(f"ddtree needs a budget >= 1, got {budget!r}.")
+        return f"ddtree_tb{int(budget)}"
+    raise ValueError(f"unknown method kind {kind!r}; allowed: plain, dflash, ddtree.")
+
+
+def parse_method(name: str) -> tuple[str, int | None]:
+    """Inverse of `method_name`: 'ddtree_tb64' -> ('ddtree', 64), 'dflash' -> ('dflash', None)."""
+    m = _METHOD_RE.match(name)
+    if m is None:
+        raise ValueError(f"unknown method name {name!r}; allowed: plain, dflash, ddtree_tb<budget> (e.g. ddtree_tb64).")
+    if m.group(2) is not None:
+        return "ddtree", int(m.group(2))
+    return m.group(1), None
+
+
+def method_sort_key(name: str) -> tuple[int, int]:
+    kind, budget = parse_method(name)
+    return ({"plain": 0, "dflash": 1, "ddtree": 2}[kind], budget or 0)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# schema
+
+
+@dataclass
+class BaselineHeader:
+    """Run metadata: enough to decide whether two files are comparable (see `comparability_warnings`)."""
+
+    source: str  # "offline", "import:ddtree-reference", "sglang", ...
+    target: dict[str, Any]  # {"path": str|None, "fingerprint": str|None}
+    drafter: dict[str, Any] | None = None
+    tokenizer: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    attn_implementation: str | None = None
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    max_new_tokens: int | None = None
+    block_size: int | None = None
+    dataset: str | None = None
+    created: str = ""
+    package_version: str = ""
+    versions: dict[str, str] = field(default_factory=dict)  # torch / transformers / python versions
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.created:
+            self.created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        if not self.package_version:
+            from sglang_ddtree import __version__
+
+            self.package_version = __version__
+
+    def to_json(self) -> dict[str, Any]:
+        d = {"format": FORMAT_NAME, "version": FORMAT_VERSION}
+        d.update(dataclasses.asdict(self))
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], where: str = "header") -> "BaselineHeader":
+        check_format_line(d, where)
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in names}
+        unknown = {k: v for k, v in d.items() if k not in names and k not in ("format", "version")}
+        if "source" not in kwargs or "target" not in kwargs:
+            raise ValueError(f"{where}: a baseline header needs 'source' and 'target' fields.")
+        hdr = cls(**kwargs)
+        if unknown:  # written by a newer minor writer: keep it, don't fail
+            hdr.extra = {**hdr.extra, "_unknown_header_fields": unknown}
+        return hdr
+
+
+def check_format_line(d: Any, where: str) -> None:
+    if not isinstance(d, dict) or d.get("format") != FORMAT_NAME:
+        got = d.get("format") if isinstance(d, dict) else type(d).__name__
+        raise ValueError(f"{where}: not a baseline file (first line must have format={FORMAT_NAME!r}, got {got!r}).")
+    if d.get("version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{where}: baseline format version {d.get('version')!r} is not supported; "
+            f"this sglang-ddtree reads version {FORMAT_VERSION} only."
+        )
+
+
+@dataclass
+class MethodRecord:
+    """One (prompt, method) result. Lists indexed by round cover speculative rounds only: the first output
+    token comes from the prefill and belongs to no round."""
+
+    prompt_id: str
+    method: str
+    output_ids: list[int]
+    prompt_index: int | None = None
+    num_input_tokens: int | None = None
+    prompt_sha256: str | None = None
+    finish_reason: str | None = None  # "eos" | "length" | None (unknown)
+    accept_lengths: list[int] = field(default_factory=list)  # tokens committed per round incl. bonus
+    accepted_ranks: list[list[int]] | None = None  # per round: drafter rank of each accepted draft node
+    tree_sizes: list[int] | None = None  # per round: draft nodes in the tree (root excluded)
+    expected_accepts: list[float] | None = None  # per round: 1 + sum of exp(score) over draft nodes
+    margins: list[float] | None = None  # per output token: target top-1 minus top-2 logit where it was chosen
+    stage_ms: dict[str, list[float]] | None = None  # per stage, per round
+    prefill_ms: float | None = None
+    total_ms: float | None = None
+    trees: list[dict[str, list]] | None = None  # per round: tokens / parents / scores / ranks (valid nodes)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        parse_method(self.method)
+
+    @property
+    def kind(self) -> str:
+        return parse_method(self.method)[0]
+
+    @property
+    def budget(self) -> int | None:
+        return parse_method(self.method)[1]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.prompt_id, self.method)
+
+    def round_root_positions(self) -> list[int]:
+        """Output position of each round's root: the token its tree hangs from (the previous round's bonus,
+        or the prefill token for round 0). Round r's tree depends on the prompt plus output_ids[:root + 1]."""
+        starts, pos = [], 0
+        for a in self.accept_lengths:
+            starts.append(pos)
+            pos += a
+        return starts
+
+    def round_of_position(self, position: int) -> int | None:
+        """Round that emitted output token `position` (None: the prefill token, or past the last round)."""
+        pos = 1
+        for r, a in enumerate(self.accept_lengths):
+            if position < pos + a:
+                return r if position >= pos else None
+            pos += a
+        return None
+
+    def validate(self, where: str = "record", *, check_trees: bool = True) -> None:
+        """Internal consistency; raises ValueError with the first problem. Readers pass check_trees=False so a
+        malformed tree from a buggy engine reaches the comparator, which reports its round."""
+        n_rounds = len(self.accept_lengths)
+        if any((not isinstance(t, int)) or t < 0 for t in self.output_ids):
+            raise ValueError(f"{where}: output_ids must be non-negative integers.")
+        if any((not isinstance(a, int)) or a < 1 for a in self.accept_lengths):
+            raise ValueError(f"{where}: accept_lengths must be integers >= 1 (they include the bonus token).")
+        if self.output_ids and n_rounds and sum(self.accept_lengths) + 1 < len(self.output_ids):
+            raise ValueError(
+                f"{where}: accept_lengths sum to {sum(self.accept_lengths)} but there are {len(self.output_ids)} "
+                "output tokens; rounds plus the prefill token must cover every output token."
+            )
+        for name in ("accepted_ranks", "tree_sizes", "expected_accepts", "trees"):
+            v = getattr(self, name)
+            if v is not None and len(v) != n_rounds:
+                raise ValueError(f"{where}: {name} has {len(v)} entries but there are {n_rounds} rounds.")
+        if self.accepted_ranks is not None:
+            for r, (ranks, a) in enumerate(zip(self.accepted_ranks, self.accept_lengths)):
+                if len(ranks) != a - 1:
+                    raise ValueError(
+                        f"{where}: round {r} accepted {a - 1} draft nodes but lists {len(ranks)} ranks."
+                    )
+        if self.margins is not None and len(self.margins) != len(self.output_ids):
+            raise ValueError(f"{where}: margins has {len(self.margins)} entries for {len(self.output_ids)} tokens.")
+        if self.stage_ms is not None:
+            for stage, vals in self.stage_ms.items():
+                if len(vals) != n_rounds:
+                    raise ValueError(f"{where}: stage_ms[{stage!r}] has {len(vals)} entries for {n_rounds} rounds.")
+        if self.trees is not None and check_trees:
+            for r, t in enumerate(self.trees):
+                if t is not None:
+                    validate_tree_dump(t, f"{where} round {r}")
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if d["margins"] is not None:  # JSON has no inf/nan: store them as null
+            d["margins"] = [None if (m is None or not math.isfinite(m)) else m for m in d["margins"]]
+        if d["trees"] is not None:
+            for t in d["trees"]:
+                if t is not None and t.get("scores") is not None:
+                    t["scores"] = [None if (s is None or not math.isfinite(s)) else s for s in t["scores"]]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], where: str = "record") -> "MethodRecord":
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: a record line must be a JSON object.")
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = [k for k in ("prompt_id", "method", "output_ids") if k not in d]
+        if missing:
+            raise ValueError(f"{where}: record lacks required field(s) {missing}.")
+        kwargs = {k: v for k, v in d.items() if k in names}
+        unknown = {k: v for k, v in d.items() if k not in names}
+        try:
+            rec = cls(**kwargs)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        if rec.margins is not None:
+            rec.margins = [float("nan") if m is None else float(m) for m in rec.margins]
+        if unknown:
+            rec.extra = {**rec.extra, "_unknown_fields": unknown}
+        return rec
+
+
+def validate_tree_dump(t: dict[str, list], where: str = "tree") -> None:
+    """A dumped tree lists valid nodes only; node 0 is the root; every parent precedes its child."""
+    if not isinstance(t, dict) or "tokens" not in t or "parents" not in t:
+        raise ValueError(f"{where}: a tree dump needs 'tokens' and 'parents' lists.")
+    tokens, parents = t["tokens"], t["parents"]
+    if len(tokens) != len(parents) or not tokens:
+        raise ValueError(f"{where}: tree tokens and parents must be non-empty and of equal length.")
+    if parents[0] != -1:
+        raise ValueError(f"{where}: node 0 must be the root (parent -1), got parent {parents[0]}.")
+    for i, p in enumerate(parents[1:], start=1):
+        if not (0 <= p < i):
+            raise ValueError(f"{where}: node {i} has parent {p}; a parent must be an earlier node.")
+    for name in ("scores", "ranks", "depths"):
+        if t.get(name) is not None and len(t[name]) != len(tokens):
+            raise ValueError(f"{where}: tree {name} has {len(t[name])} entries for {len(tokens)} nodes.")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# reading and writing
+
+
+@dataclass
+class Baseline:
+    header: BaselineHeader
+    records: list[MethodRecord]
+    path: str | None = None
+
+    def __post_init__(self):
+        self.by_key: dict[tuple[str, str], MethodRecord] = {}
+        for r in self.records:
+            if r.key in self.by_key:
+                raise ValueError(f"{self.path or 'baseline'}: duplicate record for prompt {r.prompt_id!r} method {r.method!r}.")
+            self.by_key[r.key] = r
+
+    @property
+    def methods(self) -> list[str]:
+        return sorted({r.method for r in self.records}, key=method_sort_key)
+
+    def prompt_ids(self, method: str | None = None) -> list[str]:
+        """Prompt ids in file order (first appearance)."""
+        seen: dict[str, None] = {}
+        for r in self.records:
+            if method is None or r.method == method:
+                seen.setdefault(r.prompt_id, None)
+        return list(seen)
+
+    def get(self, prompt_id: str, method: str) -> MethodRecord | None:
+        return self.by_key.get((prompt_id, method))
+
+
+def read_baseline(path: str | os.PathLike, *, allow_partial_last_line: bool = False) -> Baseline:
+    """Read and validate a baseline file. A half-written last line (a run killed mid-write) is an error unless
+    `allow_partial_last_line`, which the resuming writer uses."""
+    path = str(path)
+    if not os.path.exists(path):
+        raise ValueError(f"baseline file {path!r} does not exist.")
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if not lines:
+        raise ValueError(f"{path}: empty file; a baseline file starts with a header line.")
+    try:
+        header = BaselineHeader.from_json(json.loads(lines[0]), f"{path}:1")
+    except json.JSONDecodeError:
+        raise ValueError(f"{path}:1: the header line is not valid JSON.") from None
+    records = []
+    for i, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError:
+            if allow_partial_last_line and i == len(lines):
+                break
+            raise ValueError(f"{path}:{i}: not valid JSON (a truncated write?).") from None
+        rec = MethodRecord.from_json(d, f"{path}:{i}")
+        rec.validate(f"{path}:{i}", check_trees=False)
+        records.append(rec)
+    return Baseline(header, records, path)
+
+
+def write_baseline(path: str | os.PathLike, header: BaselineHeader, records: Iterable[MethodRecord]) -> None:
+    with BaselineWriter(path, header, resume=False) as w:
+        for r in records:
+            w.write(r)
+
+
+class BaselineWriter:
+    """Appends records one line at a time (flushed), so a killed run loses at most the line in flight.
+
+    resume=True and an existing file: its header must be comparable with `header` (same models, sampling and
+    limits); records already there are kept and `done(prompt_id, method)` reports them so callers skip them.
+    """
+
+    def __init__(self, path: str | os.PathLike, header: BaselineHeader, *, resume: bool = True):
+        self.path = str(path)
+        self.header = header
+        self.existing: set[tuple[str, str]] = set()
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        if resume and os.path.exists(self.path) and os.path.getsize(self.path) > 0:
+            old = read_baseline(self.path, allow_partial_last_line=True)
+            problems = resume_conflicts(old.header, header)
+            if problems:
+                raise ValueError(
+                    f"{self.path}: cannot resume, the existing file was made with different settings: "
+                    + "; ".join(problems) + ". Use a new --out file."
+                )
+            self.existing = set(old.by_key)
+            self._rewrite_clean()  # drops a half-written last line if there was one
+            self._f = open(self.path, "a", encoding="utf-8")
+        else:
+            self._f = open(self.path, "w", encoding="utf-8")
+            self._line(header.to_json())
+
+    def _rewrite_clean(self) -> None:
+        with open(self.path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        good = [ln for ln in lines if ln.strip()]
+        try:
+            json.loads(good[-1])
+            return
+        except json.JSONDecodeError:
+            good = good[:-1]
+        with open(self.path, "w", encoding="utf-8") as f:
+            f.write("\n".join(good) + "\n")
+
+    def _line(self, d: dict) -> None:
+        self._f.write(json.dumps(d, separators=(",", ":"), allow_nan=False) + "\n")
+        self._f.flush()
+
+    def done(self, prompt_id: str, method: str) -> bool:
+        return (prompt_id, method) in self.existing
+
+    def write(self, rec: MethodRecord) -> None:
+        rec.validate(f"record {rec.prompt_id}/{rec.method}")
+        if rec.key in self.existing:
+            raise ValueError(f"{self.path}: record for prompt {rec.prompt_id!r} method {rec.method!r} already written.")
+        self._line(rec.to_json())
+        self.existing.add(rec.key)
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# comparability
+
+
+def _fp(d: dict | None) -> str | None:
+    return None if not d else d.get("fingerprint")
+
+
+def resume_conflicts(old: BaselineHeader, new: BaselineHeader) -> list[str]:
+    """Settings that must not change between the parts of one resumed file."""
+    out = []
+    for name in ("temperature", "top_k", "top_p", "seed", "max_new_tokens", "dtype", "dataset", "block_size"):
+        if getattr(old, name) != getattr(new, name):
+            out.append(f"{name} {getattr(old, name)!r} != {getattr(new, name)!r}")
+    if _fp(old.target) != _fp(new.target):
+        out.append("target model fingerprint differs")
+    if _fp(old.drafter) != _fp(new.drafter):
+        out.append("drafter fingerprint differs")
+    return out
+
+
+def comparability_warnings(a: BaselineHeader, b: BaselineHeader) -> list[str]:
+    """Differences that make a comparison of two files questionable (the comparator prints them)."""
+    out = []
+    if a.temperature != b.temperature:
+        out.append(f"temperature differs ({a.temperature} vs {b.temperature}): outputs are not expected to match")
+    for name in ("max_new_tokens", "dataset", "block_size", "top_k", "top_p"):
+        va, vb = getattr(a, name), getattr(b, name)
+        if va is not None and vb is not None and va != vb:
+            out.append(f"{name} differs ({va!r} vs {vb!r})")
+    if a.temperature > 0 and a.seed != b.seed:
+        out.append(f"seed differs ({a.seed} vs {b.seed}) in a sampled run")
+    for role in ("target", "drafter"):
+        fa, fb = _fp(getattr(a, role)), _fp(getattr(b, role))
+        if fa and fb and fa != fb:
+            out.append(f"{role} fingerprints differ: not the same weights")
+    if a.dtype and b.dtype and a.dtype != b.dtype:
+        out.append(f"dtype differs ({a.dtype} vs {b.dtype}): expect near-tie divergences")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fingerprints
+
+
+_FULL_HASH_LIMIT = 64 << 20
+
+
+def fingerprint_file(path: str | os.PathLike) -> str:
+    """sha256 of the whole file when <= 64 MiB; above that, of its size plus first and last MiB (hashing
+    tens of GB of weights per run would dominate the run, and the sampled bytes catch a different checkpoint)."""
+    size = os.path.getsize(path)
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        if size <= _FULL_HASH_LIMIT:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        else:
+            h.update(f.read(1 << 20))
+            f.seek(size - (1 << 20))
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def fingerprint_dir(path: str | os.PathLike) -> str:
+    """Fingerprint of a model folder: config, tokenizer and weight files (names + fingerprints)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ValueError(f"model path {str(path)!r} is not a folder.")
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.suffix in (".json", ".safetensors", ".bin", ".model", ".txt", ".py"):
+            h.update(str(p.relative_to(root)).encode())
+            h.update(fingerprint_file(p).encode())
+    return h.hexdigest()
+
+
+def fingerprint_module(module) -> str:
+    """Fingerprint of an in-memory torch module's parameters and buffers (names, shapes, bytes)."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def prompt_sha256(prompt_ids: Iterable[int]) -> str:
+    return hashlib.sha256(json.dumps([int(t) for t in prompt_ids]).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# importer for the DDTree paper's reference benchmark output (torch.save file)
+
+_REFERENCE_METHOD_FIELDS = ("output_ids", "num_input_tokens", "num_output_tokens", "acceptance_lengths")
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def _has(obj: Any, name: str) -> bool:
+    return (name in obj) if isinstance(obj, dict) else hasattr(obj, name)
+
+
+def _to_list(x: Any, where: str) -> list:
+    if x is None:
+        return []
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    if isinstance(x, (list, tuple)):
+        return list(x)
+    if isinstance(x, (int, float)):
+        return [x]
+    raise ValueError(f"{where}: expected a list or tensor, got {type(x).__name__}.")
+
+
+def load_reference_file(path: str | os.PathLike, *, trust_pickle: bool = False) -> dict:
+    """torch.load the reference output. Default: weights_only=True with SimpleNamespace allowed (the reference
+    stores per-method results as namespaces); trust_pickle=True loads arbitrary pickles: only for files you made."""
+    import torch
+
+    path = str(path)
+    if not os.path.exists(path):
+        raise ValueError(f"reference file {path!r} does not exist.")
+    if trust_pickle:
+        data = torch.load(path, map_location="cpu", weights_only=False)
+    else:
+        try:
+            with torch.serialization.safe_globals([types.SimpleNamespace]):
+                data = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # the unpickler's message is long; keep the first line
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(
+                f"{path}: could not load with weights_only=True ({first[:200]}). If you made this file yourself, "
+                "retry with trust_pickle=True (--trust-pickle)."
+            ) from None
+    return data
+
+
+def _reference_tree(t: Any, root_token: int | None, where: str) -> dict[str, list]:
+    """One round's tree from the reference dump. Accepted shapes (anything else is rejected):
+    a dict with tokens (`tokens`|`node_tokens`|`token_ids`) and parents (`parents`|`parent_ids`), optional
+    scores (`scores`|`log_probs`|`logw`); or a tuple/list (tokens, parents[, scores]). If node 0 is not a root
+    (parents[0] != -1), the nodes are taken as the draft nodes under an implicit root and a root is prepended
+    with the round's root token."""
+
+    def pick(d, names):
+        for n in names:
+            if _has(d, n) and _get(d, n) is not None:
+                return _get(d, n)
+        return None
+
+    if isinstance(t, (tuple, list)) and 2 <= len(t) <= 3 and all(hasattr(x, "__len__") for x in t):
+        tokens, parents = _to_list(t[0], where), _to_list(t[1], where)
+        scores = _to_list(t[2], where) if len(t) == 3 else None
+    elif isinstance(t, (dict, types.SimpleNamespace)):
+        tokens = pick(t, ("tokens", "node_tokens", "token_ids"))
+        parents = pick(t, ("parents", "parent_ids"))
+        if tokens is None or parents is None:
+            keys = sorted(t.keys() if isinstance(t, dict) else vars(t).keys())
+            raise ValueError(f"{where}: unknown tree shape, keys {keys}; expected tokens and parents.")
+        tokens, parents = _to_list(tokens, where), _to_list(parents, where)
+        sc = pick(t, ("scores", "log_probs", "logw"))
+        scores = _to_list(sc, where) if sc is not None else None
+    else:
+        raise ValueError(f"{where}: unknown tree shape {type(t).__name__}; expected a dict or (tokens, parents[, scores]).")
+    tokens = [int(x) for x in tokens]
+    parents = [int(x) for x in parents]
+    scores = None if scores is None else [float(x) for x in scores]
+    if len(tokens) != len(parents) or (scores is not None and len(scores) != len(tokens)):
+        raise ValueError(f"{where}: tree tokens/parents/scores have different lengths.")
+    roots = [i for i, p in enumerate(parents) if p == -1]
+    rooted = roots == [0] and (root_token is None or tokens[0] == root_token)
+    if not rooted:
+        if root_token is None:
+            raise ValueError(f"{where}: tree has no root node and the round's root token is unknown.")
+        tokens = [root_token] + tokens
+        parents = [-1] + [p + 1 for p in parents]
+        scores = None if scores is None else [0.0] + scores
+    dump = {"tokens": tokens, "parents": parents}
+    if scores is not None:
+        dump["scores"] = scores
+    validate_tree_dump(dump, where)
+    return dump
+
+
+def import_reference(path: str | os.PathLike, *, trust_pickle: bool = False, prompt_ids: list[str] | None = None,
+                     dataset: str | None = None, target_path: str | None = None,
+                     drafter_path: str | None = None) -> Baseline:
+    """Convert the DDTree paper's benchmark output into a Baseline. `baseline` is renamed `plain`.
+
+    Expected top level: {"responses": [ {method: result, ...} per prompt ], "block_size": int, "args": dict}.
+    A result (dict or namespace) holds output_ids (prompt + generated, [1, T] or [T]), num_input_tokens,
+    num_output_tokens, acceptance_lengths, and optionally time_to_first_token, time_per_output_token,
+    decode_rounds, stage_times, round_timestamps, round_trees.
+    """
+    path = str(path)
+    data = load_reference_file(path, trust_pickle=trust_pickle)
+    if not isinstance(data, dict) or "responses" not in data:
+        got = sorted(data.keys()) if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{path}: not a reference benchmark file (top level must be a dict with 'responses'; got {got}).")
+    responses = data["responses"]
+    if not isinstance(responses, (list, tuple)):
+        raise ValueError(f"{path}: 'responses' must be a list with one dict per prompt, got {type(responses).__name__}.")
+    if prompt_ids is not None and len(prompt_ids) != len(responses):
+        raise ValueError(f"{path}: {len(prompt_ids)} prompt ids given for {len(responses)} responses.")
+    args = data.get("args") or {}
+    if not isinstance(args, dict):
+        args = dict(vars(args)) if hasattr(args, "__dict__") else {"repr": repr(args)}
+    block_size = data.get("block_size")
+    temperature = float(args.get("temperature", 0.0) or 0.0)
+
+    records = []
+    for i, resp in enumerate(responses):
+        where = f"{path}: responses[{i}]"
+        if not isinstance(resp, dict) or not resp:
+            raise ValueError(f"{where}: must be a non-empty dict keyed by method (baseline, dflash, ddtree_tb<B>).")
+        pid = prompt_ids[i] if prompt_ids is not None else str(i)
+        for ref_method, res in resp.items():
+            method = "plain" if ref_method == "baseline" else ref_method
+            try:
+                parse_method(method)
+            except ValueError:
+                raise ValueError(f"{where}: unknown method key {ref_method!r}; expected baseline, dflash or ddtree_tb<B>.") from None
+            records.append(_import_result(res, pid, i, method, f"{where}[{ref_method!r}]"))
+
+    header = BaselineHeader(
+        source="import:ddtree-reference",
+        target={"path": target_path or args.get("model_name_or_path"), "fingerprint": None},
+        drafter={"path": drafter_path or args.get("draft_name_or_path"), "fingerprint": None},
+        dtype="bfloat16",  # the reference harness loads both models in bf16
+        device="cuda",
+        attn_implementation=data.get("target_attn_implementation"),
+        temperature=temperature,
+        seed=0,  # the reference seeds everything with 0
+        max_new_tokens=args.get("max_new_tokens"),
+        block_size=int(block_size) if block_size is not None else None,
+        dataset=dataset or args.get("dataset"),
+        extra={"imported_from": os.path.abspath(path), "reference_args": _jsonable(args)},
+    )
+    return Baseline(header, records, path)
+
+
+def _jsonable(x: Any) -> Any:
+    try:
+        json.dumps(x)
+        return x
+    except TypeError:
+        if isinstance(x, dict):
+            return {str(k): _jsonable(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [_jsonable(v) for v in x]
+        if hasattr(x, "tolist"):
+            return x.tolist()
+        return repr(x)
+
+
+def _import_result(res: Any, pid: str, index: int, method: str, where: str) -> MethodRecord:
+    if not isinstance(res, (dict, types.SimpleNamespace)):
+        raise ValueError(f"{where}: a method result must be a dict or namespace, got {type(res).__name__}.")
+    missing = [n for n in _REFERENCE_METHOD_FIELDS if not _has(res, n)]
+    if missing:
+        raise ValueError(f"{where}: result lacks field(s) {missing}.")
+    ids = _get(res, "output_ids")
+    if hasattr(ids, "dim") and ids.dim() == 2:
+        if ids.shape[0] != 1:
+            raise ValueError(f"{where}: output_ids has batch {ids.shape[0]}; the reference runs batch 1.")
+        ids = ids[0]
+    ids = [int(t) for t in _to_list(ids, where)]
+    n_in = int(_get(res, "num_input_tokens"))
+    n_out = int(_get(res, "num_output_tokens"))
+    if len(ids) == n_in + n_out:
+        out = ids[n_in:]
+    elif len(ids) == n_out:  # generated part only
+        out = ids
+    else:
+        raise ValueError(
+            f"{where}: output_ids has {len(ids)} tokens, neither num_input_tokens+num_output_tokens "
+            f"({n_in}+{n_out}) nor num_output_tokens."
+        )
+    acc = [int(a) for a in _to_list(_get(res, "acceptance_lengths"), where)]
+    rec = MethodRecord(prompt_id=pid, method=method, output_ids=out, prompt_index=index, num_input_tokens=n_in,
+                       accept_lengths=acc)
+    ttft = _get(res, "time_to_first_token")
+    if ttft is not None:
+        rec.prefill_ms = float(ttft) * 1000.0  # reference timings are in seconds
+    tpot = _get(res, "time_per_output_token")
+    if tpot is not None and ttft is not None:
+        rec.total_ms = rec.prefill_ms + float(tpot) * 1000.0 * max(n_out - 1, 0)
+    rec.extra["reference"] = {k: _jsonable(_get(res, k)) for k in
+                              ("time_to_first_token", "time_per_output_token", "decode_rounds", "round_timestamps")
+                              if _has(res, k)}
+    stage = _get(res, "stage_times")
+    if stage is not None:
+        rec.stage_ms = _import_stage_times(stage, len(acc), rec, where)
+    trees = _get(res, "round_trees")
+    if trees is not None:
+        trees = list(trees)
+        if len(trees) != len(acc):
+            raise ValueError(f"{where}: round_trees has {len(trees)} rounds but acceptance_lengths has {len(acc)}.")
+        starts = rec.round_root_positions()
+        rec.trees = [
+            None if t is None else _reference_tree(t, out[s] if s < len(out) else None, f"{where} round_trees[{r}]")
+            for r, (t, s) in enumerate(zip(trees, starts))
+        ]
+    rec.validate(where)
+    return rec
+
+
+def _import_stage_times(stage: Any, n_rounds: int, rec: MethodRecord, where: str) -> dict[str, list[float]] | None:
+    """Per-round lists (seconds) become stage_ms; totals are kept in extra['reference']['stage_times_s']."""
+    if not isinstance(stage, dict):
+        raise ValueError(f"{where}: stage_times must be a dict of stage -> seconds (per round list or total).")
+    per_round, totals = {}, {}
+    for name, v in stage.items():
+        vals = _to_list(v, f"{where} stage_times[{name!r}]")
+        if len(vals) == n_rounds and not isinstance(v, (int, float)):
+            per_round[str(name)] = [float(x) * 1000.0 for x in vals]
+        else:
+            totals[str(name)] = [float(x) for x in vals] if len(vals) != 1 else float(vals[0])
+    if totals:
+        rec.extra.setdefault("reference", {})["stage_times_s"] = totals
+    return per_round or None

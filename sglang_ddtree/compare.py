@@ -1,0 +1,510 @@
+"""Correctness comparator: a candidate baseline file against a reference one.
+
+Per method, over the prompts both files have:
+  * exact output match rate and, per mismatching prompt, the first divergence position;
+  * at a divergence, the target's top-1/top-2 logit margin there (both files record one per output token).
+    Both runs saw the same prefix, so a genuine float tie shows a tiny margin; a large margin means the target was
+    sure of its token and the other run disagreed anyway: a bug. The larger of the recorded margins is compared
+    with `noise_margin` (a bug unless every recorded margin is below it). Sampled runs (T > 0) are not expected to
+    match token for token; their divergences are reported as 'sampled' and never fail by themselves;
+  * tau (mean tokens per round) per method, the difference and a 95% confidence interval from a paired bootstrap
+    over prompts (see `paired_bootstrap_tau`);
+  * acceptance-length histograms, per-depth acceptance and branch acceptance side by side (metrics.aggregate);
+  * for files with tree dumps, the first round whose tree differs (only rounds whose root lies before the first
+    output divergence, so both trees hang from the same context), what differs (tokens, parents, scores) and
+    whether the difference is a near-tie at the budget cut (noise) or not (bug).
+The verdict fails on: any bug divergence, a bug tree difference, a round whose accept length differs although both
+trees are identical (T = 0), prompt mismatches, and the optional --min-match-rate / --max-tau-drop thresholds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from sglang_ddtree.baseline import (
+    Baseline, MethodRecord, comparability_warnings, method_sort_key, parse_method, validate_tree_dump,
+)
+from sglang_ddtree.metrics import RoundRecord, aggregate
+
+MAX_LISTED = 10  # divergences / tree differences listed per method (all are counted)
+
+
+@dataclass
+class Thresholds:
+    min_match_rate: float | None = None  # fail when the exact-match rate is below
+    max_tau_drop: float | None = None  # fail when tau(baseline) - tau(candidate) exceeds (speculative methods)
+    noise_margin: float = 0.5  # logit margin below which a divergence is a near-tie (bf16 noise is ~0.1-0.5)
+    score_tol: float = 0.05  # log-prob tolerance for tree scores (near-tie at the budget cut, score drift)
+    check_trees: bool = True
+
+    def validate(self) -> None:
+        if self.min_match_rate is not None and not 0 <= self.min_match_rate <= 1:
+            raise ValueError(f"min_match_rate must be in [0, 1], got {self.min_match_rate}.")
+        if self.max_tau_drop is not None and self.max_tau_drop < 0:
+            raise ValueError(f"max_tau_drop must be >= 0, got {self.max_tau_drop}.")
+        if self.noise_margin < 0 or self.score_tol < 0:
+            raise ValueError("noise_margin and score_tol must be >= 0.")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tau and its confidence interval
+
+
+def _tau(tokens: np.ndarray, rounds: np.ndarray) -> float:
+    r = rounds.sum()
+    return float(tokens.sum() / r) if r > 0 else float("nan")
+
+
+def paired_bootstrap_tau(base: list[MethodRecord], cand: list[MethodRecord], *, n_boot: int = 2000,
+                         seed: int = 0) -> dict[str, Any]:
+    """tau of both files on the same prompts and a 95% CI of the difference (candidate - baseline).
+
+    tau is pooled over rounds (sum of tokens / number of rounds), the paper's definition. Rounds of one prompt are
+    correlated (same text, same difficulty), so the independent units are prompts: each bootstrap resample draws
+    prompts with replacement and recomputes both pooled taus on the SAME prompts (paired), which cancels the large
+    between-prompt variance out of the difference. Percentile interval, seeded, so reports are reproducible.
+    """
+    bt = np.array([sum(r.accept_lengths) for r in base], dtype=np.float64)
+    br = np.array([len(r.accept_lengths) for r in base], dtype=np.float64)
+    ct = np.array([sum(r.accept_lengths) for r in cand], dtype=np.float64)
+    cr = np.array([len(r.accept_lengths) for r in cand], dtype=np.float64)
+    out: dict[str, Any] = {"baseline": _tau(bt, br), "candidate": _tau(ct, cr), "prompts": len(base),
+                           "ci_method": f"paired bootstrap over prompts, {n_boot} resamples, seed {seed}, percentile"}
+    out["diff"] = out["candidate"] - out["baseline"]
+    n = len(base)
+    if n < 2 or br.sum() == 0 or cr.sum() == 0:
+        out["diff_ci95"] = out["baseline_ci95"] = out["candidate_ci95"] = None
+        return out
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tb = bt[idx].sum(1) / br[idx].sum(1)
+        tc = ct[idx].sum(1) / cr[idx].sum(1)
+    d = tc - tb
+
+    def ci(x):
+        x = x[np.isfinite(x)]
+        return [float(np.percentile(x, 2.5)), float(np.percentile(x, 97.5))] if x.size else None
+
+    out["diff_ci95"], out["baseline_ci95"], out["candidate_ci95"] = ci(d), ci(tb), ci(tc)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# per-record statistics
+
+
+def round_records(rec: MethodRecord) -> list[RoundRecord]:
+    """metrics.RoundRecord per round (branch flags False when the file has no ranks; see `has_ranks`)."""
+    out = []
+    for r, a in enumerate(rec.accept_lengths):
+        ranks = rec.accepted_ranks[r] if rec.accepted_ranks is not None else [0] * (a - 1)
+        out.append(RoundRecord(
+            accept_len=a, branch_taken=[x != 0 for x in ranks],
+            tree_size=rec.tree_sizes[r] if rec.tree_sizes is not None else 0,
+            max_depth=a - 1, expected_accept=rec.expected_accepts[r] if rec.expected_accepts is not None else 0.0,
+            budget=rec.budget,
+        ))
+    return out
+
+
+def method_stats(records: list[MethodRecord]) -> dict[str, Any]:
+    rounds = [rr for rec in records for rr in round_records(rec)]
+    if not rounds:
+        return {"rounds": 0}
+    s = aggregate(rounds)
+    keep = ("rounds", "tokens", "tau", "accept_len_hist", "accept_rate_by_depth", "conditional_accept_by_depth",
+            "branch_accept_rate", "branch_rate_by_depth", "mean_tree_size")
+    out = {k: s[k] for k in keep if k in s}
+    if not all(rec.accepted_ranks is not None for rec in records):
+        out["branch_accept_rate"] = None
+        out["branch_rate_by_depth"] = None
+    if not all(rec.tree_sizes is not None for rec in records):
+        out["mean_tree_size"] = None
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# output divergence
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _margin_at(rec: MethodRecord, pos: int) -> float | None:
+    if rec.margins is None or pos >= len(rec.margins):
+        return None
+    m = rec.margins[pos]
+    return None if m is None or (isinstance(m, float) and math.isnan(m)) else float(m)
+
+
+def classify_divergence(base: MethodRecord, cand: MethodRecord, pos: int, sampled: bool,
+                        noise_margin: float) -> dict[str, Any]:
+    bt = base.output_ids[pos] if pos < len(base.output_ids) else None
+    ct = cand.output_ids[pos] if pos < len(cand.output_ids) else None
+    info: dict[str, Any] = {
+        "prompt_id": base.prompt_id, "position": pos, "baseline_token": bt, "candidate_token": ct,
+        "baseline_margin": _margin_at(base, pos), "candidate_margin": _margin_at(cand, pos),
+        "baseline_round": base.round_of_position(pos), "candidate_round": cand.round_of_position(pos),
+    }
+    if bt is None or ct is None:
+        shorter = base if bt is None else cand
+        # One output stops where the other goes on: fine if it stopped on its length limit (prefix agreement).
+        info["class"] = "truncation" if shorter.finish_reason == "length" else ("sampled" if sampled else "bug")
+        info["reason"] = f"{'baseline' if bt is None else 'candidate'} output ends here ({shorter.finish_reason})"
+        return info
+    if sampled:
+        info["class"] = "sampled"
+        info["reason"] = "sampled run: token-level agreement is not expected"
+        return info
+    margins = [m for m in (info["baseline_margin"], info["candidate_margin"]) if m is not None]
+    if not margins:
+        info["class"] = "unknown"
+        info["reason"] = "no margins recorded: cannot tell a near-tie from a bug"
+    elif max(margins) < noise_margin:
+        info["class"] = "noise"
+        info["reason"] = f"top-2 margin {max(margins):.3g} < {noise_margin}: a near-tie"
+    else:
+        info["class"] = "bug"
+        info["reason"] = f"top-2 margin {max(margins):.3g} >= {noise_margin}: the target was sure"
+    return info
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tree comparison
+
+
+def _paths(tree: dict[str, list]) -> dict[tuple[int, ...], float | None]:
+    """token path (root excluded) -> score, for every draft node; raises on duplicate siblings."""
+    tokens, parents = tree["tokens"], tree["parents"]
+    scores = tree.get("scores")
+    paths: list[tuple[int, ...]] = [()]
+    out: dict[tuple[int, ...], float | None] = {}
+    for i in range(1, len(tokens)):
+        p = paths[parents[i]] + (tokens[i],)
+        if p in out:
+            raise ValueError(f"node {i} repeats its sibling's token {tokens[i]} under parent {parents[i]}")
+        paths.append(p)
+        out[p] = None if scores is None or scores[i] is None else float(scores[i])
+    return out
+
+
+def compare_trees(base: dict[str, list], cand: dict[str, list], score_tol: float) -> dict[str, Any] | None:
+    """None when equal (tokens, parents, scores within tol); else what differs first and a noise/bug class."""
+    first = None
+    for i in range(max(len(base["tokens"]), len(cand["tokens"]))):
+        fields = []
+        for name in ("tokens", "parents", "scores"):
+            a = base.get(name)[i] if base.get(name) is not None and i < len(base[name]) else None
+            b = cand.get(name)[i] if cand.get(name) is not None and i < len(cand[name]) else None
+            if name == "scores":
+                if a is not None and b is not None and abs(a - b) > score_tol:
+                    fields.append(name)
+            elif a != b:
+                fields.append(name)
+        if fields:
+            def node(t):
+                return {k: (t[k][i] if t.get(k) is not None and i < len(t[k]) else None)
+                        for k in ("tokens", "parents", "scores")}
+            first = {"node": i, "fields": fields, "baseline": node(base), "candidate": node(cand)}
+            break
+    if first is None:
+        return None
+
+    def verdict(cls, reason):
+        return {**first, "class": cls, "reason": reason}
+
+    try:
+        validate_tree_dump(cand, "candidate tree")
+        cp = _paths(cand)
+    except ValueError as e:
+        return verdict("bug", f"candidate tree is malformed: {e}")
+    try:
+        bp = _paths(base)
+    except ValueError as e:
+        return verdict("bug", f"baseline tree is malformed: {e}")
+    if base["tokens"][0] != cand["tokens"][0]:
+        return verdict("bug", "root tokens differ although the context is the same")
+    if len(bp) != len(cp):
+        return verdict("bug", f"tree sizes differ ({len(bp)} vs {len(cp)} draft nodes)")
+    have_scores = all(v is not None for v in bp.values()) and all(v is not None for v in cp.values())
+    only_b = [p for p in bp if p not in cp]
+    only_c = [p for p in cp if p not in bp]
+    if not have_scores:
+        if only_b or only_c:
+            return verdict("unknown", f"{len(only_c)} node(s) differ and the trees have no scores to judge them")
+        return verdict("unknown", "same nodes in a different order; no scores to judge it")
+    for p in bp.keys() & cp.keys():
+        if abs(bp[p] - cp[p]) > score_tol:
+            return verdict("bug", f"node {list(p)} has score {bp[p]:.4g} vs {cp[p]:.4g}")
+    cut_b = min(bp.values()) if bp else 0.0
+    cut_c = min(cp.values()) if cp else 0.0
+    for p in only_c:
+        if cp[p] > cut_b + score_tol:
+            return verdict("bug", f"candidate node {list(p)} (score {cp[p]:.4g}) is missing from the baseline "
+                                  f"although it beats the baseline's cut {cut_b:.4g}")
+    for p in only_b:
+        if bp[p] > cut_c + score_tol:
+            return verdict("bug", f"baseline node {list(p)} (score {bp[p]:.4g}) is missing from the candidate "
+                                  f"although it beats the candidate's cut {cut_c:.4g}")
+    if only_b or only_c:
+        return verdict("noise", f"{len(only_c)} node(s) swapped at the budget cut (scores within {score_tol})")
+    a, b = first["baseline"]["scores"], first["candidate"]["scores"]
+    if a is not None and b is not None and abs(a - b) <= score_tol:
+        return verdict("noise", "same nodes; order differs only between near-equal scores")
+    return verdict("bug", "same nodes in a different order although the scores are not tied")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the comparison
+
+
+def _prompt_mismatch(b: MethodRecord, c: MethodRecord) -> str | None:
+    if b.prompt_sha256 and c.prompt_sha256 and b.prompt_sha256 != c.prompt_sha256:
+        return "prompt token hashes differ"
+    if b.num_input_tokens is not None and c.num_input_tokens is not None and b.num_input_tokens != c.num_input_tokens:
+        return f"prompt lengths differ ({b.num_input_tokens} vs {c.num_input_tokens})"
+    return None
+
+
+def compare_method(base: Baseline, cand: Baseline, method: str, th: Thresholds, *, sampled: bool,
+                   n_boot: int, seed: int) -> dict[str, Any]:
+    base_ids = base.prompt_ids(method)
+    cand_ids = set(cand.prompt_ids(method))
+    common = [p for p in base_ids if p in cand_ids]
+    res: dict[str, Any] = {
+        "method": method, "prompts": len(common),
+        "missing_in_candidate": [p for p in base_ids if p not in cand_ids],
+        "missing_in_baseline": [p for p in cand.prompt_ids(method) if p not in set(base_ids)],
+        "failures": [],
+    }
+    pairs, exact, divergences, prompt_mismatches = [], 0, [], []
+    tree_rounds, tree_diffs, accept_diffs = 0, [], []
+    for pid in common:
+        b, c = base.get(pid, method), cand.get(pid, method)
+        bad = _prompt_mismatch(b, c)
+        if bad:
+            prompt_mismatches.append({"prompt_id": pid, "reason": bad})
+            continue
+        pairs.append((b, c))
+        pos = first_divergence(b.output_ids, c.output_ids)
+        if pos is None:
+            exact += 1
+            limit = len(b.output_ids)
+        else:
+            d = classify_divergence(b, c, pos, sampled, th.noise_margin)
+            if d["class"] == "truncation":
+                exact += 1
+            divergences.append(d)
+            limit = pos
+        # Rounds hanging from the same context: root position < first divergence (or everything on a match).
+        b_roots = {r: i for i, r in enumerate(b.round_root_positions())}
+        trees_equal_at: set[int] = set()
+        for ci, root in enumerate(c.round_root_positions()):
+            bi = b_roots.get(root)
+            if root >= limit or bi is None:
+                continue
+            if (th.check_trees and b.trees is not None and c.trees is not None
+                    and b.trees[bi] is not None and c.trees[ci] is not None):
+                tree_rounds += 1
+                diff = compare_trees(b.trees[bi], c.trees[ci], th.score_tol)
+                if diff is None:
+                    trees_equal_at.add(ci)
+                else:
+                    tree_diffs.append({"prompt_id": pid, "round": ci, "baseline_round": bi, "root_position": root,
+                                       **diff})
+            if b.accept_lengths[bi] != c.accept_lengths[ci]:
+                accept_diffs.append({
+                    "prompt_id": pid, "round": ci, "baseline_round": bi, "root_position": root,
+                    "baseline_accept_len": b.accept_lengths[bi], "candidate_accept_len": c.accept_lengths[ci],
+                    "trees_identical": ci in trees_equal_at,
+                })
+
+    n = len(pairs)
+    res["exact_match"] = exact
+    res["match_rate"] = exact / n if n else None
+    res["prompt_mismatches"] = prompt_mismatches
+    counts: dict[str, int] = {}
+    for d in divergences:
+        counts[d["class"]] = counts.get(d["class"], 0) + 1
+    res["divergence_counts"] = counts
+    res["divergences"] = divergences[:MAX_LISTED]
+    res["tree_rounds_compared"] = tree_rounds
+    tree_counts: dict[str, int] = {}
+    for t in tree_diffs:
+        tree_counts[t["class"]] = tree_counts.get(t["class"], 0) + 1
+    res["tree_difference_counts"] = tree_counts
+    res["first_tree_difference"] = tree_diffs[0] if tree_diffs else None
+    res["tree_differences"] = tree_diffs[:MAX_LISTED]
+    res["accept_len_differences"] = accept_diffs[:MAX_LISTED]
+    res["accept_len_difference_count"] = len(accept_diffs)
+    kind = parse_method(method)[0]
+    res["tau"] = paired_bootstrap_tau([p[0] for p in pairs], [p[1] for p in pairs], n_boot=n_boot, seed=seed)
+    res["stats"] = {"baseline": method_stats([p[0] for p in pairs]), "candidate": method_stats([p[1] for p in pairs])}
+
+    fail = res["failures"]
+    if not common:
+        fail.append("no prompt in common")
+    if prompt_mismatches:
+        fail.append(f"{len(prompt_mismatches)} prompt(s) are not the same prompt in both files "
+                    f"(first: {prompt_mismatches[0]['prompt_id']}: {prompt_mismatches[0]['reason']})")
+    bugs = [d for d in divergences if d["class"] == "bug"]
+    if bugs:
+        d = bugs[0]
+        fail.append(f"{len(bugs)} divergence(s) are not near-ties (first: prompt {d['prompt_id']} position "
+                    f"{d['position']}, candidate round {d['candidate_round']}: {d['reason']})")
+    tree_bugs = [t for t in tree_diffs if t["class"] == "bug"]
+    if tree_bugs:
+        t = tree_bugs[0]
+        fail.append(f"{len(tree_bugs)} tree(s) differ beyond noise (first: prompt {t['prompt_id']} round "
+                    f"{t['round']} node {t['node']} [{', '.join(t['fields'])}]: {t['reason']})")
+    walk_bugs = [a for a in accept_diffs if a["trees_identical"] and not sampled]
+    if walk_bugs:
+        a = walk_bugs[0]
+        fail.append(f"{len(walk_bugs)} round(s) accept a different length on identical trees (first: prompt "
+                    f"{a['prompt_id']} round {a['round']}: {a['baseline_accept_len']} vs {a['candidate_accept_len']})")
+    if th.min_match_rate is not None and n and res["match_rate"] < th.min_match_rate:
+        fail.append(f"match rate {res['match_rate']:.3f} < {th.min_match_rate}")
+    tau = res["tau"]
+    if th.max_tau_drop is not None and kind != "plain" and n and math.isfinite(tau["diff"]):
+        if -tau["diff"] > th.max_tau_drop:
+            fail.append(f"tau drop {-tau['diff']:.3f} > {th.max_tau_drop} "
+                        f"({tau['baseline']:.3f} -> {tau['candidate']:.3f})")
+    res["passed"] = not fail
+    return res
+
+
+def compare(base: Baseline, cand: Baseline, *, methods: list[str] | None = None, thresholds: Thresholds | None = None,
+            n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    th = thresholds or Thresholds()
+    th.validate()
+    if methods:
+        for m in methods:
+            parse_method(m)
+        chosen = list(methods)
+    else:
+        chosen = sorted(set(base.methods) & set(cand.methods), key=method_sort_key)
+    sampled = base.header.temperature > 0 or cand.header.temperature > 0
+    report: dict[str, Any] = {
+        "baseline": {"path": base.path, "source": base.header.source, "temperature": base.header.temperature,
+                     "dtype": base.header.dtype, "device": base.header.device, "methods": base.methods},
+        "candidate": {"path": cand.path, "source": cand.header.source, "temperature": cand.header.temperature,
+                      "dtype": cand.header.dtype, "device": cand.header.device, "methods": cand.methods},
+        "thresholds": asdict(th),
+        "sampled": sampled,
+        "warnings": comparability_warnings(base.header, cand.header),
+        "methods": {},
+        "failures": [],
+    }
+    if not chosen:
+        report["failures"].append("the files have no method in common")
+    for m in chosen:
+        if m not in base.methods or m not in cand.methods:
+            where = "baseline" if m not in base.methods else "candidate"
+            report["methods"][m] = {"method": m, "passed": False, "failures": [f"method {m} is not in the {where}"]}
+        else:
+            report["methods"][m] = compare_method(base, cand, m, th, sampled=sampled, n_boot=n_boot, seed=seed)
+        report["failures"] += [f"{m}: {f}" for f in report["methods"][m]["failures"]]
+    exact = sum(r.get("exact_match", 0) for r in report["methods"].values())
+    total = sum(r.get("prompts", 0) - len(r.get("prompt_mismatches", [])) for r in report["methods"].values())
+    report["overall"] = {"exact_match": exact, "pairs": total, "match_rate": exact / total if total else None}
+    report["passed"] = not report["failures"]
+    return report
+
+
+# ----------------------------------------------------------------------------------------------------------
+# human-readable report
+
+
+def _f(x, nd=3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x:.{nd}f}"
+
+
+def _ci(c) -> str:
+    return "-" if not c else f"[{c[0]:+.3f}, {c[1]:+.3f}]"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"baseline : {report['baseline']['path']} ({report['baseline']['source']}, "
+             f"T={report['baseline']['temperature']}, {report['baseline']['dtype']} on {report['baseline']['device']})",
+             f"candidate: {report['candidate']['path']} ({report['candidate']['source']}, "
+             f"T={report['candidate']['temperature']}, {report['candidate']['dtype']} on {report['candidate']['device']})"]
+    for w in report["warnings"]:
+        lines.append(f"warning: {w}")
+    lines.append("")
+    head = f"{'method':<14} {'prompts':>7} {'match':>9} {'diverged (bug/noise/other)':>27} {'tau base':>9} " \
+           f"{'tau cand':>9} {'diff':>7} {'95% CI':>19} {'trees (bug/noise)':>18}  status"
+    lines += [head, "-" * len(head)]
+    for m, r in report["methods"].items():
+        if "tau" not in r:
+            lines.append(f"{m:<14} {'-':>7} {'-':>9} {'':>27} {'':>9} {'':>9} {'':>7} {'':>19} {'':>18}  FAIL")
+            continue
+        dc = r["divergence_counts"]
+        other = sum(v for k, v in dc.items() if k not in ("bug", "noise"))
+        tc = r["tree_difference_counts"]
+        tau = r["tau"]
+        n_ok = r["prompts"] - len(r["prompt_mismatches"])
+        lines.append(
+            f"{m:<14} {r['prompts']:>7} {str(r['exact_match']) + '/' + str(n_ok):>9} "
+            f"{str(dc.get('bug', 0)) + '/' + str(dc.get('noise', 0)) + '/' + str(other):>27} "
+            f"{_f(tau['baseline']):>9} {_f(tau['candidate']):>9} {_f(tau['diff']):>7} {_ci(tau.get('diff_ci95')):>19} "
+            f"{str(tc.get('bug', 0)) + '/' + str(tc.get('noise', 0)) + ' of ' + str(r['tree_rounds_compared']):>18}  "
+            f"{'ok' if r['passed'] else 'FAIL'}"
+        )
+    for m, r in report["methods"].items():
+        if "tau" not in r or (r["passed"] and not r["divergences"] and not r["first_tree_difference"]
+                              and parse_method(m)[0] == "plain"):
+            continue
+        lines += ["", f"== {m}"]
+        for d in r["divergences"]:
+            lines.append(
+                f"  divergence prompt {d['prompt_id']} pos {d['position']} (cand round {d['candidate_round']}, base "
+                f"round {d['baseline_round']}): base {d['baseline_token']} vs cand {d['candidate_token']}, margins "
+                f"base {_f(d['baseline_margin'], 4)} cand {_f(d['candidate_margin'], 4)} -> {d['class']}: {d['reason']}")
+        t = r["first_tree_difference"]
+        if t:
+            lines.append(f"  first tree difference: prompt {t['prompt_id']} round {t['round']} node {t['node']} "
+                         f"[{', '.join(t['fields'])}] base {t['baseline']} cand {t['candidate']} -> {t['class']}: "
+                         f"{t['reason']}")
+        for a in r["accept_len_differences"][:3]:
+            lines.append(f"  accept length differs: prompt {a['prompt_id']} round {a['round']}: "
+                         f"{a['baseline_accept_len']} vs {a['candidate_accept_len']}"
+                         f"{' (identical trees!)' if a['trees_identical'] else ''}")
+        sb, sc = r["stats"]["baseline"], r["stats"]["candidate"]
+        if sb.get("rounds") and sc.get("rounds") and parse_method(m)[0] != "plain":
+            lines.append(f"  {'accept len':>10} {'base rounds':>12} {'cand rounds':>12}   {'depth':>5} {'P(reach) b':>11} "
+                         f"{'c':>6} {'branch b':>9} {'c':>6}")
+            hb, hc = sb["accept_len_hist"], sc["accept_len_hist"]
+            keys = sorted({int(k) for k in hb} | {int(k) for k in hc})
+            rb, rc = sb["accept_rate_by_depth"], sc["accept_rate_by_depth"]
+            bb, bc = sb.get("branch_rate_by_depth") or [], sc.get("branch_rate_by_depth") or []
+            for i in range(max(len(keys), len(rb), len(rc))):
+                k = keys[i] if i < len(keys) else None
+                left = (f"  {k:>10} {hb.get(str(k), 0):>12} {hc.get(str(k), 0):>12}" if k is not None
+                        else " " * 38)
+                d = i + 1
+                right = ""
+                if d <= max(len(rb), len(rc)):
+                    right = (f"   {d:>5} {_f(rb[d - 1] if d <= len(rb) else None):>11} "
+                             f"{_f(rc[d - 1] if d <= len(rc) else None):>6} "
+                             f"{_f(bb[d - 1] if d <= len(bb) else None):>9} {_f(bc[d - 1] if d <= len(bc) else None):>6}")
+                lines.append(left + right)
+            lines.append(f"  branch acceptance: base {_f(sb.get('branch_accept_rate'))} cand "
+                         f"{_f(sc.get('branch_accept_rate'))}")
+        for f in r["failures"]:
+            lines.append(f"  FAIL: {f}")
+    lines.append("")
+    o = report["overall"]
+    lines.append(f"overall: {o['exact_match']}/{o['pairs']} exact matches; "
+                 f"{'PASS' if report['passed'] else 'FAIL (' + str(len(report['failures'])) + ' problem(s))'}")
+    return "\n".join(lines)

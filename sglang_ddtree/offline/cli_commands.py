@@ -1,0 +1,267 @@
+"""Subcommands `offline`, `compare` and `import-reference` of the sglang-ddtree CLI (wired in sglang_ddtree/cli.py).
+
+Each `add_*_parser(sub)` registers its subparser with `func` set to the matching `cmd_*(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+
+
+# ----------------------------------------------------------------------------------------------------------
+# offline
+
+
+def add_offline_parser(sub) -> None:
+    p = sub.add_parser("offline", help="run the offline reference decoders over a prompt set into a baseline file")
+    src = p.add_argument_group("models (local folders only; nothing is downloaded)")
+    src.add_argument("--tiny", action="store_true", help="use the committed tiny pair (models/tiny)")
+    src.add_argument("--target", help="target model folder (transformers causal LM)")
+    src.add_argument("--drafter", help="DFlash drafter folder (needed for dflash / ddtree)")
+    src.add_argument("--tokenizer", help="tokenizer folder (default: the target folder, or the tiny tokenizer)")
+    p.add_argument("--dataset", default="humaneval", help="humaneval, gsm8k, math500, mbpp, mt-bench, alpaca, jsonl, ...")
+    p.add_argument("--dataset-path", help="local .jsonl/.parquet file (required except for humaneval)")
+    p.add_argument("--prompt-field", help="override the dataset's text field")
+    p.add_argument("--id-field", help="override the dataset's id field")
+    p.add_argument("--limit", type=int, help="first N prompts (file order)")
+    p.add_argument("--chat", choices=("auto", "yes", "no"), default="auto",
+                   help="wrap prompts in the tokenizer's chat template (auto: when it has one)")
+    p.add_argument("--methods", default="plain,dflash,ddtree", help="comma list of plain, dflash, ddtree, ddtree_tb<B>")
+    p.add_argument("--budgets", default="16,32,64,128,256,512,1024", help="DDTree budgets for method 'ddtree'")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens tokens")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="target attention (custom tree masks)")
+    p.add_argument("--record-trees", action="store_true", help="dump every round's tree (tokens, parents, scores)")
+    p.add_argument("--commit", default="gather", choices=("gather", "rerun"), help="how accepted KV is committed")
+    p.add_argument("--out", required=True, help="baseline JSONL (appended to / resumed when it exists)")
+    p.add_argument("--no-resume", action="store_true", help="overwrite --out instead of resuming it")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_offline)
+
+
+def _dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def _eos_ids(tokenizer, target) -> list[int]:
+    ids = set()
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(target, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if eos is not None:
+        ids.update(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
+    return sorted(ids)
+
+
+def _load_models(args):
+    """(target, drafter or None, tokenizer, header model info)."""
+    import torch
+
+    from sglang_ddtree.baseline import fingerprint_dir
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = _dtype(args.dtype)
+    if args.tiny:
+        from sglang_ddtree import tiny
+
+        target_path = args.target or str(tiny.TINY_DIR / "target")
+        drafter_path = args.drafter or str(tiny.TINY_DIR / "drafter")
+        tok_path = args.tokenizer or str(tiny.TINY_DIR / "tokenizer")
+    else:
+        if not args.target:
+            raise ValueError("pass --target FOLDER (or --tiny for the committed tiny pair).")
+        target_path, drafter_path, tok_path = args.target, args.drafter, args.tokenizer or args.target
+    for what, path in (("target", target_path), ("tokenizer", tok_path), ("drafter", drafter_path)):
+        if path is not None and not os.path.isdir(path):
+            raise ValueError(f"{what} folder {path!r} does not exist (only local folders are supported).")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tok_path, local_files_only=True)
+    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=dtype, attn_implementation=args.attn,
+                                                  local_files_only=True).to(device).eval()
+    drafter = None
+    if drafter_path is not None:
+        from sglang_ddtree.drafter import DFlashDrafter
+
+        drafter = DFlashDrafter.from_pretrained(drafter_path, device=device, dtype=dtype).eval()
+    info = {
+        "target": {"path": os.path.abspath(target_path), "fingerprint": fingerprint_dir(target_path)},
+        "drafter": None if drafter_path is None else {"path": os.path.abspath(drafter_path),
+                                                      "fingerprint": fingerprint_dir(drafter_path)},
+        "tokenizer": os.path.abspath(tok_path),
+        "device": str(device),
+        "block_size": None if drafter is None else int(drafter.config.block_size),
+    }
+    return target, drafter, tokenizer, info
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def cmd_offline(args) -> int:
+    from sglang_ddtree.baseline import BaselineHeader, BaselineWriter
+    from sglang_ddtree.datasets import encode_prompt, load_prompts
+    from sglang_ddtree.offline.drafts import DFlashDraftSource
+    from sglang_ddtree.offline.runner import PromptInput, RunSettings, expand_methods, parse_int_list, run_offline
+
+    try:
+        budgets = parse_int_list(args.budgets, "--budgets") if args.budgets else []
+        methods = expand_methods(args.methods.split(","), budgets)
+        if args.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
+        prompts = load_prompts(args.dataset, args.dataset_path, limit=args.limit, text_field=args.prompt_field,
+                               id_field=args.id_field)
+        target, drafter, tokenizer, info = _load_models(args)
+        needs_drafter = [m for m in methods if m != "plain"]
+        if needs_drafter and drafter is None:
+            raise ValueError(f"methods {needs_drafter} need a drafter: pass --drafter FOLDER (or --tiny).")
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    chat = {"auto": None, "yes": True, "no": False}[args.chat]
+    inputs = [PromptInput(p.id, p.index, encode_prompt(tokenizer, p, chat=chat)) for p in prompts]
+    settings = RunSettings(
+        methods=methods, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, eos_token_ids=[] if args.ignore_eos else _eos_ids(tokenizer, target),
+        record_trees=args.record_trees, commit=args.commit,
+    )
+    header = BaselineHeader(
+        source="offline", target=info["target"], drafter=info["drafter"], tokenizer=info["tokenizer"],
+        dtype=args.dtype, device=info["device"], attn_implementation=args.attn, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_new_tokens=args.max_new_tokens,
+        block_size=info["block_size"], dataset=args.dataset, versions=_versions(),
+        extra={"methods": methods, "limit": args.limit, "chat": args.chat, "commit": args.commit,
+               "eos_token_ids": settings.eos_token_ids, "record_trees": args.record_trees},
+    )
+    draft = DFlashDraftSource(drafter, target) if drafter is not None else None
+    try:
+        writer = BaselineWriter(args.out, header, resume=not args.no_resume)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with writer:
+        taus = run_offline(target, draft, inputs, settings, writer, progress=not args.no_progress)
+    for m, t in taus.items():
+        if t["rounds"]:
+            print(f"{m:<14} tau {t['tau']:.3f} over {t['rounds']} new rounds")
+    print(f"wrote {args.out}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# compare
+
+
+def add_compare_parser(sub) -> None:
+    p = sub.add_parser("compare", help="compare a candidate baseline file against a reference one")
+    p.add_argument("baseline", help="reference: baseline JSONL, or the DDTree paper's .pt output (imported)")
+    p.add_argument("candidate", help="candidate: baseline JSONL, or a .pt reference output")
+    p.add_argument("--method", action="append", dest="methods",
+                   help="method to compare (repeatable or comma list); default: all methods in both files")
+    p.add_argument("--min-match-rate", type=float, default=None, help="fail below this exact-match rate")
+    p.add_argument("--max-tau-drop", type=float, default=None, help="fail when tau drops by more than this")
+    p.add_argument("--noise-margin", type=float, default=0.5,
+                   help="top-2 logit margin below which a divergence counts as a near-tie (default 0.5; use ~1e-3 "
+                        "for float32-vs-float32 runs)")
+    p.add_argument("--score-tol", type=float, default=0.05, help="tolerance on tree scores (log-prob)")
+    p.add_argument("--no-trees", action="store_true", help="skip tree comparison")
+    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the tau CI")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--trust-pickle", action="store_true", help="load .pt reference files with weights_only=False")
+    p.add_argument("--json", dest="json_out", help="write the full report as JSON here")
+    p.set_defaults(func=cmd_compare)
+
+
+def load_any(path: str, trust_pickle: bool = False):
+    """A baseline JSONL, or the paper's torch.save output (imported on the fly)."""
+    from sglang_ddtree.baseline import import_reference, read_baseline
+
+    if path.endswith((".pt", ".pth", ".bin")):
+        return import_reference(path, trust_pickle=trust_pickle)
+    return read_baseline(path)
+
+
+def cmd_compare(args) -> int:
+    """Exit 0: pass; 1: the candidate fails a check; 2: bad input."""
+    from sglang_ddtree.compare import Thresholds, compare, format_report
+
+    try:
+        base = load_any(args.baseline, args.trust_pickle)
+        cand = load_any(args.candidate, args.trust_pickle)
+        methods = None
+        if args.methods:
+            methods = [m.strip() for arg in args.methods for m in arg.split(",") if m.strip()]
+        th = Thresholds(min_match_rate=args.min_match_rate, max_tau_drop=args.max_tau_drop,
+                        noise_margin=args.noise_margin, score_tol=args.score_tol, check_trees=not args.no_trees)
+        report = compare(base, cand, methods=methods, thresholds=th, n_boot=args.bootstrap, seed=args.seed)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_report(report))
+    if args.json_out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(_finite(report), f, indent=1, allow_nan=False, default=str)
+    return 0 if report["passed"] else 1
+
+
+def _finite(x):
+    """NaN / inf -> None, recursively (strict JSON has no such numbers)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+# ----------------------------------------------------------------------------------------------------------
+# import-reference
+
+
+def add_import_parser(sub) -> None:
+    p = sub.add_parser("import-reference", help="convert the DDTree paper's benchmark .pt output to a baseline file")
+    p.add_argument("reference", help="torch.save file with 'responses', 'block_size', 'args'")
+    p.add_argument("--out", required=True, help="baseline JSONL to write")
+    p.add_argument("--dataset", help="dataset name to record (default: the reference args)")
+    p.add_argument("--prompt-ids-from", help="take prompt ids from this dataset (same order and count as the file)")
+    p.add_argument("--dataset-path", help="local file for --prompt-ids-from")
+    p.add_argument("--trust-pickle", action="store_true", help="load with weights_only=False (files you made)")
+    p.set_defaults(func=cmd_import)
+
+
+def cmd_import(args) -> int:
+    from sglang_ddtree.baseline import import_reference, write_baseline
+
+    try:
+        ids = None
+        if args.prompt_ids_from:
+            from sglang_ddtree.datasets import load_prompts
+
+            ids = [p.id for p in load_prompts(args.prompt_ids_from, args.dataset_path)]
+        b = import_reference(args.reference, trust_pickle=args.trust_pickle, prompt_ids=ids,
+                             dataset=args.dataset or args.prompt_ids_from)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    write_baseline(args.out, b.header, b.records)
+    print(f"imported {len(b.records)} records ({', '.join(b.methods)}) into {args.out}")
+    return 0

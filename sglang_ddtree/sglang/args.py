@@ -1,0 +1,115 @@
+"""DDTREE server flags: definitions, parsing and validation (no SGLang import, CPU-testable).
+
+  --speculative-ddtree-budget N     draft nodes per tree (root excluded), 1..1024
+  --speculative-ddtree-prune P      drop nodes whose prefix probability is below P (default: off)
+  --speculative-ddtree-debug PATH   per-round JSONL dumps (tree, target choices, accepted path, timings);
+                                    synchronises every round: for debugging, not for serving
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+from sglang_ddtree.tree import MAX_BUDGET
+
+SUPPORTED_SGLANG_VERSION = "0.5.17"
+SUPPORTED_ATTENTION_BACKENDS = ("triton", "flashinfer")
+# Default budget: see docs/sglang-ddtree-roadmap.md (chosen from the budget sweep).
+DEFAULT_BUDGET = 64
+# Without an explicit --max-running-requests, keep batch x (budget + 1) verify tokens per step near this, so the
+# static CUDA-graph buffers (logits, masks) sized by max_bs x (B + 1) stay reasonable at large budgets.
+VERIFY_TOKENS_PER_STEP = 8192
+DFLASH_DEFAULT_MAX_RUNNING_REQUESTS = 48
+
+FLAG_DEST = {
+    "--speculative-ddtree-budget": "speculative_ddtree_budget",
+    "--speculative-ddtree-prune": "speculative_ddtree_prune",
+    "--speculative-ddtree-debug": "speculative_ddtree_debug",
+}
+
+
+@dataclass(frozen=True)
+class DDTreeOptions:
+    budget: int = DEFAULT_BUDGET
+    prune: float | None = None
+    debug_path: str | None = None
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("DDTREE speculative decoding (sglang-ddtree)")
+    group.add_argument("--speculative-ddtree-budget", dest=FLAG_DEST["--speculative-ddtree-budget"], type=str,
+                       default=None, help=f"Draft tree budget: draft nodes per request per round, 1..{MAX_BUDGET} "
+                                          f"(default {DEFAULT_BUDGET}).")
+    group.add_argument("--speculative-ddtree-prune", dest=FLAG_DEST["--speculative-ddtree-prune"], type=str,
+                       default=None, help="Drop draft nodes whose prefix probability under the drafter is below "
+                                          "this threshold, in [0, 1) (default: off).")
+    group.add_argument("--speculative-ddtree-debug", dest=FLAG_DEST["--speculative-ddtree-debug"], type=str,
+                       default=None, help="Write one JSON line per verify round to this path (slow: syncs).")
+
+
+def parse_budget(value) -> int:
+    if value is None:
+        return DEFAULT_BUDGET
+    if isinstance(value, bool):
+        raise ValueError(f"--speculative-ddtree-budget must be an integer in 1..{MAX_BUDGET}, got {value!r}.")
+    try:
+        budget = int(str(value).strip())
+    except ValueError:
+        raise ValueError(
+            f"--speculative-ddtree-budget must be an integer in 1..{MAX_BUDGET}, got {value!r}."
+        ) from None
+    if not 1 <= budget <= MAX_BUDGET:
+        raise ValueError(f"--speculative-ddtree-budget must be in 1..{MAX_BUDGET}, got {budget}.")
+    return budget
+
+
+def parse_prune(value) -> float | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "off")):
+        return None
+    try:
+        prune = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"--speculative-ddtree-prune must be a probability in [0, 1), got {value!r}.") from None
+    if not math.isfinite(prune) or not 0.0 <= prune < 1.0:
+        raise ValueError(f"--speculative-ddtree-prune must be a probability in [0, 1), got {value!r}.")
+    return prune if prune > 0 else None
+
+
+def parse_options(budget=None, prune=None, debug=None) -> DDTreeOptions:
+    return DDTreeOptions(budget=parse_budget(budget), prune=parse_prune(prune), debug_path=debug or None)
+
+
+def options_from(server_args) -> DDTreeOptions:
+    """The DDTREE options stored on a ServerArgs (plain attributes survive the pickle to scheduler processes)."""
+    return parse_options(*(getattr(server_args, dest, None) for dest in FLAG_DEST.values()))
+
+
+def default_max_running_requests(budget: int) -> int:
+    return max(1, min(DFLASH_DEFAULT_MAX_RUNNING_REQUESTS, VERIFY_TOKENS_PER_STEP // (budget + 1)))
+
+
+def check_sglang_version(version: str) -> None:
+    if version != SUPPORTED_SGLANG_VERSION:
+        raise ValueError(
+            f"sglang-ddtree supports SGLang {SUPPORTED_SGLANG_VERSION} only, but SGLang {version} is installed; "
+            f"install it with: pip install sglang=={SUPPORTED_SGLANG_VERSION}"
+        )
+
+
+def check_static_config(*, attention_backends: tuple[str | None, ...], page_size: int | None,
+                        draft_model_path: str | None, dp_attention: bool = False) -> None:
+    """Configuration DDTREE cannot serve, refused at startup with one sentence each."""
+    if not draft_model_path:
+        raise ValueError("DDTREE needs a DFlash drafter: pass --speculative-draft-model-path.")
+    for backend in attention_backends:
+        if backend is not None and backend not in SUPPORTED_ATTENTION_BACKENDS:
+            raise ValueError(
+                f"DDTREE verifies a tree with a custom attention mask, which the '{backend}' backend does not "
+                f"apply; use --attention-backend triton or --attention-backend flashinfer."
+            )
+    if page_size not in (None, 1):
+        raise ValueError(f"DDTREE supports --page-size 1 only for now, got {page_size}.")
+    if dp_attention:
+        raise ValueError("DDTREE does not support --enable-dp-attention.")

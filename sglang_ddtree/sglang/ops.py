@@ -1,0 +1,144 @@
+"""Tensor operations of the DDTREE serving step that do not depend on SGLang (CPU-testable, no host sync).
+
+- draft top-K log-probs from the drafter's hidden states, with tensor-parallel vocab shards merged exactly;
+- the FULL_MASK verify mask SGLang's triton and flashinfer backends read in TARGET_VERIFY;
+- the KV moves that make the accepted path contiguous, and the path gathers for the drafter's context update.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from sglang_ddtree.tree import DraftTree, _key_with_tiebreak
+
+
+def local_topk_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    k: int,
+    *,
+    vocab_start: int = 0,
+    logit_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k logits of one vocab shard and the shard's logsumexp.
+
+    hidden [n, H], weight [V_shard, H] (padding rows already excluded), returns (values float32 [n, k],
+    global ids int64 [n, k], logsumexp float32 [n]); ties resolved by the lower global id.
+    """
+    logits = hidden.to(weight.dtype) @ weight.T
+    logits = logits.float()
+    if logit_scale is not None:
+        logits = logits * logit_scale
+    lse = torch.logsumexp(logits, dim=-1)
+    shard = logits.shape[-1]
+    k = min(k, shard)
+    reverse = (shard - 1) - torch.arange(shard, device=logits.device, dtype=torch.int64)
+    top = torch.topk(_key_with_tiebreak(logits, reverse), k, dim=-1, sorted=True).indices
+    return logits.gather(-1, top), top + vocab_start, lse
+
+
+def merge_shard_topk(
+    values: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge per-shard top-k into the global top-k log-probs.
+
+    values/ids [shards, n, k_s], lse [shards, n]. The global top-k is among the shards' top-k (each shard holds
+    at least k of its own best, or all of them). Returns (log-probs float32 [n, k], ids int64 [n, k]) ordered by
+    (log-prob descending, id ascending), i.e. exactly what a full-vocabulary top-k returns.
+    """
+    shards, n, ks = values.shape
+    total_lse = torch.logsumexp(lse, dim=0)  # [n]
+    flat_values = values.permute(1, 0, 2).reshape(n, shards * ks)
+    flat_ids = ids.permute(1, 0, 2).reshape(n, shards * ks)
+    # Tie-break on the global id (lower id first): the key's low word is (2**32 - 1 - id).
+    keys = _key_with_tiebreak(flat_values, (2**32 - 1) - flat_ids)
+    top = torch.topk(keys, min(k, shards * ks), dim=-1, sorted=True).indices
+    return flat_values.gather(-1, top) - total_lse.unsqueeze(-1), flat_ids.gather(-1, top)
+
+
+def draft_topk_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    k: int,
+    *,
+    vocab_start: int = 0,
+    logit_scale: float | None = None,
+    all_gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    world_size: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-position top-k draft log-probs over the full vocabulary.
+
+    With tensor parallelism each rank holds a vocab shard of the target's lm_head: pass `all_gather` (dim-0
+    concatenation across ranks, e.g. SGLang's tp_group.all_gather_into_tensor wrapped) and `world_size`; only
+    n*(2k+1) numbers per rank cross the interconnect instead of n*V logits. Every rank gets the same answer.
+    """
+    values, ids, lse = local_topk_logprobs(hidden, weight, k, vocab_start=vocab_start, logit_scale=logit_scale)
+    if world_size == 1:
+        return values - lse.unsqueeze(-1), ids
+    n, ks = values.shape
+    gathered_values = all_gather(values.contiguous()).view(world_size, n, ks)
+    gathered_ids = all_gather(ids.contiguous()).view(world_size, n, ks)
+    gathered_lse = all_gather(lse.contiguous()).view(world_size, n)
+    return merge_shard_topk(gathered_values, gathered_ids, gathered_lse, k)
+
+
+def verify_mask_numel(num_nodes: int, seq_lens_sum: int, batch_size: int) -> int:
+    """Cells of SGLang's FULL_MASK custom mask: per request an [N, prefix + N] block, concatenated."""
+    return num_nodes * seq_lens_sum + num_nodes * num_nodes * batch_size
+
+
+def tree_verify_mask(tree_mask: torch.Tensor, seq_lens: torch.Tensor, numel: int) -> torch.Tensor:
+    """Flat bool mask in SGLang's FULL_MASK layout for a tree verify.
+
+    tree_mask [bs, N, N] (ancestor-or-self), seq_lens [bs] committed prefix lengths (device), `numel` >= the
+    exact size (a host-side upper bound keeps this free of host syncs; the tail is left True). Row r of request
+    b: prefix columns all True (every node sees the whole committed context), then the tree block.
+    """
+    bs, n, _ = tree_mask.shape
+    device = tree_mask.device
+    seq_lens = seq_lens.to(device=device, dtype=torch.int64)
+    row_len = seq_lens + n  # [bs]
+    block = n * row_len
+    start = torch.cumsum(block, dim=0) - block  # exclusive prefix sum: where request b's block begins
+    rows = torch.arange(n, device=device).view(1, n, 1)
+    cols = torch.arange(n, device=device).view(1, 1, n)
+    cell = start.view(bs, 1, 1) + rows * row_len.view(bs, 1, 1) + seq_lens.view(bs, 1, 1) + cols
+    mask = torch.ones(numel, dtype=torch.bool, device=device)
+    mask.scatter_(0, cell.reshape(-1), tree_mask.reshape(-1))
+    return mask
+
+
+def accepted_kv_moves(path: torch.Tensor, node_cache_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """KV copies that put the accepted path at consecutive positions: (target slots, source slots), flat.
+
+    path [bs, L+1] accepted node indices (root first, -1 padded), node_cache_loc [bs, N] the KV slot each tree
+    node was verified into (slot of position prefix+i for node i). The node at depth j moves to the slot of
+    position prefix+j. Entries that need no move copy a slot onto itself, so the shape is static
+    (bs * L entries) and no host sync is needed. Order per request is by ascending depth: a depth-j source has
+    node index >= j, so it is never overwritten by an earlier (shallower) move in the same request.
+    """
+    bs, width = path.shape
+    depth_limit = width - 1
+    dest_nodes = torch.arange(1, depth_limit + 1, device=path.device).expand(bs, depth_limit)
+    src_nodes = torch.where(path[:, 1:] >= 0, path[:, 1:], dest_nodes)
+    tgt = node_cache_loc.gather(1, dest_nodes.clamp(max=node_cache_loc.shape[1] - 1))
+    src = node_cache_loc.gather(1, src_nodes.clamp(max=node_cache_loc.shape[1] - 1))
+    # Depths beyond the tree's slots (tiny budgets) never hold an accepted node: make them self-copies.
+    beyond = dest_nodes >= node_cache_loc.shape[1]
+    src = torch.where(beyond, tgt, src)
+    return tgt.reshape(-1).to(torch.int64), src.reshape(-1).to(torch.int64)
+
+
+def gather_path_rows(rows: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
+    """rows [bs, N, F], path [bs, L+1] (-1 padded) -> [bs, L+1, F], padding filled from the root row."""
+    index = path.clamp(min=0).unsqueeze(-1).expand(-1, -1, rows.shape[-1])
+    return rows.gather(1, index)
+
+
+def flat_tree_inputs(tree: DraftTree, prefix_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify input ids and positions, flat [bs * N]: node tokens at prefix + depth (invalid slots: token 0 at
+    the root's position; they are masked to themselves and never accepted)."""
+    positions = prefix_lens.to(torch.int64).unsqueeze(1) + tree.depth
+    return tree.tokens.reshape(-1), positions.reshape(-1)

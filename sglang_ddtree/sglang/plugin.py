@@ -1,0 +1,182 @@
+"""SGLang plugin: registers the DDTREE speculative algorithm and its server flags.
+
+Entry point (pyproject `[project.entry-points."sglang.srt.plugins"] ddtree = ...:register`), run by SGLang's
+`load_plugins()` in the launcher before argument parsing and again in every scheduler process.
+
+What SGLang's plugin API reaches directly: the algorithm registry (`SpeculativeAlgorithm.register` with our
+`CustomSpecAlgo` subclass) and `HookRegistry` hooks. Hooks used, and why:
+  - ServerArgs.add_cli_args (AFTER): add the three --speculative-ddtree-* flags to the parser;
+  - ServerArgs.from_cli_args / ServerArgs.__init__ (AROUND): ServerArgs keeps only its dataclass fields, so the
+    flag values are carried into the instance as plain attributes before __post_init__ resolves the algorithm
+    (plain attributes survive the pickle to the scheduler processes);
+  - dflash_utils.resolve_dflash_verify_mask_policy (AROUND): SGLang captures DFLASH-family verify graphs without a
+    custom mask on triton/flashinfer; a tree needs the mask in the captured graph;
+  - dflash_utils.validate_dflash_request (AFTER): refuse per request what DDTREE cannot serve (grammar).
+Nothing heavy is imported at load time (no prometheus_client: SGLang sets its multiprocess dir later).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+
+from sglang_ddtree.sglang import args as ddtree_args
+
+logger = logging.getLogger(__name__)
+
+ALGORITHM = "DDTREE"
+_PENDING_FLAGS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ddtree_pending_flags", default=None)
+# Set in a scheduler process once a DDTreeWorker exists there; read by the hooks that run in that process.
+_ACTIVE_IN_PROCESS = False
+
+
+def mark_active() -> None:
+    global _ACTIVE_IN_PROCESS
+    _ACTIVE_IN_PROCESS = True
+
+
+def is_active() -> bool:
+    return _ACTIVE_IN_PROCESS
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ServerArgs hooks
+
+
+def _after_add_cli_args(result, parser, *args, **kwargs):
+    ddtree_args.add_cli_args(parser)
+    return result
+
+
+def _around_from_cli_args(original, *args, **kwargs):
+    namespace = args[-1] if args else kwargs.get("args")
+    values = {dest: getattr(namespace, dest, None) for dest in ddtree_args.FLAG_DEST.values()}
+    token = _PENDING_FLAGS.set(values)
+    try:
+        return original(*args, **kwargs)
+    finally:
+        _PENDING_FLAGS.reset(token)
+
+
+def _around_server_args_init(original, self, *args, **kwargs):
+    pending = dict(_PENDING_FLAGS.get() or {})
+    for dest in ddtree_args.FLAG_DEST.values():
+        if dest in kwargs:  # Engine(**kwargs) path
+            pending[dest] = kwargs.pop(dest)
+        object.__setattr__(self, dest, pending.get(dest))
+    return original(self, *args, **kwargs)
+
+
+def _around_mask_policy(original, attn_backend, *args, **kwargs):
+    name, build_custom_mask = original(attn_backend, *args, **kwargs)
+    return (name, True) if is_active() else (name, build_custom_mask)
+
+
+def _after_validate_request(result, req, *args, **kwargs):
+    if result is not None or not is_active():
+        return result
+    params = getattr(req, "sampling_params", None)
+    if any(getattr(params, key, None) for key in ("json_schema", "regex", "ebnf", "structural_tag")):
+        return "DDTREE speculative decoding does not support structured output (json_schema/regex/ebnf) yet."
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Registration
+
+
+def _validate(server_args) -> None:
+    """Runs once in the launcher process, before handle_server_args: refuse what DDTREE cannot serve."""
+    import sglang
+    from sglang.srt.arg_groups.overrides import attention_backends_of, resolved_view
+
+    ddtree_args.check_sglang_version(sglang.__version__)
+    ddtree_args.options_from(server_args)  # flag values: raises ValueError with the flag name
+    view = resolved_view(server_args)
+    ddtree_args.check_static_config(
+        attention_backends=tuple(attention_backends_of(view)),
+        page_size=getattr(view, "page_size", None),
+        draft_model_path=server_args.speculative_draft_model_path,
+        dp_attention=bool(getattr(view, "enable_dp_attention", False)),
+    )
+
+
+def _worker_factory(server_args):
+    from sglang_ddtree.sglang.worker import DDTreeWorker
+
+    return DDTreeWorker
+
+
+def _make_spec_class():
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    class DDTreeSpecAlgo(CustomSpecAlgo):
+        """DDTREE behaves as the DFlash family (drafter loading, aux hidden capture, KV sizing, draft graphs) but
+        verifies B+1 tree nodes per request: server_args.speculative_num_draft_tokens = B+1 (verify width, KV
+        reservation), while the drafter runner keeps its block of 16."""
+
+        def is_dflash_family(self) -> bool:
+            return True
+
+        def supports_target_verify_for_draft(self) -> bool:
+            return True
+
+        def supports_grammar_overlap(self) -> bool:
+            return False
+
+        def need_topk(self) -> bool:
+            return False
+
+        def carries_draft_hidden_states(self) -> bool:
+            return False
+
+        def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens=True,
+                              needs_confidence_relay=False):
+            from sglang.srt.managers.overlap_utils import FutureMap
+
+            return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
+
+        def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
+            if is_draft_worker:
+                from sglang.srt.runtime_context import get_server_args
+
+                return int(getattr(get_server_args(), "speculative_ddtree_block_size", num_draft_tokens))
+            return num_draft_tokens
+
+        def handle_server_args(self, server_args) -> None:
+            from sglang.srt.arg_groups.speculative_hook import _handle_dflash
+
+            options = ddtree_args.options_from(server_args)
+            if server_args.max_running_requests is None:
+                server_args.max_running_requests = ddtree_args.default_max_running_requests(options.budget)
+            _handle_dflash(server_args)  # drafter block size, draft backend, DFlash checks
+            block_size = int(server_args.speculative_num_draft_tokens)
+            object.__setattr__(server_args, "speculative_ddtree_block_size", block_size)
+            # The verify width: every captured target-verify graph, KV reservation and mask buffer follows it.
+            server_args.speculative_num_draft_tokens = options.budget + 1
+            logger.info("DDTREE: budget=%d (verify %d tokens/request), drafter block=%d, prune=%s, "
+                        "max_running_requests=%s", options.budget, options.budget + 1, block_size, options.prune,
+                        server_args.max_running_requests)
+
+    return DDTreeSpecAlgo
+
+
+def register() -> None:
+    """The `sglang.srt.plugins` entry point."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    if get_spec(ALGORITHM) is not None:
+        return
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _after_add_cli_args, HookType.AFTER)
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", _around_from_cli_args,
+                          HookType.AROUND)
+    HookRegistry.register("sglang.srt.server_args.ServerArgs.__init__", _around_server_args_init, HookType.AROUND)
+    HookRegistry.register("sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy",
+                          _around_mask_policy, HookType.AROUND)
+    HookRegistry.register("sglang.srt.speculative.dflash_utils.validate_dflash_request", _after_validate_request,
+                          HookType.AFTER)
+    SpeculativeAlgorithm.register(
+        ALGORITHM, supports_overlap=True, validate_server_args=_validate, spec_class=_make_spec_class()
+    )(_worker_factory)

@@ -1,0 +1,332 @@
+"""DDTreeWorker: DFlash's spec-v2 worker with a budgeted draft tree instead of a 16-token chain.
+
+One round, per batch (all on the GPU, no host sync on the default path):
+  1. draft   - the DFlash drafter runs one block [bonus, mask x 15] (SGLang's draft runner, graph-captured);
+               we keep the top-K log-probs of each of the 15 positions (K = min(B, V), TP shards merged).
+  2. tree    - the B most probable prefixes (sglang_ddtree.tree), their ancestor mask and depth positions.
+  3. verify  - one target forward over the B+1 nodes of every request (TARGET_VERIFY with a custom mask,
+               graph-captured at B+1 tokens per request); node i's KV lands in slot req_to_token[prefix + i].
+  4. walk    - the longest path on which the target's own choice (argmax, or a per-node sample) matches a child.
+  5. commit  - the accepted nodes' KV is copied to slots prefix+1..prefix+k (EAGLE's move_kv_cache; the rest of the
+               reserved slots are simply overwritten next round), the drafter's context KV is written from the
+               accepted nodes' target hidden states, and the result goes back in DFLASH's format
+               ([bs, 16] tokens: accepted then bonus; accept_lens = k + 1).
+Prefill, idle batches, KV reservation and the overlap relay are DFLASH's, inherited unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sglang.srt.configs.hybrid_arch import mambaish_config
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+from sglang.srt.speculative.draft_worker_common import (
+    build_block_pos_offsets,
+    make_draft_block_spec_info,
+    make_draft_input_v2,
+)
+
+from sglang_ddtree.layout import ancestor_mask
+from sglang_ddtree.sglang import args as ddtree_args
+from sglang_ddtree.sglang import ops
+from sglang_ddtree.sglang.plugin import mark_active
+from sglang_ddtree.sglang.stats import DDTreeStats
+from sglang_ddtree.tree import build_tree_from_topk
+from sglang_ddtree.walk import sample_choices, walk_choices
+
+logger = logging.getLogger(__name__)
+
+STAGES = ("draft", "tree", "verify", "walk", "commit")
+
+
+class DDTreeWorker(DFlashWorkerV2):
+    def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
+        super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
+        self.options = ddtree_args.options_from(server_args)
+        self.budget = self.options.budget
+        self.num_nodes = self.budget + 1
+        if int(server_args.speculative_num_draft_tokens) != self.num_nodes:
+            raise ValueError(
+                f"DDTREE expected speculative_num_draft_tokens = budget + 1 = {self.num_nodes}, got "
+                f"{server_args.speculative_num_draft_tokens}; do not pass --speculative-num-draft-tokens with DDTREE."
+            )
+        # DFlashWorkerV2 sized itself from speculative_num_draft_tokens (the verify width B+1); the drafter's own
+        # block is the DFlash block (16). Everything draft-side and the result stride use the block.
+        self.block_size = int(getattr(server_args, "speculative_ddtree_block_size", 16))
+        self.depth_limit = self.block_size - 1
+        self.speculative_num_draft_tokens = self.block_size  # SGLang's accept-rate gauge: per-depth rate
+        self._block_pos_offsets = build_block_pos_offsets(length=self.block_size, device=self.device)
+        self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=self.block_size, device=self.device)
+        self._check_models()
+        self._lm_head_shard = self._resolve_lm_head_shard()
+        self.topk = min(self.budget, self._lm_head_shard["vocab_size"])
+        self.stats = DDTreeStats(
+            enable_metrics=bool(getattr(server_args, "enable_metrics", False)) and self.ps.tp_rank == 0,
+            debug_path=self.options.debug_path if self.ps.tp_rank == 0 else None,
+            depth_limit=self.depth_limit,
+            budget=self.budget,
+        )
+        mark_active()
+        if self.ps.tp_rank == 0:
+            logger.info("DDTREE worker ready: budget=%d, verify nodes=%d, drafter block=%d, top-K=%d, prune=%s, "
+                        "tp=%d", self.budget, self.num_nodes, self.block_size, self.topk, self.options.prune,
+                        self.ps.tp_size)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Setup checks
+
+    def _check_models(self) -> None:
+        target_cfg = self.model_runner.model_config
+        draft_cfg = self.draft_model_runner.model_config
+        if mambaish_config(target_cfg) is not None:
+            raise ValueError(
+                "DDTREE does not support hybrid recurrent (linear-attention / Mamba) targets yet: a tree cannot be "
+                "verified through recurrent state with an attention mask. Use --speculative-algorithm DFLASH."
+            )
+        if int(draft_cfg.hidden_size) != int(target_cfg.hidden_size):
+            raise ValueError(
+                f"DDTREE drafter hidden size {draft_cfg.hidden_size} does not match the target's "
+                f"{target_cfg.hidden_size}: the DFlash drafter reads the target's embedding and lm_head."
+            )
+        draft_vocab = getattr(draft_cfg.hf_config, "vocab_size", None)
+        if draft_vocab is not None and int(draft_vocab) != int(target_cfg.vocab_size):
+            raise ValueError(
+                f"DDTREE drafter vocab size {draft_vocab} does not match the target's {target_cfg.vocab_size}."
+            )
+        softcap = getattr(target_cfg.hf_config, "final_logit_softcapping", None)
+        if softcap:
+            raise ValueError("DDTREE does not support targets with final_logit_softcapping yet.")
+
+    def _resolve_lm_head_shard(self) -> dict:
+        lm_head = getattr(self.target_worker.model_runner.model, "lm_head", None)
+        if lm_head is None or not hasattr(lm_head, "weight"):
+            raise ValueError("DDTREE needs the target model to expose an lm_head with a weight.")
+        if not torch.is_floating_point(lm_head.weight):
+            raise ValueError("DDTREE does not support a quantized target lm_head yet.")
+        vocab_size = int(self.model_runner.model_config.vocab_size)
+        if hasattr(lm_head, "shard_indices"):
+            shard = lm_head.shard_indices
+            if int(shard.num_added_elements) != 0:
+                raise ValueError("DDTREE does not support added (LoRA) vocabulary in the target lm_head.")
+            return {"weight": lm_head.weight, "rows": int(shard.num_org_elements),
+                    "start": int(shard.org_vocab_start_index), "vocab_size": vocab_size}
+        if self.ps.tp_size != 1:
+            raise ValueError("DDTREE with tensor parallelism needs a vocab-parallel target lm_head.")
+        return {"weight": lm_head.weight, "rows": vocab_size, "start": 0, "vocab_size": vocab_size}
+
+    def _maybe_build_draft_sampler(self):
+        # DFLASH folds a greedy argmax head into the draft graph; DDTREE needs top-K log-probs instead.
+        return None
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The round
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
+        if getattr(batch, "return_logprob", False):
+            raise ValueError("DDTREE speculative decoding does not support return_logprob yet.")
+        if batch.spec_info is None:
+            batch.spec_info = DFlashDraftInputV2.create_idle_input(device=self.device)
+        draft_input = batch.spec_info
+        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+
+        timer = self.stats.round_timer()
+        bs = len(batch.seq_lens)
+        prefix_lens = batch.seq_lens
+        seq_lens_cpu_bound, seq_lens_sum_bound = self._host_seq_len_bound(batch, draft_input)
+
+        topk_values, topk_tokens = self._draft(batch, draft_input, seq_lens_cpu_bound, seq_lens_sum_bound)
+        timer.mark("draft")
+
+        tree = build_tree_from_topk(topk_values, topk_tokens, self.budget, draft_input.bonus_tokens.view(-1),
+                                    prune=self.options.prune, max_budget=self.budget)
+        verify_ids, verify_positions = ops.flat_tree_inputs(tree, prefix_lens)
+        mask = ops.tree_verify_mask(
+            ancestor_mask(tree), prefix_lens,
+            ops.verify_mask_numel(self.num_nodes, seq_lens_sum_bound, bs),
+        )
+        timer.mark("tree")
+
+        node_cache_loc = self._verify_slots(batch, prefix_lens, bs)
+        logits_output, can_run_cuda_graph = self._verify(
+            batch, verify_ids, verify_positions, mask, node_cache_loc, seq_lens_cpu_bound, seq_lens_sum_bound
+        )
+        timer.mark("verify")
+
+        logits = logits_output.next_token_logits
+        if batch.sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(
+                next_token_logits=logits, sampling_info=batch.sampling_info, draft_token_num=self.num_nodes)
+        walk = walk_choices(tree, self._target_choices(batch, logits.view(bs, self.num_nodes, -1)))
+        timer.mark("walk")
+
+        commit_lens = (walk.accept_len + 1).to(torch.int32)
+        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        self._commit(walk, node_cache_loc, logits_output.hidden_states, prefix_lens, commit_lens, bs)
+        logits_output.hidden_states = None
+        out_tokens = walk.out_tokens[:, : self.block_size].clamp(min=0)
+        timer.mark("commit")
+        self.stats.record_round(tree, walk, timer, batch_size=bs)
+
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=out_tokens.reshape(-1),
+            accept_lens=commit_lens,
+            can_run_cuda_graph=can_run_cuda_graph,
+            next_draft_input=make_draft_input_v2(bonus_tokens=walk.bonus, new_seq_lens=new_seq_lens),
+            speculative_num_draft_tokens=self.block_size,
+            new_seq_lens=new_seq_lens,
+        )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Stages
+
+    def _host_seq_len_bound(self, batch, draft_input):
+        """Host-side upper bound of the committed lengths (the host copy lags by one round of at most `block_size`
+        tokens). Sizes kernel metadata and the mask without reading the device lengths."""
+        bs = len(batch.seq_lens)
+        if batch.seq_lens_cpu is not None:
+            bound = batch.seq_lens_cpu.to(torch.int64) + self.block_size
+        elif draft_input.reserved_seq_lens_cpu is not None:
+            bound = draft_input.reserved_seq_lens_cpu.to(torch.int64)
+        else:  # last resort, a blocking copy (DFLASH does the same)
+            bound = batch.seq_lens.to("cpu", dtype=torch.int64)
+        bound = bound[:bs]
+        return bound, int(bound.sum())
+
+    def _draft(self, batch, draft_input, seq_lens_cpu_bound, seq_lens_sum_bound):
+        """The DFlash drafter block; returns per-position top-K log-probs [bs, 15, K] and token ids."""
+        bs = len(batch.seq_lens)
+        block = self.block_size
+        prefix_lens = batch.seq_lens
+        block_ids = torch.full((bs, block), int(self._mask_token_id), dtype=torch.long, device=self.device)
+        block_ids[:, 0] = draft_input.bonus_tokens.view(-1)
+        positions = (prefix_lens.to(torch.int64).unsqueeze(1) + self._block_pos_offsets).reshape(-1)
+        block_cache_loc = self._slots(batch, prefix_lens, block, bs)
+
+        target_model = self.target_worker.model_runner.model
+        input_embeds = target_model.get_input_embeddings()(block_ids).view(bs * block, -1)
+        draft_seq_lens_cpu = seq_lens_cpu_bound.to(torch.int32)
+        forward_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            out_cache_loc=block_cache_loc,
+            seq_lens_sum=seq_lens_sum_bound,
+            seq_lens_cpu=draft_seq_lens_cpu,
+            positions=positions,
+            input_embeds=input_embeds,
+            spec_algorithm=self.model_runner.spec_algorithm,
+            spec_info=self._draft_block_spec_info,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+        )
+        with torch.inference_mode():
+            draft_out = self.draft_model_runner.forward(forward_batch)
+        hidden = draft_out.logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTREE: the DFlash draft forward returned no hidden states.")
+        hidden = hidden.view(bs, block, -1)[:, 1:, :].reshape(bs * (block - 1), -1)
+        values, tokens = self._topk_logprobs(hidden)
+        return values.view(bs, block - 1, -1), tokens.view(bs, block - 1, -1)
+
+    def _topk_logprobs(self, hidden):
+        shard = self._lm_head_shard
+        weight = shard["weight"][: shard["rows"]]
+        if self.ps.tp_size == 1:
+            return ops.draft_topk_logprobs(hidden, weight, self.topk, vocab_start=shard["start"])
+        from sglang.srt.distributed import get_tp_group
+
+        group = get_tp_group()
+
+        def all_gather(x):
+            out = torch.empty((group.world_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+            group.all_gather_into_tensor(out, x)
+            return out
+
+        return ops.draft_topk_logprobs(hidden, weight, self.topk, vocab_start=shard["start"],
+                                       all_gather=all_gather, world_size=group.world_size)
+
+    def _slots(self, batch, prefix_lens, count, bs):
+        """KV slots of positions prefix .. prefix+count-1 of every request (reserved by DFLASH's prepare step)."""
+        from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+
+        return assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=self.model_runner.req_to_token_pool.req_to_token,
+            start_offset=prefix_lens,
+            end_offset=prefix_lens + count,
+            batch_size=bs,
+            draft_token_num=count,
+            device=self.device,
+        )
+
+    def _verify_slots(self, batch, prefix_lens, bs):
+        return self._slots(batch, prefix_lens, self.num_nodes, bs).view(bs, self.num_nodes)
+
+    def _verify(self, batch, verify_ids, verify_positions, mask, node_cache_loc, seq_lens_cpu_bound,
+                seq_lens_sum_bound):
+        verify_input = DFlashVerifyInput(
+            draft_token=verify_ids,
+            positions=verify_positions,
+            draft_token_num=self.num_nodes,
+            custom_mask=mask,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+        )
+        batch.out_cache_loc = node_cache_loc.reshape(-1)
+        saved = (batch.seq_lens_cpu, batch.seq_lens_sum)
+        batch.seq_lens_cpu = seq_lens_cpu_bound.to(saved[0].dtype if saved[0] is not None else torch.int64)
+        batch.seq_lens_sum = seq_lens_sum_bound
+        try:
+            forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        finally:
+            batch.seq_lens_cpu, batch.seq_lens_sum = saved
+        out = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True)
+        if out.logits_output.hidden_states is None:
+            raise RuntimeError("DDTREE verify needs the target's hidden states (aux capture is off).")
+        return out.logits_output, out.can_run_cuda_graph
+
+    def _target_choices(self, batch, logits):
+        """The target's own token at every node: argmax, or one sample per node with the request's parameters."""
+        info = batch.sampling_info
+        if info is None or info.is_all_greedy:
+            return logits.argmax(dim=-1)
+        choice = sample_choices(logits, info.temperatures.view(-1), info.top_ks.view(-1).to(torch.int64),
+                                info.top_ps.view(-1))
+        if self.ps.tp_size > 1:  # every rank must walk the same samples
+            from sglang.srt.distributed import get_tp_group
+
+            get_tp_group().broadcast(choice, src=0)
+        return choice
+
+    def _commit(self, walk, node_cache_loc, target_hidden, prefix_lens, commit_lens, bs):
+        """Accepted KV to consecutive slots (target pool), drafter context KV from the accepted hidden states."""
+        tgt, src = ops.accepted_kv_moves(walk.path, node_cache_loc)
+        self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache().move_kv_cache(tgt, src)
+
+        # Rows 0..min(16, B+1)-1: at most that many KV entries can be committed in a round.
+        path_len = min(self.block_size, self.num_nodes)
+        hidden = target_hidden.view(bs, self.num_nodes, -1)
+        path_hidden = ops.gather_path_rows(hidden, walk.path)[:, :path_len]
+        cache_loc_2d = node_cache_loc[:, :path_len].contiguous()
+        positions = (prefix_lens.to(torch.int64).unsqueeze(1)
+                     + torch.arange(path_len, device=self.device)).reshape(-1)
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=path_hidden.reshape(bs * path_len, -1),
+            cache_loc=cache_loc_2d.reshape(-1),
+            positions=positions,
+            cache_loc_2d=cache_loc_2d,
+            commit_lens=commit_lens,
+        )

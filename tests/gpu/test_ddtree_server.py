@@ -1,0 +1,307 @@
+"""GPU: DDTREE served by SGLang 0.5.17 through our plugin, against plain decoding on the same GPU.
+
+Every configuration below is one server; they start in parallel (one start costs 1-3 minutes, most of it JIT
+and graph capture, which 16 CPU cores overlap well), each with a small share of GPU memory.
+
+Checked here:
+  - lossless at T=0: DDTREE output == plain output, token for token, for budgets 16..1024, batch 1 and 8 (mixed
+    prompt lengths), triton with and without CUDA graphs, and flashinfer. A difference is tolerated only where
+    plain decoding's own top-2 log-probs tie within DDTREE_TIE_NATS (bf16 rounding of a different batch shape);
+  - acceptance is reported (meta_info) and the verify really ran as a CUDA graph where graphs are on;
+  - T>0: token frequencies of DDTREE sampling match plain sampling (chi-square, two samples);
+  - no KV leak: after 200 mixed requests, aborted ones included, the pool returns to its idle usage.
+Records (accept lengths, ties, timings) go to gpu_suite.json through `gpu_record`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import math
+import os
+import re
+import time
+import urllib.request
+
+import pytest
+
+TIE_NATS = float(os.environ.get("DDTREE_TIE_NATS", "0.1"))
+MAX_NEW_TOKENS = 64
+BATCH = 8
+COMMON = [
+    # Parallel starts: every server sizes its KV pool from the memory free before it loads, so cap the pool
+    # (--max-total-tokens) instead of relying on a small --mem-fraction-static (see tests/gpu/conftest.py).
+    "--mem-fraction-static", "0.5",
+    "--max-total-tokens", "65536",
+    "--max-running-requests", "8",
+    "--cuda-graph-max-bs-decode", "8",
+    "--decode-log-interval", "1",
+    "--random-seed", "0",
+]
+TEXT_PROMPTS = [
+    "def fibonacci(n):\n",
+    "import os\nimport sys\n\n",
+    "class Stack:\n    def __init__(self):\n",
+    "for i in range(",
+    "def parse_args(argv=None):\n    parser = argparse.ArgumentParser(",
+    "    # Return the number of lines in the file\n    with open(path) as f:\n",
+    "x = [",
+    '"""Utilities for working with dates.\n\nThis module provides',
+]
+ID_PROMPTS = [[11 + i, 12, 13 + i, 14] * (1 + i % 3) for i in range(8)]
+GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
+
+
+def ddtree(budget, *extra):
+    return ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", str(budget), *extra]
+
+
+def configs(pair):
+    draft = ["--speculative-draft-model-path", str(pair.drafter)]
+    triton = ["--attention-backend", "triton"]
+    return {
+        "plain": pair.base_args() + COMMON + triton,
+        "dflash": pair.base_args() + COMMON + triton + ["--speculative-algorithm", "DFLASH"] + draft,
+        "ddtree-16": pair.base_args() + COMMON + triton + ddtree(16) + draft,
+        "ddtree-64": pair.base_args() + COMMON + triton + ddtree(64) + draft,
+        "ddtree-256": pair.base_args() + COMMON + triton + ddtree(256) + draft,
+        "ddtree-1024": pair.base_args() + COMMON + triton + ddtree(1024) + draft,
+        "ddtree-64-eager": pair.base_args() + COMMON + triton + ddtree(64) + draft + ["--disable-cuda-graph"],
+        "ddtree-64-flashinfer": pair.base_args() + COMMON + ["--attention-backend", "flashinfer"] + ddtree(64)
+        + draft,
+    }
+
+
+DDTREE_NAMES = ["ddtree-16", "ddtree-64", "ddtree-256", "ddtree-1024", "ddtree-64-eager", "ddtree-64-flashinfer"]
+
+
+def selected_configs(pair):
+    """DDTREE_GPU_CONFIGS=name,name,... runs a subset (e.g. a quick smoke); tests of absent servers skip."""
+    all_configs = configs(pair)
+    wanted = os.environ.get("DDTREE_GPU_CONFIGS")
+    if not wanted:
+        return all_configs
+    names = [n.strip() for n in wanted.split(",") if n.strip()]
+    unknown = [n for n in names if n not in all_configs]
+    if unknown:
+        raise ValueError(f"DDTREE_GPU_CONFIGS names unknown configurations {unknown}; known: {sorted(all_configs)}")
+    return {n: all_configs[n] for n in ["plain"] + [n for n in names if n != "plain"]}
+
+
+@pytest.fixture(scope="module")
+def servers(sglang_servers, model_pair):
+    env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
+    return sglang_servers(selected_configs(model_pair), env=env)
+
+
+def need(servers, *names):
+    missing = [n for n in names if n not in servers]
+    if missing:
+        pytest.skip(f"configuration(s) {missing} not selected (DDTREE_GPU_CONFIGS)")
+
+
+def prompt(pair, i):
+    return {"input_ids": ID_PROMPTS[i]} if pair.dummy else {"text": TEXT_PROMPTS[i]}
+
+
+def batch_prompt(pair):
+    return {"input_ids": ID_PROMPTS} if pair.dummy else {"text": TEXT_PROMPTS}
+
+
+def run_batch1(server, pair, **extra):
+    return [server.generate(**prompt(pair, i), sampling_params=GREEDY, **extra) for i in range(BATCH)]
+
+
+def run_batch8(server, pair):
+    out = server.generate(**batch_prompt(pair), sampling_params=GREEDY)
+    assert isinstance(out, list) and len(out) == BATCH
+    return out
+
+
+@pytest.fixture(scope="module")
+def outputs(servers, model_pair):
+    """Greedy outputs of every server, batch 1 and batch 8; plain with top-2 log-probs for the tie rule."""
+    results = {"plain": {"bs1": run_batch1(servers["plain"], model_pair, return_logprob=True, top_logprobs_num=2)}}
+    results["plain"]["bs8"] = run_batch8(servers["plain"], model_pair)
+
+    def run(name):
+        t0 = time.perf_counter()
+        res = {"bs1": run_batch1(servers[name], model_pair), "bs8": run_batch8(servers[name], model_pair)}
+        res["seconds"] = time.perf_counter() - t0
+        return name, res
+
+    names = [n for n in ["dflash"] + DDTREE_NAMES if n in servers]
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        for name, res in pool.map(run, names):
+            results[name] = res
+    return results
+
+
+def compare(reference, candidate):
+    """(exact count, ties, failures) of candidate vs plain greedy outputs."""
+    exact, ties, failures = 0, [], []
+    for i, (ref, out) in enumerate(zip(reference, candidate)):
+        a, b = ref["output_ids"], out["output_ids"]
+        pos = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if pos is None and len(a) == len(b):
+            exact += 1
+            continue
+        if pos is None:
+            failures.append(f"prompt {i}: lengths differ ({len(a)} vs {len(b)})")
+            continue
+        top = ref["meta_info"].get("output_top_logprobs") or []
+        logprob = {int(e[1]): float(e[0]) for e in (top[pos] if pos < len(top) and top[pos] else [])}
+        gap = logprob[a[pos]] - logprob[b[pos]] if a[pos] in logprob and b[pos] in logprob else None
+        info = {"prompt": i, "position": pos, "plain": a[pos], "candidate": b[pos], "logprob_gap": gap}
+        (ties if gap is not None and gap <= TIE_NATS else failures).append(info)
+    return exact, ties, failures
+
+
+@pytest.mark.parametrize("name", ["dflash"] + DDTREE_NAMES)
+def test_greedy_equals_plain(servers, outputs, name, model_pair, gpu_record):
+    need(servers, name)
+    plain_bs1 = outputs["plain"]["bs1"]
+    report = {}
+    all_failures = []
+    for mode in ("bs1", "bs8"):
+        # batch-8 outputs are compared with plain batch-1 (with log-probs) for the tie rule, and must also equal
+        # plain's own batch-8 outputs unless plain itself differs between its batch shapes there
+        exact, ties, failures = compare(plain_bs1, outputs[name][mode])
+        report[mode] = {"exact": exact, "ties": ties, "failures": failures}
+        all_failures += [f"{mode}: {f}" for f in failures]
+    metas = [o["meta_info"] for o in outputs[name]["bs1"]]
+    tau = sum(m["completion_tokens"] for m in metas) / sum(m["spec_verify_ct"] for m in metas)
+    gpu_record("ddtree_greedy_equality", config=name, mode=model_pair.mode, tau_bs1=round(tau, 4), **report,
+               seconds=round(outputs[name]["seconds"], 3))
+    assert not all_failures, f"{name} differs from plain decoding:\n" + "\n".join(map(str, all_failures))
+
+
+@pytest.mark.parametrize("name", DDTREE_NAMES)
+def test_acceptance_is_reported_and_sane(servers, outputs, name):
+    need(servers, name)
+    for i, out in enumerate(outputs[name]["bs1"]):
+        meta = out["meta_info"]
+        rounds = meta["spec_verify_ct"]
+        assert math.ceil(MAX_NEW_TOKENS / 16) <= rounds <= MAX_NEW_TOKENS, f"prompt {i}: {rounds} rounds"
+        assert 1.0 <= meta["spec_accept_length"] <= 16.0
+
+
+@pytest.mark.parametrize("name", [n for n in DDTREE_NAMES if "eager" not in n])
+def test_verify_runs_in_cuda_graphs(servers, outputs, name):
+    need(servers, name)
+    flags = re.findall(r"cuda graph: (True|False)", servers[name].log_text())
+    assert "True" in flags, f"{name}: decode never ran in a CUDA graph: {flags[-5:]}"
+
+
+def test_larger_budget_accepts_at_least_as_much_as_the_chain(outputs, model_pair, gpu_record):
+    """Recorded for every budget; asserted only between the chain and the largest budget on the trained pair."""
+    need(outputs, "dflash", "ddtree-1024")
+    taus = {}
+    for name in ["dflash", "ddtree-16", "ddtree-64", "ddtree-256", "ddtree-1024"]:
+        if name not in outputs:
+            continue
+        metas = [o["meta_info"] for o in outputs[name]["bs1"]]
+        taus[name] = sum(m["completion_tokens"] for m in metas) / sum(m["spec_verify_ct"] for m in metas)
+    gpu_record("ddtree_tau_by_budget", mode=model_pair.mode, taus=taus)
+    if not model_pair.dummy:
+        assert taus["ddtree-1024"] >= taus["dflash"], taus
+
+
+def chi_square_two_sample(counts_a, counts_b):
+    keys = set(counts_a) | set(counts_b)
+    na, nb = sum(counts_a.values()), sum(counts_b.values())
+    stat, dof = 0.0, -1
+    pooled_small = [0, 0]
+    for k in keys:
+        a, b = counts_a.get(k, 0), counts_b.get(k, 0)
+        if a + b < 10:  # merge rare categories
+            pooled_small[0] += a
+            pooled_small[1] += b
+            continue
+        ea, eb = (a + b) * na / (na + nb), (a + b) * nb / (na + nb)
+        stat += (a - ea) ** 2 / ea + (b - eb) ** 2 / eb
+        dof += 1
+    if sum(pooled_small) > 0:
+        a, b = pooled_small
+        ea, eb = (a + b) * na / (na + nb), (a + b) * nb / (na + nb)
+        stat += (a - ea) ** 2 / ea + (b - eb) ** 2 / eb
+        dof += 1
+    return stat, max(dof, 1)
+
+
+def chi2_critical(dof, z=3.09):
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+def test_sampling_matches_plain_sampling(servers, model_pair, gpu_record):
+    need(servers, "ddtree-64")
+    n = 400
+    params = {"temperature": 1.0, "top_p": 0.95, "max_new_tokens": 3, "ignore_eos": True}
+    p = prompt(model_pair, 3)
+    many = {k: [v] * n for k, v in p.items()}
+
+    def tokens(server):
+        out = server.generate(**many, sampling_params=params)
+        return [o["output_ids"] for o in out]
+
+    plain, tree = tokens(servers["plain"]), tokens(servers["ddtree-64"])
+    results = {}
+    for pos in range(3):
+        ca, cb = {}, {}
+        for seq in plain:
+            ca[seq[pos]] = ca.get(seq[pos], 0) + 1
+        for seq in tree:
+            cb[seq[pos]] = cb.get(seq[pos], 0) + 1
+        stat, dof = chi_square_two_sample(ca, cb)
+        results[pos] = {"stat": round(stat, 2), "dof": dof, "critical": round(chi2_critical(dof), 2),
+                        "distinct_plain": len(ca), "distinct_ddtree": len(cb)}
+    gpu_record("ddtree_sampling_chi2", mode=model_pair.mode, samples=n, results=results)
+    for pos, r in results.items():
+        assert r["stat"] < r["critical"], f"position {pos}: DDTREE sampling differs from plain: {r}"
+    assert results[0]["distinct_plain"] > 1, "the prompt's first token is not random at T=1: test is vacuous"
+
+
+def used_tokens(server):
+    urllib.request.urlopen(urllib.request.Request(server.base_url + "/flush_cache", method="POST"), timeout=60).read()
+    with urllib.request.urlopen(server.base_url + "/get_load", timeout=30) as resp:
+        loads = json.loads(resp.read())
+    return sum(x["num_tokens"] for x in loads), sum(x["num_reqs"] for x in loads)
+
+
+def test_no_kv_leak_after_mixed_and_aborted_requests(servers, model_pair, gpu_record):
+    need(servers, "ddtree-64")
+    server = servers["ddtree-64"]
+    idle_tokens, idle_reqs = used_tokens(server)
+    assert idle_reqs == 0
+    lengths = [1, 5, 17, 40, 64, 90]
+
+    def one(i):
+        params = {"temperature": 0.0 if i % 2 else 0.8, "max_new_tokens": lengths[i % len(lengths)]}
+        if i % 5 == 0:  # aborted mid-generation through SGLang's /abort_request
+            rid = f"leak-test-{i}"
+            params = {**params, "max_new_tokens": 400, "ignore_eos": True}
+            with concurrent.futures.ThreadPoolExecutor(1) as one_pool:
+                fut = one_pool.submit(server.generate, **prompt(model_pair, i % BATCH), sampling_params=params,
+                                      rid=rid)
+                time.sleep(0.05 * (1 + i % 4))
+                server._post("/abort_request", {"rid": rid}, 30)
+                out = fut.result(timeout=120)
+            reason = (out.get("meta_info", {}).get("finish_reason") or {}).get("type")
+            return "aborted" if reason == "abort" else "finished"
+        server.generate(**prompt(model_pair, i % BATCH), sampling_params=params)
+        return "ok"
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        kinds = list(pool.map(one, range(200)))
+    deadline = time.time() + 60
+    while True:
+        tokens, reqs = used_tokens(server)
+        if reqs == 0 or time.time() > deadline:
+            break
+        time.sleep(1)
+    gpu_record("kv_leak", idle_tokens=idle_tokens, after_tokens=tokens, after_reqs=reqs,
+               kinds={k: kinds.count(k) for k in set(kinds)})
+    assert reqs == 0, f"{reqs} requests still running 60 s after the load ended"
+    assert tokens == idle_tokens, f"KV leak: {tokens - idle_tokens} tokens still in use after the load"
+    assert kinds.count("aborted") > 0, f"no request was really aborted: {kinds}"
+    assert server.proc.poll() is None, "the server died (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE raises on leaks)"

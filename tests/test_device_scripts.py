@@ -1,0 +1,589 @@
+"""CPU tests of scripts/device/ (the GPU machine's install, env and runner) and of the GPU suite's skipping."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+import xml.etree.ElementTree as ET
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DEVICE = REPO / "scripts" / "device"
+sys.path.insert(0, str(DEVICE))
+
+import _common  # noqa: E402
+import pack_site  # noqa: E402
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, DEVICE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+run_gpu_suite = load_script("run_gpu_suite")
+write_dist_info = load_script("write_dist_info")
+
+
+# ---------------------------------------------------------------------------------------------- lock/manifest
+
+
+def test_lock_matches_wheels_in():
+    lock = {e.key: e for e in _common.read_lock()}
+    wanted = _common.read_wanted()
+    assert set(lock) == set(wanted.carried)
+    for name, pin in wanted.carried.items():
+        if pin:
+            assert lock[name].version == pin, name
+    # The versions the notes measured, and sglang's own pins, must be what we carry.
+    for name, version in {"sglang": "0.5.17", "sglang-kernel": "0.4.5", "transformers": "5.12.1",
+                          "tokenizers": "0.22.2", "flashinfer-python": "0.6.15.post1", "xgrammar": "0.2.1",
+                          "openai": "2.6.1", "apache-tvm-ffi": "0.1.11"}.items():
+        assert lock[name].version == version
+    for e in lock.values():  # each file is a cp312-compatible manylinux/any wheel of that version
+        assert e.filename.endswith(".whl") and f"-{e.version}-" in e.filename
+        assert any(t in e.filename for t in ("-none-any", "manylinux", "abi3")), e.filename
+
+
+def test_read_lock_rejects_duplicates_and_garbage(tmp_path):
+    line = "foo==1.0 --hash=sha256:" + "a" * 64 + "  # foo-1.0-py3-none-any.whl\n"
+    (tmp_path / "dup.lock").write_text(line + line.replace("foo==1.0", "Foo==2.0"))
+    with pytest.raises(ValueError, match="more than once"):
+        _common.read_lock(tmp_path / "dup.lock")
+    (tmp_path / "bad.lock").write_text("foo>=1.0\n")
+    with pytest.raises(ValueError, match="expected"):
+        _common.read_lock(tmp_path / "bad.lock")
+
+
+@pytest.mark.skipif(not (REPO / ".device-cache" / "manifest.json").exists(),
+                    reason="no .device-cache/manifest.json here (run scripts/device/pack_site.py)")
+def test_packed_manifest_matches_lock():
+    manifest = json.loads((REPO / ".device-cache" / "manifest.json").read_text())
+    lock = {e.key: e for e in _common.read_lock()}
+    assert manifest["lock_sha256"] == _common.sha256_file(_common.LOCK_PATH), "packed from another lock: repack"
+    packed = [p for c in manifest["chunks"] for p in c["packages"]]
+    assert sorted(p["name"] for p in packed) == sorted(lock)  # each package exactly once
+    for p in packed:
+        e = lock[p["name"]]
+        assert (p["version"], p["wheel"], p["wheel_sha256"]) == (e.version, e.filename, e.sha256)
+    for c in manifest["chunks"]:
+        assert c["bytes"] <= manifest["max_chunk_bytes"]
+        path = REPO / c["path"]
+        if path.exists():
+            assert path.stat().st_size == c["bytes"]
+            assert _common.sha256_file(path) == c["sha256"]
+
+
+# ------------------------------------------------------------------------------------------- pack + install
+
+
+def make_wheel(dest: Path, name: str, version: str, files: dict[str, bytes]) -> Path:
+    """A minimal valid py3-none-any wheel."""
+    dist = f"{name}-{version}.dist-info"
+    files = dict(files)
+    files[f"{dist}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    files[f"{dist}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append(f"{dist}/RECORD,,")
+    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+    wheel = dest / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+    return wheel
+
+
+@pytest.fixture
+def fake_set(tmp_path):
+    """Three fake wheels (incompressible payloads), a lock for them, packed into 0.5 MiB chunks."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    rnd = lambda n, seed: hashlib.shake_256(seed.encode()).digest(n)  # noqa: E731
+    specs = {
+        "alpha": {"alpha/__init__.py": b"X = 1\n", "alpha/blob.bin": rnd(300_000, "a")},
+        "beta": {"beta/__init__.py": b"Y = 2\n", "beta/blob.bin": rnd(200_000, "b"),
+                 "beta/huge_ops.so": rnd(100_000, "trim")},
+        "gamma": {"gamma.py": b"Z = 3\n", "gamma_data/blob.bin": rnd(250_000, "c")},
+    }
+    lines = []
+    for name, files in specs.items():
+        w = make_wheel(wheels, name, "1.0", files)
+        lines.append(f"{name}==1.0 --hash=sha256:{_common.sha256_file(w)}  # {w.name}")
+    lock = tmp_path / "wheels.lock"
+    lock.write_text("# test lock\n" + "\n".join(lines) + "\n")
+    out = tmp_path / "cache"
+    out.mkdir()
+    manifest = pack_site.pack(_common.read_lock(lock), wheels, out, 0.5, lock, {"beta": ["beta/*_ops.so"]})
+    return {"manifest": manifest, "lock": lock, "out": out, "specs": specs, "tmp": tmp_path}
+
+
+def test_pack_manifest_matches_lock_and_limits(fake_set):
+    manifest, lock = fake_set["manifest"], _common.read_lock(fake_set["lock"])
+    packed = {p["name"]: p for c in manifest["chunks"] for p in c["packages"]}
+    assert sorted(packed) == sorted(e.key for e in lock)
+    assert sum(len(c["packages"]) for c in manifest["chunks"]) == len(lock)
+    assert len(manifest["chunks"]) >= 2, "0.5 MiB chunks cannot hold ~0.85 MB of random bytes"
+    for c in manifest["chunks"]:
+        path = Path(c["path"])
+        assert path.stat().st_size == c["bytes"] <= manifest["max_chunk_bytes"]
+        assert _common.sha256_file(path) == c["sha256"]
+        assert (path.parent / "manifest.json").exists()
+    assert packed["beta"]["trimmed_files"] == ["beta/huge_ops.so"]
+
+
+def test_pack_is_reproducible(fake_set):
+    first = [c["sha256"] for c in fake_set["manifest"]["chunks"]]
+    out2 = fake_set["tmp"] / "cache2"
+    out2.mkdir()
+    again = pack_site.pack(_common.read_lock(fake_set["lock"]), fake_set["tmp"] / "wheels", out2, 0.5,
+                           fake_set["lock"], {"beta": ["beta/*_ops.so"]})
+    assert [c["sha256"] for c in again["chunks"]] == first
+
+
+def run_install(chunks: list[Path], site: Path, unpack: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DDTREE_SITE=str(site), DDTREE_UNPACK=unpack)
+    return subprocess.run(["bash", str(DEVICE / "install_chunk.sh"), *map(str, chunks)], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("unpack", ["auto", "python"])
+def test_install_chunk_unpacks_and_is_idempotent(fake_set, tmp_path, unpack):
+    site = tmp_path / f"site-{unpack}"
+    folders = [Path(c["path"]).parent for c in fake_set["manifest"]["chunks"]]
+    first = run_install(folders, site, unpack)
+    assert first.returncode == 0, first.stderr
+    # Every file of every wheel is there, byte for byte, except the trimmed one.
+    for files in fake_set["specs"].values():
+        for rel, data in files.items():
+            if rel == "beta/huge_ops.so":
+                assert not (site / rel).exists()
+            else:
+                assert (site / rel).read_bytes() == data
+    record = (site / "beta-1.0.dist-info" / "RECORD").read_text()
+    assert "huge_ops.so" not in record and "beta/blob.bin" in record
+    installs = (site / ".ddtree-chunks" / "installs.jsonl").read_text().splitlines()
+    assert len(installs) == len(folders)
+    assert (site / ".ddtree-chunks" / "manifest.json").exists()
+
+    (site / "alpha" / "__init__.py").write_text("touched\n")  # a second run must not unpack again
+    second = run_install(folders, site, unpack)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.count("already in") == len(folders)
+    assert (site / "alpha" / "__init__.py").read_text() == "touched\n"
+    assert len((site / ".ddtree-chunks" / "installs.jsonl").read_text().splitlines()) == len(folders)
+    status = run_gpu_suite.site_status(site)
+    assert sorted(status["installed"]) == sorted(c["name"] for c in fake_set["manifest"]["chunks"])
+    assert status["missing"] == []
+
+
+def test_install_chunk_replaces_a_changed_chunk_and_rejects_missing(tmp_path):
+    site = tmp_path / "site"
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    chunk = tmp_path / "c" / "site-1.tar.xz"
+    chunk.parent.mkdir()
+    for version in ("one", "two"):
+        (src / "pkg" / "v.txt").write_text(version)
+        with tarfile.open(chunk, "w:xz") as tf:
+            tf.add(src / "pkg" / "v.txt", arcname="pkg/v.txt")
+        res = run_install([chunk], site, "auto")
+        assert res.returncode == 0, res.stderr
+        assert (site / "pkg" / "v.txt").read_text() == version
+    assert "changed since it was installed" in res.stdout
+    missing = run_install([tmp_path / "nope.tar.xz"], site, "auto")
+    assert missing.returncode == 2 and "no such chunk" in missing.stderr
+
+
+# -------------------------------------------------------------------------------------------------- env.sh
+
+
+def test_dist_info_exposes_the_plugin_entry_point(tmp_path):
+    write_dist_info.write(tmp_path)
+    code = ("from importlib.metadata import entry_points, version; "
+            "print(version('sglang-ddtree')); "
+            "print([e.value for e in entry_points(group='sglang.srt.plugins') if e.name == 'ddtree'])")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    version, eps = out.stdout.splitlines()[:2]
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert version == project["version"]
+    assert eps == repr([project["entry-points"]["sglang.srt.plugins"]["ddtree"]])
+    # Rewriting for another version removes the old dist-info (two would both be found).
+    (tmp_path / "sglang_ddtree-0.0.1.dist-info").mkdir()
+    write_dist_info.write(tmp_path)
+    assert [p.name for p in tmp_path.glob("sglang_ddtree-*.dist-info")] == [f"sglang_ddtree-{version}.dist-info"]
+
+
+def test_env_sh_sets_paths_and_caches(tmp_path):
+    script = (f"export DDTREE_SITE={tmp_path}/site DDTREE_JIT_ROOT={tmp_path}/jit; "
+              f"source {DEVICE}/env.sh; source {DEVICE}/env.sh; "
+              'echo "$PYTHONPATH"; echo "$TRITON_CACHE_DIR $TVM_FFI_CACHE_DIR $FLASHINFER_WORKSPACE_BASE"')
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    pythonpath, caches = out.stdout.splitlines()[:2]
+    assert pythonpath == f"{tmp_path}/site:{REPO}"  # sourcing twice does not stack entries
+    assert all(c.startswith(f"{tmp_path}/jit/") for c in caches.split())
+    assert list((tmp_path / "site").glob("sglang_ddtree-*.dist-info"))
+
+
+# -------------------------------------------------------------------------------------------------- runner
+
+
+def run_runner(tmp_path: Path, body: str, *extra: str) -> tuple[subprocess.CompletedProcess, dict, Path]:
+    mod = tmp_path / "fake_tests" / "test_fake_suite.py"
+    mod.parent.mkdir(parents=True, exist_ok=True)
+    mod.write_text(body)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    env.update(DDTREE_SITE=str(tmp_path / "nosite"), DDTREE_JIT_ROOT=str(tmp_path / "jit"))
+    proc = subprocess.run([sys.executable, str(DEVICE / "run_gpu_suite.py"), str(mod), "--out", str(out),
+                           "--log-dir", str(tmp_path / "logs"), *extra], env=env, capture_output=True,
+                          text=True, timeout=300)
+    return proc, json.loads((out / "gpu_suite.json").read_text()), out
+
+
+FAKE_MIXED = '''
+import pytest
+def test_good():
+    assert 2 + 2 == 4
+def test_broken():
+    assert 2 + 2 == 5, "two plus two"
+@pytest.mark.skip(reason="not today")
+def test_skipped():
+    pass
+'''
+
+
+def test_runner_turns_a_failure_into_nonzero_exit(tmp_path):
+    proc, report, out = run_runner(tmp_path, FAKE_MIXED, "--bench", "hello=echo hi > $GPU_SUITE_RESULTS_DIR/hi.txt")
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert report["counts"] == {"passed": 1, "failed": 1, "skipped": 1, "errors": 0}
+    assert report["ok"] is False
+    broken = [t for t in report["tests"] if t["id"].endswith("test_broken")]
+    assert broken[0]["outcome"] == "failed" and "two plus two" in broken[0]["message"]
+    assert "assert (2 + 2) == 5" in broken[0]["details"]
+    assert report["bench"][0]["exit_code"] == 0 and (out / "results" / "hi.txt").read_text() == "hi\n"
+    assert set(report["phases_s"]) >= {"install", "jit_restore", "first_server_start", "suite", "bench"}
+    junit = ET.parse(out / "junit.xml").getroot()
+    assert len(list(junit.iter("testcase"))) == 3
+    with tarfile.open(out / "logs.tar.xz") as tf:
+        names = tf.getnames()
+    assert "pytest.log" in names and "bench-hello.log" in names
+    assert len([p for p in out.rglob("*") if p.is_file()]) <= 8
+    assert "RESULT: FAIL" in proc.stdout
+
+
+def test_runner_passes_a_clean_module_and_fails_a_failed_bench(tmp_path):
+    proc, report, _ = run_runner(tmp_path, "def test_fine():\n    assert True\n")
+    assert proc.returncode == 0 and report["ok"] is True and report["counts"]["passed"] == 1
+    proc, report, _ = run_runner(tmp_path, "def test_fine():\n    assert True\n", "--bench", "bad=exit 3")
+    assert proc.returncode == 1 and report["bench"][0]["exit_code"] == 3
+
+
+def test_runner_keeps_out_within_eight_files(tmp_path):
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    (out / "results").mkdir(parents=True)
+    for i in range(10):
+        (out / "results" / f"r{i}.json").write_text("{}")
+    moved = run_gpu_suite.enforce_out_limits(out, logs, run_gpu_suite.OWN_OUTPUTS)
+    left = [p for p in out.rglob("*") if p.is_file()]
+    assert len(left) + len(run_gpu_suite.OWN_OUTPUTS) <= 8
+    assert len(moved) == 10 - len(left) and all((logs / "out-overflow" / m).exists() for m in moved)
+
+
+def test_jit_cache_round_trip_and_stale_check(tmp_path):
+    jit = tmp_path / "jit"
+    (jit / "triton" / "abc").mkdir(parents=True)
+    (jit / "triton" / "abc" / "kernel.cubin").write_bytes(b"\x7fELF fake")
+    stamp = {"torch": "2.11.0", "gpu": "NVIDIA H200", "sglang": "0.5.17"}
+    archive = tmp_path / "jit-cache.tar.xz"
+    res = run_gpu_suite.pack_jit_cache(jit, stamp, archive, tmp_path)
+    assert res["returned"] and res["files"] == 1
+    fresh = tmp_path / "fresh"
+    assert run_gpu_suite.restore_jit_cache(archive, fresh, stamp)["restored"]
+    assert (fresh / "triton" / "abc" / "kernel.cubin").read_bytes() == b"\x7fELF fake"
+    other = tmp_path / "other"
+    stale = run_gpu_suite.restore_jit_cache(archive, other, {**stamp, "gpu": "NVIDIA H100"})
+    assert not stale["restored"] and "stale" in stale["reason"] and "gpu" in stale["diff"]
+    assert not other.exists()
+
+
+# ------------------------------------------------------------------------------------------- the GPU suite
+
+
+def test_dummy_configs_are_a_consistent_pair():
+    cfg = REPO / "tests" / "gpu" / "configs"
+    target = json.loads((cfg / "dummy-target" / "config.json").read_text())
+    drafter = json.loads((cfg / "dummy-drafter" / "config.json").read_text())
+    assert drafter["architectures"] == ["DFlashDraftModel"]
+    for key in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim"):
+        assert drafter[key] == target[key], key
+    assert drafter["num_target_layers"] == target["num_hidden_layers"]
+    assert all(0 <= i < target["num_hidden_layers"] for i in drafter["dflash_config"]["target_layer_ids"])
+    assert drafter["dflash_config"]["mask_token_id"] < target["vocab_size"]
+    assert drafter["block_size"] == 16
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None and __import__("torch").cuda.is_available(),
+                    reason="this machine has CUDA: the GPU suite would run, not skip")
+def test_gpu_suite_is_collected_and_skipped_here(tmp_path):
+    junit = tmp_path / "junit.xml"
+    env = {k: v for k, v in os.environ.items() if k != "DDTREE_GPU_REQUIRED"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider",
+                           f"--junitxml={junit}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    cases = list(ET.parse(junit).getroot().iter("testcase"))
+    names = {c.get("name") for c in cases}
+    assert {"test_plain_decoding_returns_tokens", "test_dflash_greedy_equals_plain"} <= names
+    for case in cases:
+        assert case.find("skipped") is not None, f"{case.get('name')} was not skipped"
+        assert case.find("error") is None and case.find("failure") is None
+
+
+def test_plan_fits_the_device_tool_limits(tmp_path):
+    plan_mod = load_script("plan")
+    manifest = {"chunks": [{"name": f"site-{i}", "carry": f".device-cache/site-{i}"} for i in (1, 2, 3)]}
+    calls = plan_mod.plan(manifest, ["tests/gpu/test_server_smoke.py"], ["b1=python3 -c 'print(1)'"], 540, True,
+                          repo=tmp_path, base_bytes=20 * 2**20)
+    assert [c["carry"] for c in calls] == [[".device-cache/site-1"], [".device-cache/site-2"],
+                                           [".device-cache/site-3"]]
+    assert "run_gpu_suite.py" in calls[-1]["command"] and "source scripts/device/env.sh" in calls[-1]["command"]
+    assert "--bench 'b1=python3 -c '\"'\"'print(1)'\"'\"''" in calls[-1]["command"]  # shell-quoted intact
+    assert all(not c["problems"] and len(c["command"]) <= 2000 for c in calls)
+    big = plan_mod.plan(manifest, ["tests/gpu"], [], 540, True, repo=tmp_path, base_bytes=65 * 2**20)
+    assert all("MiB travel" in c["problems"][0] for c in big)
+    # With a JIT cache present, the last call carries it and restores it.
+    (tmp_path / ".device-cache" / "jit").mkdir(parents=True)
+    (tmp_path / ".device-cache" / "jit" / "jit-cache.tar.xz").write_bytes(b"x")
+    last = plan_mod.plan(manifest, ["tests/gpu"], [], 540, True, repo=tmp_path, base_bytes=0)[-1]
+    assert last["carry"][-1] == ".device-cache/jit"
+    assert "--jit-cache .device-cache/jit/jit-cache.tar.xz" in last["command"]
+
+
+# ------------------------------------------------------------------- the server fixture, against a fake SGLang
+
+FAKE_LAUNCH_SERVER = '''
+import argparse, json, os, subprocess, sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+p = argparse.ArgumentParser()
+p.add_argument("--host"); p.add_argument("--port", type=int); p.add_argument("--mode", default="ok")
+args, rest = p.parse_known_args()
+print("fake sglang starting with", rest, flush=True)
+if args.mode == "crash":
+    print("RuntimeError: pretend CUDA out of memory", flush=True)
+    sys.exit(3)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])  # like the scheduler process
+open(os.environ["FAKE_CHILD_PID_FILE"], "w").write(str(child.pid))
+if os.environ.get("FAKE_SERVER_PID_FILE"):
+    open(os.environ["FAKE_SERVER_PID_FILE"], "a").write(f"{os.getpid()}\\n")
+t0 = time.time()
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def _send(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code); self.send_header("Content-Length", str(len(data))); self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        self._send(200 if args.mode == "ok" and time.time() - t0 > 1.0 else 503, {})  # "hang": never healthy
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n = body["sampling_params"].get("max_new_tokens", 4)
+        self._send(200, {"output_ids": list(range(n)), "meta_info": {"completion_tokens": n}, "echo": body})
+
+HTTPServer((args.host, args.port), Handler).serve_forever()
+'''
+
+
+@pytest.fixture
+def fake_sglang(tmp_path, monkeypatch):
+    pkg = tmp_path / "fake" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "launch_server.py").write_text(FAKE_LAUNCH_SERVER)
+    monkeypatch.setenv("GPU_SUITE_LOG_DIR", str(tmp_path / "logs"))
+    spec = importlib.util.spec_from_file_location("gpu_conftest", REPO / "tests" / "gpu" / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_conftest", conftest)  # dataclasses look their module up there
+    spec.loader.exec_module(conftest)
+    env = {"PYTHONPATH": str(tmp_path / "fake"), "FAKE_CHILD_PID_FILE": str(tmp_path / "child.pid")}
+    return conftest, env, tmp_path
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A killed child of a dead parent may linger as a zombie until reaped by init.
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def test_server_fixture_starts_serves_and_kills_the_group(fake_sglang):
+    conftest, env, tmp = fake_sglang
+    log_dir = conftest.suite_log_dir()
+    server = conftest.SGLangServer("fake", ["--model-path", "x", "--mode", "ok"], log_dir, env, start_timeout_s=60)
+    server.start()
+    try:
+        out = server.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 5}, return_logprob=True)
+        assert out["output_ids"] == [0, 1, 2, 3, 4]
+        assert out["echo"] == {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 5},
+                               "return_logprob": True}
+        assert server.generate(text="hi")["echo"]["text"] == "hi"
+        with pytest.raises(ValueError, match="exactly one"):
+            server.generate(text="a", input_ids=[1])
+        assert "--port" in server.log_text() and server.start_seconds >= 1.0  # /health said 503 for 1 s
+    finally:
+        server.stop()
+    child = int((tmp / "child.pid").read_text())
+    deadline = time.time() + 10
+    while pid_alive(child) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not pid_alive(child), "the server's child outlived stop()"
+    starts = [json.loads(line) for line in (log_dir / "records.jsonl").read_text().splitlines()]
+    assert starts[-1]["kind"] == "server_start" and starts[-1]["ok"] is True
+    assert str(server.proc.pid) in (log_dir / "servers.pgids").read_text().split()
+    with pytest.raises(ValueError, match="--port"):
+        conftest.SGLangServer("bad", ["--port", "1"], log_dir)
+
+
+def test_server_fixture_fails_early_with_the_log_tail(fake_sglang):
+    conftest, env, _ = fake_sglang
+    server = conftest.SGLangServer("crash", ["--mode", "crash"], conftest.suite_log_dir(), env, start_timeout_s=60)
+    t0 = time.time()
+    with pytest.raises(conftest.ServerStartError) as err:
+        server.start()
+    assert time.time() - t0 < 30, "a dead server must not wait for the timeout"
+    assert "exited with status 3" in str(err.value) and "pretend CUDA out of memory" in str(err.value)
+
+
+def test_model_pair_falls_back_to_dummy_configs(fake_sglang, monkeypatch, tmp_path):
+    conftest, _, _ = fake_sglang
+    monkeypatch.setattr(conftest, "TINY_DIR", tmp_path / "no-such-tiny")
+    monkeypatch.setattr(conftest, "REPO_ROOT", tmp_path)
+    pair = conftest.choose_model_pair("auto")
+    assert pair.dummy and pair.target.name == "dummy-target" and (pair.target / "config.json").exists()
+    assert pair.base_args()[-3:] == ["--load-format", "dummy", "--skip-tokenizer-init"]
+    assert pair.dflash_args(16)[:2] == ["--speculative-algorithm", "DFLASH"]
+    with pytest.raises(ValueError, match="tiny pair lacks"):
+        conftest.choose_model_pair("tiny")
+    with pytest.raises(ValueError, match="auto, tiny or dummy"):
+        conftest.choose_model_pair("big")
+
+
+def test_jit_cache_leaves_out_tvm_ffi_objects(tmp_path):
+    jit = tmp_path / "jit"
+    (jit / "tvm-ffi" / "mod").mkdir(parents=True)
+    (jit / "tvm-ffi" / "mod" / "mod.so").write_bytes(b"so")
+    (jit / "tvm-ffi" / "mod" / "a.o").write_bytes(b"obj")
+    (jit / "flashinfer" / "op").mkdir(parents=True)
+    (jit / "flashinfer" / "op" / "b.o").write_bytes(b"obj")  # ninja needs these: kept
+    archive = tmp_path / "c.tar.xz"
+    assert run_gpu_suite.pack_jit_cache(jit, {}, archive, tmp_path)["files"] == 2
+    with tarfile.open(archive) as tf:
+        assert tf.getnames() == ["stamp.json", "flashinfer/op/b.o", "tvm-ffi/mod/mod.so"]
+
+
+def test_server_pool_starts_in_parallel_and_reports_every_failure(fake_sglang):
+    conftest, env, _ = fake_sglang
+    pool = conftest.ServerPool(conftest.suite_log_dir())
+    try:
+        both = pool.start_many({"a": ["--mode", "ok", "--x", "1"], "b": ["--mode", "ok", "--x", "2"]}, env)
+        assert both["a"].port != both["b"].port
+        assert all(s.generate(input_ids=[1])["output_ids"] == [0, 1, 2, 3] for s in both.values())
+        assert pool.start("a", ["--mode", "ok", "--x", "1"], env) is both["a"]  # reused, not restarted
+        with pytest.raises(ValueError, match="other args"):
+            pool.start("a", ["--mode", "ok"], env)
+        with pytest.raises(pytest.fail.Exception, match="pretend CUDA out of memory"):
+            pool.start_many({"c": ["--mode", "ok", "--x", "3"], "bad": ["--mode", "crash"]}, env)
+        assert sorted(pool.servers) == ["a", "b", "c"]  # the good one is kept, so teardown stops it
+    finally:
+        pool.stop_all()
+    assert all(s.proc.poll() is not None for s in pool.servers.values())
+
+
+def test_server_pool_can_hand_back_failures_instead_of_failing(fake_sglang):
+    conftest, env, _ = fake_sglang
+    pool = conftest.ServerPool(conftest.suite_log_dir())
+    try:
+        got = pool.start_many({"ok": ["--mode", "ok"], "bad": ["--mode", "crash"]}, env, all_or_nothing=False)
+        assert isinstance(got["ok"], conftest.SGLangServer) and got["ok"].generate(input_ids=[1])["output_ids"]
+        assert isinstance(got["bad"], conftest.ServerStartError) and "status 3" in str(got["bad"])
+    finally:
+        pool.stop_all()
+
+
+INTERRUPTED_START = """
+import importlib.util, sys
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("gpu_conftest", sys.argv[1])
+conftest = importlib.util.module_from_spec(spec)
+sys.modules["gpu_conftest"] = conftest
+spec.loader.exec_module(conftest)
+pool = conftest.ServerPool(conftest.suite_log_dir())
+import os
+env = {"PYTHONPATH": os.environ["FAKE_PATH"], "FAKE_CHILD_PID_FILE": os.environ["FAKE_CHILD_PID_FILE"],
+       "FAKE_SERVER_PID_FILE": os.environ["FAKE_SERVER_PID_FILE"]}
+try:
+    pool.start_many({"h1": ["--mode", "hang"], "h2": ["--mode", "hang", "--x", "2"]}, env)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+def test_interrupted_parallel_start_kills_the_servers_promptly(fake_sglang):
+    """The runner's deadline sends SIGINT to pytest: servers still starting must die, and fast."""
+    import signal
+
+    _, env, tmp = fake_sglang
+    script = tmp / "interrupted.py"
+    script.write_text(INTERRUPTED_START)
+    server_pid_file = tmp / "server.pid"
+    child_env = dict(os.environ, FAKE_PATH=env["PYTHONPATH"], FAKE_CHILD_PID_FILE=env["FAKE_CHILD_PID_FILE"],
+                     FAKE_SERVER_PID_FILE=str(server_pid_file), DDTREE_SERVER_START_TIMEOUT="300")
+    proc = subprocess.Popen([sys.executable, str(script), str(REPO / "tests" / "gpu" / "conftest.py")],
+                            env=child_env, stdout=subprocess.PIPE, text=True)
+    servers = lambda: [int(x) for x in server_pid_file.read_text().split()] if server_pid_file.exists() else []  # noqa: E731
+    try:
+        deadline = time.time() + 30
+        while len(servers()) < 2 and time.time() < deadline:
+            time.sleep(0.1)
+        assert len(servers()) == 2, "the fake servers never started"
+        time.sleep(0.5)
+        t0 = time.time()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 130 and "interrupted" in out
+        assert time.time() - t0 < 15, "the interrupted start waited for its servers"
+        deadline = time.time() + 10
+        while any(map(pid_alive, servers())) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not any(map(pid_alive, servers())), "a server that was still starting survived the interrupt"
+    finally:  # whatever happened, leave nothing of ours running
+        if proc.poll() is None:
+            proc.kill()
+        for pid in servers():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

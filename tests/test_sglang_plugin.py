@@ -1,0 +1,208 @@
+"""The plugin's flags and hooks without SGLang, and its dependence on the pinned SGLang sources (static check)."""
+
+import argparse
+import ast
+import dataclasses
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from sglang_ddtree.sglang import args as ddtree_args
+from sglang_ddtree.sglang import plugin
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_flags_parse_and_validate():
+    parser = argparse.ArgumentParser()
+    ddtree_args.add_cli_args(parser)
+    ns = parser.parse_args(["--speculative-ddtree-budget", "256", "--speculative-ddtree-prune", "0.001"])
+    opts = ddtree_args.options_from(ns)
+    assert opts == ddtree_args.DDTreeOptions(budget=256, prune=0.001, debug_path=None)
+    assert ddtree_args.options_from(parser.parse_args([])).budget == ddtree_args.DEFAULT_BUDGET
+    for bad, match in [("0", "1..1024"), ("1025", "1..1024"), ("abc", "integer"), ("12.5", "integer")]:
+        with pytest.raises(ValueError, match=match):
+            ddtree_args.parse_budget(bad)
+    for bad in ("1.0", "-0.1", "nan", "x"):
+        with pytest.raises(ValueError, match="prune"):
+            ddtree_args.parse_prune(bad)
+    assert ddtree_args.parse_prune("0") is None and ddtree_args.parse_prune("off") is None
+
+
+def test_static_config_refusals():
+    ok = dict(attention_backends=("triton", "triton"), page_size=1, draft_model_path="d")
+    ddtree_args.check_static_config(**ok)
+    with pytest.raises(ValueError, match="fa3"):
+        ddtree_args.check_static_config(**{**ok, "attention_backends": ("fa3", "triton")})
+    with pytest.raises(ValueError, match="page-size"):
+        ddtree_args.check_static_config(**{**ok, "page_size": 16})
+    with pytest.raises(ValueError, match="speculative-draft-model-path"):
+        ddtree_args.check_static_config(**{**ok, "draft_model_path": None})
+    with pytest.raises(ValueError, match="dp-attention"):
+        ddtree_args.check_static_config(**ok, dp_attention=True)
+    with pytest.raises(ValueError, match="0.5.17"):
+        ddtree_args.check_sglang_version("0.5.18")
+    ddtree_args.check_sglang_version("0.5.17")
+
+
+def test_default_max_running_requests_bounds_verify_tokens():
+    assert ddtree_args.default_max_running_requests(16) == 48
+    assert ddtree_args.default_max_running_requests(1024) == 7
+    assert all(b * (ddtree_args.default_max_running_requests(b) ) <= 8192 or
+               ddtree_args.default_max_running_requests(b) == 1 for b in (64, 256, 512, 1024))
+
+
+@dataclasses.dataclass
+class FakeServerArgs:
+    """Mimics SGLang's ServerArgs: dataclass fields only; __post_init__ reads the algorithm's options."""
+
+    model_path: str = "m"
+    seen: tuple = ()
+
+    def __post_init__(self):
+        self.seen = tuple(getattr(self, d, "missing") for d in ddtree_args.FLAG_DEST.values())
+
+    @classmethod
+    def from_cli_args(cls, ns):
+        return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)})
+
+
+def test_flag_values_reach_post_init_through_the_hooks():
+    def init(self, *a, **kw):
+        return FakeServerArgs.__init__(self, *a, **kw)
+
+    def construct(**kw):
+        obj = FakeServerArgs.__new__(FakeServerArgs)
+        plugin._around_server_args_init(init, obj, **kw)
+        return obj
+
+    # CLI path: from_cli_args sees the namespace, __init__ picks the values up before __post_init__
+    ns = argparse.Namespace(model_path="x", speculative_ddtree_budget="32", speculative_ddtree_prune=None,
+                            speculative_ddtree_debug="/tmp/d.jsonl")
+
+    def original_from_cli(ns_):
+        return construct(**{"model_path": ns_.model_path})
+
+    obj = plugin._around_from_cli_args(original_from_cli, ns)
+    assert obj.seen == ("32", None, "/tmp/d.jsonl")
+    assert ddtree_args.options_from(obj).budget == 32
+    # Engine(**kwargs) path: our keys are removed from the dataclass kwargs and kept as attributes
+    obj2 = construct(model_path="y", speculative_ddtree_budget=128)
+    assert obj2.seen == (128, None, None) and obj2.model_path == "y"
+    # no DDTREE flags at all: attributes exist and default
+    assert ddtree_args.options_from(construct()).budget == ddtree_args.DEFAULT_BUDGET
+
+
+def test_request_validation_hook_only_acts_when_ddtree_is_active(monkeypatch):
+    class Params:
+        json_schema = '{"type": "object"}'
+        regex = None
+
+    class Req:
+        sampling_params = Params()
+
+    monkeypatch.setattr(plugin, "_ACTIVE_IN_PROCESS", False)
+    assert plugin._after_validate_request(None, Req(), True) is None
+    monkeypatch.setattr(plugin, "_ACTIVE_IN_PROCESS", True)
+    assert "structured output" in plugin._after_validate_request(None, Req(), True)
+    assert plugin._after_validate_request("earlier refusal", Req(), True) == "earlier refusal"
+    assert plugin._around_mask_policy(lambda backend: ("TritonAttnBackend", False), object()) == \
+        ("TritonAttnBackend", True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Static check against the exact pinned SGLang sources: every SGLang name the plugin and worker rely on exists.
+
+
+def pinned_sglang_source() -> Path:
+    """The pinned release's sources: the installed package if it is 0.5.17, else the PyPI wheel, unpacked once
+    into .cache/ (PyPI is a package registry, reachable from CI; no model hub involved)."""
+    target = ROOT / ".cache" / f"sglang-{ddtree_args.SUPPORTED_SGLANG_VERSION}"
+    if (target / "sglang" / "srt").is_dir():
+        return target / "sglang"
+    wheels = target.parent / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(wheels),
+           "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64",
+           f"sglang=={ddtree_args.SUPPORTED_SGLANG_VERSION}"]
+    found = list(wheels.glob(f"sglang-{ddtree_args.SUPPORTED_SGLANG_VERSION}-*.whl"))
+    if not found:
+        subprocess.run(cmd, check=True, timeout=600)
+        found = list(wheels.glob(f"sglang-{ddtree_args.SUPPORTED_SGLANG_VERSION}-*.whl"))
+    with zipfile.ZipFile(found[0]) as zf:
+        members = [m for m in zf.namelist() if m.startswith("sglang/srt/") or m.startswith("sglang/kernels/")
+                   or m == "sglang/_version.py"]
+        zf.extractall(target, members)
+    return target / "sglang"
+
+
+def module_defs(src: Path, module: str) -> dict:
+    tree = ast.parse((src / (module.replace(".", "/") + ".py")).read_text())
+    defs = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            defs[node.name] = [a.arg for a in node.args.args]
+        elif isinstance(node, ast.ClassDef):
+            defs[node.name] = {n.name: [a.arg for a in n.args.args] for n in node.body
+                               if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            defs[node.name]["__decorators__"] = [ast.unparse(d) for d in node.decorator_list]
+    return defs
+
+
+REQUIRED = {
+    "srt.server_args": {"ServerArgs": ["add_cli_args", "from_cli_args", "__post_init__"]},
+    "srt.speculative.dflash_utils": ["resolve_dflash_verify_mask_policy", "validate_dflash_request",
+                                     "apply_dflash_verify_logits_adjustments"],
+    "srt.speculative.spec_registry": {"CustomSpecAlgo": ["handle_server_args", "create_worker",
+                                                         "get_num_tokens_per_req_for_target_verify",
+                                                         "is_dflash_family", "supports_target_verify_for_draft"]},
+    "srt.speculative.dflash_worker_v2": {"DFlashWorkerV2": [
+        "__init__", "forward_batch_generation", "_append_target_hidden_to_draft_kv_by_loc",
+        "_maybe_build_draft_sampler"]},
+    "srt.speculative.draft_worker_common": ["make_draft_input_v2", "make_draft_block_spec_info",
+                                            "build_block_pos_offsets"],
+    "srt.arg_groups.speculative_hook": ["_handle_dflash"],
+    "srt.arg_groups.overrides": ["resolved_view", "attention_backends_of"],
+    "srt.managers.overlap_utils": {"FutureMap": ["__init__"]},
+    "srt.speculative.dflash_info": {"DFlashVerifyInput": ["prepare_for_verify"]},
+    "kernels.ops.speculative.cache_locs": ["assign_extend_cache_locs_func"],
+}
+
+
+def test_pinned_sglang_has_everything_the_plugin_uses():
+    src = pinned_sglang_source()
+    assert f"version = '{ddtree_args.SUPPORTED_SGLANG_VERSION}'" in (src / "_version.py").read_text()
+    for module, names in REQUIRED.items():
+        defs = module_defs(src, module)
+        if isinstance(names, dict):
+            for cls, methods in names.items():
+                assert cls in defs, f"{module}.{cls} missing"
+                for m in methods:
+                    assert m in defs[cls], f"{module}.{cls}.{m} missing"
+        else:
+            for name in names:
+                assert name in defs, f"{module}.{name} missing"
+    server_args = module_defs(src, "srt.server_args")["ServerArgs"]
+    assert any("dataclass" in d for d in server_args["__decorators__"])  # so ServerArgs.__init__ exists
+    # hook signatures our hooks assume
+    utils = module_defs(src, "srt.speculative.dflash_utils")
+    assert utils["resolve_dflash_verify_mask_policy"] == ["attn_backend"]
+    assert utils["validate_dflash_request"][:1] == ["req"]
+    future_map = module_defs(src, "srt.managers.overlap_utils")["FutureMap"]["__init__"]
+    assert future_map[1:] == ["device", "spec_algo", "req_to_token_pool", "needs_cpu_seq_lens",
+                              "needs_confidence_relay"]
+    # The algorithm methods SGLang calls that CustomSpecAlgo lacks are the ones our subclass adds.
+    enum_methods = set(module_defs(src, "srt.speculative.spec_info")["SpeculativeAlgorithm"]) - {"__decorators__"}
+    base_methods = set(module_defs(src, "srt.speculative.spec_registry")["CustomSpecAlgo"])
+    assert {"need_topk", "create_future_map", "carries_draft_hidden_states"} <= enum_methods - base_methods
+
+
+def test_entry_point_is_declared():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert '[project.entry-points."sglang.srt.plugins"]' in text
+    assert 'ddtree = "sglang_ddtree.sglang.plugin:register"' in text
+    assert os.path.exists(ROOT / "sglang_ddtree" / "sglang" / "plugin.py")
