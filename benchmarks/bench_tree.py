@@ -1,9 +1,12 @@
-"""Micro-benchmark of the DDTree core stages: tree build, layout, walk.
+"""Micro-benchmark of the DDTree core stages: tree build, layout, walk; torch reference vs Triton kernels.
 
-  build  = log_softmax of the drafter's logits [bs, L, V] + per-depth top-K + best-first tree
-  layout = ancestor mask [bs, N, N] + positions + EAGLE retrieve arrays
+  topk   = log_softmax of the drafter's logits [bs, L, V] + exact per-depth top-K (K = min(B, V))
+  build  = topk + best-first tree           (torch: tree.build_tree_from_topk; triton: kernels.build_tree_triton)
+  layout = the verify's attention mask      (torch: ancestor mask + SGLang FULL_MASK scatter + positions + retrieve
+                                             arrays; triton: kernels.tree_verify_mask_triton + positions)
   walk   = the walk from the target's per-node choices [bs, N] (the argmax over V that produces those choices is
            part of the target's sampling, which every verify pays; it is timed separately as `choice`)
+The serving path (sglang_ddtree/sglang/worker.py) uses the Triton kernels on CUDA.
 
 On CUDA each configuration is timed eagerly (CUDA events) and as one captured CUDA graph replay, which is how the
 serving path runs it. Writes JSON rows (one per configuration) and prints a table.
@@ -27,17 +30,44 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_ddtree.layout import ancestor_mask, retrieve_arrays, tree_positions  # noqa: E402
-from sglang_ddtree.tree import build_tree  # noqa: E402
 from sglang_ddtree.walk import walk_choices  # noqa: E402
 
 
-def stages(draft_logits, budget, roots, start, target_choice):
-    tree = build_tree(draft_logits.log_softmax(-1), budget, roots, check_values=False)
-    mask = ancestor_mask(tree)
-    pos = tree_positions(tree, start)
-    retrieve = retrieve_arrays(tree)
-    walk = walk_choices(tree, target_choice)
-    return tree, mask, pos, retrieve, walk
+PREFIX = 512  # committed tokens per request: sizes the FULL_MASK the verify reads
+
+
+def make_stages(impl, draft_logits, budget, roots, start, choice):
+    from sglang_ddtree.sglang.ops import tree_verify_mask, verify_mask_numel
+    from sglang_ddtree.tree import build_tree_from_topk, topk_draft
+
+    bs, _, vocab = draft_logits.shape
+    k = min(budget, vocab)
+    numel = verify_mask_numel(budget + 1, int(start.sum()) + 16 * bs, bs)
+
+    def topk():
+        return topk_draft(draft_logits.float().log_softmax(-1), k)
+
+    if impl == "triton":
+        from sglang_ddtree import kernels
+
+        def tree(values, tokens):
+            return kernels.build_tree_triton(values, tokens, budget, roots, max_budget=budget)
+
+        def layout(t):
+            return kernels.tree_verify_mask_triton(t, start, numel), tree_positions(t, start)
+
+        def walk(t):
+            return kernels.walk_triton(t, choice)
+    else:
+        def tree(values, tokens):
+            return build_tree_from_topk(values, tokens, budget, roots, max_budget=budget)
+
+        def layout(t):
+            return tree_verify_mask(ancestor_mask(t), start, numel), tree_positions(t, start), retrieve_arrays(t)
+
+        def walk(t):
+            return walk_choices(t, choice)
+    return topk, tree, layout, walk
 
 
 def time_cpu(fn, repeats):
@@ -106,41 +136,52 @@ def main(argv=None):
     rows = []
     budgets = [int(x) for x in args.budgets.split(",")]
     batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
+    impls = ["torch", "triton"] if cuda else ["torch"]
     total = len(budgets) * len(batch_sizes)
     for bs in batch_sizes:
         draft_logits = (torch.randn(bs, args.depth, args.vocab, generator=gen) * 4).to(device, torch.bfloat16)
         roots = torch.randint(0, args.vocab, (bs,), generator=gen).to(device)
-        start = torch.full((bs,), 500, dtype=torch.long, device=device)
+        start = torch.full((bs,), PREFIX, dtype=torch.long, device=device)
         for budget in budgets:
             n = budget + 1
-            tree, *_ = stages(draft_logits, budget, roots, start, torch.zeros(bs, n, dtype=torch.long, device=device))
+            topk, tree_fn, _, _ = make_stages("torch", draft_logits, budget, roots, start, None)
+            ref_tree = tree_fn(*topk())
             # Make the target agree with the drafter's best path so the walk runs its full depth.
-            choice = torch.zeros(bs, n, dtype=torch.long, device=device)
-            first_child = retrieve_arrays(tree)[1]
-            choice = torch.where(first_child >= 0, tree.tokens.gather(1, first_child.clamp(min=0)), choice)
-
+            first_child = retrieve_arrays(ref_tree)[1]
+            choice = torch.where(first_child >= 0, ref_tree.tokens.gather(1, first_child.clamp(min=0)), 0)
+            row = {"device": str(device), "batch_size": bs, "budget": budget, "vocab": args.vocab,
+                   "depth": args.depth, "prefix": PREFIX}
+            values, tokens = topk()
             timers = {"eager": time_cuda if cuda else time_cpu}
             if cuda:
                 timers["graph"] = time_cuda_graph
-            row = {"device": str(device), "batch_size": bs, "budget": budget, "vocab": args.vocab,
-                   "depth": args.depth}
-            for mode, timer in timers.items():
-                build = lambda: build_tree(draft_logits.log_softmax(-1), budget, roots, check_values=False)  # noqa
-                row[f"{mode}_build_ms"] = timer(build, repeats)
-                row[f"{mode}_layout_ms"] = timer(
-                    lambda: (ancestor_mask(tree), tree_positions(tree, start), retrieve_arrays(tree)), repeats)
-                row[f"{mode}_walk_ms"] = timer(lambda: walk_choices(tree, choice), repeats)
-                row[f"{mode}_all_ms"] = timer(lambda: stages(draft_logits, budget, roots, start, choice), repeats)
+            for impl in impls:
+                topk_fn, tree_fn, layout_fn, walk_fn = make_stages(impl, draft_logits, budget, roots, start, choice)
+                t = tree_fn(values, tokens)
+
+                def all_stages(topk_fn=topk_fn, tree_fn=tree_fn, layout_fn=layout_fn, walk_fn=walk_fn):
+                    new_tree = tree_fn(*topk_fn())
+                    layout_fn(new_tree)
+                    return walk_fn(new_tree)
+
+                for mode, timer in timers.items():
+                    p = f"{impl}_{mode}"
+                    row[f"{p}_topk_ms"] = timer(topk_fn, repeats)
+                    row[f"{p}_tree_ms"] = timer(lambda: tree_fn(values, tokens), repeats)
+                    row[f"{p}_layout_ms"] = timer(lambda: layout_fn(t), repeats)
+                    row[f"{p}_walk_ms"] = timer(lambda: walk_fn(t), repeats)
+                    row[f"{p}_all_ms"] = timer(all_stages, repeats)
             logits_gb = bs * n * args.vocab * 2 / 1e9
             if logits_gb <= mem_limit:
                 target_logits = torch.randn(bs * n, args.vocab, device=device, dtype=torch.bfloat16)
                 row["choice_ms"] = (time_cuda if cuda else time_cpu)(lambda: target_logits.argmax(-1), repeats)
                 del target_logits
             rows.append(row)
-            key = "graph_all_ms" if cuda else "eager_all_ms"
-            print(f"[{len(rows)}/{total}] bs={bs:3d} B={budget:5d}  all={row[key]:.3f} ms "
-                  f"(build {row[key.replace('all', 'build')]:.3f}, layout {row[key.replace('all', 'layout')]:.3f}, "
-                  f"walk {row[key.replace('all', 'walk')]:.3f})", flush=True)
+            key = "triton_graph" if cuda else "torch_eager"
+            print(f"[{len(rows)}/{total}] bs={bs:3d} B={budget:5d}  {key}: all={row[key + '_all_ms']:.3f} ms "
+                  f"(topk {row[key + '_topk_ms']:.3f}, tree {row[key + '_tree_ms']:.3f}, "
+                  f"layout {row[key + '_layout_ms']:.3f}, walk {row[key + '_walk_ms']:.3f})"
+                  + (f"  torch_graph all={row['torch_graph_all_ms']:.3f}" if cuda else ""), flush=True)
         del draft_logits
         if cuda:
             torch.cuda.empty_cache()

@@ -17,6 +17,7 @@ Prefill, idle batches, KV reservation and the overlap relay are DFLASH's, inheri
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -33,6 +34,7 @@ from sglang.srt.speculative.draft_worker_common import (
     make_draft_input_v2,
 )
 
+from sglang_ddtree import kernels
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
@@ -67,6 +69,9 @@ class DDTreeWorker(DFlashWorkerV2):
         self._check_models()
         self._lm_head_shard = self._resolve_lm_head_shard()
         self.topk = min(self.budget, self._lm_head_shard["vocab_size"])
+        # Triton kernels for tree/mask/walk (3 launches a round); SGLANG_DDTREE_TORCH_PATH=1 selects the torch
+        # reference implementations instead (identical results, ~150 small launches a round).
+        self.use_kernels = kernels.available(self.device) and os.environ.get("SGLANG_DDTREE_TORCH_PATH") != "1"
         self.stats = DDTreeStats(
             enable_metrics=bool(getattr(server_args, "enable_metrics", False)) and self.ps.tp_rank == 0,
             debug_path=self.options.debug_path if self.ps.tp_rank == 0 else None,
@@ -76,8 +81,8 @@ class DDTreeWorker(DFlashWorkerV2):
         mark_active()
         if self.ps.tp_rank == 0:
             logger.info("DDTREE worker ready: budget=%d, verify nodes=%d, drafter block=%d, top-K=%d, prune=%s, "
-                        "tp=%d", self.budget, self.num_nodes, self.block_size, self.topk, self.options.prune,
-                        self.ps.tp_size)
+                        "tp=%d, kernels=%s", self.budget, self.num_nodes, self.block_size, self.topk,
+                        self.options.prune, self.ps.tp_size, "triton" if self.use_kernels else "torch")
 
     # ------------------------------------------------------------------------------------------------------------
     # Setup checks
@@ -146,13 +151,17 @@ class DDTreeWorker(DFlashWorkerV2):
         topk_values, topk_tokens = self._draft(batch, draft_input, seq_lens_cpu_bound, seq_lens_sum_bound)
         timer.mark("draft")
 
-        tree = build_tree_from_topk(topk_values, topk_tokens, self.budget, draft_input.bonus_tokens.view(-1),
-                                    prune=self.options.prune, max_budget=self.budget)
+        roots = draft_input.bonus_tokens.view(-1)
+        mask_numel = ops.verify_mask_numel(self.num_nodes, seq_lens_sum_bound, bs)
+        if self.use_kernels:
+            tree = kernels.build_tree_triton(topk_values, topk_tokens, self.budget, roots, prune=self.options.prune,
+                                             max_budget=self.budget)
+            mask = kernels.tree_verify_mask_triton(tree, prefix_lens, mask_numel)
+        else:
+            tree = build_tree_from_topk(topk_values, topk_tokens, self.budget, roots, prune=self.options.prune,
+                                        max_budget=self.budget)
+            mask = ops.tree_verify_mask(ancestor_mask(tree), prefix_lens, mask_numel)
         verify_ids, verify_positions = ops.flat_tree_inputs(tree, prefix_lens)
-        mask = ops.tree_verify_mask(
-            ancestor_mask(tree), prefix_lens,
-            ops.verify_mask_numel(self.num_nodes, seq_lens_sum_bound, bs),
-        )
         timer.mark("tree")
 
         node_cache_loc = self._verify_slots(batch, prefix_lens, bs)
@@ -165,7 +174,8 @@ class DDTreeWorker(DFlashWorkerV2):
         if batch.sampling_info is not None:
             apply_dflash_verify_logits_adjustments(
                 next_token_logits=logits, sampling_info=batch.sampling_info, draft_token_num=self.num_nodes)
-        walk = walk_choices(tree, self._target_choices(batch, logits.view(bs, self.num_nodes, -1)))
+        choices = self._target_choices(batch, logits.view(bs, self.num_nodes, -1))
+        walk = kernels.walk_triton(tree, choices) if self.use_kernels else walk_choices(tree, choices)
         timer.mark("walk")
 
         commit_lens = (walk.accept_len + 1).to(torch.int32)

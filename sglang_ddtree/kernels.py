@@ -1,0 +1,276 @@
+"""Triton kernels for the serving hot path: tree build, verify mask, walk. One program per request.
+
+Why: the torch versions in tree.py / layout.py / walk.py are exact and readable, but they launch one small kernel
+per depth and per step (~150 launches for a 15-deep tree); on an H200 that costs ~1 ms per round even inside a
+CUDA graph, more than the verify of a small target. These kernels do the same computation in 3 launches and give
+bit-identical results (tests compare them with the torch versions, on CPU through TRITON_INTERPRET=1).
+
+Tree build (same algorithm and canonical order as tree.build_tree_from_topk): per depth, the static extension
+pairs (parent slot i, token rank r) with (i+1)(r+1) <= W are scored and sorted by a unique int64 key (float bits,
+then the lower pair index), the best W kept; a running global top-W list is merged with each depth's list by the
+same kind of key (float bits, then shallower depth, then position). Parents become node indices through an
+inverse map written at the end.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_ddtree.tree import DraftTree, _extension_pairs_cpu
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: callers fall back to the torch versions
+    triton = None
+    tl = None
+
+
+def available(device: torch.device) -> bool:
+    import os
+
+    return triton is not None and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+if triton is not None:
+
+    @triton.jit
+    def _float_key(x):
+        bits = x.to(tl.int32, bitcast=True)
+        return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+    @triton.jit
+    def _key_float(k):
+        bits = k ^ ((k >> 31) & 0x7FFFFFFF)
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _tree_build_kernel(
+        values_ptr, tokens_ptr, pair_parent_ptr, pair_rank_ptr, budget_ptr, root_ptr, log_prune,
+        scratch_ptr, lvl_parent_ptr, lvl_rank_ptr, inv_ptr,
+        out_tokens_ptr, out_parents_ptr, out_depth_ptr, out_scores_ptr, out_ranks_ptr, out_valid_ptr,
+        L: tl.constexpr, K: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr,
+        SP: tl.constexpr,
+    ):
+        b = tl.program_id(0).to(tl.int64)
+        NEG_INF: tl.constexpr = float("-inf")
+        offs_w = tl.arange(0, WP)
+        offs_c = tl.arange(0, CP)
+        vals = values_ptr + b * L * K
+        scratch = scratch_ptr + b * SP
+        lvl_parent = lvl_parent_ptr + b * L * WP
+        lvl_rank = lvl_rank_ptr + b * L * WP
+
+        # depth 1: the root's children, already sorted by the top-K
+        prev = tl.load(vals + offs_w, mask=(offs_w < K) & (offs_w < W), other=NEG_INF)
+        tl.store(lvl_parent + offs_w, tl.zeros([WP], dtype=tl.int32))
+        tl.store(lvl_rank + offs_w, offs_w.to(tl.int32))
+        glob = (_float_key(prev).to(tl.int64) << 32) | (L * WP - 1 - offs_w).to(tl.int64)
+
+        pp = tl.load(pair_parent_ptr + offs_c)
+        pr = tl.load(pair_rank_ptr + offs_c)
+        for d in range(1, L):
+            cand = tl.gather(prev, pp, 0) + tl.load(vals + d * K + pr, mask=pr < K, other=NEG_INF)
+            key = (_float_key(cand).to(tl.int64) << 32) | (CP - 1 - offs_c).to(tl.int64)
+            key = tl.sort(key, descending=True)
+            tl.debug_barrier()
+            tl.store(scratch + offs_c, key)
+            tl.debug_barrier()
+            top = tl.load(scratch + offs_w)
+            pick = (CP - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
+            prev = tl.where(offs_w < W, _key_float((top >> 32).to(tl.int32)), NEG_INF)
+            tl.store(lvl_parent + d * WP + offs_w, tl.gather(pp, pick, 0))
+            tl.store(lvl_rank + d * WP + offs_w, tl.gather(pr, pick, 0))
+            # merge this depth's list into the global top-W (shallower depth, then lower position, wins ties)
+            mine = (_float_key(prev).to(tl.int64) << 32) | (L * WP - 1 - (d * WP + offs_w)).to(tl.int64)
+            both = tl.sort(tl.cat(glob, mine, can_reorder=True), descending=True)
+            tl.debug_barrier()
+            tl.store(scratch + tl.arange(0, 2 * WP), both)
+            tl.debug_barrier()
+            glob = tl.load(scratch + offs_w)
+
+        entry = (L * WP - 1 - (glob & 0xFFFFFFFF)).to(tl.int32)
+        depth0 = entry // WP
+        pos = entry % WP
+        score = _key_float((glob >> 32).to(tl.int32))
+        chosen = offs_w < W
+        tl.store(inv_ptr + b * L * WP + entry, (offs_w + 1).to(tl.int32), mask=chosen)
+        tl.debug_barrier()
+        parent_slot = tl.load(lvl_parent + entry, mask=chosen, other=0)
+        rank = tl.load(lvl_rank + entry, mask=chosen, other=0)
+        parent_entry = (depth0 - 1) * WP + parent_slot
+        parent = tl.load(inv_ptr + b * L * WP + parent_entry, mask=chosen & (depth0 > 0), other=0)
+        token = tl.load(tokens_ptr + b * L * K + depth0 * K + rank, mask=chosen, other=0)
+        budget = tl.load(budget_ptr + b)
+        valid = chosen & (score > NEG_INF) & (offs_w < budget) & (score >= log_prune)
+
+        out = b * (W + 1) + 1 + offs_w
+        tl.store(out_tokens_ptr + out, tl.where(valid, token, 0), mask=chosen)
+        tl.store(out_parents_ptr + out, tl.where(valid, parent, -1).to(tl.int64), mask=chosen)
+        tl.store(out_depth_ptr + out, tl.where(valid, depth0 + 1, 0).to(tl.int64), mask=chosen)
+        tl.store(out_scores_ptr + out, tl.where(valid, score, NEG_INF), mask=chosen)
+        tl.store(out_ranks_ptr + out, tl.where(valid, rank, -1).to(tl.int64), mask=chosen)
+        tl.store(out_valid_ptr + out, valid.to(tl.int8), mask=chosen)
+        root = b * (W + 1)
+        tl.store(out_tokens_ptr + root, tl.load(root_ptr + b))
+        tl.store(out_parents_ptr + root, -1)
+        tl.store(out_depth_ptr + root, 0)
+        tl.store(out_scores_ptr + root, 0.0)
+        tl.store(out_ranks_ptr + root, 0)
+        tl.store(out_valid_ptr + root, 1)
+
+    @triton.jit
+    def _verify_mask_kernel(
+        parents_ptr, valid_ptr, start_ptr, seq_lens_ptr, mask_ptr,
+        N: tl.constexpr, L: tl.constexpr, BLOCK_ROWS: tl.constexpr, NP: tl.constexpr,
+    ):
+        """Tree block of SGLang's FULL_MASK for rows [row0, row0+BLOCK_ROWS) of request b: row r, column c is
+        True iff node c is node r or an ancestor of it (invalid rows: only themselves)."""
+        b = tl.program_id(0).to(tl.int64)
+        rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        cols = tl.arange(0, NP)
+        row_ok = rows < N
+        prefix = tl.load(seq_lens_ptr + b).to(tl.int64)
+        row_base = tl.load(start_ptr + b) + rows.to(tl.int64) * (prefix + N) + prefix
+        ptrs = mask_ptr + row_base[:, None] + cols[None, :]
+        tl.store(ptrs, tl.zeros([BLOCK_ROWS, NP], dtype=tl.int8), mask=row_ok[:, None] & (cols[None, :] < N))
+        tl.debug_barrier()
+        node = rows.to(tl.int64)
+        for _ in range(L + 1):
+            alive = row_ok & (node >= 0)
+            tl.store(mask_ptr + row_base + node, tl.full([BLOCK_ROWS], 1, tl.int8), mask=alive)
+            node = tl.load(parents_ptr + b * N + node, mask=alive, other=-1)
+
+    @triton.jit
+    def _walk_kernel(
+        tokens_ptr, parents_ptr, valid_ptr, choice_ptr, match_ptr,
+        path_ptr, accept_ptr, bonus_ptr, out_tokens_ptr,
+        N: tl.constexpr, NP: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
+    ):
+        b = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, NP)
+        in_tree = offs < N
+        tok = tl.load(tokens_ptr + b * N + offs, mask=in_tree, other=0)
+        par = tl.load(parents_ptr + b * N + offs, mask=in_tree, other=-1)
+        val = tl.load(valid_ptr + b * N + offs, mask=in_tree, other=0) != 0
+        is_child = in_tree & val & (par >= 0)
+        choice_at_parent = tl.load(choice_ptr + b * N + par, mask=is_child, other=-1)
+        hit = is_child & (tok == choice_at_parent)
+        tl.store(match_ptr + b * N + par, offs.to(tl.int64), mask=hit)  # siblings carry distinct tokens
+        tl.debug_barrier()
+        steps = tl.arange(0, LP)
+        path = tl.where(steps == 0, 0, -1).to(tl.int64)
+        node = tl.zeros([1], dtype=tl.int64)
+        for s in range(1, L + 1):
+            node = tl.load(match_ptr + b * N + node, mask=node >= 0, other=-1)
+            path = tl.where(steps == s, node, path)
+        accept = tl.sum(((path >= 0) & (steps > 0)).to(tl.int64))
+        last = tl.max(tl.where(steps == accept, path, -1))
+        bonus = tl.load(choice_ptr + b * N + last)
+        tl.store(path_ptr + b * (L + 1) + steps, path, mask=steps < L + 1)
+        tl.debug_barrier()
+        following = tl.load(path_ptr + b * (L + 1) + steps + 1, mask=steps < L, other=-1)
+        ftok = tl.load(tokens_ptr + b * N + following, mask=following >= 0, other=-1)
+        out = tl.where(steps < accept, ftok, tl.where(steps == accept, bonus, -1))
+        tl.store(out_tokens_ptr + b * (L + 1) + steps, out, mask=steps < L + 1)
+        tl.store(accept_ptr + b, accept)
+        tl.store(bonus_ptr + b, bonus)
+
+
+_PAIRS: dict = {}
+
+
+def _pairs(width: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    key = (width, k, device)
+    if key not in _PAIRS:
+        parent, rank = _extension_pairs_cpu(width, k)
+        cp = _pow2(max(parent.numel(), 2))
+        pad = cp - parent.numel()
+        parent = torch.cat([parent, torch.zeros(pad, dtype=torch.int64)]).to(torch.int32)
+        rank = torch.cat([rank, torch.full((pad,), k, dtype=torch.int64)]).to(torch.int32)  # rank k = nothing
+        _PAIRS[key] = (parent.to(device), rank.to(device), cp)
+    return _PAIRS[key]
+
+
+def build_tree_triton(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budget, root_tokens: torch.Tensor, *,
+                      prune: float | None = None, max_budget: int | None = None) -> DraftTree:
+    """Same result as tree.build_tree_from_topk (bit for bit), one kernel launch."""
+    import math
+
+    bs, depth_limit, k = topk_values.shape
+    width = max_budget if max_budget is not None else int(budget)
+    device = topk_values.device
+    wp = _pow2(width)
+    pair_parent, pair_rank, cp = _pairs(width, k, device)
+    sp = max(cp, 2 * wp)
+    if isinstance(budget, torch.Tensor):
+        budget_t = budget.to(device=device, dtype=torch.int64)
+    else:
+        budget_t = torch.full((bs,), int(budget), dtype=torch.int64, device=device)
+    n = width + 1
+    out = {
+        "tokens": torch.empty((bs, n), dtype=torch.int64, device=device),
+        "parents": torch.empty((bs, n), dtype=torch.int64, device=device),
+        "depth": torch.empty((bs, n), dtype=torch.int64, device=device),
+        "scores": torch.empty((bs, n), dtype=torch.float32, device=device),
+        "ranks": torch.empty((bs, n), dtype=torch.int64, device=device),
+        "valid": torch.empty((bs, n), dtype=torch.int8, device=device),
+    }
+    scratch = torch.empty((bs, sp), dtype=torch.int64, device=device)
+    lvl_parent = torch.empty((bs, depth_limit, wp), dtype=torch.int32, device=device)
+    lvl_rank = torch.empty((bs, depth_limit, wp), dtype=torch.int32, device=device)
+    inv = torch.zeros((bs, depth_limit * wp), dtype=torch.int32, device=device)
+    log_prune = math.log(prune) if prune else float("-inf")
+    _tree_build_kernel[(bs,)](
+        topk_values.float().contiguous(), topk_tokens.to(torch.int64).contiguous(), pair_parent, pair_rank,
+        budget_t, root_tokens.to(device=device, dtype=torch.int64).contiguous(), log_prune,
+        scratch, lvl_parent, lvl_rank, inv,
+        out["tokens"], out["parents"], out["depth"], out["scores"], out["ranks"], out["valid"],
+        L=depth_limit, K=k, W=width, WP=wp, CP=cp, SP=sp, num_warps=_warps(cp),
+    )
+    return DraftTree(out["tokens"], out["parents"], out["depth"], out["scores"], out["ranks"],
+                     out["valid"].bool(), depth_limit)
+
+
+def _warps(elements: int) -> int:
+    return 4 if elements <= 1024 else 8 if elements <= 4096 else 16
+
+
+def tree_verify_mask_triton(tree: DraftTree, seq_lens: torch.Tensor, numel: int) -> torch.Tensor:
+    """Same result as sglang.ops.tree_verify_mask(layout.ancestor_mask(tree), seq_lens, numel)."""
+    bs, n = tree.tokens.shape
+    device = tree.tokens.device
+    seq_lens = seq_lens.to(device=device, dtype=torch.int64)
+    block = n * (seq_lens + n)
+    start = torch.cumsum(block, dim=0) - block
+    mask = torch.ones(numel, dtype=torch.bool, device=device)
+    rows = 16
+    _verify_mask_kernel[(bs, triton.cdiv(n, rows))](
+        tree.parents.contiguous(), tree.valid, start, seq_lens, mask.view(torch.int8),
+        N=n, L=tree.depth_limit, BLOCK_ROWS=rows, NP=_pow2(n), num_warps=4,
+    )
+    return mask
+
+
+def walk_triton(tree: DraftTree, target_choice: torch.Tensor):
+    """Same result as walk.walk_choices(tree, target_choice)."""
+    from sglang_ddtree.walk import WalkResult
+
+    bs, n = tree.tokens.shape
+    device = tree.tokens.device
+    depth = tree.depth_limit
+    choice = target_choice.to(torch.int64).contiguous()
+    match = torch.full((bs, n), -1, dtype=torch.int64, device=device)
+    path = torch.empty((bs, depth + 1), dtype=torch.int64, device=device)
+    accept = torch.empty(bs, dtype=torch.int64, device=device)
+    bonus = torch.empty(bs, dtype=torch.int64, device=device)
+    out_tokens = torch.empty((bs, depth + 1), dtype=torch.int64, device=device)
+    _walk_kernel[(bs,)](
+        tree.tokens.contiguous(), tree.parents.contiguous(), tree.valid.to(torch.int8), choice, match,
+        path, accept, bonus, out_tokens, N=n, NP=_pow2(n), L=depth, LP=_pow2(depth + 1), num_warps=4,
+    )
+    return WalkResult(path=path, accept_len=accept, bonus=bonus, out_tokens=out_tokens, target_choice=choice)

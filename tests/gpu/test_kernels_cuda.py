@@ -1,0 +1,76 @@
+"""The Triton kernels compiled on CUDA == the torch reference (bit for bit), at serving sizes, and graph-capturable."""
+
+import pytest
+import torch
+
+from sglang_ddtree import kernels
+from sglang_ddtree.layout import ancestor_mask, retrieve_arrays
+from sglang_ddtree.sglang.ops import tree_verify_mask, verify_mask_numel
+from sglang_ddtree.tree import build_tree_from_topk, topk_draft
+from sglang_ddtree.walk import walk_choices
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+FIELDS = ("tokens", "parents", "depth", "scores", "ranks", "valid")
+
+
+@pytest.mark.parametrize("budget,bs,vocab,ties", [(16, 4, 151936, False), (256, 3, 151936, False),
+                                                  (1024, 2, 151936, False), (64, 8, 4096, True),
+                                                  (1024, 2, 4096, True), (7, 5, 5, True)])
+def test_kernels_equal_torch_on_cuda(budget, bs, vocab, ties):
+    gen = torch.Generator().manual_seed(budget + bs)
+    lp = (torch.randn(bs, 15, vocab, generator=gen) * 3).log_softmax(-1)
+    if ties:
+        lp = (lp * 2).round() / 2
+    lp = lp.cuda()
+    values, tokens = topk_draft(lp, min(budget, vocab))
+    roots = torch.randint(0, vocab, (bs,), generator=gen).cuda()
+    budgets = torch.randint(1, budget + 1, (bs,), generator=gen).cuda()
+    for b in (budget, budgets):
+        ref = build_tree_from_topk(values, tokens, b, roots, max_budget=budget)
+        got = kernels.build_tree_triton(values, tokens, b, roots, max_budget=budget)
+        for f in FIELDS:
+            assert torch.equal(getattr(ref, f), getattr(got, f)), f
+    seq_lens = torch.randint(0, 3000, (bs,), generator=gen).cuda()
+    numel = verify_mask_numel(ref.max_nodes, int(seq_lens.sum()) + 16 * bs, bs)
+    assert torch.equal(tree_verify_mask(ancestor_mask(ref), seq_lens, numel),
+                       kernels.tree_verify_mask_triton(ref, seq_lens, numel))
+    first = retrieve_arrays(ref)[1]
+    deep = torch.where(first >= 0, ref.tokens.gather(1, first.clamp(min=0)), 0)
+    for choice in (torch.randint(0, vocab, ref.tokens.shape, generator=gen).cuda(), deep):
+        a, w = walk_choices(ref, choice), kernels.walk_triton(ref, choice)
+        for f in ("path", "accept_len", "bonus", "out_tokens"):
+            assert torch.equal(getattr(a, f), getattr(w, f)), f
+
+
+def test_kernels_replay_in_a_cuda_graph():
+    bs, vocab, budget = 3, 32000, 256
+    values = torch.empty(bs, 15, budget, device="cuda")
+    tokens = torch.empty(bs, 15, budget, dtype=torch.long, device="cuda")
+    roots = torch.zeros(bs, dtype=torch.long, device="cuda")
+
+    def fill(seed):
+        gen = torch.Generator().manual_seed(seed)
+        v, t = topk_draft((torch.randn(bs, 15, vocab, generator=gen) * 3).log_softmax(-1), budget)
+        values.copy_(v)
+        tokens.copy_(t)
+
+    def run():
+        tree = kernels.build_tree_triton(values, tokens, budget, roots, max_budget=budget)
+        return tree, kernels.walk_triton(tree, tree.tokens)
+
+    fill(0)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_tree, g_walk = run()
+    for seed in (1, 2):
+        fill(seed)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = build_tree_from_topk(values, tokens, budget, roots, max_budget=budget)
+        for f in FIELDS:
+            assert torch.equal(getattr(ref, f), getattr(g_tree, f)), f

@@ -1,0 +1,61 @@
+"""Triton kernels == the torch reference implementations, bit for bit (CPU via TRITON_INTERPRET=1).
+
+The interpreter must be switched on before triton is imported, so the comparisons run in a subprocess.
+On the GPU machine tests/gpu/test_kernels_cuda.py runs the same comparisons compiled.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+
+CHECK = textwrap.dedent(
+    """
+    import torch
+    from sglang_ddtree import kernels
+    from sglang_ddtree.layout import ancestor_mask
+    from sglang_ddtree.sglang.ops import tree_verify_mask, verify_mask_numel
+    from sglang_ddtree.tree import build_tree_from_topk, topk_draft
+    from sglang_ddtree.walk import walk_choices
+    from sglang_ddtree.layout import retrieve_arrays
+
+    FIELDS = ("tokens", "parents", "depth", "scores", "ranks", "valid")
+    gen = torch.Generator().manual_seed(0)
+    cases = [(1, 3, 5, 1, None), (2, 4, 6, 7, None), (3, 5, 40, 16, None), (2, 6, 9, 33, 0.01), (2, 15, 70, 64, None)]
+    for bs, depth, vocab, budget, prune in cases:
+        for ties in (False, True):
+            lp = (torch.randn(bs, depth, vocab, generator=gen) * 2).log_softmax(-1)
+            if ties:
+                lp = (lp * 2).round() / 2
+            values, tokens = topk_draft(lp, min(budget, vocab))
+            roots = torch.randint(0, vocab, (bs,), generator=gen)
+            budgets = torch.randint(1, budget + 1, (bs,), generator=gen)
+            ref = build_tree_from_topk(values, tokens, budgets, roots, prune=prune, max_budget=budget)
+            got = kernels.build_tree_triton(values, tokens, budgets, roots, prune=prune, max_budget=budget)
+            for f in FIELDS:
+                assert torch.equal(getattr(ref, f), getattr(got, f)), (bs, depth, vocab, budget, ties, f,
+                                                                       getattr(ref, f), getattr(got, f))
+            seq_lens = torch.randint(0, 20, (bs,), generator=gen)
+            numel = verify_mask_numel(ref.max_nodes, int(seq_lens.sum()) + 16 * bs, bs)
+            assert torch.equal(tree_verify_mask(ancestor_mask(ref), seq_lens, numel),
+                               kernels.tree_verify_mask_triton(ref, seq_lens, numel))
+            # walk: random choices, and choices that follow the best-ranked children (deep paths)
+            first = retrieve_arrays(ref)[1]
+            deep = torch.where(first >= 0, ref.tokens.gather(1, first.clamp(min=0)), 0)
+            for choice in (torch.randint(0, vocab, ref.tokens.shape, generator=gen), deep):
+                a, b = walk_choices(ref, choice), kernels.walk_triton(ref, choice)
+                for f in ("path", "accept_len", "bonus", "out_tokens"):
+                    assert torch.equal(getattr(a, f), getattr(b, f)), (f, getattr(a, f), getattr(b, f))
+    print("KERNELS-OK")
+    """
+)
+
+
+def test_triton_kernels_match_torch_reference():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=900)
+    assert "KERNELS-OK" in result.stdout, result.stdout[-3000:] + result.stderr[-6000:]
