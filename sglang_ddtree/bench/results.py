@@ -1,0 +1,101 @@
+"""The sweep's results file: JSON Lines, appended and flushed one line at a time.
+
+Line kinds (field `kind`):
+  run     one per invocation: run_id, date, GPU, commit, versions, argv, the plan (servers, waves, skipped rows)
+  server  one per server start: name, setup, method, budget, args, start seconds or the error, server_info subset
+  result  one per row attempt: key "setup|method|budget|batch", status ok | skipped | failed | interrupted, the
+          reason when not ok, the row's signature (workload + server args), and the measured numbers when ok
+A row is done when its latest result line is `ok` (or `failed`, unless the sweep is told to retry failures) with
+the signature the current plan gives it; `skipped` rows are re-decided by every run; `interrupted` (deadline or
+signal mid-row) is never done. Readers take the latest line per key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RESULTS_NAME = "bench_budgets.jsonl"
+STATUSES = ("ok", "skipped", "failed", "interrupted")
+
+
+def read_rows(path: str | Path, *, strict: bool = False) -> list[dict]:
+    """Every JSON object of the file, in order. A line that is not JSON can only be a write torn by a kill (the
+    writer starts every line on a fresh one): it is skipped, or with strict=True raises ValueError with its number.
+    A line that is JSON but not a row object always raises."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            if strict:
+                raise ValueError(f"{path}:{n}: not valid JSON.") from None
+            continue
+        if not isinstance(obj, dict) or "kind" not in obj:
+            raise ValueError(f"{path}:{n}: every line must be an object with a 'kind' field.")
+        rows.append(obj)
+    return rows
+
+
+def latest_results(rows: list[dict]) -> dict[str, dict]:
+    """key -> the last `result` line with that key."""
+    out: dict[str, dict] = {}
+    for row in rows:
+        if row.get("kind") == "result":
+            out[row["key"]] = row
+    return out
+
+
+def ok_results(rows: list[dict], setup: str | None = None) -> list[dict]:
+    return [r for r in latest_results(rows).values()
+            if r.get("status") == "ok" and (setup is None or r.get("setup") == setup)]
+
+
+def load_ok_results(path: str | Path, setup: str | None = None) -> list[dict]:
+    return ok_results(read_rows(path), setup)
+
+
+class ResultsWriter:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # A torn last line from a killed writer would glue onto the next one: start on a fresh line.
+        if self.path.exists() and self.path.stat().st_size > 0:
+            with open(self.path, "rb") as fh:
+                fh.seek(-1, 2)
+                torn = fh.read(1) != b"\n"
+        else:
+            torn = False
+        self._fh = open(self.path, "a", encoding="utf-8")
+        if torn:
+            self._fh.write("\n")
+
+    def write(self, obj: dict) -> None:
+        if obj.get("kind") == "result" and obj.get("status") not in STATUSES:
+            raise ValueError(f"result status must be one of {STATUSES}, got {obj.get('status')!r}.")
+        self._fh.write(json.dumps(obj, separators=(",", ":"), default=str, allow_nan=True) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def format_table(rows: list[dict]) -> str:
+    """One line per ok row: setup, method, budget, batch, decode tokens/s, step ms, tau (where meaningful)."""
+    ok = sorted(ok_results(rows), key=lambda r: (r["setup"], ("plain", "dflash", "ddtree").index(r["method"]),
+                                                 r.get("budget") or 0, r["batch_size"]))
+    lines = [f"{'setup':9} {'method':7} {'budget':>6} {'batch':>5} {'tok/s':>9} {'step ms':>8} {'tau':>5} "
+             f"{'draft/tree/verify/walk/commit ms':>34}"]
+    for r in ok:
+        tau = f"{r['tau']:.2f}" if r.get("tau") is not None and r.get("acceptance_meaningful") else "-"
+        step = f"{r['step_ms']:.2f}" if r.get("step_ms") is not None else "-"
+        stages = r.get("stage_ms") or {}
+        split = "/".join(f"{stages[s]:.2f}" for s in ("draft", "tree", "verify", "walk", "commit") if s in stages)
+        lines.append(f"{r['setup']:9} {r['method']:7} {r.get('budget') or '-':>6} {r['batch_size']:>5} "
+                     f"{r['decode_tokens_per_s']:>9.1f} {step:>8} {tau:>5} {split:>34}")
+    return "\n".join(lines)

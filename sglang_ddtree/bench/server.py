@@ -1,0 +1,196 @@
+"""Launching servers: the interface the sweep uses, and the real implementation (one launch_server process group).
+
+The sweep only calls `Launcher.create(plan)` and the `ServerHandle` methods below, so CPU tests drive it with a
+fake launcher (no processes, no network).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Protocol
+
+from sglang_ddtree.bench.measure import Client, HttpClient
+from sglang_ddtree.bench.plan import REPO_ROOT, ServerPlan
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+class ServerHandle(Protocol):
+    name: str
+    log_path: Path | None
+
+    def start(self) -> None:
+        """Spawn and return at once."""
+
+    def poll(self) -> bool:
+        """True once the server answers /health; raises ServerStartError if it died."""
+
+    def client(self) -> Client: ...
+
+    def alive(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+
+class Launcher(Protocol):
+    def create(self, plan: ServerPlan) -> ServerHandle: ...
+
+
+_ports_given: set[int] = set()
+_ports_lock = threading.Lock()
+
+
+def free_port() -> int:
+    """A port nothing listens on, never the same twice in this process (parallel starts would race for it)."""
+    with _ports_lock:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _ports_given:
+                _ports_given.add(port)
+                return port
+
+
+def log_tail(path: Path | None, lines: int = 40) -> str:
+    if path is None:
+        return "(no log)"
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    # SGLang makes a private Prometheus multiprocess dir per server only when this is unset; inherited, every
+    # server of a wave would write its metrics into the same directory and /metrics would mix them.
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+class SubprocessServer:
+    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
+                 python: str = sys.executable):
+        for flag in ("--host", "--port"):
+            if flag in args:
+                raise ValueError(f"the launcher picks {flag} itself; remove it from the server args.")
+        self.name = name
+        self.args = list(args)
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"server-{name}-{self.port}.log"
+        self.log_dir = log_dir
+        self.env = server_env(env)
+        self.python = python
+        self.proc: subprocess.Popen | None = None
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def command(self) -> list[str]:
+        return [self.python, "-m", "sglang.launch_server", *self.args, "--host", "127.0.0.1", "--port",
+                str(self.port)]
+
+    def start(self) -> None:
+        cmd = self.command()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "w") as logf:
+            logf.write("$ " + " ".join(cmd) + "\n")
+            logf.flush()
+            self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=self.env, cwd=REPO_ROOT,
+                                         start_new_session=True)
+        with open(self.log_dir / "servers.pgids", "a") as fh:  # run_gpu_suite.py kills leftovers by these
+            fh.write(f"{self.proc.pid}\n")
+
+    def poll(self) -> bool:
+        if self.proc is None:
+            raise ServerStartError(f"server {self.name} was never started.")
+        rc = self.proc.poll()
+        if rc is not None:
+            raise ServerStartError(f"server {self.name} exited with status {rc} while starting; last lines of "
+                                   f"{self.log_path}:\n{log_tail(self.log_path)}")
+        try:
+            with self._opener.open(self.base_url + "/health", timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def client(self) -> Client:
+        return HttpClient(self.base_url)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 8.0) -> None:
+        """SIGTERM the process group, SIGKILL what is left after grace_s (the scheduler and detokenizer children
+        share the group)."""
+        if self.proc is None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class SubprocessLauncher:
+    def __init__(self, log_dir: Path, env: dict[str, str] | None = None, python: str = sys.executable):
+        self.log_dir = Path(log_dir)
+        self.env = env
+        self.python = python
+
+    def create(self, plan: ServerPlan) -> SubprocessServer:
+        return SubprocessServer(plan.name, plan.args, self.log_dir, self.env, self.python)
+
+
+def wait_all_ready(handles: list[ServerHandle], deadline: float, clock=time.monotonic, sleep=time.sleep,
+                   on_ready=None) -> dict[str, float | ServerStartError]:
+    """Poll every handle until it is ready, failed, or `deadline` (clock time) passes. Returns name -> seconds to
+    ready (from the call) or the ServerStartError. on_ready(name, seconds_or_error) is called as each settles."""
+    t0 = clock()
+    pending = {h.name: h for h in handles}
+    settled: dict[str, float | ServerStartError] = {}
+    while pending:
+        for name, handle in list(pending.items()):
+            try:
+                ready = handle.poll()
+            except ServerStartError as exc:
+                settled[name] = exc
+            else:
+                if not ready:
+                    continue
+                settled[name] = clock() - t0
+            del pending[name]
+            if on_ready is not None:
+                on_ready(name, settled[name])
+        if not pending:
+            break
+        if clock() >= deadline:
+            for name, handle in pending.items():
+                settled[name] = ServerStartError(f"server {name} not ready after {clock() - t0:.0f} s (deadline); "
+                                                 f"last lines of {handle.log_path}:\n{log_tail(handle.log_path, 15)}")
+                if on_ready is not None:
+                    on_ready(name, settled[name])
+            break
+        sleep(1.0)
+    return settled

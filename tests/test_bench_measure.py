@@ -1,0 +1,191 @@
+"""What one measurement computes (decode rate, step time, acceptance), the streaming client against a local
+SSE server, and the Prometheus diff that yields the DDTREE stage split."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from sglang_ddtree.bench import prom
+from sglang_ddtree.bench.measure import (HttpClient, RequestResult, acceptance_from_histogram, run_batch,
+                                         summarize)
+
+
+def req(i, c, decode_s, *, verify=None, hist=None, server=True, t0=0.0, ttft=0.05):
+    meta = {"completion_tokens": c, "prompt_tokens": 10, "e2e_latency": ttft + decode_s}
+    if server:
+        meta["decode_throughput"] = (c - 1) / decode_s
+    if verify is not None:
+        meta["spec_verify_ct"] = verify
+    if hist is not None:
+        meta["spec_correct_drafts_histogram"] = hist
+    return RequestResult(index=i, t_send=t0, t_first=t0 + ttft, t_last=t0 + ttft + decode_s, meta=meta, chunks=5)
+
+
+def test_plain_rates_and_step_times():
+    rs = [req(0, 101, 1.0), req(1, 101, 2.0)]
+    out = summarize(rs, method="plain", max_new_tokens=101)
+    assert out["decode_tokens_per_s"] == pytest.approx(100 / 1.0 + 100 / 2.0)
+    assert out["decode_tokens_per_s_per_request"] == pytest.approx(75.0)
+    assert out["step_ms"] == pytest.approx((10.0 + 20.0) / 2)  # median of d / (c - 1) per request
+    assert out["all_full_length"] and out["decode_timing"] == "server"
+    # the window rate: 200 decode tokens from the first first-token to the last end (2.0 s)
+    assert out["decode_tokens_per_s_window"] == pytest.approx(200 / 2.0)
+    assert "tau" not in out
+
+
+def test_speculative_acceptance_from_the_histogram():
+    # request A: rounds accepting 0, 0, 1, 2 drafts; request B: 3, 0
+    a = req(0, 9, 0.4, verify=4, hist=[2, 1, 1])
+    b = req(1, 5, 0.2, verify=2, hist=[1, 0, 0, 1])
+    out = summarize([a, b], method="ddtree", max_new_tokens=9)
+    committed = (1 + 1 + 2 + 3) + (4 + 1)  # accepted drafts + one bonus per round
+    assert out["tau"] == pytest.approx(committed / 6)
+    assert out["accept_histogram"] == [3, 1, 1, 1]
+    assert out["accept_rate_by_depth"][:3] == pytest.approx([3 / 6, 2 / 6, 1 / 6])
+    assert len(out["accept_rate_by_depth"]) == 15 and out["accept_rate_by_depth"][3] == 0
+    assert out["tau_meta"] == pytest.approx((9 + 5) / 6)
+    assert out["step_ms"] == pytest.approx(100.0)  # 0.4 s / 4 rounds and 0.2 s / 2 rounds
+    assert out["verify_rounds"] == 6 and not out["all_full_length"]
+
+
+def test_client_clock_is_the_fallback():
+    out = summarize([req(0, 11, 0.5, server=False)], method="plain", max_new_tokens=11)
+    assert out["decode_timing"] == "client"
+    assert out["decode_tokens_per_s"] == pytest.approx(10 / 0.5)
+
+
+def test_unusable_batches_raise():
+    bad = RequestResult(index=0, t_send=0.0, error="HTTPError 400")
+    with pytest.raises(ValueError, match="failed"):
+        summarize([bad, req(1, 11, 0.5)], method="plain", max_new_tokens=11)
+    empty = RequestResult(index=0, t_send=0.0, meta={"completion_tokens": 1})
+    with pytest.raises(ValueError, match="decode time"):
+        summarize([empty], method="plain", max_new_tokens=1)
+
+
+def test_acceptance_from_histogram_edges():
+    assert acceptance_from_histogram([])["tau"] is None
+    acc = acceptance_from_histogram([0, 0, 4])
+    assert acc["tau"] == 3 and acc["accept_rate_by_depth"] == [1.0, 1.0]
+
+
+# ------------------------------------------------------------------------------------------------- prometheus
+
+BEFORE = """# HELP sglang:ddtree_stage_seconds Seconds per round by stage.
+# TYPE sglang:ddtree_stage_seconds histogram
+sglang:ddtree_stage_seconds_sum{budget="64",stage="draft"} 0.5
+sglang:ddtree_stage_seconds_count{budget="64",stage="draft"} 100.0
+sglang:ddtree_stage_seconds_sum{budget="64",stage="verify"} 2.0
+sglang:ddtree_stage_seconds_count{budget="64",stage="verify"} 100.0
+sglang:ddtree_stage_seconds_bucket{budget="64",le="+Inf",stage="verify"} 100.0
+sglang:ddtree_rounds_total{budget="64"} 400.0
+sglang:ddtree_accepted_tokens_total{budget="64"} 800.0
+sglang:ddtree_depth_reached_total{budget="64",depth="1"} 300.0
+sglang:num_running_reqs{engine_type="unified",model_name="m \\"x\\""} 0.0
+"""
+AFTER = """sglang:ddtree_stage_seconds_sum{budget="64",stage="draft"} 0.8
+sglang:ddtree_stage_seconds_count{budget="64",stage="draft"} 150.0
+sglang:ddtree_stage_seconds_sum{budget="64",stage="verify"} 3.0
+sglang:ddtree_stage_seconds_count{budget="64",stage="verify"} 150.0
+sglang:ddtree_stage_seconds_bucket{budget="64",le="+Inf",stage="verify"} 150.0
+sglang:ddtree_rounds_total{budget="64"} 600.0
+sglang:ddtree_accepted_tokens_total{budget="64"} 1300.0
+sglang:ddtree_depth_reached_total{budget="64",depth="1"} 450.0
+sglang:ddtree_depth_reached_total{budget="64",depth="2"} 100.0
+sglang:ddtree_branch_accepted_total{budget="64"} 60.0
+sglang:ddtree_expected_accept_length_sum_total{budget="64"} 500.0
+sglang:ddtree_tree_nodes_sum{budget="64"} 12800.0
+sglang:ddtree_tree_nodes_count{budget="64"} 200.0
+sglang:num_running_reqs{engine_type="unified",model_name="m \\"x\\""} 3.0
+"""
+
+
+def test_parse_labels_values_and_escapes():
+    got = prom.parse(BEFORE)
+    assert got[("sglang:ddtree_stage_seconds_bucket", (("budget", "64"), ("le", "+Inf"), ("stage", "verify")))] == 100
+    assert got[("sglang:num_running_reqs", (("engine_type", "unified"), ("model_name", 'm "x"')))] == 0.0
+    assert prom.parse("x_total 3 1700000000000\ny +Inf\n")[("y", ())] == math.inf
+    with pytest.raises(ValueError, match="line 1"):
+        prom.parse("this is not a metric line at all {")
+
+
+def test_ddtree_summary_of_a_workload():
+    delta = prom.diff(prom.parse(AFTER), prom.parse(BEFORE))
+    s = prom.ddtree_summary(delta, budget=64)
+    assert s["stage_ms"] == pytest.approx({"draft": 1e3 * 0.3 / 50, "verify": 1e3 * 1.0 / 50})
+    assert s["stage_ms_sum"] == pytest.approx(6.0 + 20.0)
+    assert s["batch_rounds"] == 50 and s["request_rounds"] == 200
+    assert s["tau"] == pytest.approx(500 / 200)
+    assert s["accept_rate_by_depth"] == pytest.approx([150 / 200, 100 / 200])
+    assert s["branch_accept_rate"] == pytest.approx(60 / (500 - 200))
+    assert s["expected_accept_length"] == pytest.approx(500 / 200)
+    assert s["tree_nodes_mean"] == pytest.approx(64.0)
+    assert prom.ddtree_summary(delta, budget=16) is None  # another budget's series: none here
+    assert prom.ddtree_summary(prom.diff(prom.parse(BEFORE), prom.parse(BEFORE))) is None
+
+
+# -------------------------------------------------------------------------------------------- streaming client
+
+
+class _SSE(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n = body["sampling_params"]["max_new_tokens"]
+        assert body["stream"] is True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for c in range(1, n + 1):
+            meta = {"completion_tokens": c}
+            if c == n:
+                meta.update(decode_throughput=(n - 1) / 0.01, spec_verify_ct=n - 1)
+            self.wfile.write(b"data: " + json.dumps({"output_ids": list(range(c)), "meta_info": meta}).encode()
+                             + b"\n\n")
+            self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def do_GET(self):
+        text = b"sglang:ddtree_rounds_total{budget=\"4\"} 7\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text)
+
+
+@pytest.fixture()
+def sse_server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _SSE)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_streaming_client_and_concurrent_batch(sse_server):
+    client = HttpClient(sse_server)
+    payloads = [{"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 5 + i}} for i in range(4)]
+    results = run_batch(client, payloads, timeout_s=10)
+    assert [r.index for r in results] == [0, 1, 2, 3]
+    for i, r in enumerate(results):
+        assert r.error is None and r.chunks == 5 + i
+        assert r.meta["completion_tokens"] == 5 + i and r.meta["spec_verify_ct"] == 4 + i
+        assert r.t_send <= r.t_first <= r.t_last
+    out = summarize(results, method="dflash", max_new_tokens=5)
+    assert out["decode_timing"] == "server"
+    # the server said 0.01 s of decode for every request, over spec_verify_ct = n - 1 rounds
+    assert out["step_ms"] == pytest.approx(statistics.median(10.0 / (4 + i) for i in range(4)))
+    assert prom.parse(client.metrics_text())[("sglang:ddtree_rounds_total", (("budget", "4"),))] == 7
+
+
+def test_streaming_client_reports_connection_errors():
+    r = HttpClient("http://127.0.0.1:9").generate_stream({"input_ids": [1]}, timeout_s=2)
+    assert r.error and r.t_first is None

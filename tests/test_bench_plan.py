@@ -1,0 +1,174 @@
+"""The budget sweep's plan: configuration expansion, skip rules, server arguments, memory packing into waves."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from sglang_ddtree.bench import plan as P
+
+SETUPS = P.default_setups()
+TINY, BIG = SETUPS["tiny"], SETUPS["8b-dummy"]
+
+
+def arg(args, flag):
+    i = args.index(flag)
+    vals = []
+    for a in args[i + 1:]:
+        if a.startswith("--"):
+            break
+        vals.append(a)
+    return vals
+
+
+def test_expansion_covers_every_method_budget_and_batch():
+    plan = P.expand([TINY])
+    keys = {r.key for r in plan.rows} | {r.key for r, _ in plan.skipped}
+    expected = {P.row_key("tiny", m, None, b) for m in ("plain", "dflash") for b in P.ALL_BATCH_SIZES}
+    expected |= {P.row_key("tiny", "ddtree", B, b) for B in P.ALL_BUDGETS for b in P.ALL_BATCH_SIZES}
+    assert keys == expected
+    # one server per (setup, method, budget); budgets only for ddtree
+    names = [s.name for s in plan.servers]
+    assert len(names) == len(set(names)) == 2 + len(P.ALL_BUDGETS)
+    assert all((s.budget is None) == (s.method != "ddtree") for s in plan.servers)
+    assert all(r.batch_size in s.batch_sizes for s in plan.servers for r in s.rows)
+
+
+def test_real_size_shapes_match_the_published_model_sizes():
+    target, drafter = BIG.shapes()
+    # Qwen3-8B is published as 8.2 B parameters (embeddings untied); the z-lab 8B block-16 drafter as ~1 B.
+    assert 8.1e9 < target.params(embeddings=True) < 8.3e9
+    assert 0.9e9 < drafter.params(embeddings=False) < 1.2e9
+    assert drafter.block_size == 16 and drafter.aux_layers == 5
+    # K and V, bf16: 2 * layers * kv_heads * head_dim * 2 bytes
+    assert target.kv_bytes_per_token() == 2 * 36 * 8 * 128 * 2
+
+
+def test_8b_config_files_carry_the_issue_fields():
+    t = json.loads((P.REPO_ROOT / BIG.target / "config.json").read_text())
+    d = json.loads((P.REPO_ROOT / BIG.drafter / "config.json").read_text())
+    assert (t["num_hidden_layers"], t["hidden_size"], t["num_attention_heads"], t["num_key_value_heads"],
+            t["head_dim"], t["intermediate_size"], t["vocab_size"]) == (36, 4096, 32, 8, 128, 12288, 151936)
+    assert t["rope_theta"] == 1e6 and t["max_position_embeddings"] == 40960 and t["tie_word_embeddings"] is False
+    assert d["architectures"] == ["DFlashDraftModel"] and d["model_type"] == "qwen3"
+    assert d["num_hidden_layers"] == 5 and d["block_size"] == 16 and d["num_target_layers"] == 36
+    assert d["dflash_config"] == {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]}
+    assert max(d["dflash_config"]["target_layer_ids"]) < t["num_hidden_layers"]
+    assert d["dflash_config"]["mask_token_id"] < t["vocab_size"]
+
+
+def test_the_8b_skip_rule_drops_only_what_cannot_fit():
+    plan = P.expand([BIG])
+    skipped = {r.key: why for r, why in plan.skipped}
+    assert P.row_key("8b-dummy", "ddtree", 1024, 64) in skipped
+    why = skipped[P.row_key("8b-dummy", "ddtree", 1024, 64)]
+    assert "logits" in why and "64*1025*151936*4" in why
+    # the fp32 logits of every runnable row stay below the activation limit
+    target, _ = BIG.shapes()
+    for r in plan.rows:
+        width = P.verify_width(r.method, r.budget, 16)
+        assert P.logits_bytes(target, r.batch_size * width) / P.GIB < BIG.max_activation_gib
+    # B=1024 still runs its smaller batches, on a server sized for them
+    big = next(s for s in plan.servers if s.name == "8b-dummy-ddtree-b1024")
+    assert big.batch_sizes == (1, 4, 16)
+    assert arg(big.args, "--max-running-requests") == ["16"]
+    # raising the limit brings the row back: the rule is the limit, not a hard-coded list
+    roomy = P.expand([dataclasses.replace(BIG, max_activation_gib=1000.0)])
+    assert not roomy.skipped
+    # the tiny vocabulary (4096) makes even B=1024 x 64 cheap
+    assert not P.expand([TINY]).skipped
+
+
+def test_server_args_per_method():
+    plan = P.expand([BIG])
+    by = {s.name: s for s in plan.servers}
+    plain, dflash, dd = by["8b-dummy-plain"], by["8b-dummy-dflash"], by["8b-dummy-ddtree-b256"]
+    for s in (plain, dflash, dd):
+        assert "--host" not in s.args and "--port" not in s.args
+        assert arg(s.args, "--load-format") == ["dummy"] and "--skip-tokenizer-init" in s.args
+        assert "--enable-metrics" in s.args and arg(s.args, "--attention-backend") == ["triton"]
+        assert int(arg(s.args, "--max-running-requests")[0]) == max(s.batch_sizes)
+        assert int(arg(s.args, "--max-total-tokens")[0]) == s.memory.kv_pool_tokens
+    assert "--speculative-algorithm" not in plain.args
+    assert arg(dflash.args, "--speculative-algorithm") == ["DFLASH"]
+    assert "--speculative-ddtree-budget" not in dflash.args
+    assert arg(dd.args, "--speculative-algorithm") == ["DDTREE"]
+    assert arg(dd.args, "--speculative-ddtree-budget") == ["256"]
+    assert arg(dd.args, "--speculative-draft-model-path")[0].endswith("qwen3-8b-dummy/drafter")
+    # graphs only where batch * (B+1) fits the cap; the rest runs eager
+    graphs = [int(x) for x in arg(dd.args, "--cuda-graph-bs-decode")]
+    assert graphs == [b for b in (1, 4, 16, 64) if b * 257 <= BIG.graph_token_cap] == [1, 4, 16]
+    tiny = P.expand([TINY])
+    assert all("--load-format" not in s.args and "--skip-tokenizer-init" not in s.args for s in tiny.servers)
+
+
+def test_no_graph_fits_means_graphs_off():
+    small_cap = dataclasses.replace(BIG, graph_token_cap=100, budgets=(256,), methods=("ddtree",))
+    (server,) = P.expand([small_cap]).servers
+    assert "--disable-decode-cuda-graph" in server.args and "--cuda-graph-bs-decode" not in server.args
+
+
+def test_kv_pool_holds_every_request_with_its_speculative_reserve():
+    for setup in (TINY, BIG):
+        for server in P.expand([setup]).servers:
+            width = P.verify_width(server.method, server.budget, 16)
+            need = max(server.batch_sizes) * (setup.prompt_tokens + setup.max_new_tokens + 2 * width)
+            assert server.memory.kv_pool_tokens >= need
+
+
+def test_waves_respect_parallelism_memory_and_order():
+    servers = P.expand([TINY, dataclasses.replace(BIG, budgets=(16, 64, 256, 1024))]).servers
+    waves = P.plan_waves(servers, mem_budget_gib=119.0, max_parallel=12)
+    assert [s.name for w in waves for s in w] == [s.name for s in servers]  # order kept, nothing lost
+    for w in waves:
+        assert len(w) <= 12
+        need = sum(s.memory.resident_gib for s in w) + max(s.memory.activation_gib for s in w)
+        assert need <= 119.0 or len(w) == 1
+    assert len(P.plan_waves(servers, mem_budget_gib=1e6, max_parallel=4)) == -(-len(servers) // 4)
+    # a budget below one 8B server: every 8B server gets a wave of its own
+    eight = [s for s in servers if s.setup.name == "8b-dummy"]
+    assert all(len(w) == 1 for w in P.plan_waves(eight, mem_budget_gib=20.0, max_parallel=12))
+    with pytest.raises(ValueError, match="max_parallel"):
+        P.plan_waves(servers, mem_budget_gib=100, max_parallel=0)
+
+
+def test_a_server_over_the_whole_budget_is_skipped_with_the_reason():
+    plan = P.expand([dataclasses.replace(BIG, methods=("plain",))], mem_budget_gib=10.0)
+    assert not plan.servers
+    assert len(plan.skipped) == len(P.ALL_BATCH_SIZES)
+    assert all("memory budget" in why for _, why in plan.skipped)
+
+
+def test_signatures_change_with_the_workload_but_not_with_the_checkout_path():
+    a = P.expand([TINY]).signatures
+    b = P.expand([dataclasses.replace(TINY, max_new_tokens=64)]).signatures
+    assert a.keys() == b.keys() and all(a[k] != b[k] for k in a)
+    assert P.expand([TINY]).signatures == a
+    # the same workload served from another folder (relative vs absolute paths) keeps its signature
+    moved = dataclasses.replace(TINY, target=str(P.REPO_ROOT / TINY.target), drafter=str(P.REPO_ROOT / TINY.drafter))
+    assert P.expand([moved]).signatures == a
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"methods": ("beam",)}, "methods"),
+    ({"batch_sizes": (0,)}, "batch sizes"),
+    ({"budgets": (2048,)}, "budgets"),
+    ({"prompt_kind": "audio"}, "prompt_kind"),
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"target": "no/such/model"}, "config.json"),
+])
+def test_bad_setups_are_refused(change, match):
+    with pytest.raises(ValueError, match=match):
+        P.expand([dataclasses.replace(TINY, **change)])
+
+
+def test_verify_width():
+    assert P.verify_width("plain", None, 16) == 1
+    assert P.verify_width("dflash", None, 16) == 16
+    assert P.verify_width("ddtree", 64, 16) == 65
+    with pytest.raises(ValueError):
+        P.verify_width("ddtree", None, 16)
+    with pytest.raises(ValueError):
+        P.verify_width("medusa", None, 16)

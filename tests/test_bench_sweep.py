@@ -1,0 +1,341 @@
+"""The sweep's orchestration with a fake launcher (no processes, no network, a fake clock): waves, serial
+measurement, skip rows, failures, the deadline, interruption and resume from the results file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import threading
+
+import pytest
+
+from sglang_ddtree.bench import plan as P
+from sglang_ddtree.bench.measure import RequestResult
+from sglang_ddtree.bench.results import ResultsWriter, latest_results, read_rows
+from sglang_ddtree.bench.server import ServerStartError
+from sglang_ddtree.bench.sweep import Sweep, SweepOptions, id_prompts
+
+STAGE_MS = {"draft": 1.0, "tree": 0.5, "verify": 4.0, "walk": 0.25, "commit": 0.5}
+FAKE_TAU = 2  # every speculative round accepts exactly one draft token
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+        self.lock = threading.Lock()
+
+    def __call__(self):
+        with self.lock:
+            return self.t
+
+    def sleep(self, s):
+        with self.lock:
+            self.t += s
+
+
+class FakeClient:
+    def __init__(self, server):
+        self.server = server
+
+    def generate_stream(self, payload, timeout_s):
+        srv = self.server
+        srv.launcher.events.append(("generate", srv.name))
+        with srv.lock:
+            srv.generates += 1
+            if srv.name in srv.launcher.die_after and srv.generates > srv.launcher.die_after[srv.name]:
+                srv.dead = True
+        if srv.dead:
+            return RequestResult(index=0, t_send=0.0, error="ConnectionRefusedError: server gone")
+        n = payload["sampling_params"]["max_new_tokens"]
+        spec = srv.plan.method != "plain"
+        rounds = math.ceil((n - 1) / FAKE_TAU) if spec else n - 1
+        decode_s = rounds * srv.step_s
+        meta = {"completion_tokens": n, "prompt_tokens": 7, "decode_throughput": (n - 1) / decode_s,
+                "e2e_latency": 0.01 + decode_s, "queue_time": 0.0}
+        if spec:
+            meta["spec_verify_ct"] = rounds
+            meta["spec_correct_drafts_histogram"] = [0] * (FAKE_TAU - 1) + [rounds]
+        with srv.lock:
+            srv.request_rounds += rounds
+        t = srv.launcher.clock()
+        return RequestResult(index=0, t_send=t, t_first=t + 0.01, t_last=t + 0.01 + decode_s, meta=meta, chunks=n)
+
+    def metrics_text(self):
+        srv = self.server
+        if srv.plan.method != "ddtree":
+            return "sglang:num_running_reqs 0\n"
+        b, n = srv.plan.budget, srv.request_rounds
+        lines = [f'sglang:ddtree_rounds_total{{budget="{b}"}} {n}',
+                 f'sglang:ddtree_accepted_tokens_total{{budget="{b}"}} {n * FAKE_TAU}']
+        for stage, ms in STAGE_MS.items():
+            lines.append(f'sglang:ddtree_stage_seconds_sum{{budget="{b}",stage="{stage}"}} {n * ms / 1e3}')
+            lines.append(f'sglang:ddtree_stage_seconds_count{{budget="{b}",stage="{stage}"}} {n}')
+        return "\n".join(lines) + "\n"
+
+    def server_info(self):
+        return {"max_total_num_tokens": self.server.plan.memory.kv_pool_tokens, "version": "fake",
+                "internal_states": [{"last_gen_throughput": 1.0, "nested": {"x": 1}}]}
+
+    def flush_cache(self):
+        srv = self.server
+        srv.launcher.clock.sleep(srv.launcher.row_seconds)  # a row's time passes here
+        if srv.name in srv.launcher.interrupt_on:
+            raise KeyboardInterrupt
+        return True
+
+
+class FakeServer:
+    def __init__(self, plan, launcher):
+        self.plan, self.launcher, self.name = plan, launcher, plan.name
+        self.log_path = None
+        self.lock = threading.Lock()
+        self.polls = 0
+        self.generates = 0
+        self.request_rounds = 0
+        self.dead = False
+        self.stopped = False
+        self.step_s = 0.002 if plan.setup.name == "tiny" else 0.02
+
+    def start(self):
+        self.launcher.events.append(("start", self.name))
+
+    def poll(self):
+        if self.name in self.launcher.fail:
+            raise ServerStartError(f"server {self.name} exited with status 1 while starting; boom")
+        self.polls += 1
+        return self.polls >= 3
+
+    def client(self):
+        return FakeClient(self)
+
+    def alive(self):
+        return not self.dead
+
+    def stop(self):
+        self.stopped = True
+        self.launcher.events.append(("stop", self.name))
+
+
+class FakeLauncher:
+    def __init__(self, clock, *, fail=(), die_after=None, interrupt_on=(), row_seconds=1.0):
+        self.clock = clock
+        self.fail, self.interrupt_on = set(fail), set(interrupt_on)
+        self.die_after = dict(die_after or {})
+        self.row_seconds = row_seconds
+        self.created: dict[str, FakeServer] = {}
+        self.events: list[tuple[str, str]] = []
+
+    def create(self, plan):
+        server = FakeServer(plan, self)
+        self.created[plan.name] = server
+        return server
+
+
+SETUPS = P.default_setups()
+TINY = dataclasses.replace(SETUPS["tiny"], budgets=(16, 64), batch_sizes=(1, 4))
+BIG = dataclasses.replace(SETUPS["8b-dummy"], budgets=(16, 1024), batch_sizes=(1, 64))
+PROMPTS = {"tiny": [{"text": f"def f{i}(x):\n"} for i in range(64)], "8b-dummy": id_prompts(64, 8, 151936)}
+
+
+def make_plan(*setups):
+    return P.expand(list(setups or (TINY, BIG)), mem_budget_gib=119.0)
+
+
+def sweep(tmp_path, plan, launcher, clock, **opts):
+    options = SweepOptions(results_path=tmp_path / "results.jsonl", mem_budget_gib=119.0,
+                           first_start_estimate_s=5.0, **{"max_minutes": 60.0, **opts})
+    return Sweep(plan, launcher, PROMPTS, options, run_info={"gpu": "fake"}, clock=clock, sleep=clock.sleep,
+                 log=lambda msg: None)
+
+
+def results(tmp_path):
+    return latest_results(read_rows(tmp_path / "results.jsonl"))
+
+
+def test_a_full_run_measures_every_row_once_in_waves(tmp_path):
+    plan = make_plan()
+    clock = Clock()
+    launcher = FakeLauncher(clock)
+    report = sweep(tmp_path, plan, launcher, clock, max_parallel=4).run()
+    assert report.exit_code == 0 and not report.pending and not report.failed
+    assert sorted(report.done) == sorted(r.key for r in plan.rows)
+    got = results(tmp_path)
+    assert {k for k, r in got.items() if r["status"] == "ok"} == {r.key for r in plan.rows}
+    skipped = {k: r for k, r in got.items() if r["status"] == "skipped"}
+    assert list(skipped) == [P.row_key("8b-dummy", "ddtree", 1024, 64)] and "logits" in skipped[
+        P.row_key("8b-dummy", "ddtree", 1024, 64)]["reason"]
+    # every server started once and was stopped
+    assert sorted(launcher.created) == sorted(s.name for s in plan.servers)
+    assert all(s.stopped for s in launcher.created.values())
+    rows = read_rows(tmp_path / "results.jsonl")
+    assert [r["kind"] for r in rows].count("run") == 1
+    assert sum(1 for r in rows if r["kind"] == "server" and r["ok"]) == len(plan.servers)
+    # waves: a wave's servers all start before any of them is measured; measurements never interleave
+    waves = P.plan_waves(plan.servers, mem_budget_gib=119.0, max_parallel=4)
+    assert len(waves) > 1
+    ev = launcher.events
+    for wave in waves:
+        names = {s.name for s in wave}
+        last_start = max(i for i, e in enumerate(ev) if e == ("start", e[1]) and e[1] in names)
+        first_gen = min(i for i, e in enumerate(ev) if e[0] == "generate" and e[1] in names)
+        assert last_start < first_gen
+    blocks = [e[1] for i, e in enumerate(ev) if e[0] == "generate" and (i == 0 or ev[i - 1] != e)]
+    assert len(blocks) == len(set(blocks)) == len(plan.servers)
+
+
+def test_rows_carry_the_numbers_and_the_stage_split(tmp_path):
+    plan = make_plan(TINY)
+    clock = Clock()
+    sweep(tmp_path, plan, FakeLauncher(clock), clock).run()
+    got = results(tmp_path)
+    dd = got[P.row_key("tiny", "ddtree", 64, 4)]
+    assert dd["tau"] == pytest.approx(FAKE_TAU) and dd["acceptance_meaningful"] is True
+    assert dd["stage_ms"] == pytest.approx(STAGE_MS)
+    # the metrics diff covers the measured batch only, not its warmup
+    per_request = math.ceil((TINY.max_new_tokens - 1) / FAKE_TAU)
+    assert dd["ddtree_metrics"]["request_rounds"] == 4 * per_request
+    assert dd["step_ms"] == pytest.approx(2.0) and dd["verify_tokens"] == 4 * 65
+    assert dd["decode_tokens_per_s"] == pytest.approx(4 * (TINY.max_new_tokens - 1) / (per_request * 0.002))
+    assert dd["server_args"] == next(s.args for s in plan.servers if s.name == "tiny-ddtree-b64")
+    plain = got[P.row_key("tiny", "plain", None, 1)]
+    assert plain["step_ms"] == pytest.approx(2.0) and "tau" not in plain and plain["stage_ms"] is None
+    server_rows = [r for r in read_rows(tmp_path / "results.jsonl") if r["kind"] == "server"]
+    assert server_rows[0]["server_info"]["internal_state"] == {"last_gen_throughput": 1.0}
+
+
+def test_a_second_run_resumes_and_does_nothing_more(tmp_path):
+    plan = make_plan()
+    clock = Clock()
+    sweep(tmp_path, plan, FakeLauncher(clock), clock).run()
+    before = [r for r in read_rows(tmp_path / "results.jsonl") if r["kind"] == "result"]
+    again = FakeLauncher(clock)
+    report = sweep(tmp_path, make_plan(), again, clock).run()
+    assert not again.created and sorted(report.already_done) == sorted(r.key for r in plan.rows)
+    after = [r for r in read_rows(tmp_path / "results.jsonl") if r["kind"] == "result"]
+    assert after == before  # the skipped row is not written twice either
+
+
+def test_a_changed_workload_is_measured_again(tmp_path):
+    clock = Clock()
+    sweep(tmp_path, make_plan(), FakeLauncher(clock), clock).run()
+    changed = dataclasses.replace(TINY, max_new_tokens=64)
+    again = FakeLauncher(clock)
+    sweep(tmp_path, make_plan(changed, BIG), again, clock).run()
+    assert sorted(again.created) == sorted(s.name for s in make_plan(changed).servers)
+    assert all(r["max_new_tokens"] == 64 for r in results(tmp_path).values()
+               if r["setup"] == "tiny" and r["status"] == "ok")
+
+
+def test_a_server_that_does_not_start_fails_its_rows_only(tmp_path):
+    plan = make_plan(TINY)
+    clock = Clock()
+    launcher = FakeLauncher(clock, fail={"tiny-ddtree-b16"})
+    report = sweep(tmp_path, plan, launcher, clock).run()
+    assert report.exit_code == 1
+    got = results(tmp_path)
+    bad = {k for k, r in got.items() if r["status"] == "failed"}
+    assert bad == {P.row_key("tiny", "ddtree", 16, b) for b in (1, 4)}
+    assert "did not start" in got[P.row_key("tiny", "ddtree", 16, 1)]["reason"]
+    assert sum(r["status"] == "ok" for r in got.values()) == len(plan.rows) - 2
+    # failures are final unless asked again
+    again = FakeLauncher(clock)
+    sweep(tmp_path, make_plan(TINY), again, clock).run()
+    assert not again.created
+    retry = FakeLauncher(clock)
+    report = sweep(tmp_path, make_plan(TINY), retry, clock, retry_failed=True).run()
+    assert list(retry.created) == ["tiny-ddtree-b16"] and report.exit_code == 0
+    assert all(r["status"] == "ok" for r in results(tmp_path).values())
+
+
+def test_the_deadline_leaves_rows_pending_and_a_resume_finishes_them(tmp_path):
+    plan = make_plan(TINY)
+    clock = Clock()
+    launcher = FakeLauncher(clock, row_seconds=20.0)
+    report = sweep(tmp_path, plan, launcher, clock, max_minutes=2.0).run()
+    assert 0 < len(report.done) < len(plan.rows)
+    assert report.exit_code == 0 and not report.failed
+    assert sorted(report.pending) == sorted(set(r.key for r in plan.rows) - set(report.done))
+    assert clock() <= 120.0 + 1e-9
+    assert all(s.stopped for s in launcher.created.values())
+    assert {r["status"] for r in results(tmp_path).values()} == {"ok"}  # nothing recorded as failed
+    # the next call on the same file measures exactly what is left, starting only the servers that have some
+    later = FakeLauncher(clock, row_seconds=20.0)
+    report2 = sweep(tmp_path, make_plan(TINY), later, clock, max_minutes=60.0).run()
+    assert sorted(report2.done) == sorted(report.pending)
+    left_servers = {s.name for s in plan.servers if any(r.key in report.pending for r in s.rows)}
+    assert set(later.created) == left_servers
+    assert {k for k, r in results(tmp_path).items() if r["status"] == "ok"} == {r.key for r in plan.rows}
+
+
+def test_no_wave_starts_without_time_for_it(tmp_path):
+    clock = Clock()
+    launcher = FakeLauncher(clock)
+    opts = SweepOptions(results_path=tmp_path / "r.jsonl", max_minutes=0.2, mem_budget_gib=119.0,
+                        first_start_estimate_s=150.0)
+    report = Sweep(make_plan(TINY), launcher, PROMPTS, opts, clock=clock, sleep=clock.sleep, log=lambda m: None).run()
+    assert not launcher.created and report.pending and report.exit_code == 0
+
+
+def test_a_server_dying_fails_the_rest_of_its_rows(tmp_path):
+    three = dataclasses.replace(TINY, methods=("plain", "dflash"), batch_sizes=(1, 4, 16))
+    plan = make_plan(three)
+    clock = Clock()
+    # tiny-plain: batch 1 = 1 warmup + 1 measured request; it dies during batch 4's warmup
+    launcher = FakeLauncher(clock, die_after={"tiny-plain": 3})
+    report = sweep(tmp_path, plan, launcher, clock).run()
+    got = results(tmp_path)
+    assert got[P.row_key("tiny", "plain", None, 1)]["status"] == "ok"
+    assert got[P.row_key("tiny", "plain", None, 4)]["status"] == "failed"
+    assert "warmup" in got[P.row_key("tiny", "plain", None, 4)]["reason"]
+    # the row after it is not attempted on a dead server
+    assert got[P.row_key("tiny", "plain", None, 16)]["status"] == "failed"
+    assert got[P.row_key("tiny", "plain", None, 16)]["reason"].startswith("server died")
+    assert launcher.created["tiny-plain"].generates == 2 + 4  # batch 1 (warmup + run), then batch 4's warmup only
+    assert report.exit_code == 1 and len(report.failed) == 2
+    assert all(got[P.row_key("tiny", "dflash", None, b)]["status"] == "ok" for b in (1, 4, 16))
+
+
+def test_an_interrupt_stops_every_server(tmp_path):
+    clock = Clock()
+    launcher = FakeLauncher(clock, interrupt_on={"tiny-ddtree-b16"})
+    report = sweep(tmp_path, make_plan(TINY), launcher, clock).run()
+    assert report.interrupted and report.exit_code == 130
+    assert launcher.created and all(s.stopped for s in launcher.created.values())
+    assert P.row_key("tiny", "ddtree", 16, 1) in report.pending
+
+
+def test_too_few_prompts_are_refused(tmp_path):
+    opts = SweepOptions(results_path=tmp_path / "r.jsonl", max_minutes=1, mem_budget_gib=100)
+    with pytest.raises(ValueError, match="prompts"):
+        Sweep(make_plan(TINY), FakeLauncher(Clock()), {"tiny": PROMPTS["tiny"][:3]}, opts)
+    with pytest.raises(ValueError, match="max_minutes"):
+        SweepOptions(results_path=tmp_path / "r.jsonl", max_minutes=0, mem_budget_gib=100)
+
+
+def test_results_file_survives_a_torn_line(tmp_path):
+    path = tmp_path / "r.jsonl"
+    w = ResultsWriter(path)
+    w.write({"kind": "result", "key": "a", "status": "failed"})
+    w.close()
+    with open(path, "a") as fh:
+        fh.write('{"kind": "result", "key": "a", "sta')  # killed mid-line
+    w = ResultsWriter(path)
+    w.write({"kind": "result", "key": "a", "status": "ok"})
+    w.close()
+    rows = read_rows(path)
+    assert [r["status"] for r in rows] == ["failed", "ok"] and latest_results(rows)["a"]["status"] == "ok"
+    with pytest.raises(ValueError, match=":2:"):
+        read_rows(path, strict=True)
+    with pytest.raises(ValueError, match="status"):
+        ResultsWriter(tmp_path / "x.jsonl").write({"kind": "result", "key": "a", "status": "great"})
+    path.write_text(json.dumps([1, 2]) + "\n")
+    with pytest.raises(ValueError, match="kind"):
+        read_rows(path)
+
+
+def test_id_prompts_are_seeded_distinct_and_in_range():
+    a, b = id_prompts(8, 16, 151936, seed=0), id_prompts(8, 16, 151936, seed=0)
+    assert a == b and len({tuple(p["input_ids"]) for p in a}) == 8
+    assert all(len(p["input_ids"]) == 16 and all(0 < t < 151936 for t in p["input_ids"]) for p in a)
+    assert id_prompts(2, 4, 151936, seed=1) != id_prompts(2, 4, 151936, seed=0)
