@@ -29,7 +29,7 @@ except ImportError:  # CPU-only installs: callers fall back to the torch version
 def available(device: torch.device) -> bool:
     import os
 
-    return triton is not None and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+    return triton is not None and (torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def _pow2(n: int) -> int:
