@@ -7,9 +7,9 @@ bit-identical results (tests compare them with the torch versions, on CPU throug
 
 Tree build (same algorithm and canonical order as tree.build_tree_from_topk): per depth, the static extension
 pairs (parent slot i, token rank r) with (i+1)(r+1) <= W are scored and sorted by a unique int64 key (float bits,
-then the lower pair index), the best W kept; a running global top-W list is merged with each depth's list by the
-same kind of key (float bits, then shallower depth, then position). Parents become node indices through an
-inverse map written at the end.
+then the lower pair index), the best W kept; at the end one sort of all depths' lists by the same kind of key
+(float bits, then shallower depth, then position) gives the global top-W. Parents become node indices through an
+inverse map.
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ if triton is not None:
     @triton.jit
     def _tree_build_kernel(
         values_ptr, tokens_ptr, pair_parent_ptr, pair_rank_ptr, budget_ptr, root_ptr, log_prune,
-        scratch_ptr, lvl_parent_ptr, lvl_rank_ptr, inv_ptr,
+        scratch_ptr, lvl_key_ptr, lvl_parent_ptr, lvl_rank_ptr, inv_ptr,
         out_tokens_ptr, out_parents_ptr, out_depth_ptr, out_scores_ptr, out_ranks_ptr, out_valid_ptr,
         L: tl.constexpr, K: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr,
-        SP: tl.constexpr,
+        SP: tl.constexpr, GP: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         NEG_INF: tl.constexpr = float("-inf")
@@ -62,6 +62,7 @@ if triton is not None:
         offs_c = tl.arange(0, CP)
         vals = values_ptr + b * L * K
         scratch = scratch_ptr + b * SP
+        lvl_key = lvl_key_ptr + b * L * WP
         lvl_parent = lvl_parent_ptr + b * L * WP
         lvl_rank = lvl_rank_ptr + b * L * WP
 
@@ -69,7 +70,7 @@ if triton is not None:
         prev = tl.load(vals + offs_w, mask=(offs_w < K) & (offs_w < W), other=NEG_INF)
         tl.store(lvl_parent + offs_w, tl.zeros([WP], dtype=tl.int32))
         tl.store(lvl_rank + offs_w, offs_w.to(tl.int32))
-        glob = (_float_key(prev).to(tl.int64) << 32) | (L * WP - 1 - offs_w).to(tl.int64)
+        tl.store(lvl_key + offs_w, (_float_key(prev).to(tl.int64) << 32) | (L * WP - 1 - offs_w).to(tl.int64))
 
         pp = tl.load(pair_parent_ptr + offs_c)
         pr = tl.load(pair_rank_ptr + offs_c)
@@ -85,14 +86,19 @@ if triton is not None:
             prev = tl.where(offs_w < W, _key_float((top >> 32).to(tl.int32)), NEG_INF)
             tl.store(lvl_parent + d * WP + offs_w, tl.gather(pp, pick, 0))
             tl.store(lvl_rank + d * WP + offs_w, tl.gather(pr, pick, 0))
-            # merge this depth's list into the global top-W (shallower depth, then lower position, wins ties)
-            mine = (_float_key(prev).to(tl.int64) << 32) | (L * WP - 1 - (d * WP + offs_w)).to(tl.int64)
-            both = tl.sort(tl.cat(glob, mine, can_reorder=True), descending=True)
-            tl.debug_barrier()
-            tl.store(scratch + tl.arange(0, 2 * WP), both)
-            tl.debug_barrier()
-            glob = tl.load(scratch + offs_w)
+            # global key of this depth's entries: float bits, then shallower depth / lower position first
+            tl.store(lvl_key + d * WP + offs_w,
+                     (_float_key(prev).to(tl.int64) << 32) | (L * WP - 1 - (d * WP + offs_w)).to(tl.int64))
 
+        # the global top-W over all depths: one sort of the L per-depth lists
+        tl.debug_barrier()
+        offs_g = tl.arange(0, GP)
+        everything = tl.load(lvl_key + offs_g, mask=offs_g < L * WP, other=-(2**63))
+        everything = tl.sort(everything, descending=True)
+        tl.debug_barrier()
+        tl.store(scratch + offs_g, everything)
+        tl.debug_barrier()
+        glob = tl.load(scratch + offs_w)
         entry = (L * WP - 1 - (glob & 0xFFFFFFFF)).to(tl.int32)
         depth0 = entry // WP
         pos = entry % WP
@@ -206,7 +212,8 @@ def build_tree_triton(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budg
     device = topk_values.device
     wp = _pow2(width)
     pair_parent, pair_rank, cp = _pairs(width, k, device)
-    sp = max(cp, 2 * wp)
+    gp = _pow2(depth_limit * wp)
+    sp = max(cp, gp)
     if isinstance(budget, torch.Tensor):
         budget_t = budget.to(device=device, dtype=torch.int64)
     else:
@@ -221,6 +228,7 @@ def build_tree_triton(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budg
         "valid": torch.empty((bs, n), dtype=torch.int8, device=device),
     }
     scratch = torch.empty((bs, sp), dtype=torch.int64, device=device)
+    lvl_key = torch.empty((bs, depth_limit, wp), dtype=torch.int64, device=device)
     lvl_parent = torch.empty((bs, depth_limit, wp), dtype=torch.int32, device=device)
     lvl_rank = torch.empty((bs, depth_limit, wp), dtype=torch.int32, device=device)
     inv = torch.zeros((bs, depth_limit * wp), dtype=torch.int32, device=device)
@@ -228,9 +236,9 @@ def build_tree_triton(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budg
     _tree_build_kernel[(bs,)](
         topk_values.float().contiguous(), topk_tokens.to(torch.int64).contiguous(), pair_parent, pair_rank,
         budget_t, root_tokens.to(device=device, dtype=torch.int64).contiguous(), log_prune,
-        scratch, lvl_parent, lvl_rank, inv,
+        scratch, lvl_key, lvl_parent, lvl_rank, inv,
         out["tokens"], out["parents"], out["depth"], out["scores"], out["ranks"], out["valid"],
-        L=depth_limit, K=k, W=width, WP=wp, CP=cp, SP=sp, num_warps=_warps(cp),
+        L=depth_limit, K=k, W=width, WP=wp, CP=cp, SP=sp, GP=gp, num_warps=_warps(max(cp, gp)),
     )
     return DraftTree(out["tokens"], out["parents"], out["depth"], out["scores"], out["ranks"],
                      out["valid"].bool(), depth_limit)

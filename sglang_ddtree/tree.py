@@ -111,11 +111,26 @@ def topk_draft(draft_logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torc
     vocab = draft_logprobs.shape[-1]
     if not 1 <= k <= vocab:
         raise ValueError(f"k must be in 1..V={vocab}, got {k}.")
-    lp = draft_logprobs.float()
-    reverse_ids = (vocab - 1) - torch.arange(vocab, device=lp.device, dtype=torch.int64)
-    keys = _key_with_tiebreak(lp, reverse_ids)
-    tokens = torch.topk(keys, k, dim=-1, sorted=True).indices
-    return lp.gather(-1, tokens), tokens
+    return exact_topk(draft_logprobs.float(), k)
+
+
+def exact_topk(x: torch.Tensor, k: int, *, id_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of the last dim with ties resolved by the lower index, ordered (value descending, index ascending).
+
+    x: float32. On CUDA torch.topk already picks, among values equal to the k-th largest, the lowest indices (its
+    gather pass fills the remaining slots in index order; tests/gpu checks it against the CPU path), so only the
+    order inside the k needs canonicalizing: a sort of k keys. On CPU torch.topk makes no such promise, so the
+    selection itself runs on unique int64 keys (float bits, then the reversed index).
+    """
+    width = x.shape[-1]
+    if x.is_cuda:
+        values, index = torch.topk(x, k, dim=-1, sorted=True)
+        order = torch.topk(_key_with_tiebreak(values, (2**32 - 1) - index), k, dim=-1, sorted=True).indices
+        index = index.gather(-1, order)
+        return x.gather(-1, index), index + id_offset
+    reverse = (width - 1) - torch.arange(width, device=x.device, dtype=torch.int64)
+    index = torch.topk(_key_with_tiebreak(x, reverse), k, dim=-1, sorted=True).indices
+    return x.gather(-1, index), index + id_offset
 
 
 # ---------------------------------------------------------------------------------------------------------------

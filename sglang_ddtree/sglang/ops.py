@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from sglang_ddtree.tree import DraftTree, _key_with_tiebreak
+from sglang_ddtree.tree import DraftTree, _key_with_tiebreak, exact_topk
 
 
 def local_topk_logprobs(
@@ -32,11 +32,8 @@ def local_topk_logprobs(
     if logit_scale is not None:
         logits = logits * logit_scale
     lse = torch.logsumexp(logits, dim=-1)
-    shard = logits.shape[-1]
-    k = min(k, shard)
-    reverse = (shard - 1) - torch.arange(shard, device=logits.device, dtype=torch.int64)
-    top = torch.topk(_key_with_tiebreak(logits, reverse), k, dim=-1, sorted=True).indices
-    return logits.gather(-1, top), top + vocab_start, lse
+    values, ids = exact_topk(logits, min(k, logits.shape[-1]), id_offset=vocab_start)
+    return values, ids, lse
 
 
 def merge_shard_topk(

@@ -5,12 +5,14 @@ With metrics, each round copies a few numbers per request to pinned host memory 
 they are folded into the Prometheus series a round or more later, once their CUDA event has completed.
 With the debug dump, every round synchronises and writes the whole tree: a debugging tool, not for serving.
 
-Metric names (all `sglang:ddtree_*`, label `budget`):
-  accept_length (histogram, tokens committed per request per round, incl. the bonus),
-  rounds_total, accepted_tokens_total, depth_reached_total{depth} (rounds that accepted >= depth draft tokens,
-  so per-depth acceptance = depth_reached_total / rounds_total), branch_accepted_total (accepted nodes that were
-  not the drafter's top-1), tree_nodes (histogram of draft nodes per tree), expected_accept_length_sum (the
-  drafter's own expectation: 1 + sum of node probabilities), stage_seconds{stage} (histogram per round).
+Metric names (all `sglang:ddtree_*`, label `budget`; counters are request-rounds unless said otherwise):
+  rounds_total, accepted_tokens_total (incl. the bonus: tau = accepted_tokens_total / rounds_total),
+  accept_length_total{tokens} (rounds that committed `tokens` tokens: the accept-length histogram),
+  depth_reached_total{depth} (rounds that accepted >= depth draft tokens: per-depth acceptance =
+  depth_reached_total / rounds_total), branch_accepted_total (accepted draft tokens that were not the drafter's
+  top-1), tree_nodes_total (draft nodes verified: tree fill = tree_nodes_total / rounds_total / budget),
+  expected_tokens_total (the drafter's own expectation: 1 + sum of node probabilities, for calibration),
+  stage_seconds{stage} (histogram per batch round: draft, tree, verify, walk, commit).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from sglang_ddtree.metrics import JsonlWriter, records_from_round
 
 logger = logging.getLogger(__name__)
+STAGES = ("draft", "tree", "verify", "walk", "commit")
 
 
 class RoundTimer:
@@ -53,48 +56,66 @@ class RoundTimer:
 
 
 class _Prometheus:
-    def __init__(self, depth_limit: int, budget: int):
-        from prometheus_client import Counter, Histogram  # imported here: SGLang sets the multiprocess dir first
+    """Series are Counters (and per-round stage Histograms): a round's numbers are summed on the GPU and added
+    with one call per series, so the host cost per round does not grow with the batch."""
 
+    def __init__(self, depth_limit: int, budget: int, registry=None):
+        from prometheus_client import REGISTRY, Counter, Histogram  # here: SGLang sets the multiprocess dir first
+
+        registry = registry or REGISTRY
         labels = {"budget": str(budget)}
-        self.labels = labels
         names = list(labels)
-        self.accept_length = Histogram("sglang:ddtree_accept_length", "Tokens committed per request per round "
-                                       "(accepted draft tokens + bonus).", names,
-                                       buckets=[float(x) for x in range(1, depth_limit + 2)]).labels(**labels)
-        self.rounds = Counter("sglang:ddtree_rounds_total", "Request-rounds verified.", names).labels(**labels)
-        self.accepted = Counter("sglang:ddtree_accepted_tokens_total", "Tokens committed (incl. bonus).",
-                                names).labels(**labels)
-        self.depth_reached = Counter("sglang:ddtree_depth_reached_total", "Request-rounds that accepted at least "
-                                     "`depth` draft tokens.", names + ["depth"])
-        self.branch = Counter("sglang:ddtree_branch_accepted_total", "Accepted draft tokens that were not the "
-                              "drafter's top-1 at their depth.", names).labels(**labels)
-        self.expected = Counter("sglang:ddtree_expected_accept_length_sum", "Sum over request-rounds of the "
-                                "drafter's expected tokens per round (1 + sum of node probabilities).",
-                                names).labels(**labels)
-        self.tree_nodes = Histogram("sglang:ddtree_tree_nodes", "Draft nodes per tree (root excluded).", names,
-                                    buckets=[1, 4, 16, 32, 64, 128, 256, 512, 1024]).labels(**labels)
-        self.stage = Histogram("sglang:ddtree_stage_seconds", "Seconds per round by stage.", names + ["stage"],
-                               buckets=[1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1])
+
+        def counter(name, doc, extra=None):
+            return Counter(f"sglang:ddtree_{name}", doc, names + ([extra] if extra else []), registry=registry)
+
+        self.rounds = counter("rounds_total", "Request-rounds verified.").labels(**labels)
+        self.accepted = counter("accepted_tokens_total", "Tokens committed (accepted draft tokens + bonus).") \
+            .labels(**labels)
+        per_length = counter("accept_length_total", "Request-rounds that committed `tokens` tokens.", "tokens")
+        self.accept_length = [per_length.labels(**labels, tokens=str(n)) for n in range(1, depth_limit + 2)]
+        per_depth = counter("depth_reached_total", "Request-rounds that accepted at least `depth` draft tokens "
+                            "(per-depth acceptance = depth_reached_total / rounds_total).", "depth")
+        self.depth_reached = [per_depth.labels(**labels, depth=str(d)) for d in range(1, depth_limit + 1)]
+        self.branch = counter("branch_accepted_total", "Accepted draft tokens that were not the drafter's top-1 "
+                              "at their depth.").labels(**labels)
+        self.expected = counter("expected_tokens_total", "Sum over request-rounds of the drafter's expected "
+                                "tokens per round (1 + sum of node probabilities).").labels(**labels)
+        self.tree_nodes = counter("tree_nodes_total", "Draft nodes verified (root excluded).").labels(**labels)
+        stage = Histogram("sglang:ddtree_stage_seconds", "Seconds per round by stage.", names + ["stage"],
+                          buckets=[1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1], registry=registry)
+        self.stage = {name: stage.labels(**labels, stage=name) for name in STAGES}
         self.depth_limit = depth_limit
 
-    def observe(self, summary: torch.Tensor, stage_ms: dict[str, float]) -> None:
-        # summary rows per request: [accept_len, branches, tree_nodes, expected_accept]
-        for accept_len, branches, nodes, expected in summary.tolist():
-            self.accept_length.observe(accept_len + 1)
-            self.rounds.inc()
-            self.accepted.inc(accept_len + 1)
-            for depth in range(1, int(accept_len) + 1):
-                self.depth_reached.labels(**self.labels, depth=str(depth)).inc()
+    def observe(self, totals: list[float], rounds_seen: int, stage_ms: list[dict[str, float]]) -> None:
+        """totals: summed round vectors (see DDTreeStats._queue_summary)."""
+        n = self.depth_limit
+        by_accepted = totals[: n + 1]  # request-rounds by accepted draft tokens 0..n
+        branches, nodes, expected, requests = totals[n + 1: n + 5]
+        if requests:
+            self.rounds.inc(requests)
+            self.accepted.inc(sum((a + 1) * c for a, c in enumerate(by_accepted)))
+            for a, c in enumerate(by_accepted):
+                if c:
+                    self.accept_length[a].inc(c)
+            reached = 0.0
+            for d in range(n, 0, -1):
+                reached += by_accepted[d]
+                if reached:
+                    self.depth_reached[d - 1].inc(reached)
             if branches:
                 self.branch.inc(branches)
             self.expected.inc(expected)
-            self.tree_nodes.observe(nodes)
-        for stage, ms in stage_ms.items():
-            self.stage.labels(**self.labels, stage=stage).observe(ms / 1e3)
+            self.tree_nodes.inc(nodes)
+        for round_ms in stage_ms:
+            for name, ms in round_ms.items():
+                self.stage[name].observe(ms / 1e3)
 
 
 class DDTreeStats:
+    RING = 256  # rounds whose numbers may be in flight to the host
+    FLUSH_ROUNDS = 16  # publish to Prometheus every this many rounds (each round still counted)
+
     def __init__(self, *, enable_metrics: bool, debug_path: str | None, depth_limit: int, budget: int):
         self.enabled = enable_metrics or debug_path is not None
         self.budget = budget
@@ -103,6 +124,14 @@ class DDTreeStats:
             if debug_path else None
         self.pending: collections.deque = collections.deque()
         self.round_index = 0
+        self.ring_index = 0
+        self.dropped_rounds = 0
+        self.totals: list[float] | None = None
+        self.rounds_seen = 0
+        self.stage_ms: list[dict[str, float]] = []
+        width = depth_limit + 1 + 4
+        self.ring = [torch.empty(width, dtype=torch.float32, pin_memory=True) for _ in range(self.RING)] \
+            if enable_metrics else []
 
     def round_timer(self) -> RoundTimer:
         return RoundTimer(self.enabled)
@@ -127,24 +156,38 @@ class DDTreeStats:
                 })
 
     def _queue_summary(self, tree, walk, timer: RoundTimer) -> None:
+        """One small vector per round, summed over the batch on the GPU, copied without a sync."""
+        if len(self.pending) >= self.RING:  # the host fell behind: skip this round's numbers rather than block
+            self.dropped_rounds += 1
+            return
+        n = tree.depth_limit
         ranks_on_path = tree.ranks.gather(1, walk.path.clamp(min=0))[:, 1:]
-        on_path = walk.path[:, 1:] >= 0
-        branches = ((ranks_on_path > 0) & on_path).sum(dim=1)
+        branches = ((ranks_on_path > 0) & (walk.path[:, 1:] >= 0)).sum()
         draft_valid = tree.valid.clone()
         draft_valid[:, 0] = False
-        expected = 1.0 + torch.where(draft_valid, tree.scores.exp(), 0.0).sum(dim=1)
-        summary = torch.stack([walk.accept_len.float(), branches.float(), (tree.num_nodes - 1).float(), expected],
-                              dim=1)
-        host = torch.empty(summary.shape, dtype=summary.dtype, pin_memory=True)
-        host.copy_(summary, non_blocking=True)
+        expected = (1.0 + torch.where(draft_valid, tree.scores.exp(), 0.0).sum(dim=1)).sum()
+        by_accepted = torch.bincount(walk.accept_len, minlength=n + 1)[: n + 1].float()
+        extra = torch.stack([branches.float(), (tree.num_nodes - 1).sum().float(), expected,
+                             expected.new_full((), float(tree.batch_size))])
+        slot = self.ring[self.ring_index % self.RING]
+        self.ring_index += 1
+        slot.copy_(torch.cat([by_accepted, extra]), non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        self.pending.append((event, host, timer))
+        self.pending.append((event, slot, timer))
 
     def _drain(self) -> None:
+        """Fold completed rounds into running sums; publish them every FLUSH_ROUNDS rounds."""
         while self.pending and self.pending[0][0].query() and self.pending[0][2].done():
-            _, host, timer = self.pending.popleft()
+            _, slot, timer = self.pending.popleft()
+            values = slot.tolist()
+            self.totals = values if self.totals is None else [a + b for a, b in zip(self.totals, values)]
+            self.rounds_seen += 1
+            if timer.enabled and timer.marks:
+                self.stage_ms.append(timer.elapsed_ms())
+        if self.totals is not None and self.rounds_seen >= self.FLUSH_ROUNDS:
             try:
-                self.prometheus.observe(host, timer.elapsed_ms())
+                self.prometheus.observe(self.totals, self.rounds_seen, self.stage_ms)
             except Exception:  # metrics must never take the server down
                 logger.exception("DDTREE metrics update failed")
+            self.totals, self.rounds_seen, self.stage_ms = None, 0, []
