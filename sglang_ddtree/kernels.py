@@ -5,21 +5,18 @@ per depth and per step (~150 launches for a 15-deep tree); on an H200 that costs
 CUDA graph, more than the verify of a small target. These kernels do the same computation in 3 launches and give
 bit-identical results (tests compare them with the torch versions, on CPU through TRITON_INTERPRET=1).
 
-Tree build (same result and canonical order as tree.build_tree_from_topk, by selection instead of sorting):
-per depth, the candidates are W sorted lists {s_i + v_r : r < min(W // (i+1), K)} (parent slot i, token rank r).
-The W-th largest candidate key is found by bisection over the 32-bit float keys, counting each list by binary
-search (float addition is monotone), then every parent takes its candidates above the cut plus the ties in (i, r)
-order; only the W chosen are sorted (by score, then (i, r)) to form the depth's list. The global top-W over the L
-depth lists is selected the same way (ties: shallower depth, then position) and sorted. Parents become node
-indices through an inverse map. Work per depth: ~32 x log2(W) dependent steps over W lanes plus one sort of W,
-instead of a sort of the ~W ln W candidates.
+Tree build (same algorithm and canonical order as tree.build_tree_from_topk): per depth, the static extension
+pairs (parent slot i, token rank r) with (i+1)(r+1) <= W are scored and sorted by a unique int64 key (float bits,
+then the lower pair index), the best W kept; at the end one sort of all depths' lists by the same kind of key
+(float bits, then shallower depth, then position) gives the global top-W. Parents become node indices through an
+inverse map.
 """
 
 from __future__ import annotations
 
 import torch
 
-from sglang_ddtree.tree import DraftTree
+from sglang_ddtree.tree import DraftTree, _extension_pairs_cpu
 
 try:
     import triton
@@ -52,121 +49,60 @@ if triton is not None:
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _count_at_least(base, lens, src, src_base, thr, STEPS: tl.constexpr, SRC: tl.constexpr):
-        """Per lane: how many ranks r < lens[lane] have key(base[lane] + src[src_base + r]) >= thr. Each lane's
-        values are sorted descending and float addition is monotone, so it is a binary search per lane, probing a
-        register tensor (no memory traffic)."""
-        lo = tl.zeros_like(lens)
-        hi = lens
-        for _ in range(STEPS):
-            active = lo < hi
-            mid = (lo + hi) // 2
-            v = tl.gather(src, tl.minimum(src_base + mid, SRC - 1), 0)
-            ok = active & (_float_key(base + v) >= thr)
-            lo = tl.where(ok, mid + 1, lo)
-            hi = tl.where(active & (ok == 0), mid, hi)
-        return lo
-
-    @triton.jit
-    def _select_slots(base, lens, src, src_base, need, offs, STEPS: tl.constexpr, SRC: tl.constexpr,
-                      SEARCH: tl.constexpr, SEARCH_STEPS: tl.constexpr):
-        """Top-`need` of the family of sorted lists {base[i] + src[src_base[i] + r] : r < lens[i]}, ties to the
-        lower (i, r): for output slot j (lane j < need) returns its list i and rank r."""
-        # Bisection for the largest key t with >= need candidates of key >= t. Bounds: the best candidate is
-        # base[0] + src[src_base[0]] at most... every list's head is a candidate, so bound by the heads' keys.
-        heads = tl.where(lens > 0, _float_key(base + tl.gather(src, tl.minimum(src_base, SRC - 1), 0)),
-                         -2147483648)
-        lo = tl.full([1], -2147483648, tl.int64)
-        hi = tl.zeros([1], dtype=tl.int64) + tl.max(heads, axis=0).to(tl.int64)
-        for _ in range(32):
-            mid = lo + (hi - lo + 1) // 2
-            count = tl.sum(_count_at_least(base, lens, src, src_base, mid.to(tl.int32), STEPS, SRC), axis=0)
-            ok = count >= need
-            lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid - 1)
-        thr = lo.to(tl.int32)
-        at_least = _count_at_least(base, lens, src, src_base, thr, STEPS, SRC)
-        above = _count_at_least(base, lens, src, src_base, thr + 1, STEPS, SRC)
-        ties = at_least - above
-        missing = need - tl.sum(above, axis=0)
-        ties_before = tl.cumsum(ties, 0) - ties
-        take = above + tl.minimum(tl.maximum(missing - ties_before, 0), ties)
-        ends = tl.cumsum(take, 0)
-        starts = ends - take
-        # list of slot j: the first list whose end is > j (ends are non-decreasing)
-        lo_s = tl.zeros_like(offs)
-        hi_s = tl.zeros_like(offs) + SEARCH
-        for _ in range(SEARCH_STEPS):
-            active = lo_s < hi_s
-            mid = tl.minimum((lo_s + hi_s) // 2, SEARCH - 1)
-            ok = active & (tl.gather(ends, mid, 0) <= offs)
-            lo_s = tl.where(ok, mid + 1, lo_s)
-            hi_s = tl.where(active & (ok == 0), mid, hi_s)
-        which = tl.minimum(lo_s, SEARCH - 1)
-        rank = offs - tl.gather(starts, which, 0)
-        return which, rank
-
-    @triton.jit
     def _tree_build_kernel(
-        values_ptr, tokens_ptr, budget_ptr, root_ptr, log_prune,
-        lvl_score_ptr, lvl_parent_ptr, lvl_rank_ptr, inv_ptr,
+        values_ptr, tokens_ptr, pair_parent_ptr, pair_rank_ptr, budget_ptr, root_ptr, log_prune,
+        scratch_ptr, lvl_key_ptr, lvl_parent_ptr, lvl_rank_ptr, inv_ptr,
         out_tokens_ptr, out_parents_ptr, out_depth_ptr, out_scores_ptr, out_ranks_ptr, out_valid_ptr,
-        L: tl.constexpr, LP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, W: tl.constexpr,
-        WP: tl.constexpr, LWP: tl.constexpr, RANK_STEPS: tl.constexpr, POS_STEPS: tl.constexpr,
-        LIST_STEPS: tl.constexpr,
+        L: tl.constexpr, K: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr,
+        SP: tl.constexpr, GP: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         NEG_INF: tl.constexpr = float("-inf")
         offs_w = tl.arange(0, WP)
+        offs_c = tl.arange(0, CP)
         vals = values_ptr + b * L * K
-        lvl_score = lvl_score_ptr + b * L * WP
+        scratch = scratch_ptr + b * SP
+        lvl_key = lvl_key_ptr + b * L * WP
         lvl_parent = lvl_parent_ptr + b * L * WP
         lvl_rank = lvl_rank_ptr + b * L * WP
-        # Candidate extensions of parent slot i: ranks r < min(W // (i + 1), K) (the others are dominated).
-        lens = tl.where(offs_w < W, tl.minimum(W // (offs_w + 1), K), 0)
 
         # depth 1: the root's children, already sorted by the top-K
         prev = tl.load(vals + offs_w, mask=(offs_w < K) & (offs_w < W), other=NEG_INF)
-        tl.store(lvl_score + offs_w, prev)
         tl.store(lvl_parent + offs_w, tl.zeros([WP], dtype=tl.int32))
         tl.store(lvl_rank + offs_w, offs_w.to(tl.int32))
-        offs_k = tl.arange(0, KP)
-        for d in range(1, L):
-            vreg = tl.load(vals + d * K + offs_k, mask=offs_k < K, other=NEG_INF)
-            parent, rank = _select_slots(prev, lens, vreg, tl.zeros_like(offs_w), W, offs_w, RANK_STEPS, KP, WP,
-                                         POS_STEPS)
-            live = offs_w < W
-            score = tl.where(live, tl.gather(prev, parent, 0) + tl.gather(vreg, tl.minimum(rank, KP - 1), 0),
-                             NEG_INF)
-            # this depth's list in canonical order: score, then parent slot, then rank
-            key = (_float_key(score).to(tl.int64) << 32) | (2147483647 - (parent * K + rank)).to(tl.int64)
-            key = tl.where(live, key, -(2**63))  # unused slots (W < WP) sort last
-            key = tl.sort(key, descending=True)
-            pick = (2147483647 - (key & 0xFFFFFFFF)).to(tl.int32)
-            prev = tl.where(live, _key_float((key >> 32).to(tl.int32)), NEG_INF)
-            tl.store(lvl_score + d * WP + offs_w, prev)
-            tl.store(lvl_parent + d * WP + offs_w, pick // K)
-            tl.store(lvl_rank + d * WP + offs_w, pick % K)
+        tl.store(lvl_key + offs_w, (_float_key(prev).to(tl.int64) << 32) | (L * WP - 1 - offs_w).to(tl.int64))
 
-        # global top-W over the L sorted depth lists, ties to the shallower depth, then the lower position
+        pp = tl.load(pair_parent_ptr + offs_c)
+        pr = tl.load(pair_rank_ptr + offs_c)
+        for d in range(1, L):
+            cand = tl.gather(prev, pp, 0) + tl.load(vals + d * K + pr, mask=pr < K, other=NEG_INF)
+            key = (_float_key(cand).to(tl.int64) << 32) | (CP - 1 - offs_c).to(tl.int64)
+            key = tl.sort(key, descending=True)
+            tl.debug_barrier()
+            tl.store(scratch + offs_c, key)
+            tl.debug_barrier()
+            top = tl.load(scratch + offs_w)
+            pick = (CP - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
+            prev = tl.where(offs_w < W, _key_float((top >> 32).to(tl.int32)), NEG_INF)
+            tl.store(lvl_parent + d * WP + offs_w, tl.gather(pp, pick, 0))
+            tl.store(lvl_rank + d * WP + offs_w, tl.gather(pr, pick, 0))
+            # global key of this depth's entries: float bits, then shallower depth / lower position first
+            tl.store(lvl_key + d * WP + offs_w,
+                     (_float_key(prev).to(tl.int64) << 32) | (L * WP - 1 - (d * WP + offs_w)).to(tl.int64))
+
+        # the global top-W over all depths: one sort of the L per-depth lists
         tl.debug_barrier()
-        offs_l = tl.arange(0, LP)
-        list_len = tl.where(offs_l < L, W, 0)
-        offs_all = tl.arange(0, LWP)
-        all_scores = tl.load(lvl_score + offs_all, mask=offs_all < L * WP, other=NEG_INF)
-        # lane d of the search reads list d at offset d * WP; adding -0.0 leaves every score intact
-        depth0, pos = _select_slots(tl.full([LP], -0.0, tl.float32), list_len, all_scores, offs_l * WP, W, offs_w,
-                                    POS_STEPS, LWP, LP, LIST_STEPS)
-        entry = depth0 * WP + pos
-        chosen = offs_w < W
-        score = tl.where(chosen, tl.load(lvl_score + entry, mask=chosen, other=NEG_INF), NEG_INF)
-        gkey = (_float_key(score).to(tl.int64) << 32) | (L * WP - 1 - entry).to(tl.int64)
-        gkey = tl.where(chosen, gkey, -(2**63))  # unused slots (W < WP) sort last
-        gkey = tl.sort(gkey, descending=True)
-        entry = (L * WP - 1 - (gkey & 0xFFFFFFFF)).to(tl.int32)
+        offs_g = tl.arange(0, GP)
+        everything = tl.load(lvl_key + offs_g, mask=offs_g < L * WP, other=-(2**63))
+        everything = tl.sort(everything, descending=True)
+        tl.debug_barrier()
+        tl.store(scratch + offs_g, everything)
+        tl.debug_barrier()
+        glob = tl.load(scratch + offs_w)
+        entry = (L * WP - 1 - (glob & 0xFFFFFFFF)).to(tl.int32)
         depth0 = entry // WP
         pos = entry % WP
-        score = _key_float((gkey >> 32).to(tl.int32))
+        score = _key_float((glob >> 32).to(tl.int32))
         chosen = offs_w < W
         tl.store(inv_ptr + b * L * WP + entry, (offs_w + 1).to(tl.int32), mask=chosen)
         tl.debug_barrier()
@@ -251,6 +187,21 @@ if triton is not None:
         tl.store(bonus_ptr + b, bonus)
 
 
+_PAIRS: dict = {}
+
+
+def _pairs(width: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    key = (width, k, device)
+    if key not in _PAIRS:
+        parent, rank = _extension_pairs_cpu(width, k)
+        cp = _pow2(max(parent.numel(), 2))
+        pad = cp - parent.numel()
+        parent = torch.cat([parent, torch.zeros(pad, dtype=torch.int64)]).to(torch.int32)
+        rank = torch.cat([rank, torch.full((pad,), k, dtype=torch.int64)]).to(torch.int32)  # rank k = nothing
+        _PAIRS[key] = (parent.to(device), rank.to(device), cp)
+    return _PAIRS[key]
+
+
 def build_tree_triton(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budget, root_tokens: torch.Tensor, *,
                       prune: float | None = None, max_budget: int | None = None) -> DraftTree:
     """Same result as tree.build_tree_from_topk (bit for bit), one kernel launch."""
@@ -260,6 +211,9 @@ def build_tree_triton(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budg
     width = max_budget if max_budget is not None else int(budget)
     device = topk_values.device
     wp = _pow2(width)
+    pair_parent, pair_rank, cp = _pairs(width, k, device)
+    gp = _pow2(depth_limit * wp)
+    sp = max(cp, gp)
     if isinstance(budget, torch.Tensor):
         budget_t = budget.to(device=device, dtype=torch.int64)
     else:
@@ -273,20 +227,18 @@ def build_tree_triton(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budg
         "ranks": torch.empty((bs, n), dtype=torch.int64, device=device),
         "valid": torch.empty((bs, n), dtype=torch.int8, device=device),
     }
-    lvl_score = torch.empty((bs, depth_limit, wp), dtype=torch.float32, device=device)
+    scratch = torch.empty((bs, sp), dtype=torch.int64, device=device)
+    lvl_key = torch.empty((bs, depth_limit, wp), dtype=torch.int64, device=device)
     lvl_parent = torch.empty((bs, depth_limit, wp), dtype=torch.int32, device=device)
     lvl_rank = torch.empty((bs, depth_limit, wp), dtype=torch.int32, device=device)
     inv = torch.zeros((bs, depth_limit * wp), dtype=torch.int32, device=device)
     log_prune = math.log(prune) if prune else float("-inf")
     _tree_build_kernel[(bs,)](
-        topk_values.float().contiguous(), topk_tokens.to(torch.int64).contiguous(), budget_t,
-        root_tokens.to(device=device, dtype=torch.int64).contiguous(), log_prune,
-        lvl_score, lvl_parent, lvl_rank, inv,
+        topk_values.float().contiguous(), topk_tokens.to(torch.int64).contiguous(), pair_parent, pair_rank,
+        budget_t, root_tokens.to(device=device, dtype=torch.int64).contiguous(), log_prune,
+        scratch, lvl_key, lvl_parent, lvl_rank, inv,
         out["tokens"], out["parents"], out["depth"], out["scores"], out["ranks"], out["valid"],
-        L=depth_limit, LP=_pow2(depth_limit), K=k, KP=_pow2(min(width, k)), W=width, WP=wp,
-        LWP=_pow2(depth_limit * wp),
-        RANK_STEPS=(min(width, k) + 1).bit_length(), POS_STEPS=(wp + 1).bit_length(),
-        LIST_STEPS=(_pow2(depth_limit) + 1).bit_length(), num_warps=_warps(wp),
+        L=depth_limit, K=k, W=width, WP=wp, CP=cp, SP=sp, GP=gp, num_warps=_warps(max(cp, gp)),
     )
     return DraftTree(out["tokens"], out["parents"], out["depth"], out["scores"], out["ranks"],
                      out["valid"].bool(), depth_limit)
