@@ -63,7 +63,73 @@ def offline(out: dict) -> None:
         out["tiny_dflash_tau_humaneval_t0"] = round(data["tau"]["dflash"], 4)
 
 
-EXTRACTORS = [tree_stages, tiny_pair, offline]
+def _sweep_rows() -> dict:
+    path = RESULTS / "sweep_h200.jsonl"
+    if not path.exists():
+        raise FileNotFoundError("sweep_h200.jsonl")
+    rows = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("status") == "ok":  # the last ok row of a configuration wins (resumed runs append)
+            rows[(r["setup"], r["method"], r.get("budget"), r["batch_size"])] = r
+    return rows
+
+
+def gpu_suite(out: dict) -> None:
+    """Issue 5: the last full GPU-suite run (core + kernels + smoke + DDTREE server modules) of lease 2."""
+    data = _load("gpu_suite_lease2.json")
+    if data is None:
+        raise FileNotFoundError("gpu_suite_lease2.json")
+    full = data["runs"][0]
+    phases = full["phases_s"]
+    out["gpu_suite_device_seconds"] = round(phases["install"] + phases["suite"], 1)
+    out["gpu_suite_passed"] = full["counts"]["passed"]
+    out["gpu_suite_failed"] = full["counts"]["failed"] + full["counts"]["errors"]
+
+
+def sglang(out: dict) -> None:
+    """Issue 6: losslessness and KV leak from the DDTREE server module; tiny-pair batch-1 throughput of one run."""
+    data = _load("gpu_suite_lease2.json")
+    if data is None:
+        raise FileNotFoundError("gpu_suite_lease2.json")
+    run = data["runs"][-1]  # the DDTREE server module after the device-string fix
+    records = run["records"]
+    equal = [r for r in records if r.get("kind") == "ddtree_greedy_equality"]
+    # true only if every configuration matched plain decoding token for token (ties included as mismatches)
+    out["sglang_lossless_t0"] = bool(equal) and all(
+        not r[mode]["failures"] and not r[mode]["ties"] for r in equal for mode in ("bs1", "bs8"))
+    gaps = [t["logprob_gap"] for r in equal for mode in ("bs1", "bs8") for t in r[mode]["ties"] + r[mode]["failures"]
+            if isinstance(t, dict) and t.get("logprob_gap") is not None]
+    out["sglang_max_divergence_logprob_gap_nats"] = max(gaps) if gaps else 0.0
+    leak = [r for r in records if r.get("kind") == "kv_leak"]
+    if leak:
+        out["sglang_kv_leak_tokens"] = leak[-1]["after_tokens"] - leak[-1]["idle_tokens"]
+    rows = _sweep_rows()
+    plain, dflash = rows[("tiny", "plain", None, 1)], rows[("tiny", "dflash", None, 1)]
+    ddtree = {k[2]: r for k, r in rows.items() if k[0] == "tiny" and k[1] == "ddtree" and k[3] == 1}
+    best = max(ddtree, key=lambda b: ddtree[b]["decode_tokens_per_s"])
+    out["sglang_tiny_bs1_tokens_per_s"] = {
+        "plain": round(plain["decode_tokens_per_s"], 1), "dflash": round(dflash["decode_tokens_per_s"], 1),
+        "ddtree_best": round(ddtree[best]["decode_tokens_per_s"], 1), "ddtree_best_budget": best}
+    out["ddtree_over_dflash_tokens_per_s_bs1"] = round(ddtree[best]["decode_tokens_per_s"]
+                                                       / dflash["decode_tokens_per_s"], 4)
+
+
+def budgets(out: dict) -> None:
+    """Issue 8: tree-stage overhead at real size (8b-dummy, B=256, batch 1) and the projected best budgets."""
+    rows = _sweep_rows()
+    r = rows[("8b-dummy", "ddtree", 256, 1)]
+    stages = r["stage_ms"]
+    out["tree_overhead_fraction_8b_b256_bs1"] = round(
+        (stages["tree"] + stages["walk"] + stages["commit"]) / sum(stages.values()), 4)
+    projection = _load("best_budget.json")
+    if projection is None:
+        raise FileNotFoundError("best_budget.json")
+    out["best_budget_by_batch"] = {b: v["best_budget"] for b, v in projection["by_batch"].items()}
+    out["best_budget_by_batch_is_projected"] = bool(projection.get("projected", True))
+
+
+EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, budgets]
 
 
 def build() -> dict:
