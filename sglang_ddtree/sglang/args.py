@@ -16,8 +16,9 @@ from sglang_ddtree.tree import MAX_BUDGET
 
 SUPPORTED_SGLANG_VERSION = "0.5.17"
 SUPPORTED_ATTENTION_BACKENDS = ("triton", "flashinfer")
-# Default budget: see docs/sglang-ddtree-roadmap.md (chosen from the budget sweep).
-DEFAULT_BUDGET = 64
+# Default budget: the projected best at batch 1 on Qwen3-8B shapes (benchmarks/results/best_budget.json); see
+# docs/sglang-ddtree-roadmap.md, "Knobs".
+DEFAULT_BUDGET = 32
 # Without an explicit --max-running-requests, keep batch x (budget + 1) verify tokens per step near this, so the
 # static CUDA-graph buffers (logits, masks) sized by max_bs x (B + 1) stay reasonable at large budgets.
 VERIFY_TOKENS_PER_STEP = 8192
