@@ -213,12 +213,15 @@ class SGLangServer:
         self.start_timeout_s = start_timeout_s or float(os.environ.get("DDTREE_SERVER_START_TIMEOUT", "600"))
         self.proc: subprocess.Popen | None = None
         self.start_seconds: float | None = None
+        self.cancelled = threading.Event()  # set by kill(): a start still in progress gives up at once
 
     # -- lifecycle
     def start(self) -> "SGLangServer":
         cmd = [sys.executable, "-m", "sglang.launch_server", *self.args, "--host", "127.0.0.1",
                "--port", str(self.port)]
         t0 = time.monotonic()
+        if self.cancelled.is_set():
+            raise ServerStartError(f"server {self.name!r} was cancelled before it started")
         with open(self.log_path, "w") as logf:
             logf.write("$ " + " ".join(cmd) + "\n")
             logf.flush()
@@ -244,6 +247,9 @@ class SGLangServer:
 
     def _wait_healthy(self, t0: float) -> None:
         while True:
+            if self.cancelled.is_set():
+                self.kill()
+                raise ServerStartError(f"server {self.name!r} was cancelled while starting")
             rc = self.proc.poll()
             if rc is not None:
                 raise ServerStartError(f"server {self.name!r} exited with status {rc} before it was healthy; "
@@ -260,7 +266,8 @@ class SGLangServer:
             time.sleep(1.0)
 
     def kill(self) -> None:
-        """SIGKILL the whole process group at once (no graceful shutdown)."""
+        """SIGKILL the whole process group at once (no graceful shutdown); a start in progress gives up."""
+        self.cancelled.set()
         if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -342,21 +349,23 @@ class ServerPool:
             raise ValueError("sglang_servers needs at least one {name: args} entry.")
         todo = {n: SGLangServer(n, a, self.log_dir, env) for n, a in configs.items() if self._reuse(n, a) is None}
         errors: dict[str, ServerStartError] = {}
-        with concurrent.futures.ThreadPoolExecutor(max(1, len(todo))) as pool:
+        pool = concurrent.futures.ThreadPoolExecutor(max(1, len(todo)))
+        try:
             futures = {name: pool.submit(server.start) for name, server in todo.items()}
-            try:
-                for name, fut in futures.items():
-                    try:
-                        fut.result()
-                        self.servers[name] = todo[name]
-                    except ServerStartError as exc:
-                        errors[name] = exc
-            except BaseException:
-                # Interrupted (the runner's deadline sends SIGINT): kill every server still starting, so the
-                # threads waiting on them end now instead of at their start timeout.
-                for server in todo.values():
-                    server.kill()
-                raise
+            for name, fut in futures.items():
+                try:
+                    fut.result()
+                    self.servers[name] = todo[name]
+                except ServerStartError as exc:
+                    errors[name] = exc
+        except BaseException:
+            # Interrupted (the runner's deadline sends SIGINT), wherever it lands: kill every server still
+            # starting (their threads then end within a poll) and do not wait for the threads here.
+            for server in todo.values():
+                server.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
         if errors and all_or_nothing:
             pytest.fail("\n\n".join(map(str, errors.values())), pytrace=False)
         return {name: self.servers.get(name) or errors[name] for name in configs}
