@@ -351,13 +351,19 @@ class ServerPool:
         errors: dict[str, ServerStartError] = {}
         pool = concurrent.futures.ThreadPoolExecutor(max(1, len(todo)))
         try:
-            futures = {name: pool.submit(server.start) for name, server in todo.items()}
-            for name, fut in futures.items():
-                try:
-                    fut.result()
-                    self.servers[name] = todo[name]
-                except ServerStartError as exc:
-                    errors[name] = exc
+            pending = {pool.submit(server.start): name for name, server in todo.items()}
+            while pending:
+                # Short waits, not a blocking result(): a SIGINT the OS hands to a worker thread only reaches
+                # Python's handler when the main thread wakes up.
+                done, _ = concurrent.futures.wait(list(pending), timeout=0.5,
+                                                  return_when=concurrent.futures.FIRST_COMPLETED)
+                for fut in done:
+                    name = pending.pop(fut)
+                    try:
+                        fut.result()
+                        self.servers[name] = todo[name]
+                    except ServerStartError as exc:
+                        errors[name] = exc
         except BaseException:
             # Interrupted (the runner's deadline sends SIGINT), wherever it lands: kill every server still
             # starting (their threads then end within a poll) and do not wait for the threads here.
