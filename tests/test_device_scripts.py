@@ -533,6 +533,8 @@ def test_server_pool_can_hand_back_failures_instead_of_failing(fake_sglang):
 
 
 INTERRUPTED_START = """
+import signal
+signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored (background job)
 import importlib.util, sys
 from pathlib import Path
 spec = importlib.util.spec_from_file_location("gpu_conftest", sys.argv[1])

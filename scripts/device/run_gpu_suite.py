@@ -179,8 +179,11 @@ def run_logged(cmd: list[str], log_path: Path, env: dict, timeout_s: float, cwd:
     """Run cmd in its own process group, teeing output to stdout and log_path. On timeout: SIGINT first (pytest
     then runs its teardowns, which stop the servers), SIGKILL 30 s later. Returns (exit code, timed_out)."""
     with open(log_path, "w") as logf:
+        # SIGINT restored to its default in the child: a runner started in the background by a non-interactive
+        # shell inherits SIGINT ignored, and Python then never raises KeyboardInterrupt on the deadline's SIGINT.
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                text=True, errors="replace", start_new_session=True)
+                                text=True, errors="replace", start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
         def pump() -> None:
             for line in proc.stdout:
