@@ -268,9 +268,11 @@ def build_tree_from_topk(
     node_parents = torch.where(chosen_depth0 == 0, 0, node_of_entry.gather(1, parent_entry))
 
     valid = node_scores > float("-inf")
+    slot = torch.arange(1, max_budget + 1, device=device)
     if isinstance(budget, torch.Tensor):
-        slot = torch.arange(1, max_budget + 1, device=device)
         valid &= slot.unsqueeze(0) <= budget.to(device).unsqueeze(1)
+    elif budget < max_budget:  # an int budget below the static slot count: the extra slots stay invalid
+        valid &= slot.unsqueeze(0) <= budget
     if prune is not None and prune > 0:
         valid &= node_scores >= math.log(prune)
 

@@ -130,6 +130,19 @@ def test_batched_per_request_budgets_match_single_requests():
         assert not tree.valid[b, n:].any()
 
 
+def test_int_budget_below_max_budget_keeps_only_budget_nodes():
+    gen = torch.Generator().manual_seed(11)
+    lp = random_logprobs(gen, 2, 4, 6)
+    small = build_tree(lp, 4, torch.tensor([0, 1]), max_budget=16)
+    exact = build_tree(lp, 4, torch.tensor([0, 1]))
+    assert small.max_nodes == 17 and (small.num_nodes == 5).all()
+    for f in FIELDS:
+        assert torch.equal(getattr(small, f)[:, :5], getattr(exact, f))
+    per_request = build_tree(lp, torch.tensor([4, 4]), torch.tensor([0, 1]), max_budget=16)
+    for f in FIELDS:
+        assert torch.equal(getattr(small, f), getattr(per_request, f))
+
+
 def test_expected_acceptance_equals_brute_force():
     """Sum of exp(score) over draft nodes = expected accepted draft tokens when the target samples like the drafter."""
     gen = torch.Generator().manual_seed(6)

@@ -5,6 +5,7 @@ Each `add_*_parser(sub)` registers its subparser with `func` set to the matching
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -43,6 +44,10 @@ def add_offline_parser(sub) -> None:
     p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="target attention (custom tree masks)")
     p.add_argument("--record-trees", action="store_true", help="dump every round's tree (tokens, parents, scores)")
     p.add_argument("--commit", default="gather", choices=("gather", "rerun"), help="how accepted KV is committed")
+    p.add_argument("--hybrid-verify", choices=("oracle", "tree"), default=None,
+                   help="verify path for hybrid targets (recurrent + attention layers, e.g. Qwen3-Next): 'tree' = "
+                        "depth-by-depth batched forwards from the parents' states, 'oracle' = node by node on cache "
+                        "copies (slow); required for such targets")
     p.add_argument("--out", required=True, help="baseline JSONL (appended to / resumed when it exists)")
     p.add_argument("--no-resume", action="store_true", help="overwrite --out instead of resuming it")
     p.add_argument("--no-progress", action="store_true")
@@ -108,6 +113,24 @@ def _load_models(args):
     return target, drafter, tokenizer, info
 
 
+def _hybrid_settings(args, target, speculative_methods) -> dict:
+    """RunSettings fields for --hybrid-verify; refuses a hybrid target without it (speculative methods only)."""
+    from sglang_ddtree.offline.runner import RunSettings
+    from sglang_ddtree.offline.target import is_hybrid
+
+    if args.hybrid_verify is None:
+        if speculative_methods and is_hybrid(target):
+            raise ValueError(
+                f"the target ({type(target).__name__}) has recurrent layers, which the attention-mask tree verify "
+                f"cannot handle: pass --hybrid-verify tree (or oracle)."
+            )
+        return {}
+    if "hybrid_verify" not in {f.name for f in dataclasses.fields(RunSettings)}:
+        raise ValueError("--hybrid-verify is not forwarded by this version of offline/runner.py (RunSettings has no "
+                         "hybrid_verify field); use speculative_decode(hybrid_verify=...) from Python.")
+    return {"hybrid_verify": args.hybrid_verify}
+
+
 def _versions() -> dict[str, str]:
     import torch
     import transformers
@@ -132,6 +155,7 @@ def cmd_offline(args) -> int:
         needs_drafter = [m for m in methods if m != "plain"]
         if needs_drafter and drafter is None:
             raise ValueError(f"methods {needs_drafter} need a drafter: pass --drafter FOLDER (or --tiny).")
+        hybrid_settings = _hybrid_settings(args, target, needs_drafter)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -140,7 +164,7 @@ def cmd_offline(args) -> int:
     settings = RunSettings(
         methods=methods, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, eos_token_ids=[] if args.ignore_eos else _eos_ids(tokenizer, target),
-        record_trees=args.record_trees, commit=args.commit,
+        record_trees=args.record_trees, commit=args.commit, **hybrid_settings,
     )
     header = BaselineHeader(
         source="offline", target=info["target"], drafter=info["drafter"], tokenizer=info["tokenizer"],
@@ -148,7 +172,7 @@ def cmd_offline(args) -> int:
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_new_tokens=args.max_new_tokens,
         block_size=info["block_size"], dataset=args.dataset, versions=_versions(),
         extra={"methods": methods, "limit": args.limit, "chat": args.chat, "commit": args.commit,
-               "eos_token_ids": settings.eos_token_ids, "record_trees": args.record_trees},
+               "eos_token_ids": settings.eos_token_ids, "record_trees": args.record_trees, **hybrid_settings},
     )
     draft = DFlashDraftSource(drafter, target) if drafter is not None else None
     try:

@@ -15,6 +15,9 @@ One speculative round (root = the last emitted token, not yet in the target's KV
           true positions and the target features computed for them in the verify forward.
 Emitted per round: accepted draft tokens + bonus, cut at EOS (kept) or max_new_tokens exactly like plain decoding.
 The per-token margin (target top-1 minus top-2 logit) is taken from the logits of the node that chose the token.
+
+Hybrid targets (recurrent + attention layers, `target.is_hybrid`) need `hybrid_verify='oracle'|'tree'`: verify and
+commit then go through `hybrid.HybridTargetState` (per-node recurrent state); the attention-mask verify refuses them.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ import torch
 
 from sglang_ddtree.baseline import MethodRecord, method_name
 from sglang_ddtree.layout import ancestor_mask
-from sglang_ddtree.offline.target import TargetState, check_target, top2_margin
+from sglang_ddtree.offline.hybrid import MODES as HYBRID_MODES
+from sglang_ddtree.offline.hybrid import HybridTargetState
+from sglang_ddtree.offline.target import TargetState, check_target, refuse_hybrid, top2_margin
 from sglang_ddtree.tree import DraftTree, build_tree, chain_tree
 from sglang_ddtree.walk import greedy_walk, sample_choices, sampled_walk
 
@@ -154,12 +159,14 @@ def speculative_decode(target, draft, prompt_ids, *, method: str, budget: int | 
                        eos_token_ids: Sequence[int] = (), temperature: float = 0.0, top_k: int = 0,
                        top_p: float = 1.0, generator: torch.Generator | None = None, record_trees: bool = False,
                        commit: str = "gather", verify: str | None = None,
-                       tree_builder: TreeBuilder | None = None) -> MethodRecord:
+                       tree_builder: TreeBuilder | None = None, hybrid_verify: str | None = None) -> MethodRecord:
     """DFLASH chain (method='dflash') or DDTree (method='ddtree', budget B) with the draft source `draft`.
 
     verify: 'causal' (only for chains) or 'tree'; default causal for dflash, tree for ddtree.
     commit: 'gather' (keep the accepted nodes' K/V from the verify forward) or 'rerun' (recompute them).
     tree_builder: override the tree (tests: a DDTree run over chain trees must equal the DFLASH chain).
+    hybrid_verify: 'oracle' or 'tree' (see hybrid.py) replaces the attention-mask / causal verify; required for
+      hybrid targets, allowed for any target. commit='gather' then keeps the accepted node's state, 'rerun' replays.
     """
     ids = _check_common(prompt_ids, max_new_tokens, temperature, top_k, top_p)
     if method not in ("dflash", "ddtree"):
@@ -167,9 +174,17 @@ def speculative_decode(target, draft, prompt_ids, *, method: str, budget: int | 
     name = method_name(method, budget)  # validates the budget for ddtree
     if method == "dflash" and budget is not None:
         raise ValueError("dflash takes no budget: its tree is the drafter's top-1 chain of block_size - 1 nodes.")
+    if hybrid_verify is not None:
+        if hybrid_verify not in HYBRID_MODES:
+            raise ValueError(f"hybrid_verify must be one of {', '.join(HYBRID_MODES)} or None, got {hybrid_verify!r}.")
+        if verify is not None:
+            raise ValueError("verify selects an attention-only path; leave it unset when hybrid_verify is given.")
     verify = verify or ("causal" if method == "dflash" else "tree")
     if verify not in ("causal", "tree"):
         raise ValueError(f"verify must be 'causal' or 'tree', got {verify!r}.")
+    if hybrid_verify is None:
+        refuse_hybrid(target, "the attention-mask tree verify" if verify == "tree" else
+                      "the causal chain verify (its commit crops the cache)")
     if commit not in ("gather", "rerun"):
         raise ValueError(f"commit must be 'gather' or 'rerun', got {commit!r}.")
     custom_builder = tree_builder is not None
@@ -178,9 +193,12 @@ def speculative_decode(target, draft, prompt_ids, *, method: str, budget: int | 
             tree_builder = chain_tree
         else:
             tree_builder = lambda lp, root: build_tree(lp, budget, root)  # noqa: E731
-    check_target(target, needs_custom_mask=(verify == "tree"))
+    check_target(target, needs_custom_mask=(verify == "tree" and hybrid_verify is None))
 
-    state = TargetState(target, want_hidden=bool(draft.uses_hidden_states))
+    if hybrid_verify is None:
+        state = TargetState(target, want_hidden=bool(draft.uses_hidden_states))
+    else:
+        state = HybridTargetState(target, want_hidden=bool(draft.uses_hidden_states), mode=hybrid_verify)
     clock = _Clock(state.device)
     sampler = _Sampler(temperature, top_k, top_p, generator)
     out = _Output(max_new_tokens, eos_token_ids)
@@ -190,6 +208,10 @@ def speculative_decode(target, draft, prompt_ids, *, method: str, budget: int | 
     default_verify = "causal" if method == "dflash" else "tree"
     if verify != default_verify or commit != "gather" or custom_builder:
         rec.extra["variant"] = {"verify": verify, "commit": commit, "custom_tree_builder": custom_builder}
+    if hybrid_verify is not None:
+        rec.extra["hybrid_verify"] = hybrid_verify
+        if "variant" in rec.extra:
+            rec.extra["variant"]["verify"] = f"hybrid_{hybrid_verify}"
 
     # Prefill: the first token, the committed KV of the prompt and the drafter's context.
     t0 = clock.now()
@@ -214,7 +236,9 @@ def speculative_decode(target, draft, prompt_ids, *, method: str, budget: int | 
                                                        tree.ranks, tree.valid)), tree.depth_limit)
         t_tree = clock.now()
         tokens = tree.tokens[0]
-        if verify == "causal":
+        if hybrid_verify is not None:
+            logits, hidden = state.verify(tree, start)
+        elif verify == "causal":
             if not bool((tree.parents[0, 1:].cpu() == torch.arange(n - 1)).all()):
                 raise ValueError("causal verification needs a chain (node i's parent is node i - 1).")
             logits, hidden = state.causal(tokens, start)
@@ -230,7 +254,10 @@ def speculative_decode(target, draft, prompt_ids, *, method: str, budget: int | 
         # Commit root + accepted nodes to the target KV and the drafter context.
         path_tokens = tokens[path]
         positions = (start + torch.arange(acc + 1)).view(1, -1)
-        if commit == "rerun":
+        if hybrid_verify is not None:
+            committed_hidden = state.commit(start, path, rerun=(commit == "rerun"), path_tokens=path_tokens)
+            feats = draft.features(committed_hidden) if draft.uses_hidden_states else None
+        elif commit == "rerun":
             state.crop(start)
             _, rerun_hidden = state.causal(path_tokens, start)
             feats = draft.features(rerun_hidden) if draft.uses_hidden_states else None

@@ -57,6 +57,7 @@ class RunSettings:
     eos_token_ids: list[int] = field(default_factory=list)
     record_trees: bool = False
     commit: str = "gather"
+    hybrid_verify: str | None = None  # hybrid (recurrent) targets: "oracle" or "tree" (sglang_ddtree/offline/hybrid.py)
 
 
 @dataclass
@@ -84,7 +85,8 @@ def decode_one(target, draft, prompt: PromptInput, method: str, s: RunSettings) 
         if draft is None:
             raise ValueError(f"method {method} needs a drafter.")
         rec = speculative_decode(target, draft, prompt.token_ids, method=kind, budget=budget,
-                                 record_trees=s.record_trees, commit=s.commit, **common)
+                                 record_trees=s.record_trees, commit=s.commit, hybrid_verify=s.hybrid_verify,
+                                 **common)
     rec.prompt_id = prompt.id
     rec.prompt_index = prompt.index
     rec.prompt_sha256 = prompt_sha256(prompt.token_ids)

@@ -12,6 +12,11 @@ computed at its true position (start + depth) from a hidden state that saw exact
 ancestors = the accepted prefix), which is what a causal forward over the accepted tokens computes. The cross-check
 mode "rerun" crops the cache to the past and recomputes the accepted tokens with a causal forward (one more
 forward per round, no reliance on cache internals); tests check both give the same tokens.
+
+Hybrid targets (recurrent layers: gated-delta-net, mamba, ...) cannot use any of this: a recurrent layer's state is
+one running summary of the whole sequence, so a masked forward over the tree chains all nodes through it, and
+`crop` cannot roll it back. `is_hybrid` detects them; `tree`, `keep_nodes` and a shrinking `crop` refuse them, and
+the decoders send them to `hybrid.HybridTargetState` instead.
 """
 
 from __future__ import annotations
@@ -19,6 +24,27 @@ from __future__ import annotations
 import torch
 
 _MASKABLE = ("eager", "sdpa")
+_RECURRENT_LAYER_TYPES = ("linear_attention", "mamba", "conv")  # transformers' linear-attention cache layer types
+
+
+def is_hybrid(model) -> bool:
+    """True when the model keeps recurrent state that a KV-cache crop cannot roll back: transformers flags such
+    models with `_is_stateful` (Qwen3-Next, Qwen3.5, Jamba, Mamba, ...); a config whose `layer_types` lists a
+    recurrent layer ("linear_attention", "mamba", "conv") counts too."""
+    if bool(getattr(model, "_is_stateful", False)):
+        return True
+    cfg = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    layer_types = getattr(cfg, "layer_types", None) or []
+    return any(t in _RECURRENT_LAYER_TYPES for t in layer_types)
+
+
+def refuse_hybrid(model, what: str) -> None:
+    if is_hybrid(model):
+        raise ValueError(
+            f"{what} only works for attention-only targets; {type(model).__name__} has recurrent (linear-attention / "
+            f"mamba) layers whose state cannot be masked per tree node or cropped: use hybrid_verify='oracle' or "
+            f"'tree' (CLI: --hybrid-verify)."
+        )
 
 
 def attn_implementation(model) -> str:
@@ -74,6 +100,7 @@ class TargetState:
     def tree(self, ids: torch.Tensor, depth: torch.Tensor, ancestors: torch.Tensor, start: int):
         """Tree forward: ids/depth [n], ancestors [n, n] bool (row i: the nodes node i may see). Positions are
         start + depth; every node also sees the whole committed past. The cache grows by n (all nodes)."""
+        refuse_hybrid(self.model, "tree verification with an ancestor attention mask")
         if self.committed != start:
             raise ValueError(f"cache holds {self.committed} tokens but the tree root sits at position {start}.")
         n = ids.numel()
@@ -84,12 +111,15 @@ class TargetState:
         return self._forward(ids, start + depth.to(self.device), mask.view(1, 1, n, start + n))
 
     def crop(self, length: int) -> None:
+        if length < self.committed:
+            refuse_hybrid(self.model, "cropping the cache (chain verify / commit='rerun')")
         self.cache.crop(length)
 
     @torch.no_grad()
     def keep_nodes(self, start: int, nodes: torch.Tensor) -> None:
         """After a tree forward: keep the past (start tokens) and the K/V of `nodes` (tree node indices, in the
         order they are committed)."""
+        refuse_hybrid(self.model, "gather-commit of tree nodes from the cache")
         idx = (start + nodes.to(torch.int64)).to(self.device)
         kept = []
         for layer in self.cache.layers:
