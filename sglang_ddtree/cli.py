@@ -1,4 +1,4 @@
-"""`sglang-ddtree` command line: demo | offline | compare | import-reference | bench | summary."""
+"""`sglang-ddtree` command line: demo | offline | compare | import-reference | from-server | bench | summary."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     add_offline_parser(sub)
     add_compare_parser(sub)
     add_import_parser(sub)
+    from sglang_ddtree.sglang_baseline import add_from_server_parser
+
+    add_from_server_parser(sub)
     from sglang_ddtree.bench_cli import add_bench_parser, add_summary_parser
 
     add_bench_parser(sub)

@@ -115,6 +115,86 @@ def test_request_validation_hook_only_acts_when_ddtree_is_active(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Per-request meta_info on a DDTREE server (the tokenizer manager hook), with a fake tokenizer manager
+
+
+class FakeTokenizerManager:
+    """What the hooked method reads: server_args (as handle_server_args left them) and SGLang's own metrics."""
+
+    def __init__(self, algorithm="DDTREE", budget=32, block_size=16):
+        self.server_args = argparse.Namespace(speculative_algorithm=algorithm,
+                                              speculative_num_draft_tokens=budget + 1,
+                                              speculative_ddtree_block_size=block_size)
+
+    def _calculate_spec_decoding_metrics(self, meta_info, recv_obj, i):
+        # SGLang 0.5.17's own numbers (tokenizer_manager.py): accept rate over (num_draft_tokens - 1) per round
+        rounds = recv_obj.spec_verify_ct[i]
+        meta_info["spec_accept_rate"] = recv_obj.spec_num_correct_drafts[i] / (
+            rounds * (self.server_args.speculative_num_draft_tokens - 1))
+        meta_info["spec_accept_length"] = recv_obj.completion_tokens[i] / rounds
+
+
+def recv_for(rounds_accept_lens, i=1):
+    """A BatchTokenIDOutput-like object whose request i had these accept lengths (bonus included) per round."""
+    hist = [0] * max(rounds_accept_lens)
+    for a in rounds_accept_lens:
+        hist[a - 1] += 1
+    other = {"spec_verify_ct": 3, "spec_num_correct_drafts": 0, "completion_tokens": 4, "hist": [3]}
+    mine = {"spec_verify_ct": len(rounds_accept_lens), "spec_num_correct_drafts": sum(rounds_accept_lens) -
+            len(rounds_accept_lens), "completion_tokens": sum(rounds_accept_lens) + 1, "hist": hist}
+    rows = [other] * i + [mine]
+    return argparse.Namespace(**{k: [r[k] for r in rows] for k in ("spec_verify_ct", "spec_num_correct_drafts",
+                                                                   "completion_tokens")},
+                              spec_correct_drafts_histogram=[r["hist"] for r in rows])
+
+
+def call_hooked(manager, meta_info, recv_obj, i):
+    """HookType.AFTER semantics (hook_registry._wrap_fn): original, then hook(result, *args)."""
+    result = type(manager)._calculate_spec_decoding_metrics(manager, meta_info, recv_obj, i)
+    modified = plugin._after_spec_metrics(result, manager, meta_info, recv_obj, i)
+    return modified if modified is not None else result
+
+
+def test_ddtree_meta_info_from_the_accept_histogram():
+    lens = [1, 3, 16, 2, 3]  # tokens committed per round (bonus included); depth limit 15
+    meta = {}
+    assert call_hooked(FakeTokenizerManager(), meta, recv_for(lens), 1) is None
+    assert meta["ddtree_accept_length"] == pytest.approx(sum(lens) / len(lens))
+    by_depth = meta["ddtree_accept_rate_by_depth"]
+    assert len(by_depth) == 15
+    assert by_depth == pytest.approx([sum(a - 1 >= d for a in lens) / len(lens) for d in range(1, 16)])
+    assert by_depth[0] == pytest.approx(0.8) and by_depth[14] == pytest.approx(0.2)  # 4 of 5 accept; 1 reaches 15
+    drafts = sum(a - 1 for a in lens)
+    assert meta["ddtree_depth_normalized_accept_rate"] == pytest.approx(drafts / (len(lens) * 15))
+    # SGLang's rate divides by B = 32 per round: the same run looks 32/15 times worse there
+    assert meta["spec_accept_rate"] == pytest.approx(drafts / (len(lens) * 32))
+    # a block of 8 (depth limit 7): normalization and list length follow the drafter's block
+    meta8 = {}
+    call_hooked(FakeTokenizerManager(block_size=8), meta8, recv_for([1, 8, 4], i=0), 0)
+    assert len(meta8["ddtree_accept_rate_by_depth"]) == 7
+    assert meta8["ddtree_depth_normalized_accept_rate"] == pytest.approx((0 + 7 + 3) / (3 * 7))
+
+
+def test_meta_info_hook_leaves_other_servers_and_odd_inputs_alone(caplog):
+    for algo in ("EAGLE", "DFLASH", "ddtree"):  # the algorithm name as the user typed it
+        meta = {}
+        call_hooked(FakeTokenizerManager(algorithm=algo), meta, recv_for([2, 3]), 1)
+        assert any(k.startswith("ddtree_") for k in meta) == (algo == "ddtree"), algo
+        assert "spec_accept_rate" in meta  # SGLang's own keys untouched
+    meta = {}
+    recv = recv_for([2, 3])
+    recv.spec_correct_drafts_histogram = None  # SGLang leaves it out when empty
+    call_hooked(FakeTokenizerManager(), meta, recv, 1)
+    assert not any(k.startswith("ddtree_") for k in meta) and "spec_accept_rate" in meta
+    meta = {}
+    recv.spec_correct_drafts_histogram = [[1], [0, 1] + [0] * 20]  # longer than the depth limit allows
+    call_hooked(FakeTokenizerManager(), meta, recv, 1)  # logged, never raised into the request
+    assert not any(k.startswith("ddtree_") for k in meta)
+    assert "DDTREE per-request metrics failed" in caplog.text
+    assert plugin.ddtree_meta_info([], 15) == {} and plugin.ddtree_meta_info([0, 0], 15) == {}
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Static check against the exact pinned SGLang sources: every SGLang name the plugin and worker rely on exists.
 
 
@@ -170,6 +250,7 @@ REQUIRED = {
     "srt.managers.overlap_utils": {"FutureMap": ["__init__"]},
     "srt.speculative.dflash_info": {"DFlashVerifyInput": ["prepare_for_verify"]},
     "kernels.ops.speculative.cache_locs": ["assign_extend_cache_locs_func"],
+    "srt.managers.tokenizer_manager": {"TokenizerManager": ["_calculate_spec_decoding_metrics"]},
 }
 
 
@@ -192,6 +273,8 @@ def test_pinned_sglang_has_everything_the_plugin_uses():
     utils = module_defs(src, "srt.speculative.dflash_utils")
     assert utils["resolve_dflash_verify_mask_policy"] == ["attn_backend"]
     assert utils["validate_dflash_request"][:1] == ["req"]
+    tokenizer_manager = module_defs(src, "srt.managers.tokenizer_manager")["TokenizerManager"]
+    assert tokenizer_manager["_calculate_spec_decoding_metrics"] == ["self", "meta_info", "recv_obj", "i"]
     future_map = module_defs(src, "srt.managers.overlap_utils")["FutureMap"]["__init__"]
     assert future_map[1:] == ["device", "spec_algo", "req_to_token_pool", "needs_cpu_seq_lens",
                               "needs_confidence_relay"]
@@ -199,6 +282,48 @@ def test_pinned_sglang_has_everything_the_plugin_uses():
     enum_methods = set(module_defs(src, "srt.speculative.spec_info")["SpeculativeAlgorithm"]) - {"__decorators__"}
     base_methods = set(module_defs(src, "srt.speculative.spec_registry")["CustomSpecAlgo"])
     assert {"need_topk", "create_future_map", "carries_draft_hidden_states"} <= enum_methods - base_methods
+
+
+def registered_hook_targets() -> list[str]:
+    """The target of every HookRegistry.register call in plugin.register (string literals or module constants)."""
+    tree = ast.parse((ROOT / "sglang_ddtree" / "sglang" / "plugin.py").read_text())
+    targets = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "HookRegistry"):
+            arg = node.args[0]
+            targets.append(arg.value if isinstance(arg, ast.Constant) else getattr(plugin, arg.id))
+    return targets
+
+
+def test_every_hook_target_exists_in_the_pinned_sources():
+    src = pinned_sglang_source()
+    targets = registered_hook_targets()
+    assert plugin.SPEC_METRICS_TARGET in targets and len(targets) == 6
+    for target in targets:
+        parts = target.split(".")
+        assert parts[0] == "sglang", target
+        # longest module prefix that is a file, then a module-level name, optionally a class attribute
+        for cut in range(len(parts) - 1, 1, -1):
+            module = ".".join(parts[1:cut])
+            if (src / (module.replace(".", "/") + ".py")).is_file():
+                rest = parts[cut:]
+                break
+        else:
+            raise AssertionError(f"no module of {target} in the pinned sources")
+        defs = module_defs(src, module)
+        assert rest[0] in defs, f"{target}: {rest[0]} not in {module}"
+        if len(rest) == 2:
+            assert rest[1] in defs[rest[0]] or (rest[1] == "__init__" and "dataclass" in " ".join(
+                defs[rest[0]]["__decorators__"])), f"{target}: {rest[1]} not in {rest[0]}"
+    # the hooked metrics method reads the histogram our hook reads, and only for finished requests
+    source = (src / "srt" / "managers" / "tokenizer_manager.py").read_text()
+    method = source[source.index("def _calculate_spec_decoding_metrics"):]
+    method = method[: method.index("\n    def ", 10)]
+    assert "recv_obj.spec_correct_drafts_histogram" in method
+    assert "speculative_num_draft_tokens - 1" in method  # the per-round denominator our docs explain
+    caller = source[: source.index("def _calculate_spec_decoding_metrics")]
+    assert "self._calculate_spec_decoding_metrics(meta_info, recv_obj, i)" in caller
 
 
 def test_entry_point_is_declared():

@@ -11,7 +11,9 @@ What SGLang's plugin API reaches directly: the algorithm registry (`SpeculativeA
     (plain attributes survive the pickle to the scheduler processes);
   - dflash_utils.resolve_dflash_verify_mask_policy (AROUND): SGLang captures DFLASH-family verify graphs without a
     custom mask on triton/flashinfer; a tree needs the mask in the captured graph;
-  - dflash_utils.validate_dflash_request (AFTER): refuse per request what DDTREE cannot serve (grammar).
+  - dflash_utils.validate_dflash_request (AFTER): refuse per request what DDTREE cannot serve (grammar);
+  - TokenizerManager._calculate_spec_decoding_metrics (AFTER): per-request DDTREE acceptance in meta_info (see
+    `ddtree_meta_info`), since SGLang's `spec_accept_rate` divides by the budget B per round for DDTREE.
 Nothing heavy is imported at load time (no prometheus_client: SGLang sets its multiprocess dir later).
 """
 
@@ -25,6 +27,7 @@ from sglang_ddtree.sglang import args as ddtree_args
 logger = logging.getLogger(__name__)
 
 ALGORITHM = "DDTREE"
+SPEC_METRICS_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics"
 _PENDING_FLAGS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ddtree_pending_flags", default=None)
 # Set in a scheduler process once a DDTreeWorker exists there; read by the hooks that run in that process.
 _ACTIVE_IN_PROCESS = False
@@ -78,6 +81,56 @@ def _after_validate_request(result, req, *args, **kwargs):
     params = getattr(req, "sampling_params", None)
     if any(getattr(params, key, None) for key in ("json_schema", "regex", "ebnf", "structural_tag")):
         return "DDTREE speculative decoding does not support structured output (json_schema/regex/ebnf) yet."
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-request meta_info (tokenizer manager process)
+
+
+def ddtree_meta_info(histogram, depth_limit: int) -> dict:
+    """DDTREE acceptance of one finished request from SGLang's `spec_correct_drafts_histogram` (index k = rounds
+    that accepted k draft tokens, the bonus excluded). Keys added to /generate's meta_info:
+
+      ddtree_accept_length                tau: mean tokens committed per round, bonus included
+                                          (sum (k+1) h[k] / rounds, as verified: the last round is not cut at
+                                          max_new_tokens, unlike SGLang's completion_tokens / spec_verify_ct)
+      ddtree_accept_rate_by_depth         list over depth d = 1..depth_limit: P(a round accepts >= d draft tokens)
+      ddtree_depth_normalized_accept_rate accepted draft tokens / (rounds x depth_limit): the fraction of the
+                                          deepest possible path accepted. The DDTREE-correct replacement of
+                                          SGLang's `spec_accept_rate`, whose denominator is rounds x
+                                          (speculative_num_draft_tokens - 1) = rounds x B for DDTREE (tree nodes
+                                          verified, at most depth_limit of which can be accepted in a round).
+    Empty when there are no rounds."""
+    counts = [int(c) for c in (histogram or [])]
+    rounds = sum(counts)
+    if rounds <= 0 or depth_limit < 1:
+        return {}
+    if any(c < 0 for c in counts) or len(counts) > depth_limit + 1:
+        raise ValueError(f"a DDTREE accept histogram has non-negative counts for 0..{depth_limit} accepted drafts, "
+                         f"got {counts}.")
+    accepted = sum(k * c for k, c in enumerate(counts))
+    at_least = [sum(counts[d:]) / rounds for d in range(1, depth_limit + 1)]
+    return {
+        "ddtree_accept_length": (accepted + rounds) / rounds,
+        "ddtree_accept_rate_by_depth": at_least,
+        "ddtree_depth_normalized_accept_rate": accepted / (rounds * depth_limit),
+    }
+
+
+def _after_spec_metrics(result, manager, meta_info, recv_obj, i, *args, **kwargs):
+    """AFTER TokenizerManager._calculate_spec_decoding_metrics(self, meta_info, recv_obj, i): SGLang has just
+    filled meta_info for a finished request; on a DDTREE server add our keys (`ddtree_meta_info`)."""
+    server_args = getattr(manager, "server_args", None)
+    if str(getattr(server_args, "speculative_algorithm", None) or "").upper() != ALGORITHM:
+        return result
+    try:
+        histograms = getattr(recv_obj, "spec_correct_drafts_histogram", None)
+        if histograms and len(histograms) > i and histograms[i]:
+            depth_limit = int(getattr(server_args, "speculative_ddtree_block_size", None) or 16) - 1
+            meta_info.update(ddtree_meta_info(histograms[i], depth_limit))
+    except Exception:  # a metrics bug must never fail a request
+        logger.exception("DDTREE per-request metrics failed")
     return result
 
 
@@ -177,6 +230,7 @@ def register() -> None:
                           _around_mask_policy, HookType.AROUND)
     HookRegistry.register("sglang.srt.speculative.dflash_utils.validate_dflash_request", _after_validate_request,
                           HookType.AFTER)
+    HookRegistry.register(SPEC_METRICS_TARGET, _after_spec_metrics, HookType.AFTER)
     SpeculativeAlgorithm.register(
         ALGORITHM, supports_overlap=True, validate_server_args=_validate, spec_class=_make_spec_class()
     )(_worker_factory)

@@ -4,6 +4,10 @@ Without --enable-metrics and without --speculative-ddtree-debug nothing here tou
 With metrics, each round copies a few numbers per request to pinned host memory asynchronously (no host sync);
 they are folded into the Prometheus series a round or more later, once their CUDA event has completed.
 With the debug dump, every round synchronises and writes the whole tree: a debugging tool, not for serving.
+Its lines: a header {type, budget, depth_limit}, then one line per (round, batch row) with the request's `rid`,
+`prompt_len`, `seq_len` and `output_tokens_before` (so rounds can be attributed to requests and output positions;
+sglang_ddtree/sglang_baseline.py turns them into a baseline file), the round record (metrics.RoundRecord) and the
+tree (tokens, parents, scores, ranks), the target's choices, the accepted path and the emitted tokens.
 
 Metric names (all `sglang:ddtree_*`, label `budget`; counters are request-rounds unless said otherwise):
   rounds_total, accepted_tokens_total (incl. the bonus: tau = accepted_tokens_total / rounds_total),
@@ -112,6 +116,23 @@ class _Prometheus:
                 self.stage[name].observe(ms / 1e3)
 
 
+def request_identity(reqs, seq_lens, batch_size: int) -> list[dict]:
+    """Per batch row: the request id, its prompt length, the committed tokens before the round (prompt + output
+    tokens but the last one: the round's root is the request's last output token, not yet in the KV cache) and
+    the output tokens it had before the round (root's output position + 1). Debug dump only: reads seq_lens."""
+    seq = seq_lens.tolist() if seq_lens is not None else [None] * batch_size
+    out = []
+    for b in range(batch_size):
+        req = reqs[b] if reqs is not None and b < len(reqs) else None
+        rid = getattr(req, "rid", None)
+        prompt = getattr(req, "origin_input_ids", None)
+        prompt_len = len(prompt) if prompt is not None else None
+        seq_len = int(seq[b]) if b < len(seq) and seq[b] is not None else None
+        before = seq_len - prompt_len + 1 if seq_len is not None and prompt_len is not None else None
+        out.append({"rid": rid, "prompt_len": prompt_len, "seq_len": seq_len, "output_tokens_before": before})
+    return out
+
+
 class DDTreeStats:
     RING = 256  # rounds whose numbers may be in flight to the host
     FLUSH_ROUNDS = 16  # publish to Prometheus every this many rounds (each round still counted)
@@ -136,7 +157,9 @@ class DDTreeStats:
     def round_timer(self) -> RoundTimer:
         return RoundTimer(self.enabled)
 
-    def record_round(self, tree, walk, timer: RoundTimer, batch_size: int) -> None:
+    def record_round(self, tree, walk, timer: RoundTimer, batch_size: int, reqs=None, seq_lens=None) -> None:
+        """reqs (the batch's SGLang requests, row order) and seq_lens (committed tokens per row before the round,
+        a device tensor) are read only by the debug dump, after its sync: the default path never touches them."""
         self.round_index += 1
         if not self.enabled:
             return
@@ -144,14 +167,18 @@ class DDTreeStats:
             self._queue_summary(tree, walk, timer)
             self._drain()
         if self.debug is not None:
-            torch.cuda.synchronize()
+            if tree.tokens.is_cuda:
+                torch.cuda.synchronize()
             stage_ms = timer.elapsed_ms()
+            identity = request_identity(reqs, seq_lens, tree.batch_size)
             for b, record in enumerate(records_from_round(tree, walk, budget=self.budget, stage_ms=stage_ms)):
                 n = int(tree.num_nodes[b])
                 self.debug.write({
-                    "round": self.round_index, "request": b, "batch_size": batch_size, **record.to_json(),
+                    "round": self.round_index, "request": b, "batch_size": batch_size, **identity[b],
+                    **record.to_json(),
                     "tree_tokens": tree.tokens[b, :n], "tree_parents": tree.parents[b, :n],
-                    "tree_scores": tree.scores[b, :n], "target_choice": walk.target_choice[b, :n],
+                    "tree_scores": tree.scores[b, :n], "tree_ranks": tree.ranks[b, :n],
+                    "target_choice": walk.target_choice[b, :n],
                     "path": walk.path[b, : record.accept_len], "out_tokens": walk.out_tokens[b, : record.accept_len],
                 })
 

@@ -186,7 +186,9 @@ class DDTreeWorker(DFlashWorkerV2):
         logits_output.hidden_states = None
         out_tokens = walk.out_tokens[:, : self.block_size].clamp(min=0)
         timer.mark("commit")
-        self.stats.record_round(tree, walk, timer, batch_size=bs)
+        # reqs/seq_lens are only read by the debug dump (after its sync): no host sync on the default path.
+        self.stats.record_round(tree, walk, timer, batch_size=bs, reqs=getattr(batch, "reqs", None),
+                                seq_lens=prefix_lens)
 
         return GenerationBatchResult(
             logits_output=logits_output,
