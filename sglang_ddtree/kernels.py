@@ -101,7 +101,6 @@ if triton is not None:
         glob = tl.load(scratch + offs_w)
         entry = (L * WP - 1 - (glob & 0xFFFFFFFF)).to(tl.int32)
         depth0 = entry // WP
-        pos = entry % WP
         score = _key_float((glob >> 32).to(tl.int32))
         chosen = offs_w < W
         tl.store(inv_ptr + b * L * WP + entry, (offs_w + 1).to(tl.int32), mask=chosen)

@@ -254,7 +254,6 @@ def build_tree_from_topk(
     all_scores = torch.cat(level_scores, dim=1)  # [bs, L*width], depth-major: ties prefer shallower nodes
     chosen = _top_by_key(all_scores, max_budget)  # [bs, B] flat entry ids in canonical order
     chosen_depth0 = chosen // width  # 0-based depth index (node depth - 1)
-    chosen_slot = chosen % width
 
     node_scores = all_scores.gather(1, chosen)
     node_ranks = torch.cat(level_ranks, dim=1).gather(1, chosen)

@@ -21,7 +21,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+# One port allocator and log reader for the suite and the budget sweep (both start servers in parallel).
+from sglang_ddtree.bench.server import free_port, log_tail
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_DIR = REPO_ROOT / "models" / "tiny"
@@ -173,29 +175,6 @@ class ServerStartError(RuntimeError):
     pass
 
 
-_ports_given: set[int] = set()
-_ports_lock = threading.Lock()
-
-
-def free_port() -> int:
-    """A port nothing listens on, never the same twice in this process (parallel starts would race for it)."""
-    with _ports_lock:
-        while True:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            if port not in _ports_given:
-                _ports_given.add(port)
-                return port
-
-
-def log_tail(path: Path, lines: int = 60) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        return f"(no log: {exc})"
-
-
 class SGLangServer:
     """One `python -m sglang.launch_server` process group and a tiny HTTP client for it."""
 
@@ -253,7 +232,7 @@ class SGLangServer:
             rc = self.proc.poll()
             if rc is not None:
                 raise ServerStartError(f"server {self.name!r} exited with status {rc} before it was healthy; "
-                                       f"last lines of {self.log_path}:\n{log_tail(self.log_path)}")
+                                       f"last lines of {self.log_path}:\n{log_tail(self.log_path, 60)}")
             try:
                 with urllib.request.urlopen(self.base_url + "/health", timeout=5) as resp:
                     if resp.status == 200:
@@ -262,7 +241,7 @@ class SGLangServer:
                 pass
             if time.monotonic() - t0 > self.start_timeout_s:
                 raise ServerStartError(f"server {self.name!r} not healthy after {self.start_timeout_s:.0f} s; "
-                                       f"last lines of {self.log_path}:\n{log_tail(self.log_path)}")
+                                       f"last lines of {self.log_path}:\n{log_tail(self.log_path, 60)}")
             time.sleep(1.0)
 
     def kill(self) -> None:
