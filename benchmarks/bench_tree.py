@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -125,6 +126,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=0, help="timed repetitions (default 50 on CUDA, 5 on CPU)")
     ap.add_argument("--choice-mem-limit-gb", type=float, default=0.0,
                     help="time the target argmax (`choice`) only when its logits fit (default 8 on CUDA, 0 on CPU)")
+    ap.add_argument("--impls", default=None, help="comma list of torch, triton (default: both on CUDA, torch on CPU)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
 
@@ -136,7 +138,9 @@ def main(argv=None):
     rows = []
     budgets = [int(x) for x in args.budgets.split(",")]
     batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
-    impls = ["torch", "triton"] if cuda else ["torch"]
+    impls = args.impls.split(",") if args.impls else (["torch", "triton"] if cuda else ["torch"])
+    if "triton" in impls and not cuda:
+        raise SystemExit("--impls triton needs --device cuda")
     total = len(budgets) * len(batch_sizes)
     for bs in batch_sizes:
         draft_logits = (torch.randn(bs, args.depth, args.vocab, generator=gen) * 4).to(device, torch.bfloat16)
@@ -177,11 +181,12 @@ def main(argv=None):
                 row["choice_ms"] = (time_cuda if cuda else time_cpu)(lambda: target_logits.argmax(-1), repeats)
                 del target_logits
             rows.append(row)
-            key = "triton_graph" if cuda else "torch_eager"
+            key = f"{impls[-1]}_graph" if cuda else "torch_eager"
             print(f"[{len(rows)}/{total}] bs={bs:3d} B={budget:5d}  {key}: all={row[key + '_all_ms']:.3f} ms "
                   f"(topk {row[key + '_topk_ms']:.3f}, tree {row[key + '_tree_ms']:.3f}, "
                   f"layout {row[key + '_layout_ms']:.3f}, walk {row[key + '_walk_ms']:.3f})"
-                  + (f"  torch_graph all={row['torch_graph_all_ms']:.3f}" if cuda else ""), flush=True)
+                  + (f"  torch_graph all={row['torch_graph_all_ms']:.3f}" if "torch_graph_all_ms" in row else ""),
+                  flush=True)
         del draft_logits
         if cuda:
             torch.cuda.empty_cache()
@@ -193,6 +198,7 @@ def main(argv=None):
         "device_name": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "repeats": repeats,
+        "tree_warps_override": os.environ.get("SGLANG_DDTREE_TREE_WARPS"),
         "timing": "median of repeats; CUDA: events, eager and one CUDA-graph replay; CPU: perf_counter",
     }
     if args.out:

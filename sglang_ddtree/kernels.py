@@ -14,6 +14,8 @@ inverse map.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from sglang_ddtree.tree import DraftTree, _extension_pairs_cpu
@@ -27,8 +29,6 @@ except ImportError:  # CPU-only installs: callers fall back to the torch version
 
 
 def available(device: torch.device) -> bool:
-    import os
-
     return triton is not None and (torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
@@ -243,7 +243,14 @@ def build_tree_triton(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budg
                      out["valid"].bool(), depth_limit)
 
 
+# Warps of the tree-build program (one program per request sorts up to a few thousand keys): 0 = by size (below).
+# SGLANG_DDTREE_TREE_WARPS exists to measure other choices on a GPU (benchmarks/bench_tree.py), read once.
+_TREE_WARPS = int(os.environ.get("SGLANG_DDTREE_TREE_WARPS", "0"))
+
+
 def _warps(elements: int) -> int:
+    if _TREE_WARPS:
+        return _TREE_WARPS
     return 4 if elements <= 1024 else 8 if elements <= 4096 else 16
 
 

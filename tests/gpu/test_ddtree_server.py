@@ -26,36 +26,10 @@ import time
 import urllib.request
 
 import pytest
+from serving_common import (BATCH, COMMON, MAX_NEW_TOKENS, compare, ddtree, prompt, run_batch1,
+                            run_batch8, tau_of)
 
 TIE_NATS = float(os.environ.get("DDTREE_TIE_NATS", "0.25"))
-MAX_NEW_TOKENS = 64
-BATCH = 8
-COMMON = [
-    # Parallel starts: every server sizes its KV pool from the memory free before it loads, so cap the pool
-    # (--max-total-tokens) instead of relying on a small --mem-fraction-static (see tests/gpu/conftest.py).
-    "--mem-fraction-static", "0.5",
-    "--max-total-tokens", "65536",
-    "--max-running-requests", "8",
-    "--cuda-graph-max-bs-decode", "8",
-    "--decode-log-interval", "1",
-    "--random-seed", "0",
-]
-TEXT_PROMPTS = [
-    "def fibonacci(n):\n",
-    "import os\nimport sys\n\n",
-    "class Stack:\n    def __init__(self):\n",
-    "for i in range(",
-    "def parse_args(argv=None):\n    parser = argparse.ArgumentParser(",
-    "    # Return the number of lines in the file\n    with open(path) as f:\n",
-    "x = [",
-    '"""Utilities for working with dates.\n\nThis module provides',
-]
-ID_PROMPTS = [[11 + i, 12, 13 + i, 14] * (1 + i % 3) for i in range(8)]
-GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
-
-
-def ddtree(budget, *extra):
-    return ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", str(budget), *extra]
 
 
 def configs(pair):
@@ -102,22 +76,8 @@ def need(servers, *names):
         pytest.skip(f"configuration(s) {missing} not selected (DDTREE_GPU_CONFIGS)")
 
 
-def prompt(pair, i):
-    return {"input_ids": ID_PROMPTS[i]} if pair.dummy else {"text": TEXT_PROMPTS[i]}
 
 
-def batch_prompt(pair):
-    return {"input_ids": ID_PROMPTS} if pair.dummy else {"text": TEXT_PROMPTS}
-
-
-def run_batch1(server, pair, **extra):
-    return [server.generate(**prompt(pair, i), sampling_params=GREEDY, **extra) for i in range(BATCH)]
-
-
-def run_batch8(server, pair):
-    out = server.generate(**batch_prompt(pair), sampling_params=GREEDY)
-    assert isinstance(out, list) and len(out) == BATCH
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -139,25 +99,6 @@ def outputs(servers, model_pair):
     return results
 
 
-def compare(reference, candidate):
-    """(exact count, ties, failures) of candidate vs plain greedy outputs."""
-    exact, ties, failures = 0, [], []
-    for i, (ref, out) in enumerate(zip(reference, candidate)):
-        a, b = ref["output_ids"], out["output_ids"]
-        pos = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        if pos is None and len(a) == len(b):
-            exact += 1
-            continue
-        if pos is None:
-            failures.append(f"prompt {i}: lengths differ ({len(a)} vs {len(b)})")
-            continue
-        top = ref["meta_info"].get("output_top_logprobs") or []
-        logprob = {int(e[1]): float(e[0]) for e in (top[pos] if pos < len(top) and top[pos] else [])}
-        gap = logprob[a[pos]] - logprob[b[pos]] if a[pos] in logprob and b[pos] in logprob else None
-        info = {"prompt": i, "position": pos, "plain": a[pos], "candidate": b[pos], "logprob_gap": gap}
-        (ties if gap is not None and gap <= TIE_NATS else failures).append(info)
-    return exact, ties, failures
-
 
 @pytest.mark.parametrize("name", ["dflash"] + DDTREE_NAMES)
 def test_greedy_equals_plain(servers, outputs, name, model_pair, gpu_record):
@@ -166,13 +107,11 @@ def test_greedy_equals_plain(servers, outputs, name, model_pair, gpu_record):
     report = {}
     all_failures = []
     for mode in ("bs1", "bs8"):
-        # batch-8 outputs are compared with plain batch-1 (with log-probs) for the tie rule, and must also equal
-        # plain's own batch-8 outputs unless plain itself differs between its batch shapes there
-        exact, ties, failures = compare(plain_bs1, outputs[name][mode])
+        # batch-8 outputs are compared with plain batch-1, whose top-2 log-probs the tie rule needs
+        exact, ties, failures = compare(plain_bs1, outputs[name][mode], TIE_NATS)
         report[mode] = {"exact": exact, "ties": ties, "failures": failures}
         all_failures += [f"{mode}: {f}" for f in failures]
-    metas = [o["meta_info"] for o in outputs[name]["bs1"]]
-    tau = sum(m["completion_tokens"] for m in metas) / sum(m["spec_verify_ct"] for m in metas)
+    tau = tau_of(outputs[name]["bs1"])
     gpu_record("ddtree_greedy_equality", config=name, mode=model_pair.mode, tau_bs1=round(tau, 4), **report,
                seconds=round(outputs[name]["seconds"], 3))
     assert not all_failures, f"{name} differs from plain decoding:\n" + "\n".join(map(str, all_failures))
@@ -202,8 +141,7 @@ def test_larger_budget_accepts_at_least_as_much_as_the_chain(outputs, model_pair
     for name in ["dflash", "ddtree-16", "ddtree-64", "ddtree-256", "ddtree-1024"]:
         if name not in outputs:
             continue
-        metas = [o["meta_info"] for o in outputs[name]["bs1"]]
-        taus[name] = sum(m["completion_tokens"] for m in metas) / sum(m["spec_verify_ct"] for m in metas)
+        taus[name] = tau_of(outputs[name]["bs1"])
     gpu_record("ddtree_tau_by_budget", mode=model_pair.mode, taus=taus)
     if not model_pair.dummy:
         assert taus["ddtree-1024"] >= taus["dflash"], taus

@@ -1,0 +1,82 @@
+"""Shared by the GPU modules that compare a speculative server with plain decoding (not a test module).
+
+Prompts, greedy parameters, the common server arguments, and the comparison with plain decoding's outputs that
+tolerates a difference only at a near-tie of plain's own top-2 log-probs (`tie_nats`).
+"""
+
+from __future__ import annotations
+
+MAX_NEW_TOKENS = 64
+BATCH = 8
+COMMON = [
+    # Parallel starts: every server sizes its KV pool from the memory free before it loads, so cap the pool
+    # (--max-total-tokens) instead of relying on a small --mem-fraction-static (see tests/gpu/conftest.py).
+    "--mem-fraction-static", "0.5",
+    "--max-total-tokens", "65536",
+    "--max-running-requests", "8",
+    "--cuda-graph-max-bs-decode", "8",
+    "--decode-log-interval", "1",
+    "--random-seed", "0",
+]
+TEXT_PROMPTS = [
+    "def fibonacci(n):\n",
+    "import os\nimport sys\n\n",
+    "class Stack:\n    def __init__(self):\n",
+    "for i in range(",
+    "def parse_args(argv=None):\n    parser = argparse.ArgumentParser(",
+    "    # Return the number of lines in the file\n    with open(path) as f:\n",
+    "x = [",
+    '"""Utilities for working with dates.\n\nThis module provides',
+]
+ID_PROMPTS = [[11 + i, 12, 13 + i, 14] * (1 + i % 3) for i in range(8)]
+GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
+
+
+def ddtree(budget, *extra):
+    return ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", str(budget), *extra]
+
+
+def prompt(pair, i):
+    return {"input_ids": ID_PROMPTS[i]} if pair.dummy else {"text": TEXT_PROMPTS[i]}
+
+
+def batch_prompt(pair):
+    return {"input_ids": ID_PROMPTS} if pair.dummy else {"text": TEXT_PROMPTS}
+
+
+def run_batch1(server, pair, **extra):
+    return [server.generate(**prompt(pair, i), sampling_params=GREEDY, **extra) for i in range(BATCH)]
+
+
+def run_batch8(server, pair):
+    out = server.generate(**batch_prompt(pair), sampling_params=GREEDY)
+    assert isinstance(out, list) and len(out) == BATCH
+    return out
+
+
+def compare(reference, candidate, tie_nats):
+    """(exact count, ties, failures) of candidate outputs vs reference greedy outputs (the reference with top-2
+    log-probs). A first difference counts as a tie when the reference's log-prob gap between its own token and the
+    candidate's there is at most tie_nats."""
+    exact, ties, failures = 0, [], []
+    for i, (ref, out) in enumerate(zip(reference, candidate)):
+        a, b = ref["output_ids"], out["output_ids"]
+        pos = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if pos is None and len(a) == len(b):
+            exact += 1
+            continue
+        if pos is None:
+            failures.append(f"prompt {i}: lengths differ ({len(a)} vs {len(b)})")
+            continue
+        top = ref["meta_info"].get("output_top_logprobs") or []
+        logprob = {int(e[1]): float(e[0]) for e in (top[pos] if pos < len(top) and top[pos] else [])}
+        gap = logprob[a[pos]] - logprob[b[pos]] if a[pos] in logprob and b[pos] in logprob else None
+        info = {"prompt": i, "position": pos, "plain": a[pos], "candidate": b[pos], "logprob_gap": gap}
+        (ties if gap is not None and gap <= tie_nats else failures).append(info)
+    return exact, ties, failures
+
+
+def tau_of(outputs):
+    """Tokens per verify round over a list of /generate answers (SGLang's completion_tokens / spec_verify_ct)."""
+    metas = [o["meta_info"] for o in outputs]
+    return sum(m["completion_tokens"] for m in metas) / sum(m["spec_verify_ct"] for m in metas)
