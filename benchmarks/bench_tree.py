@@ -8,8 +8,10 @@
            part of the target's sampling, which every verify pays; it is timed separately as `choice`)
 The serving path (sglang_ddtree/sglang/worker.py) uses the Triton kernels on CUDA.
 
-On CUDA each configuration is timed eagerly (CUDA events) and as one captured CUDA graph replay, which is how the
-serving path runs it. Writes JSON rows (one per configuration) and prints a table.
+On CUDA each configuration is timed eagerly (CUDA events around launches from an idle GPU: host launch overhead
+included; the serving path launches these stages eagerly between the draft and verify graphs, where a busy GPU can
+hide it) and as one captured CUDA graph replay (GPU time alone). Writes JSON rows (one per configuration) and
+prints a table. impls: torch, triton (sort tree kernel, one launch), triton_rank (rank tree kernel, L+1 launches).
 
   python benchmarks/bench_tree.py --device cpu --out benchmarks/results/tree_cpu.json
   python benchmarks/bench_tree.py --device cuda --out $OUT/tree_h200.json
@@ -48,11 +50,13 @@ def make_stages(impl, draft_logits, budget, roots, start, choice):
     def topk():
         return topk_draft(draft_logits.float().log_softmax(-1), k)
 
-    if impl == "triton":
+    if impl in ("triton", "triton_rank"):
         from sglang_ddtree import kernels
 
+        kernel = "rank" if impl == "triton_rank" else "sort"
+
         def tree(values, tokens):
-            return kernels.build_tree_triton(values, tokens, budget, roots, max_budget=budget)
+            return kernels.build_tree_triton(values, tokens, budget, roots, max_budget=budget, kernel=kernel)
 
         def layout(t):
             return kernels.tree_verify_mask_triton(t, start, numel), tree_positions(t, start)
@@ -126,7 +130,9 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=0, help="timed repetitions (default 50 on CUDA, 5 on CPU)")
     ap.add_argument("--choice-mem-limit-gb", type=float, default=0.0,
                     help="time the target argmax (`choice`) only when its logits fit (default 8 on CUDA, 0 on CPU)")
-    ap.add_argument("--impls", default=None, help="comma list of torch, triton (default: both on CUDA, torch on CPU)")
+    ap.add_argument("--impls", default=None,
+                    help="comma list of torch, triton (sort tree kernel), triton_rank (rank tree kernel); default: "
+                         "torch,triton,triton_rank on CUDA, torch on CPU")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
 
@@ -138,8 +144,8 @@ def main(argv=None):
     rows = []
     budgets = [int(x) for x in args.budgets.split(",")]
     batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
-    impls = args.impls.split(",") if args.impls else (["torch", "triton"] if cuda else ["torch"])
-    if "triton" in impls and not cuda:
+    impls = args.impls.split(",") if args.impls else (["torch", "triton", "triton_rank"] if cuda else ["torch"])
+    if any(i.startswith("triton") for i in impls) and not cuda:
         raise SystemExit("--impls triton needs --device cuda")
     total = len(budgets) * len(batch_sizes)
     for bs in batch_sizes:

@@ -185,6 +185,135 @@ if triton is not None:
         tl.store(accept_ptr + b, accept)
         tl.store(bonus_ptr + b, bonus)
 
+    # ---- tree build, "rank" variant: many programs per request, one launch per depth (see build_tree_triton_rank)
+
+    @triton.jit
+    def _rank_init_kernel(
+        values_ptr, root_ptr, lvl_score_ptr, lvl_parent_ptr, lvl_rank_ptr,
+        out_tokens_ptr, out_parents_ptr, out_depth_ptr, out_scores_ptr, out_ranks_ptr, out_valid_ptr,
+        L: tl.constexpr, K: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, NP: tl.constexpr,
+    ):
+        """Depth-1 list (the root's children = the top-K of depth 1), empty lists below, every output node invalid
+        (the final kernel overwrites the chosen ones), the root."""
+        b = tl.program_id(0).to(tl.int64)
+        NEG_INF: tl.constexpr = float("-inf")
+        offs = tl.arange(0, WP)
+        base = b * L * WP
+        tl.store(lvl_score_ptr + base + offs,
+                 tl.load(values_ptr + b * L * K + offs, mask=(offs < K) & (offs < W), other=NEG_INF))
+        tl.store(lvl_parent_ptr + base + offs, tl.zeros([WP], dtype=tl.int32))
+        tl.store(lvl_rank_ptr + base + offs, offs.to(tl.int32))
+        for d in range(1, L):
+            tl.store(lvl_score_ptr + base + d * WP + offs, tl.full([WP], NEG_INF, tl.float32))
+        n = tl.arange(0, NP)
+        m = n < W + 1
+        out = b * (W + 1) + n
+        is_root = n == 0
+        tl.store(out_tokens_ptr + out, tl.where(is_root, tl.load(root_ptr + b), 0), mask=m)
+        tl.store(out_parents_ptr + out, tl.full([NP], -1, tl.int64), mask=m)
+        tl.store(out_depth_ptr + out, tl.zeros([NP], dtype=tl.int64), mask=m)
+        tl.store(out_scores_ptr + out, tl.where(is_root, 0.0, NEG_INF), mask=m)
+        tl.store(out_ranks_ptr + out, tl.where(is_root, 0, -1).to(tl.int64), mask=m)
+        tl.store(out_valid_ptr + out, is_root.to(tl.int8), mask=m)
+
+    @triton.jit
+    def _rank_depth_kernel(
+        values_ptr, pair_parent_ptr, pair_rank_ptr, run_len_ptr, lvl_score_ptr, lvl_parent_ptr, lvl_rank_ptr,
+        d, n_pairs,
+        L: tl.constexpr, K: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, BLOCK: tl.constexpr,
+        STEPS: tl.constexpr,
+    ):
+        """Depth d's list from depth d-1's: every extension pair (parent slot i, token rank r) of this program's
+        block gets its exact rank among all pairs (score descending, then pair index ascending) by counting, in
+        each parent's run of pairs, the ones that beat it (a binary search: a run's scores fall with r); the
+        pairs ranked below W are written to their slot. Same lists as _tree_build_kernel's sort."""
+        b = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        cm = c < n_pairs
+        i = tl.load(pair_parent_ptr + c, mask=cm, other=0)
+        r = tl.load(pair_rank_ptr + c, mask=cm, other=K)
+        prev = lvl_score_ptr + b * L * WP + (d - 1) * WP
+        vals = values_ptr + b * L * K + d * K
+        score = tl.load(prev + i, mask=cm, other=float("-inf")) + tl.load(vals + r, mask=cm & (r < K),
+                                                                            other=float("-inf"))
+        skey = _float_key(score)
+        live = cm & (score > float("-inf"))
+        ip = tl.arange(0, WP)
+        pscore = tl.load(prev + ip, mask=ip < W, other=float("-inf"))
+        run = tl.load(run_len_ptr + ip, mask=ip < W, other=0)
+        later = ip[None, :] > i[:, None]  # a later parent's pair wins only with a strictly higher score
+        lo = tl.zeros([BLOCK, WP], dtype=tl.int32)
+        hi = tl.zeros([BLOCK, WP], dtype=tl.int32) + run[None, :]
+        for _ in tl.static_range(STEPS):
+            active = lo < hi
+            mid = (lo + hi) // 2
+            v = tl.load(vals + mid, mask=active, other=float("-inf"))
+            k2 = _float_key(pscore[None, :] + v)
+            beats = tl.where(later, k2 > skey[:, None], k2 >= skey[:, None])
+            lo = tl.where(active & beats, mid + 1, lo)
+            hi = tl.where(active & (beats == 0), mid, hi)
+        own = ip[None, :] == i[:, None]  # the own run: exactly the r pairs before it
+        rank = tl.sum(tl.where(own, r[:, None], lo), axis=1)
+        keep = live & (rank < W)
+        slot = b * L * WP + d * WP + rank
+        tl.store(lvl_score_ptr + slot, score, mask=keep)
+        tl.store(lvl_parent_ptr + slot, i, mask=keep)
+        tl.store(lvl_rank_ptr + slot, r, mask=keep)
+
+    @triton.jit
+    def _global_rank(lvl, skey, d, w, L: tl.constexpr, WP: tl.constexpr, LP: tl.constexpr, BLOCK: tl.constexpr,
+                     STEPS: tl.constexpr, W: tl.constexpr):
+        """Rank of entries (depth d, slot w, key skey) among all depth lists: score descending, then shallower
+        depth, then lower slot. Each list is sorted, so a binary search per list counts what beats the entry."""
+        dp = tl.arange(0, LP)
+        lo = tl.zeros([BLOCK, LP], dtype=tl.int32)
+        hi = tl.zeros([BLOCK, LP], dtype=tl.int32) + tl.where(dp < L, W, 0)[None, :]
+        deeper = dp[None, :] > d[:, None]
+        for _ in tl.static_range(STEPS):
+            active = lo < hi
+            mid = (lo + hi) // 2
+            k2 = _float_key(tl.load(lvl + dp[None, :] * WP + mid, mask=active, other=float("-inf")))
+            beats = tl.where(deeper, k2 > skey[:, None], k2 >= skey[:, None])
+            lo = tl.where(active & beats, mid + 1, lo)
+            hi = tl.where(active & (beats == 0), mid, hi)
+        return tl.sum(tl.where(dp[None, :] == d[:, None], w[:, None], lo), axis=1)
+
+    @triton.jit
+    def _rank_final_kernel(
+        tokens_ptr, lvl_score_ptr, lvl_parent_ptr, lvl_rank_ptr, budget_ptr, log_prune,
+        out_tokens_ptr, out_parents_ptr, out_depth_ptr, out_scores_ptr, out_ranks_ptr, out_valid_ptr,
+        L: tl.constexpr, K: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, LP: tl.constexpr,
+        BLOCK: tl.constexpr, STEPS: tl.constexpr,
+    ):
+        """The global top-W over all depth lists: each entry's rank is its node slot; its parent's node is the
+        parent entry's rank (computed the same way), so no inverse map and no second pass."""
+        b = tl.program_id(0).to(tl.int64)
+        e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        d = e // WP
+        w = e % WP
+        em = (d < L) & (w < W)
+        lvl = lvl_score_ptr + b * L * WP
+        score = tl.load(lvl + e, mask=em, other=float("-inf"))
+        live = em & (score > float("-inf"))
+        g = _global_rank(lvl, _float_key(score), d, w, L, WP, LP, BLOCK, STEPS, W)
+        chosen = live & (g < W)
+        pslot = tl.load(lvl_parent_ptr + b * L * WP + e, mask=chosen, other=0)
+        rank = tl.load(lvl_rank_ptr + b * L * WP + e, mask=chosen, other=0)
+        pd = tl.maximum(d - 1, 0)
+        pscore = tl.load(lvl + pd * WP + pslot, mask=chosen & (d > 0), other=0.0)
+        pg = _global_rank(lvl, _float_key(pscore), pd, pslot, L, WP, LP, BLOCK, STEPS, W)
+        parent = tl.where(d > 0, pg + 1, 0).to(tl.int64)
+        token = tl.load(tokens_ptr + b * L * K + d * K + rank, mask=chosen, other=0)
+        budget = tl.load(budget_ptr + b)
+        valid = chosen & (g < budget) & (score >= log_prune)
+        out = b * (W + 1) + 1 + g
+        tl.store(out_tokens_ptr + out, tl.where(valid, token, 0), mask=chosen)
+        tl.store(out_parents_ptr + out, tl.where(valid, parent, -1), mask=chosen)
+        tl.store(out_depth_ptr + out, tl.where(valid, d + 1, 0).to(tl.int64), mask=chosen)
+        tl.store(out_scores_ptr + out, tl.where(valid, score, float("-inf")), mask=chosen)
+        tl.store(out_ranks_ptr + out, tl.where(valid, rank, -1).to(tl.int64), mask=chosen)
+        tl.store(out_valid_ptr + out, valid.to(tl.int8), mask=chosen)
+
 
 _PAIRS: dict = {}
 
@@ -201,8 +330,103 @@ def _pairs(width: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, int]
     return _PAIRS[key]
 
 
+# Which tree-build kernel build_tree_triton runs: "sort" (one program per request: a sort per depth) or "rank"
+# (many programs per request, one launch per depth). Same output bit for bit. SGLANG_DDTREE_TREE_KERNEL, read once.
+TREE_KERNEL = os.environ.get("SGLANG_DDTREE_TREE_KERNEL", "sort")
+if TREE_KERNEL not in ("sort", "rank"):
+    raise ValueError(f"SGLANG_DDTREE_TREE_KERNEL must be sort or rank, got {TREE_KERNEL!r}.")
+
+
 def build_tree_triton(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budget, root_tokens: torch.Tensor, *,
-                      prune: float | None = None, max_budget: int | None = None) -> DraftTree:
+                      prune: float | None = None, max_budget: int | None = None, kernel: str | None = None
+                      ) -> DraftTree:
+    """Same result as tree.build_tree_from_topk (bit for bit). kernel: "sort" or "rank" (default TREE_KERNEL)."""
+    if (kernel or TREE_KERNEL) == "rank":
+        return build_tree_triton_rank(topk_values, topk_tokens, budget, root_tokens, prune=prune,
+                                      max_budget=max_budget)
+    return build_tree_triton_sort(topk_values, topk_tokens, budget, root_tokens, prune=prune, max_budget=max_budget)
+
+
+def _budget_tensor(budget, bs: int, device) -> torch.Tensor:
+    if isinstance(budget, torch.Tensor):
+        return budget.to(device=device, dtype=torch.int64)
+    return torch.full((bs,), int(budget), dtype=torch.int64, device=device)
+
+
+def _tree_outputs(bs: int, n: int, device) -> dict[str, torch.Tensor]:
+    return {
+        "tokens": torch.empty((bs, n), dtype=torch.int64, device=device),
+        "parents": torch.empty((bs, n), dtype=torch.int64, device=device),
+        "depth": torch.empty((bs, n), dtype=torch.int64, device=device),
+        "scores": torch.empty((bs, n), dtype=torch.float32, device=device),
+        "ranks": torch.empty((bs, n), dtype=torch.int64, device=device),
+        "valid": torch.empty((bs, n), dtype=torch.int8, device=device),
+    }
+
+
+_RUNS: dict = {}
+
+
+def _run_lengths(width: int, k: int, device) -> torch.Tensor:
+    """Pairs per parent slot i: min(width // (i+1), k), the run lengths of _extension_pairs_cpu."""
+    key = (width, k, device)
+    if key not in _RUNS:
+        i = torch.arange(width, dtype=torch.int64)
+        _RUNS[key] = torch.clamp(width // (i + 1), max=k).to(torch.int32).to(device)
+    return _RUNS[key]
+
+
+def build_tree_triton_rank(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budget, root_tokens: torch.Tensor,
+                           *, prune: float | None = None, max_budget: int | None = None) -> DraftTree:
+    """Same result as tree.build_tree_from_topk (bit for bit): L + 1 launches, each spread over many programs.
+
+    Why: the sort kernel gives each request ONE program, which sorts ~W ln W keys per depth; at batch 1 that leaves
+    all but one SM idle (B=256: ~0.45 ms on an H200). Here depth d's list comes from ranking every extension pair
+    by counting (binary searches in the sorted runs), one program per block of pairs, and the global top-W by
+    ranking every depth-list entry against the sorted lists the same way.
+    """
+    import math
+
+    bs, depth_limit, k = topk_values.shape
+    width = max_budget if max_budget is not None else int(budget)
+    device = topk_values.device
+    wp = _pow2(width)
+    pair_parent, pair_rank, _ = _pairs(width, k, device)
+    n_pairs = int(_extension_pairs_cpu(width, k)[0].numel())
+    runs = _run_lengths(width, k, device)
+    values = topk_values.float().contiguous()
+    tokens = topk_tokens.to(torch.int64).contiguous()
+    out = _tree_outputs(bs, width + 1, device)
+    lvl_score = torch.empty((bs, depth_limit, wp), dtype=torch.float32, device=device)
+    lvl_parent = torch.empty((bs, depth_limit, wp), dtype=torch.int32, device=device)
+    lvl_rank = torch.empty((bs, depth_limit, wp), dtype=torch.int32, device=device)
+    roots = root_tokens.to(device=device, dtype=torch.int64).contiguous()
+    _rank_init_kernel[(bs,)](
+        values, roots, lvl_score, lvl_parent, lvl_rank,
+        out["tokens"], out["parents"], out["depth"], out["scores"], out["ranks"], out["valid"],
+        L=depth_limit, K=k, W=width, WP=wp, NP=_pow2(width + 1), num_warps=4,
+    )
+    block = max(1, 4096 // wp)
+    steps = max(1, k.bit_length())
+    for d in range(1, depth_limit):
+        _rank_depth_kernel[(bs, triton.cdiv(n_pairs, block))](
+            values, pair_parent, pair_rank, runs, lvl_score, lvl_parent, lvl_rank, d, n_pairs,
+            L=depth_limit, K=k, W=width, WP=wp, BLOCK=block, STEPS=steps, num_warps=4,
+        )
+    lp = _pow2(depth_limit)
+    fblock = max(1, min(256, 4096 // lp))
+    _rank_final_kernel[(bs, triton.cdiv(depth_limit * wp, fblock))](
+        tokens, lvl_score, lvl_parent, lvl_rank, _budget_tensor(budget, bs, device),
+        math.log(prune) if prune else float("-inf"),
+        out["tokens"], out["parents"], out["depth"], out["scores"], out["ranks"], out["valid"],
+        L=depth_limit, K=k, W=width, WP=wp, LP=lp, BLOCK=fblock, STEPS=max(1, width.bit_length()), num_warps=4,
+    )
+    return DraftTree(out["tokens"], out["parents"], out["depth"], out["scores"], out["ranks"],
+                     out["valid"].bool(), depth_limit)
+
+
+def build_tree_triton_sort(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budget, root_tokens: torch.Tensor,
+                           *, prune: float | None = None, max_budget: int | None = None) -> DraftTree:
     """Same result as tree.build_tree_from_topk (bit for bit), one kernel launch."""
     import math
 
@@ -213,19 +437,8 @@ def build_tree_triton(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budg
     pair_parent, pair_rank, cp = _pairs(width, k, device)
     gp = _pow2(depth_limit * wp)
     sp = max(cp, gp)
-    if isinstance(budget, torch.Tensor):
-        budget_t = budget.to(device=device, dtype=torch.int64)
-    else:
-        budget_t = torch.full((bs,), int(budget), dtype=torch.int64, device=device)
-    n = width + 1
-    out = {
-        "tokens": torch.empty((bs, n), dtype=torch.int64, device=device),
-        "parents": torch.empty((bs, n), dtype=torch.int64, device=device),
-        "depth": torch.empty((bs, n), dtype=torch.int64, device=device),
-        "scores": torch.empty((bs, n), dtype=torch.float32, device=device),
-        "ranks": torch.empty((bs, n), dtype=torch.int64, device=device),
-        "valid": torch.empty((bs, n), dtype=torch.int8, device=device),
-    }
+    budget_t = _budget_tensor(budget, bs, device)
+    out = _tree_outputs(bs, width + 1, device)
     scratch = torch.empty((bs, sp), dtype=torch.int64, device=device)
     lvl_key = torch.empty((bs, depth_limit, wp), dtype=torch.int64, device=device)
     lvl_parent = torch.empty((bs, depth_limit, wp), dtype=torch.int32, device=device)

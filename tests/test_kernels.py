@@ -25,7 +25,8 @@ CHECK = textwrap.dedent(
 
     FIELDS = ("tokens", "parents", "depth", "scores", "ranks", "valid")
     gen = torch.Generator().manual_seed(0)
-    cases = [(1, 3, 5, 1, None), (2, 4, 6, 7, None), (3, 5, 40, 16, None), (2, 6, 9, 33, 0.01), (2, 15, 70, 64, None)]
+    cases = [(1, 3, 5, 1, None), (2, 4, 6, 7, None), (3, 5, 40, 16, None), (2, 6, 9, 33, 0.01), (2, 15, 70, 64, None),
+             (1, 1, 10, 4, None)]
     for bs, depth, vocab, budget, prune in cases:
         for ties in (False, True):
             lp = (torch.randn(bs, depth, vocab, generator=gen) * 2).log_softmax(-1)
@@ -35,10 +36,12 @@ CHECK = textwrap.dedent(
             roots = torch.randint(0, vocab, (bs,), generator=gen)
             budgets = torch.randint(1, budget + 1, (bs,), generator=gen)
             ref = build_tree_from_topk(values, tokens, budgets, roots, prune=prune, max_budget=budget)
-            got = kernels.build_tree_triton(values, tokens, budgets, roots, prune=prune, max_budget=budget)
-            for f in FIELDS:
-                assert torch.equal(getattr(ref, f), getattr(got, f)), (bs, depth, vocab, budget, ties, f,
-                                                                       getattr(ref, f), getattr(got, f))
+            for kernel in ("sort", "rank"):
+                got = kernels.build_tree_triton(values, tokens, budgets, roots, prune=prune, max_budget=budget,
+                                                kernel=kernel)
+                for f in FIELDS:
+                    assert torch.equal(getattr(ref, f), getattr(got, f)), (bs, depth, vocab, budget, ties, kernel,
+                                                                           f, getattr(ref, f), getattr(got, f))
             seq_lens = torch.randint(0, 20, (bs,), generator=gen)
             numel = verify_mask_numel(ref.max_nodes, int(seq_lens.sum()) + 16 * bs, bs)
             assert torch.equal(tree_verify_mask(ancestor_mask(ref), seq_lens, numel),

@@ -16,7 +16,8 @@ FIELDS = ("tokens", "parents", "depth", "scores", "ranks", "valid")
 @pytest.mark.parametrize("budget,bs,vocab,ties", [(16, 4, 151936, False), (256, 3, 151936, False),
                                                   (1024, 2, 151936, False), (64, 8, 4096, True),
                                                   (1024, 2, 4096, True), (7, 5, 5, True)])
-def test_kernels_equal_torch_on_cuda(budget, bs, vocab, ties):
+@pytest.mark.parametrize("kernel", ["sort", "rank"])
+def test_kernels_equal_torch_on_cuda(budget, bs, vocab, ties, kernel):
     gen = torch.Generator().manual_seed(budget + bs)
     lp = (torch.randn(bs, 15, vocab, generator=gen) * 3).log_softmax(-1)
     if ties:
@@ -27,7 +28,7 @@ def test_kernels_equal_torch_on_cuda(budget, bs, vocab, ties):
     budgets = torch.randint(1, budget + 1, (bs,), generator=gen).cuda()
     for b in (budget, budgets):
         ref = build_tree_from_topk(values, tokens, b, roots, max_budget=budget)
-        got = kernels.build_tree_triton(values, tokens, b, roots, max_budget=budget)
+        got = kernels.build_tree_triton(values, tokens, b, roots, max_budget=budget, kernel=kernel)
         for f in FIELDS:
             assert torch.equal(getattr(ref, f), getattr(got, f)), f
     seq_lens = torch.randint(0, 3000, (bs,), generator=gen).cuda()
@@ -42,7 +43,8 @@ def test_kernels_equal_torch_on_cuda(budget, bs, vocab, ties):
             assert torch.equal(getattr(a, f), getattr(w, f)), f
 
 
-def test_kernels_replay_in_a_cuda_graph():
+@pytest.mark.parametrize("kernel", ["sort", "rank"])
+def test_kernels_replay_in_a_cuda_graph(kernel):
     bs, vocab, budget = 3, 32000, 256
     values = torch.empty(bs, 15, budget, device="cuda")
     tokens = torch.empty(bs, 15, budget, dtype=torch.long, device="cuda")
@@ -55,7 +57,7 @@ def test_kernels_replay_in_a_cuda_graph():
         tokens.copy_(t)
 
     def run():
-        tree = kernels.build_tree_triton(values, tokens, budget, roots, max_budget=budget)
+        tree = kernels.build_tree_triton(values, tokens, budget, roots, max_budget=budget, kernel=kernel)
         return tree, kernels.walk_triton(tree, tree.tokens)
 
     fill(0)
