@@ -90,6 +90,9 @@ class SubprocessServer:
         self.name = name
         self.args = list(args)
         self.port = free_port()
+        # SGLang picks its torch.distributed port (--nccl-port) with a free-port probe of its own, which servers
+        # starting at the same moment can race for (EADDRINUSE, seen in lease 2): hand out one from our allocator.
+        self.nccl_args = [] if "--nccl-port" in args else ["--nccl-port", str(free_port())]
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"server-{name}-{self.port}.log"
         self.log_dir = log_dir
@@ -99,8 +102,8 @@ class SubprocessServer:
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def command(self) -> list[str]:
-        return [self.python, "-m", "sglang.launch_server", *self.args, "--host", "127.0.0.1", "--port",
-                str(self.port)]
+        return [self.python, "-m", "sglang.launch_server", *self.args, *self.nccl_args, "--host", "127.0.0.1",
+                "--port", str(self.port)]
 
     def start(self) -> None:
         cmd = self.command()

@@ -196,7 +196,9 @@ class SGLangServer:
 
     # -- lifecycle
     def start(self) -> "SGLangServer":
-        cmd = [sys.executable, "-m", "sglang.launch_server", *self.args, "--host", "127.0.0.1",
+        # our own --nccl-port: SGLang's free-port probe races between servers starting together (lease 2)
+        nccl = [] if "--nccl-port" in self.args else ["--nccl-port", str(free_port())]
+        cmd = [sys.executable, "-m", "sglang.launch_server", *self.args, *nccl, "--host", "127.0.0.1",
                "--port", str(self.port)]
         t0 = time.monotonic()
         if self.cancelled.is_set():

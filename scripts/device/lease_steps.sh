@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Steps of a GPU lease that run next to the suite (docs/gpu-suite.md): background training, kernel benchmarks,
+# swapping in a freshly trained drafter. Usage, from the repo root on the device:
+#   bash scripts/device/lease_steps.sh train-bg GPU [train_tiny_pair.py args...]   # detached, survives the call
+#   bash scripts/device/lease_steps.sh bench-tree GPU OUTDIR                      # bench + /tmp/picked.env
+#   bash scripts/device/lease_steps.sh use-new-drafter [OUTDIR]                   # wait for training, swap it in
+set -euo pipefail
+step=${1:?step}
+shift
+TRAIN=/tmp/train
+
+case "$step" in
+train-bg)
+    gpu=${1:?gpu}
+    shift
+    rm -rf "$TRAIN" /tmp/repo-train
+    mkdir -p "$TRAIN" /tmp/repo-train/.cache
+    cp -r models/tiny "$TRAIN/tiny"                 # --reuse-target reads the committed target from here
+    cp -r scripts sglang_ddtree pyproject.toml /tmp/repo-train/
+    cp -r .cache/corpus /tmp/repo-train/.cache/corpus
+    # setsid: a new session, so the training outlives this call (the tool ends the call's own processes)
+    CUDA_VISIBLE_DEVICES=$gpu PYTHONUNBUFFERED=1 setsid bash -c \
+        "cd /tmp/repo-train && python3 scripts/train_tiny_pair.py --out $TRAIN/tiny --device cuda $* \
+         > $TRAIN/train.log 2>&1; echo \$? > $TRAIN/rc" < /dev/null > /dev/null 2>&1 &
+    sleep 15
+    tail -n 5 "$TRAIN/train.log"
+    ;;
+bench-tree)
+    gpu=${1:?gpu}
+    out=${2:?outdir}
+    mkdir -p "$out"
+    export CUDA_VISIBLE_DEVICES=$gpu
+    python3 benchmarks/bench_tree.py --device cuda --impls triton,triton_rank --budgets 16,64,256,1024 \
+        --batch-sizes 1,8,32 --repeats 30 --out "$out/tree_kernels_chunked_topk.json"
+    SGLANG_DDTREE_TOPK_CHUNKS=0 python3 benchmarks/bench_tree.py --device cuda --impls triton \
+        --budgets 64,256,1024 --batch-sizes 1,8 --repeats 30 --out "$out/tree_kernels_one_stage_topk.json"
+    python3 scripts/device/pick_tree_setup.py "$out/tree_kernels_chunked_topk.json" \
+        "$out/tree_kernels_one_stage_topk.json" | tee /tmp/picked.env "$out/picked.env"
+    ;;
+use-new-drafter)
+    out=${1:-}
+    for _ in $(seq 1 120); do [ -f "$TRAIN/rc" ] && break; sleep 5; done
+    tail -n 12 "$TRAIN/train.log"
+    if [ "$(cat "$TRAIN/rc" 2>/dev/null)" != "0" ]; then
+        echo "training did not finish cleanly (rc=$(cat "$TRAIN/rc" 2>/dev/null || echo none)); keeping the committed drafter"
+        exit 1
+    fi
+    rm -rf models/tiny/drafter
+    cp -r "$TRAIN/tiny/drafter" models/tiny/drafter
+    cp "$TRAIN/tiny/training_log.json" models/tiny/training_log.json
+    if [ -n "$out" ] && [ ! -f "$out/new_drafter.tar.xz" ]; then
+        tar -cJf "$out/new_drafter.tar.xz" -C "$TRAIN" tiny/drafter tiny/training_log.json train.log
+    fi
+    echo "new drafter in models/tiny/drafter"
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac
