@@ -330,18 +330,29 @@ def _pairs(width: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, int]
     return _PAIRS[key]
 
 
-# Which tree-build kernel build_tree_triton runs: "sort" (one program per request: a sort per depth) or "rank"
-# (many programs per request, one launch per depth). Same output bit for bit. SGLANG_DDTREE_TREE_KERNEL, read once.
+# Which tree-build kernel build_tree_triton runs: "sort" (one program per request: a sort per depth), "rank"
+# (many programs per request, one launch per depth), or "auto" (rank from SGLANG_DDTREE_RANK_MIN_WIDTH tree nodes
+# up, sort below). Same output bit for bit. Environment, read once (scripts/device/pick_tree_setup.py picks them
+# from a GPU benchmark).
 TREE_KERNEL = os.environ.get("SGLANG_DDTREE_TREE_KERNEL", "sort")
-if TREE_KERNEL not in ("sort", "rank"):
-    raise ValueError(f"SGLANG_DDTREE_TREE_KERNEL must be sort or rank, got {TREE_KERNEL!r}.")
+RANK_MIN_WIDTH = int(os.environ.get("SGLANG_DDTREE_RANK_MIN_WIDTH", "128"))
+if TREE_KERNEL not in ("sort", "rank", "auto"):
+    raise ValueError(f"SGLANG_DDTREE_TREE_KERNEL must be sort, rank or auto, got {TREE_KERNEL!r}.")
+
+
+def tree_kernel_for(width: int, kernel: str | None = None) -> str:
+    choice = kernel or TREE_KERNEL
+    if choice == "auto":
+        return "rank" if width >= RANK_MIN_WIDTH else "sort"
+    return choice
 
 
 def build_tree_triton(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budget, root_tokens: torch.Tensor, *,
                       prune: float | None = None, max_budget: int | None = None, kernel: str | None = None
                       ) -> DraftTree:
-    """Same result as tree.build_tree_from_topk (bit for bit). kernel: "sort" or "rank" (default TREE_KERNEL)."""
-    if (kernel or TREE_KERNEL) == "rank":
+    """Same result as tree.build_tree_from_topk (bit for bit). kernel: sort, rank or auto (default TREE_KERNEL)."""
+    width = max_budget if max_budget is not None else int(budget)
+    if tree_kernel_for(width, kernel) == "rank":
         return build_tree_triton_rank(topk_values, topk_tokens, budget, root_tokens, prune=prune,
                                       max_budget=max_budget)
     return build_tree_triton_sort(topk_values, topk_tokens, budget, root_tokens, prune=prune, max_budget=max_budget)

@@ -589,3 +589,37 @@ def test_interrupted_parallel_start_kills_the_servers_promptly(fake_sglang):
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _bench_rows(pairs, topk_ms):
+    return {"rows": [{"batch_size": 1, "budget": b, "triton_graph_tree_ms": s, "triton_rank_graph_tree_ms": r,
+                      "triton_eager_all_ms": 1.0, "triton_rank_eager_all_ms": 1.1, "triton_graph_topk_ms": topk_ms}
+                     for b, (s, r) in pairs.items()]}
+
+
+@pytest.mark.parametrize("pairs,expect", [
+    ({16: (0.02, 0.05), 64: (0.06, 0.06), 256: (0.48, 0.05), 1024: (3.2, 0.4)},
+     ["SGLANG_DDTREE_TREE_KERNEL=auto", "SGLANG_DDTREE_RANK_MIN_WIDTH=256"]),
+    ({16: (0.1, 0.01), 256: (0.48, 0.05)}, ["SGLANG_DDTREE_TREE_KERNEL=rank"]),
+    ({16: (0.01, 0.1), 256: (0.05, 0.048)}, ["SGLANG_DDTREE_TREE_KERNEL=sort"]),
+    # better at 16 but not at 64: only the tail that is better everywhere counts
+    ({16: (0.1, 0.01), 64: (0.05, 0.05), 256: (0.48, 0.05)},
+     ["SGLANG_DDTREE_TREE_KERNEL=auto", "SGLANG_DDTREE_RANK_MIN_WIDTH=256"]),
+])
+def test_pick_tree_setup_rule(tmp_path, pairs, expect):
+    chunked, one = tmp_path / "c.json", tmp_path / "o.json"
+    chunked.write_text(json.dumps(_bench_rows(pairs, 0.1)))
+    one.write_text(json.dumps(_bench_rows(pairs, 0.2)))
+    out = subprocess.run([sys.executable, str(REPO / "scripts/device/pick_tree_setup.py"), str(chunked), str(one)],
+                         capture_output=True, text=True, check=True).stdout
+    exports = [line.removeprefix("export ") for line in out.splitlines() if line.startswith("export ")]
+    assert exports == expect + ["SGLANG_DDTREE_TOPK_CHUNKS=-1"]
+
+
+def test_tree_kernel_auto_switches_at_the_min_width(monkeypatch):
+    pytest.importorskip("triton")
+    from sglang_ddtree import kernels
+
+    monkeypatch.setattr(kernels, "RANK_MIN_WIDTH", 128)
+    assert [kernels.tree_kernel_for(w, "auto") for w in (16, 127, 128, 1024)] == ["sort", "sort", "rank", "rank"]
+    assert kernels.tree_kernel_for(1024, "sort") == "sort" and kernels.tree_kernel_for(16, "rank") == "rank"
