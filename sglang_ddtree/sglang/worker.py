@@ -82,7 +82,9 @@ class DDTreeWorker(DFlashWorkerV2):
         if self.ps.tp_rank == 0:
             logger.info("DDTREE worker ready: budget=%d, verify nodes=%d, drafter block=%d, top-K=%d, prune=%s, "
                         "tp=%d, kernels=%s", self.budget, self.num_nodes, self.block_size, self.topk,
-                        self.options.prune, self.ps.tp_size, "triton" if self.use_kernels else "torch")
+                        self.options.prune, self.ps.tp_size,
+                        f"triton (tree build: {kernels.tree_kernel_for(self.budget)})" if self.use_kernels
+                        else "torch")
 
     # ------------------------------------------------------------------------------------------------------------
     # Setup checks
