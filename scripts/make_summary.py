@@ -30,14 +30,22 @@ def _row(rows, **match):
 
 
 def tree_stages(out: dict) -> None:
-    """Issue 2: build (top-K + tree) + layout + walk on the H200, median ms of one CUDA-graph replay, batch 1, with
-    the shipped kernels (`triton_sort_*` in tree_kernels_h200.json: that run also timed an alternative kernel)."""
-    data = _load("tree_kernels_h200.json")
-    if data is None:
-        raise FileNotFoundError("tree_kernels_h200.json")
+    """Issue 2: top-K + tree build + layout + walk on the H200, median ms of one CUDA-graph replay, batch 1: the
+    fastest combination measured in one row of lease 3's kernel runs (tree_kernels_rank_h200.json: sort and rank
+    tree kernels with the chunked top-K; tree_kernels_topk_one_stage_h200.json: sort kernel, one-stage top-K)."""
+    rank, one = _load("tree_kernels_rank_h200.json"), _load("tree_kernels_topk_one_stage_h200.json")
+    if rank is None or one is None:
+        raise FileNotFoundError("tree_kernels_rank_h200.json / tree_kernels_topk_one_stage_h200.json")
     for budget in (256, 1024):
-        row = _row(data["rows"], batch_size=1, budget=budget)
-        out[f"tree_stages_ms_h200_b{budget}_bs1"] = round(row["triton_sort_graph_all_ms"], 4)
+        measured = {}
+        r = _row(rank["rows"], batch_size=1, budget=budget)
+        measured["rank tree kernel + chunked top-K"] = r["triton_rank_graph_all_ms"]
+        measured["sort tree kernel + chunked top-K"] = r["triton_graph_all_ms"]
+        o = _row(one["rows"], batch_size=1, budget=budget)
+        measured["sort tree kernel + one-stage top-K"] = o["triton_graph_all_ms"]
+        best = min(measured, key=measured.get)
+        out[f"tree_stages_ms_h200_b{budget}_bs1"] = round(measured[best], 4)
+        out[f"tree_stages_impl_h200_b{budget}_bs1"] = best
 
 
 def tiny_pair(out: dict) -> None:
@@ -49,6 +57,7 @@ def tiny_pair(out: dict) -> None:
     out["tiny_pair_bytes"] = sum(p.stat().st_size for p in files)
     log = json.loads((root / "training_log.json").read_text())
     out["tiny_target_heldout_ppl"] = round(log["target"]["heldout_ppl"], 3)
+    out["tiny_drafter_heldout_chain_walk"] = round(log["acceptance"]["mean_accept_len_chain_walk"], 4)
 
 
 def offline(out: dict) -> None:
@@ -63,10 +72,10 @@ def offline(out: dict) -> None:
         out["tiny_dflash_tau_humaneval_t0"] = round(data["tau"]["dflash"], 4)
 
 
-def _sweep_rows() -> dict:
-    path = RESULTS / "sweep_h200.jsonl"
+def _sweep_rows(name: str = "sweep_h200.jsonl") -> dict:
+    path = RESULTS / name
     if not path.exists():
-        raise FileNotFoundError("sweep_h200.jsonl")
+        raise FileNotFoundError(name)
     rows = {}
     for line in path.read_text().splitlines():
         r = json.loads(line)
@@ -75,36 +84,45 @@ def _sweep_rows() -> dict:
     return rows
 
 
-def gpu_suite(out: dict) -> None:
-    """Issue 5: the last full GPU-suite run (core + kernels + smoke + DDTREE server modules) of lease 2."""
-    data = _load("gpu_suite_lease2.json")
+def _lease3_runs() -> list[dict]:
+    data = _load("gpu_suite_lease3.json")
     if data is None:
-        raise FileNotFoundError("gpu_suite_lease2.json")
-    full = data["runs"][0]
+        raise FileNotFoundError("gpu_suite_lease3.json")
+    return data["runs"]
+
+
+def gpu_suite(out: dict) -> None:
+    """Issue 5: lease 3's GPU-suite run on GPU 0 (core + kernels + the DDTREE server module)."""
+    full = _lease3_runs()[0]
     phases = full["phases_s"]
     out["gpu_suite_device_seconds"] = round(phases["install"] + phases["suite"], 1)
     out["gpu_suite_passed"] = full["counts"]["passed"]
     out["gpu_suite_failed"] = full["counts"]["failed"] + full["counts"]["errors"]
 
 
-def sglang(out: dict) -> None:
-    """Issue 6: losslessness and KV leak from the DDTREE server module; tiny-pair batch-1 throughput of one run."""
-    data = _load("gpu_suite_lease2.json")
-    if data is None:
-        raise FileNotFoundError("gpu_suite_lease2.json")
-    run = data["runs"][-1]  # the DDTREE server module after the device-string fix
-    records = run["records"]
-    equal = [r for r in records if r.get("kind") == "ddtree_greedy_equality"]
-    # true only if every configuration matched plain decoding token for token (ties included as mismatches)
-    out["sglang_lossless_t0"] = bool(equal) and all(
-        not r[mode]["failures"] and not r[mode]["ties"] for r in equal for mode in ("bs1", "bs8"))
-    gaps = [t["logprob_gap"] for r in equal for mode in ("bs1", "bs8") for t in r[mode]["ties"] + r[mode]["failures"]
+def _equality(records: list[dict], kind: str) -> tuple[bool, bool, float]:
+    """(exact everywhere, equal up to near-ties, largest log-prob gap at a difference) over equality records."""
+    equal = [r for r in records if r.get("kind") == kind]
+    exact = bool(equal) and all(not r[m]["failures"] and not r[m]["ties"] for r in equal for m in ("bs1", "bs8"))
+    up_to_ties = bool(equal) and all(not r[m]["failures"] for r in equal for m in ("bs1", "bs8"))
+    gaps = [t["logprob_gap"] for r in equal for m in ("bs1", "bs8") for t in r[m]["ties"] + r[m]["failures"]
             if isinstance(t, dict) and t.get("logprob_gap") is not None]
-    out["sglang_max_divergence_logprob_gap_nats"] = max(gaps) if gaps else 0.0
+    return exact, up_to_ties, max(gaps) if gaps else 0.0
+
+
+def sglang(out: dict) -> None:
+    """Issue 6: losslessness and KV leak from lease 3's DDTREE server module; tiny-pair batch-1 throughput of one
+    run (lease 3's tiny sweep, the committed pair)."""
+    records = _lease3_runs()[0]["records"]
+    # true only if every configuration matched plain decoding token for token (near-ties count as mismatches)
+    exact, up_to_ties, gap = _equality(records, "ddtree_greedy_equality")
+    out["sglang_lossless_t0"] = exact
+    out["sglang_lossless_t0_up_to_bf16_ties"] = up_to_ties
+    out["sglang_max_divergence_logprob_gap_nats"] = gap
     leak = [r for r in records if r.get("kind") == "kv_leak"]
     if leak:
         out["sglang_kv_leak_tokens"] = leak[-1]["after_tokens"] - leak[-1]["idle_tokens"]
-    rows = _sweep_rows()
+    rows = _sweep_rows("sweep_tiny_h200_lease3.jsonl")
     plain, dflash = rows[("tiny", "plain", None, 1)], rows[("tiny", "dflash", None, 1)]
     ddtree = {k[2]: r for k, r in rows.items() if k[0] == "tiny" and k[1] == "ddtree" and k[3] == 1}
     best = max(ddtree, key=lambda b: ddtree[b]["decode_tokens_per_s"])
@@ -113,11 +131,35 @@ def sglang(out: dict) -> None:
         "ddtree_best": round(ddtree[best]["decode_tokens_per_s"], 1), "ddtree_best_budget": best}
     out["ddtree_over_dflash_tokens_per_s_bs1"] = round(ddtree[best]["decode_tokens_per_s"]
                                                        / dflash["decode_tokens_per_s"], 4)
+    out["sglang_tiny_tau_humaneval_bs1"] = {"dflash": round(dflash["tau"], 4),
+                                            **{f"ddtree_{b}": round(r["tau"], 4) for b, r in sorted(ddtree.items())}}
+
+
+def tp2(out: dict) -> None:
+    """Issue 9: TP=2 (lease 3, two H200s): DDTREE == plain at TP=2, bf16."""
+    records = _lease3_runs()[2]["records"]
+    exact, up_to_ties, gap = _equality(records, "tp2_greedy_equality")
+    out["tp2_lossless_t0"] = exact
+    out["tp2_lossless_t0_up_to_bf16_ties"] = up_to_ties
+    out["tp2_max_divergence_logprob_gap_nats"] = gap
+    out["tp2_budgets_checked"] = sorted(int(r["config"].split("-")[1]) for r in records
+                                        if r.get("kind") == "tp2_greedy_equality")
+
+
+def hybrid(out: dict) -> None:
+    """Issue 7: the offline (transformers) hybrid verify paths on the H200: lossless and verify step times."""
+    data = _load("bench_hybrid_h200.json")
+    if data is None:
+        raise FileNotFoundError("bench_hybrid_h200.json")
+    out["hybrid_lossless_t0"] = bool(data["hybrid_lossless_t0"])
+    out["hybrid_step_ms"] = {k: round(v, 1) for k, v in data["hybrid_step_ms"].items()}
+    out["hybrid_step_ms_source"] = "offline transformers paths (benchmarks/bench_hybrid.py), not SGLang"
 
 
 def budgets(out: dict) -> None:
-    """Issue 8: tree-stage overhead at real size (8b-dummy, B=256, batch 1) and the projected best budgets."""
-    rows = _sweep_rows()
+    """Issue 8: tree-stage overhead at real size (8b-dummy, B=256, batch 1; lease 2's sweep: lease 3's batch-1
+    stage means are polluted, see benchmarks/results/README.md) and the projected best budgets."""
+    rows = _sweep_rows("sweep_h200.jsonl")
     r = rows[("8b-dummy", "ddtree", 256, 1)]
     stages = r["stage_ms"]
     out["tree_overhead_fraction_8b_b256_bs1"] = round(
@@ -129,7 +171,7 @@ def budgets(out: dict) -> None:
     out["best_budget_by_batch_is_projected"] = bool(projection.get("projected", True))
 
 
-EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, budgets]
+EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, budgets, tp2, hybrid]
 
 
 def build() -> dict:

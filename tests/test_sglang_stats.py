@@ -28,3 +28,23 @@ def test_round_vector_becomes_counters():
     assert value(registry, "sglang:ddtree_expected_tokens_total") == 9.5
     assert value(registry, "sglang:ddtree_stage_seconds_count", stage="verify") == 1
     assert value(registry, "sglang:ddtree_stage_seconds_sum", stage="verify") == pytest.approx(0.003)
+
+
+def test_round_summary_vector_counts_rounds_by_accepted_length():
+    import torch
+
+    from sglang_ddtree.sglang.stats import round_summary_vector
+    from sglang_ddtree.tree import build_tree_from_topk, topk_draft
+    from sglang_ddtree.walk import walk_choices
+
+    gen = torch.Generator().manual_seed(5)
+    values, tokens = topk_draft((torch.randn(6, 4, 30, generator=gen) * 3).log_softmax(-1), 8)
+    tree = build_tree_from_topk(values, tokens, 8, torch.zeros(6, dtype=torch.long), max_budget=8)
+    choice = torch.where(torch.rand(tree.tokens.shape, generator=gen) < 0.5, tree.tokens,
+                         torch.randint(0, 30, tree.tokens.shape, generator=gen))
+    walk = walk_choices(tree, choice)
+    vec = round_summary_vector(tree, walk)
+    by_accepted = vec[: tree.depth_limit + 1]
+    expect = torch.bincount(walk.accept_len, minlength=tree.depth_limit + 1).float()
+    assert torch.equal(by_accepted, expect) and by_accepted.sum() == 6
+    assert vec[-1] == 6 and vec[-3] == tree.num_nodes.sum() - 6

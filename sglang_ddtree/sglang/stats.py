@@ -133,9 +133,29 @@ def request_identity(reqs, seq_lens, batch_size: int) -> list[dict]:
     return out
 
 
+def round_summary_vector(tree, walk) -> torch.Tensor:
+    """A round's numbers summed over the batch, on the tree's device, with no host sync (tests/gpu checks it):
+    request-rounds by accepted draft tokens 0..L, then branches, draft nodes, expected tokens, requests."""
+    n = tree.depth_limit
+    ranks_on_path = tree.ranks.gather(1, walk.path.clamp(min=0))[:, 1:]
+    branches = ((ranks_on_path > 0) & (walk.path[:, 1:] >= 0)).sum()
+    draft_valid = tree.valid.clone()
+    draft_valid[:, 0] = False
+    expected = (1.0 + torch.where(draft_valid, tree.scores.exp(), 0.0).sum(dim=1)).sum()
+    # not torch.bincount: on CUDA it reads the input's max back to size its output, a host sync every round
+    by_accepted = torch.zeros(n + 1, dtype=torch.float32, device=walk.accept_len.device).scatter_add_(
+        0, walk.accept_len.clamp(0, n), torch.ones_like(walk.accept_len, dtype=torch.float32))
+    extra = torch.stack([branches.float(), (tree.num_nodes - 1).sum().float(), expected,
+                         expected.new_full((), float(tree.batch_size))])
+    return torch.cat([by_accepted, extra])
+
+
 class DDTreeStats:
     RING = 256  # rounds whose numbers may be in flight to the host
-    FLUSH_ROUNDS = 16  # publish to Prometheus every this many rounds (each round still counted)
+    # Publish every completed round. Batching 16 rounds saved host time but let a workload's Prometheus diff
+    # receive rounds of the one before (lease 3: a server's warm-up rounds, JIT compiles included, landed in the
+    # first measured workload's stage means); now at most the one or two rounds still in flight spill over.
+    FLUSH_ROUNDS = 1
 
     def __init__(self, *, enable_metrics: bool, debug_path: str | None, depth_limit: int, budget: int):
         self.enabled = enable_metrics or debug_path is not None
@@ -187,18 +207,9 @@ class DDTreeStats:
         if len(self.pending) >= self.RING:  # the host fell behind: skip this round's numbers rather than block
             self.dropped_rounds += 1
             return
-        n = tree.depth_limit
-        ranks_on_path = tree.ranks.gather(1, walk.path.clamp(min=0))[:, 1:]
-        branches = ((ranks_on_path > 0) & (walk.path[:, 1:] >= 0)).sum()
-        draft_valid = tree.valid.clone()
-        draft_valid[:, 0] = False
-        expected = (1.0 + torch.where(draft_valid, tree.scores.exp(), 0.0).sum(dim=1)).sum()
-        by_accepted = torch.bincount(walk.accept_len, minlength=n + 1)[: n + 1].float()
-        extra = torch.stack([branches.float(), (tree.num_nodes - 1).sum().float(), expected,
-                             expected.new_full((), float(tree.batch_size))])
         slot = self.ring[self.ring_index % self.RING]
         self.ring_index += 1
-        slot.copy_(torch.cat([by_accepted, extra]), non_blocking=True)
+        slot.copy_(round_summary_vector(tree, walk), non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         self.pending.append((event, slot, timer))
