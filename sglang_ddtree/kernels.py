@@ -332,10 +332,12 @@ def _pairs(width: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, int]
 
 # Which tree-build kernel build_tree_triton runs: "sort" (one program per request: a sort per depth), "rank"
 # (many programs per request, one launch per depth), or "auto" (rank from SGLANG_DDTREE_RANK_MIN_WIDTH tree nodes
-# up, sort below). Same output bit for bit. Environment, read once (scripts/device/pick_tree_setup.py picks them
-# from a GPU benchmark).
-TREE_KERNEL = os.environ.get("SGLANG_DDTREE_TREE_KERNEL", "sort")
-RANK_MIN_WIDTH = int(os.environ.get("SGLANG_DDTREE_RANK_MIN_WIDTH", "128"))
+# up, sort below). Same output bit for bit. Environment, read once; scripts/device/pick_tree_setup.py derives them
+# from a GPU benchmark. Defaults = what it picked on the H200 (benchmarks/results/tree_kernels_rank_h200.json,
+# batch 1, one graph replay: sort 0.024 / 0.067 / 0.48 / 3.24 ms at B = 16 / 64 / 256 / 1024, rank 0.12 / 0.21 /
+# 0.25 / 1.87 ms).
+TREE_KERNEL = os.environ.get("SGLANG_DDTREE_TREE_KERNEL", "auto")
+RANK_MIN_WIDTH = int(os.environ.get("SGLANG_DDTREE_RANK_MIN_WIDTH", "256"))
 if TREE_KERNEL not in ("sort", "rank", "auto"):
     raise ValueError(f"SGLANG_DDTREE_TREE_KERNEL must be sort, rank or auto, got {TREE_KERNEL!r}.")
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -118,19 +117,16 @@ def topk_draft(draft_logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torc
 def exact_topk(x: torch.Tensor, k: int, *, id_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of the last dim with ties resolved by the lower index, ordered (value descending, index ascending).
 
-    x: float32. On CUDA with few rows (the serving case: 15 positions per request) one torch.topk over a 152k-wide
-    row keeps only a handful of SMs busy, so the selection runs in two stages over chunks of the row
-    (`chunked_key_topk`). Otherwise, on CUDA torch.topk already picks, among values equal to the k-th largest, the
-    lowest indices (its gather pass fills the remaining slots in index order; tests/gpu checks it against the CPU
-    path), so only the order inside the k needs canonicalizing: a sort of k keys. On CPU torch.topk makes no such
-    promise, so the selection itself runs on unique int64 keys (float bits, then the reversed index).
+    x: float32. On CUDA torch.topk already picks, among values equal to the k-th largest, the lowest indices (its
+    gather pass fills the remaining slots in index order; tests/gpu checks it against the CPU path), so only the
+    order inside the k needs canonicalizing: a sort of k keys. On CPU torch.topk makes no such promise, so the
+    selection itself runs on unique int64 keys (float bits, then the reversed index).
+    A two-stage selection over chunks of the row (more SMs busy at batch 1) was measured slower on the H200
+    (B=256, batch 1: 0.36 vs 0.20 ms; batch 8: 1.35 vs 0.60 ms; benchmarks/results/tree_kernels_*_h200.json) and
+    removed.
     """
     width = x.shape[-1]
     if x.is_cuda:
-        chunks = topk_chunks(x.numel() // max(width, 1), width, k)
-        if chunks > 1:
-            index = chunked_key_topk(x, k, chunks)
-            return x.gather(-1, index), index + id_offset
         values, index = torch.topk(x, k, dim=-1, sorted=True)
         order = torch.topk(_key_with_tiebreak(values, (2**32 - 1) - index), k, dim=-1, sorted=True).indices
         index = index.gather(-1, order)
@@ -138,46 +134,6 @@ def exact_topk(x: torch.Tensor, k: int, *, id_offset: int = 0) -> tuple[torch.Te
     reverse = (width - 1) - torch.arange(width, device=x.device, dtype=torch.int64)
     index = torch.topk(_key_with_tiebreak(x, reverse), k, dim=-1, sorted=True).indices
     return x.gather(-1, index), index + id_offset
-
-
-# SGLANG_DDTREE_TOPK_CHUNKS: -1 (default) = by shape (topk_chunks), 0 or 1 = one-stage torch.topk; n > 1 = n chunks.
-# Exists to measure the choice on a GPU (benchmarks/bench_tree.py); read once.
-_TOPK_CHUNKS = int(os.environ.get("SGLANG_DDTREE_TOPK_CHUNKS", "-1"))
-
-
-def topk_chunks(rows: int, width: int, k: int) -> int:
-    """How many chunks the two-stage selection splits a row into (1 = one stage). Chunks must hold >= k entries;
-    with many rows one stage already fills the GPU."""
-    if _TOPK_CHUNKS >= 0:
-        chunks = max(1, _TOPK_CHUNKS)
-    elif rows >= 256:
-        return 1
-    else:
-        chunks = min(32, width // max(4 * k, 2048))
-    return max(1, min(chunks, width // max(k, 1)))
-
-
-def chunked_key_topk(x: torch.Tensor, k: int, chunks: int) -> torch.Tensor:
-    """Indices of the top-k of the last dim, ordered (value descending, index ascending), in two stages.
-
-    Every entry becomes a unique int64 key (float bits, then the reversed index), so both stages are exact
-    selections with no tie rule of torch.topk involved: stage 1 keeps each chunk's top-k keys, stage 2 the top-k of
-    those. Exact because an entry of the global top-k is beaten by fewer than k entries of the whole row, hence of
-    its chunk. The key carries the index, so no index tensors are gathered in between.
-    """
-    width = x.shape[-1]
-    lead = x.shape[:-1]
-    rows = x.numel() // width
-    chunk = -(-width // chunks)
-    if chunk < k:
-        raise ValueError(f"chunks of {chunk} entries cannot hold a top-{k}; use fewer than {chunks} chunks.")
-    reverse = (2**32 - 1) - torch.arange(width, device=x.device, dtype=torch.int64)
-    keys = torch.full((rows, chunks * chunk), torch.iinfo(torch.int64).min, dtype=torch.int64, device=x.device)
-    keys[:, :width] = _key_with_tiebreak(x.reshape(rows, width), reverse)
-    stage1 = torch.topk(keys.view(rows, chunks, chunk), k, dim=-1, sorted=False).values
-    best = torch.topk(stage1.reshape(rows, chunks * k), k, dim=-1, sorted=True).values
-    index = (2**32 - 1) - (best & 0xFFFFFFFF)
-    return index.view(*lead, k)
 
 
 # ---------------------------------------------------------------------------------------------------------------

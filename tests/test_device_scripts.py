@@ -591,9 +591,9 @@ def test_interrupted_parallel_start_kills_the_servers_promptly(fake_sglang):
                 pass
 
 
-def _bench_rows(pairs, topk_ms):
+def _bench_rows(pairs):
     return {"rows": [{"batch_size": 1, "budget": b, "triton_graph_tree_ms": s, "triton_rank_graph_tree_ms": r,
-                      "triton_eager_all_ms": 1.0, "triton_rank_eager_all_ms": 1.1, "triton_graph_topk_ms": topk_ms}
+                      "triton_eager_all_ms": 1.0, "triton_rank_eager_all_ms": 1.1}
                      for b, (s, r) in pairs.items()]}
 
 
@@ -607,13 +607,12 @@ def _bench_rows(pairs, topk_ms):
      ["SGLANG_DDTREE_TREE_KERNEL=auto", "SGLANG_DDTREE_RANK_MIN_WIDTH=256"]),
 ])
 def test_pick_tree_setup_rule(tmp_path, pairs, expect):
-    chunked, one = tmp_path / "c.json", tmp_path / "o.json"
-    chunked.write_text(json.dumps(_bench_rows(pairs, 0.1)))
-    one.write_text(json.dumps(_bench_rows(pairs, 0.2)))
-    out = subprocess.run([sys.executable, str(REPO / "scripts/device/pick_tree_setup.py"), str(chunked), str(one)],
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(_bench_rows(pairs)))
+    out = subprocess.run([sys.executable, str(REPO / "scripts/device/pick_tree_setup.py"), str(bench)],
                          capture_output=True, text=True, check=True).stdout
     exports = [line.removeprefix("export ") for line in out.splitlines() if line.startswith("export ")]
-    assert exports == expect + ["SGLANG_DDTREE_TOPK_CHUNKS=-1"]
+    assert exports == expect
 
 
 def test_tree_kernel_auto_switches_at_the_min_width(monkeypatch):

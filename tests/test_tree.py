@@ -260,24 +260,3 @@ def test_bad_input_is_refused_with_value_errors():
     with pytest.raises(ValueError, match="max_budget"):
         build_tree(lp, 10, roots, max_budget=5)
 
-
-def test_chunked_key_topk_equals_one_stage_selection_with_ties():
-    """The two-stage selection the CUDA path uses for few wide rows: same indices, same order, for every chunk
-    count, on heavily tied inputs with -inf entries and a ragged last chunk."""
-    from sglang_ddtree.tree import chunked_key_topk, exact_topk
-
-    gen = torch.Generator().manual_seed(7)
-    checked = 0
-    for _ in range(60):
-        rows = int(torch.randint(1, 4, (1,), generator=gen))
-        width = int(torch.randint(8, 200, (1,), generator=gen))
-        k = int(torch.randint(1, width + 1, (1,), generator=gen))
-        x = torch.randint(-3, 3, (rows, width), generator=gen).float()
-        x[:, ::5] = float("-inf")
-        _, ref = exact_topk(x, k)
-        for chunks in range(1, width // k + 1):
-            assert torch.equal(chunked_key_topk(x, k, chunks), ref), (rows, width, k, chunks)
-            checked += 1
-    assert checked > 100
-    with pytest.raises(ValueError, match="cannot hold"):
-        chunked_key_topk(torch.zeros(1, 10), 6, 2)

@@ -31,11 +31,8 @@ bench-tree)
     mkdir -p "$out"
     export CUDA_VISIBLE_DEVICES=$gpu
     python3 benchmarks/bench_tree.py --device cuda --impls triton,triton_rank --budgets 16,64,256,1024 \
-        --batch-sizes 1,8,32 --repeats 30 --out "$out/tree_kernels_chunked_topk.json"
-    SGLANG_DDTREE_TOPK_CHUNKS=0 python3 benchmarks/bench_tree.py --device cuda --impls triton \
-        --budgets 64,256,1024 --batch-sizes 1,8 --repeats 30 --out "$out/tree_kernels_one_stage_topk.json"
-    python3 scripts/device/pick_tree_setup.py "$out/tree_kernels_chunked_topk.json" \
-        "$out/tree_kernels_one_stage_topk.json" | tee /tmp/picked.env "$out/picked.env"
+        --batch-sizes 1,8,32 --repeats 30 --out "$out/tree_kernels.json"
+    python3 scripts/device/pick_tree_setup.py "$out/tree_kernels.json" | tee /tmp/picked.env "$out/picked.env"
     ;;
 use-new-drafter)
     out=${1:-}

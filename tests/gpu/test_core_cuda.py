@@ -1,7 +1,5 @@
 """The core on CUDA: same results as on CPU, and capturable in a CUDA graph (no host sync)."""
 
-import os
-
 import pytest
 import torch
 
@@ -81,15 +79,12 @@ def test_stages_replay_in_a_cuda_graph(budget):
 @pytest.mark.parametrize("rows,vocab,k", [(6, 151936, 16), (6, 151936, 1024), (6, 4096, 1024), (6, 300, 64),
                                           (256, 151936, 64)])
 def test_exact_topk_cuda_fast_path_equals_cpu_keys(rows, vocab, k):
-    """The CUDA paths: few rows of a wide vocabulary go through the two-stage chunked key selection; many rows or
-    a narrow vocabulary through one torch.topk, trusted to take the lowest indices among values tied with the k-th.
-    The CPU path selects on unique keys. Heavily tied inputs (a bf16-like grid) must give identical results."""
-    from sglang_ddtree.tree import exact_topk, topk_chunks
+    """The CUDA path trusts torch.topk to take the lowest indices among values tied with the k-th; the CPU path
+    selects on unique keys. Heavily tied inputs (a bf16-like grid) must give identical results."""
+    from sglang_ddtree.tree import exact_topk
 
     gen = torch.Generator().manual_seed(vocab + k)
     x = ((torch.randn(rows, vocab, generator=gen) * 2).to(torch.bfloat16).float() * 4).round() / 4
-    if os.environ.get("SGLANG_DDTREE_TOPK_CHUNKS", "-1") == "-1":  # the shape rule (not overridden)
-        assert (topk_chunks(rows, vocab, k) > 1) == (rows < 256 and vocab >= 8 * k and vocab >= 4096)
     cpu_v, cpu_i = exact_topk(x, k)
     gpu_v, gpu_i = exact_topk(x.cuda(), k)
     assert torch.equal(cpu_i, gpu_i.cpu()) and torch.equal(cpu_v, gpu_v.cpu())
