@@ -246,6 +246,27 @@ def first_slots(tree: DraftTree, budget: int) -> DraftTree:
                      tree.ranks[:, :n], tree.valid[:, :n], tree.depth_limit)
 
 
+def subtree_accept_lengths(tree: DraftTree, path: torch.Tensor, budgets: Sequence[int]) -> torch.Tensor:
+    """[bs, C] committed length (accepted + bonus) that the best-b subtree (the first b slots; CHAIN: the top-1
+    chain) of a verified tree would have had this round, read off that tree's walk `path` [bs, L+1].
+
+    Exact for b within the verified tree when the target's choices are deterministic (T=0): the target's choice at
+    a node depends only on the node's prefix, not on which other nodes were verified, and path indices increase
+    from the root. For CHAIN it counts the leading rank-0 nodes of the path: a lower bound when the chain leaves the
+    verified tree (its deeper nodes were not verified)."""
+    steps = path[:, 1:]
+    out = []
+    for b in budgets:
+        if b == CHAIN:
+            ok = (steps >= 1) & (tree.ranks.gather(1, steps.clamp(min=0)) == 0)
+        else:
+            if b > tree.max_nodes - 1:
+                raise ValueError(f"budget {b} exceeds the verified tree's {tree.max_nodes - 1} draft slots.")
+            ok = (steps >= 1) & (steps <= b)
+        out.append(1 + ok.to(torch.int64).cumprod(dim=1).sum(dim=1))
+    return torch.stack(out, dim=1)
+
+
 # ------------------------------------------------------------------------------------------ the chooser
 
 
@@ -581,10 +602,54 @@ class RoundCost:
 
 
 def prune_candidates(cost: RoundCost, batch: int, candidates: Sequence[int], max_gain: float = 2.0) -> list[int]:
-    """Drop candidates that cannot pay for themselves: a budget whose fixed round costs more than `max_gain` x the
-    chain's would need its tree to commit more than max_gain x the chain's tokens, which a drafter's tree does not
-    do on average (tau(1024) / tau(chain) = 1.9 on the tiny pair). Static per batch size (host side, once).
-    Removing candidates also lowers B_max, hence the decision overhead; when only the chain is left there is no
-    decision at all."""
+    """Prior-free pruning: drop a budget whose fixed round costs more than `max_gain` x the chain's, since its tree
+    would have to commit more than max_gain x the chain's tokens, which a drafter's tree does not do on average
+    (tau(1024) / tau(chain) = 1.9 on the tiny pair). Static per batch size (host side, once). Removing candidates
+    also lowers B_max, hence the decision overhead; when only the chain is left there is no decision at all."""
     chain_ms = cost.fixed_ms(batch, CHAIN)
     return [b for b in candidates if b == CHAIN or cost.fixed_ms(batch, b) <= max_gain * chain_ms]
+
+
+def load_tau_prior(path: str | Path) -> dict[int, float]:
+    """A prior acceptance curve {CHAIN or budget: tau} for `candidate_window`, from a baseline file (.jsonl: tau of
+    its dflash / ddtree_tb<B> records), an adaptive_eval.py result (its warm-up's tau_prior) or a JSON object
+    {"chain": tau, "16": tau, ...}."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        from sglang_ddtree.bench.cost_model import tau_from_baseline
+
+        t = tau_from_baseline(path)
+        out = {int(b): float(v) for b, v in t["ddtree"].items()}
+        if t.get("dflash") is not None:
+            out[CHAIN] = float(t["dflash"])
+        return out
+    data = json.loads(path.read_text())
+    if isinstance(data, dict) and "runs" in data:
+        data = data["runs"]["warmup"]["tau_prior"]
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"{path}: expected a JSON object {{'chain': tau, '16': tau, ...}}.")
+    return {(CHAIN if str(k).lower() in ("chain", "dflash") else int(k)): float(v) for k, v in data.items()}
+
+
+def candidate_window(cost: RoundCost, batch: int, candidates: Sequence[int], tau: dict[int, float],
+                     tolerance: float = 0.05, allow_extrapolated: bool = False) -> list[int]:
+    """Candidates worth deciding between at this batch size, from a prior acceptance curve tau[b] (b: CHAIN or a
+    budget; e.g. measured on warm-up rounds with `subtree_accept_lengths`): the chain, plus the budgets whose
+    projected tokens/s = tau[b] / fixed round time is within `tolerance` of the best candidate's. Budgets whose
+    verify size lies outside the sweep's measured range at this batch size are left out unless allow_extrapolated.
+
+    Why: every round pays for the decision (top-K and tree build at the largest candidate); a budget whose average
+    rate is clearly below the best one rarely wins a round, so it only makes every round dearer. The chain always
+    stays, so no tree is ever forced; when it is left alone, there is no decision and no overhead (the chain is the
+    DFLASH path)."""
+    rates = {}
+    for b in candidates:
+        if b not in tau:
+            continue
+        if b != CHAIN and not allow_extrapolated and not cost.fit.measured(batch, batch * (b + 1)):
+            continue
+        rates[b] = tau[b] / cost.fixed_ms(batch, b)
+    if not rates:
+        return [CHAIN]
+    best = max(rates.values())
+    return sorted({CHAIN} | {b for b, r in rates.items() if r >= (1 - tolerance) * best})

@@ -368,3 +368,73 @@ def test_kernel_cost_interpolation():
     assert k.topk(15, 16) == pytest.approx(15.0)  # linear extrapolation in the batch
     assert k.topk(1, 8) == 1.0 and k.tree(1, 0) == 0.0
     assert k.extrapolated(15) and not k.extrapolated(4)
+
+
+# ------------------------------------------------------------------------------------- counterfactuals, window
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_subtree_accept_lengths_equal_walking_each_subtree(seed):
+    """T=0 counterfactual: the walk of the verified big tree tells what every best-b subtree (and the chain, when
+    it lies inside the big tree) would have committed with the same target."""
+    vocab, depth = 6, 5
+    lp = _lp(3, depth, vocab, seed=seed, scale=1.5)
+    roots = torch.tensor([0, 1, 2])
+    big = build_tree(lp, 200, roots)
+    # a target whose choice depends on the whole prefix: hash of the node's token path
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randint(0, vocab, (10007,), generator=g)
+
+    def choices(tree):
+        h = torch.zeros(tree.tokens.shape, dtype=torch.long)
+        from sglang_ddtree.layout import ancestor_chain
+        chain = ancestor_chain(tree)
+        for k in range(chain.shape[2]):
+            node = chain[:, :, k]
+            tok = tree.tokens.gather(1, node.clamp(min=0))
+            h = torch.where(node >= 0, (h * 31 + tok + 1) % 10007, h)
+        # make the drafter's top-1 right most of the time so paths get deep
+        top1 = topk_draft(lp, 1)[1][:, :, 0]
+        d = tree.depth.clamp(max=depth - 1)
+        agree = table[h] % 3 != 0
+        return torch.where(agree, top1.gather(1, d), table[h] % vocab)
+
+    budgets = [CHAIN, 1, 3, 10, 50, 200]
+    got = adaptive.subtree_accept_lengths(big, walk_choices(big, choices(big)).path, budgets)
+    assert int(got.max()) >= 3  # deep enough to mean something
+    for j, b in enumerate(budgets):
+        sub = chain_tree(lp, roots) if b == CHAIN else build_tree(lp, b, roots)
+        want = walk_choices(sub, choices(sub)).commit_len
+        if b == CHAIN:
+            assert (got[:, j] <= want).all()  # lower bound; equal while the chain stays inside the big tree
+            inside = [all(((big.tokens[r] == t) & (big.depth[r] == i + 1)).any() for i, t in
+                          enumerate(sub.tokens[r, 1:].tolist())) for r in range(3)]
+            assert all(int(got[r, j]) == int(want[r]) for r in range(3) if inside[r])
+        else:
+            assert torch.equal(got[:, j], want)
+
+
+def test_candidate_window():
+    cost = RoundCost.from_sweep()
+    tau = {CHAIN: 2.9, 16: 3.6, 32: 3.95, 64: 4.2, 128: 4.45, 256: 4.7}
+    cands = [CHAIN, 16, 32, 64, 128, 256]
+    w1 = adaptive.candidate_window(cost, 1, cands, tau)
+    rates = {b: tau[b] / cost.fixed_ms(1, b) for b in cands}
+    best = max(rates.values())
+    assert w1 == sorted({CHAIN} | {b for b in cands if rates[b] >= 0.95 * best})
+    assert CHAIN in w1 and len(w1) >= 2
+    # at batch 64 no tree budget is inside the measured verify range and within 5%: the chain alone, no decision
+    assert adaptive.candidate_window(cost, 64, cands, tau) == [CHAIN]
+    assert adaptive.candidate_window(cost, 1, cands, {}) == [CHAIN]
+    assert adaptive.candidate_window(cost, 1, cands, tau, tolerance=1.0) == cands
+
+
+def test_load_tau_prior(tmp_path):
+    p = tmp_path / "prior.json"
+    p.write_text(json.dumps({"chain": 2.5, "16": 3.5}))
+    assert adaptive.load_tau_prior(p) == {CHAIN: 2.5, 16: 3.5}
+    p.write_text(json.dumps({"runs": {"warmup": {"tau_prior": {"chain": 2.0, "64": 4.0}}}}))
+    assert adaptive.load_tau_prior(p) == {CHAIN: 2.0, 64: 4.0}
+    p.write_text("[]")
+    with pytest.raises(ValueError):
+        adaptive.load_tau_prior(p)

@@ -206,3 +206,22 @@ def test_method_name_ddtree_auto():
         ["plain", "dflash", "ddtree_tb64", "ddtree_auto"]
     with pytest.raises(ValueError, match="no fixed budget"):
         method_name("ddtree_auto", 64)
+
+
+def test_runner_windowed_candidates_from_a_tau_prior(target, prompts, plain_outputs, tmp_path):
+    import json
+
+    prior = tmp_path / "prior.json"
+    prior.write_text(json.dumps({"chain": 2.0, "16": 3.0, "64": 3.1}))
+    draft = OracleDraft(target, noise=0.3, seed=3)
+    s1 = RunSettings(methods=["ddtree_auto"], max_new_tokens=MAX_NEW,
+                     auto=AutoSettings(candidates="chain,16,64", batch_size=1, tau_prior=str(prior)))
+    rec = decode_one(target, draft, PromptInput("p0", 0, prompts[0]), "ddtree_auto", s1)
+    assert rec.output_ids == plain_outputs[0]
+    pol = rec.extra["auto"]["policy"]
+    assert pol["candidate_rule"]["rule"] == "window" and pol["candidates"][0] == "chain"
+    s64 = RunSettings(methods=["ddtree_auto"], max_new_tokens=MAX_NEW,
+                      auto=AutoSettings(candidates="chain,16,64", batch_size=64, tau_prior=str(prior)))
+    rec = decode_one(target, draft, PromptInput("p0", 0, prompts[0]), "ddtree_auto", s64)
+    assert rec.extra["auto"]["policy"]["candidates"] == ["chain"] and set(rec.extra["auto"]["budget"]) == {CHAIN}
+    assert rec.output_ids == plain_outputs[0]

@@ -51,6 +51,7 @@ class AutoPolicy:
     info: dict = field(default_factory=dict)  # recorded as is (cost description, sweep path, ...)
     name: str | None = None  # method name of the records (default: ddtree_auto, or the fixed method it reduces to)
     observers: dict[str, ScoreCalibrator] = field(default_factory=dict)  # predict + learn, never choose (evaluation)
+    counterfactual: list[int] | None = None  # record per round what these budgets (<= the verified one) would commit
 
     def __post_init__(self):
         self.candidates = sorted(int(b) for b in self.candidates)
@@ -136,6 +137,8 @@ def auto_decode(target, drafts: Sequence, prompts: Sequence, *, policy: AutoPoli
                              stage_ms={s: [] for s in ("draft", "tree", "verify", "walk", "commit")})
         r.rec.extra["auto"] = {"policy": policy.describe(), "budget": [], "pred_raw": [], "pred_cal": [],
                                "group_size": len(prompts), **{f"pred_{k}": [] for k in policy.observers}}
+        if policy.counterfactual:
+            r.rec.extra["auto"]["counterfactual"] = {adaptive.candidate_label(b): [] for b in policy.counterfactual}
         reqs.append(r)
     clock = _Clock(reqs[0].state.device)
 
@@ -226,6 +229,10 @@ def auto_decode(target, drafts: Sequence, prompts: Sequence, *, policy: AutoPoli
             rec.extra["auto"]["pred_cal"].append(pred_cal)
             if record_trees:
                 rec.trees.append(_tree_dump(tree))
+            if policy.counterfactual:
+                would = adaptive.subtree_accept_lengths(tree, walk.path, policy.counterfactual)[0].tolist()
+                for b, v in zip(policy.counterfactual, would):
+                    rec.extra["auto"]["counterfactual"][adaptive.candidate_label(b)].append(int(v))
             for stage, ms in zip(("draft", "tree", "verify", "walk", "commit"),
                                  (draft_ms[j], tree_ms, (t_verify - t) * 1e3, (t_walk - t_verify) * 1e3,
                                   (t_commit - t_walk) * 1e3)):
@@ -257,22 +264,31 @@ def auto_decode(target, drafts: Sequence, prompts: Sequence, *, policy: AutoPoli
 
 def build_policy(candidates, *, batch_size: int = 1, calibrate: bool = False, select: str | None = None,
                  sweep=None, kernels="default", overhead: bool = True, max_gain: float | None = 2.0,
+                 tau_prior: dict[int, float] | None = None, window: float = 0.05,
                  calibrator: ScoreCalibrator | None = None, depth_limit: int = 15) -> AutoPolicy:
     """An AutoPolicy whose round times come from the committed H200 sweep through the cost model (`RoundCost`).
 
-    candidates: 'chain,16,32,...' or a list; pruned per batch size with `prune_candidates(max_gain)` unless None.
-    calibrate: attach a fresh ScoreCalibrator (or pass `calibrator`); select defaults to 'calibrated' then.
+    candidates: 'chain,16,32,...' or a list. Per batch size they are narrowed with `candidate_window(tau_prior,
+    window)` when a prior acceptance curve is given, else with the prior-free `prune_candidates(max_gain)` (None:
+    keep all). calibrate: attach a fresh ScoreCalibrator (or pass `calibrator`); select defaults to 'calibrated' then.
     """
     cands = adaptive.parse_candidates(candidates)
     cost = adaptive.RoundCost.from_sweep(
         sweep or adaptive.DEFAULT_SWEEP,
         kernels=(adaptive.DEFAULT_KERNELS if kernels == "default" else kernels), overhead=overhead)
-    if max_gain is not None:
+    if tau_prior is not None:
+        cands = adaptive.candidate_window(cost, batch_size, cands, tau_prior, window)
+        rule = {"rule": "window", "tolerance": window,
+                "tau_prior": {adaptive.candidate_label(b): t for b, t in sorted(tau_prior.items())}}
+    elif max_gain is not None:
         cands = adaptive.prune_candidates(cost, batch_size, cands, max_gain)
+        rule = {"rule": "max_gain", "max_gain": max_gain}
+    else:
+        rule = {"rule": "all"}
     if calibrate and calibrator is None:
         calibrator = ScoreCalibrator(depth_limit=depth_limit)
     select = select or ("calibrated" if calibrator is not None else "raw")
-    info = {"cost": cost.describe(batch_size, cands), "sweep": cost.sweep, "max_gain": max_gain,
+    info = {"cost": cost.describe(batch_size, cands), "sweep": cost.sweep, "candidate_rule": rule,
             "decision_overhead": overhead}
     return AutoPolicy(candidates=cands, round_ms=cost.round_ms(batch_size, cands, depth_limit) if len(cands) > 1
                       else None, batch_size=batch_size, calibrator=calibrator, select=select, info=info,

@@ -61,6 +61,11 @@ def add_offline_parser(sub) -> None:
     auto.add_argument("--auto-no-overhead", action="store_true",
                       help="predict round times without the decision's own cost (bigger tree build, top-K)")
     auto.add_argument("--auto-sweep", default=None, help="sweep JSONL for the cost model (default: the committed one)")
+    auto.add_argument("--auto-tau-prior", default=None,
+                      help="prior acceptance curve (baseline .jsonl, adaptive_eval JSON or {'chain': tau, '16': tau}): "
+                           "keep the chain + budgets within --auto-window of the best projected rate at the batch size "
+                           "(replaces --auto-max-gain)")
+    auto.add_argument("--auto-window", type=float, default=0.05, help="tolerance of the candidate window")
     p.add_argument("--out", required=True, help="baseline JSONL (appended to / resumed when it exists)")
     p.add_argument("--no-resume", action="store_true", help="overwrite --out instead of resuming it")
     p.add_argument("--no-progress", action="store_true")
@@ -179,7 +184,12 @@ def cmd_offline(args) -> int:
                 raise ValueError(f"--auto-batch-size must be >= 1, got {args.auto_batch_size}.")
             auto_settings = AutoSettings(candidates=args.auto_candidates, batch_size=args.auto_batch_size,
                                          calibrate=args.calibrate, max_gain=args.auto_max_gain or None,
-                                         decision_overhead=not args.auto_no_overhead, sweep=args.auto_sweep)
+                                         decision_overhead=not args.auto_no_overhead, sweep=args.auto_sweep,
+                                         tau_prior=args.auto_tau_prior, window=args.auto_window)
+            if args.auto_tau_prior:
+                from sglang_ddtree.adaptive import load_tau_prior
+
+                load_tau_prior(args.auto_tau_prior)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -57,6 +57,8 @@ class AutoSettings:
     max_gain: float | None = 2.0
     decision_overhead: bool = True
     sweep: str | None = None  # default: benchmarks/results/sweep_h200.jsonl
+    tau_prior: str | None = None  # prior acceptance curve file (adaptive.load_tau_prior): windowed candidates
+    window: float = 0.05
 
 
 @dataclass
@@ -91,9 +93,12 @@ def auto_policy(s: RunSettings, depth_limit: int):
     """The AutoPolicy of a run (one per run: its calibrator learns across prompts, in prompt order)."""
     from sglang_ddtree.offline.auto import build_policy
 
+    from sglang_ddtree.adaptive import load_tau_prior
+
     a = s.auto or AutoSettings()
     return build_policy(a.candidates, batch_size=a.batch_size, calibrate=a.calibrate, sweep=a.sweep,
-                        overhead=a.decision_overhead, max_gain=a.max_gain, depth_limit=depth_limit)
+                        overhead=a.decision_overhead, max_gain=a.max_gain, window=a.window,
+                        tau_prior=load_tau_prior(a.tau_prior) if a.tau_prior else None, depth_limit=depth_limit)
 
 
 def decode_one(target, draft, prompt: PromptInput, method: str, s: RunSettings, *, policy=None) -> MethodRecord:
