@@ -31,7 +31,8 @@ STAGES = ("draft", "tree", "verify", "walk", "commit")
 
 
 def method_name(kind: str, budget: int | None = None) -> str:
-    """`plain`, `dflash`, `ddtree_auto` (adaptive budget per round, sglang_ddtree/adaptive.py) or `ddtree_tb{budget}`."""
+    """`plain`, `dflash`, `ddtree_auto` (adaptive budget per round, sglang_ddtree/adaptive.py) or
+    `ddtree_tb{budget}`."""
     if kind in ("plain", "dflash", "ddtree_auto"):
         if budget is not None and kind == "ddtree_auto":
             raise ValueError("ddtree_auto chooses its budget every round; it takes no fixed budget.")

@@ -57,7 +57,8 @@ def add_offline_parser(sub) -> None:
     auto.add_argument("--calibrate", action="store_true",
                       help="learn the node-score correction table online and use calibrated scores to choose")
     auto.add_argument("--auto-max-gain", type=float, default=2.0,
-                      help="drop budgets whose round costs more than this x the chain's at the batch size (0 = keep all)")
+                      help="drop budgets whose round costs more than this x the chain's at the batch size "
+                           "(0 = keep all)")
     auto.add_argument("--auto-no-overhead", action="store_true",
                       help="predict round times without the decision's own cost (bigger tree build, top-K)")
     auto.add_argument("--auto-sweep", default=None, help="sweep JSONL for the cost model (default: the committed one)")

@@ -116,7 +116,8 @@ def decode_one(target, draft, prompt: PromptInput, method: str, s: RunSettings, 
         if draft is None:
             raise ValueError(f"method {method} needs a drafter.")
         if s.hybrid_verify is not None:
-            raise ValueError("ddtree_auto verifies with the attention-mask tree forward; hybrid targets are not supported.")
+            raise ValueError("ddtree_auto verifies with the attention-mask tree forward; hybrid targets are not "
+                             "supported.")
         if s.commit != "gather":
             raise ValueError("ddtree_auto commits by gathering the accepted nodes' KV (commit='gather' only).")
         policy = policy if policy is not None else auto_policy(s, int(draft.block_size) - 1)
