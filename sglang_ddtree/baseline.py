@@ -22,7 +22,7 @@ from typing import Any, Iterable
 FORMAT_NAME = "sglang-ddtree-baseline"
 FORMAT_VERSION = 1
 
-_METHOD_RE = re.compile(r"^(plain|dflash|ddtree_tb([1-9][0-9]*))$")
+_METHOD_RE = re.compile(r"^(plain|dflash|ddtree_auto|ddtree_tb([1-9][0-9]*))$")
 STAGES = ("draft", "tree", "verify", "walk", "commit")
 
 
@@ -31,21 +31,26 @@ STAGES = ("draft", "tree", "verify", "walk", "commit")
 
 
 def method_name(kind: str, budget: int | None = None) -> str:
-    """`plain`, `dflash` or `ddtree_tb{budget}`."""
-    if kind in ("plain", "dflash"):
+    """`plain`, `dflash`, `ddtree_auto` (adaptive budget per round, sglang_ddtree/adaptive.py) or
+    `ddtree_tb{budget}`."""
+    if kind in ("plain", "dflash", "ddtree_auto"):
+        if budget is not None and kind == "ddtree_auto":
+            raise ValueError("ddtree_auto chooses its budget every round; it takes no fixed budget.")
         return kind
     if kind == "ddtree":
         if budget is None or int(budget) < 1:
             raise ValueError(f"ddtree needs a budget >= 1, got {budget!r}.")
         return f"ddtree_tb{int(budget)}"
-    raise ValueError(f"unknown method kind {kind!r}; allowed: plain, dflash, ddtree.")
+    raise ValueError(f"unknown method kind {kind!r}; allowed: plain, dflash, ddtree, ddtree_auto.")
 
 
 def parse_method(name: str) -> tuple[str, int | None]:
-    """Inverse of `method_name`: 'ddtree_tb64' -> ('ddtree', 64), 'dflash' -> ('dflash', None)."""
+    """Inverse of `method_name`: 'ddtree_tb64' -> ('ddtree', 64), 'dflash' -> ('dflash', None),
+    'ddtree_auto' -> ('ddtree_auto', None)."""
     m = _METHOD_RE.match(name)
     if m is None:
-        raise ValueError(f"unknown method name {name!r}; allowed: plain, dflash, ddtree_tb<budget> (e.g. ddtree_tb64).")
+        raise ValueError(f"unknown method name {name!r}; allowed: plain, dflash, ddtree_auto, ddtree_tb<budget> "
+                         "(e.g. ddtree_tb64).")
     if m.group(2) is not None:
         return "ddtree", int(m.group(2))
     return m.group(1), None
@@ -53,7 +58,7 @@ def parse_method(name: str) -> tuple[str, int | None]:
 
 def method_sort_key(name: str) -> tuple[int, int]:
     kind, budget = parse_method(name)
-    return ({"plain": 0, "dflash": 1, "ddtree": 2}[kind], budget or 0)
+    return ({"plain": 0, "dflash": 1, "ddtree": 2, "ddtree_auto": 3}[kind], budget or 0)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ def add_offline_parser(sub) -> None:
     p.add_argument("--limit", type=int, help="first N prompts (file order)")
     p.add_argument("--chat", choices=("auto", "yes", "no"), default="auto",
                    help="wrap prompts in the tokenizer's chat template (auto: when it has one)")
-    p.add_argument("--methods", default="plain,dflash,ddtree", help="comma list of plain, dflash, ddtree, ddtree_tb<B>")
+    p.add_argument("--methods", default="plain,dflash,ddtree",
+                   help="comma list of plain, dflash, ddtree, ddtree_tb<B>, ddtree_auto (adaptive budget per round)")
     p.add_argument("--budgets", default="16,32,64,128,256,512,1024", help="DDTree budgets for method 'ddtree'")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -48,6 +49,24 @@ def add_offline_parser(sub) -> None:
                    help="verify path for hybrid targets (recurrent + attention layers, e.g. Qwen3-Next): 'tree' = "
                         "depth-by-depth batched forwards from the parents' states, 'oracle' = node by node on cache "
                         "copies (slow); required for such targets")
+    auto = p.add_argument_group("ddtree_auto (adaptive budget per round, docs/adaptive-budget.md)")
+    auto.add_argument("--auto-candidates", default="chain,16,32,64,128,256",
+                      help="candidate budgets; 'chain' (the drafter's top-1 chain, DFLASH) is always included")
+    auto.add_argument("--auto-batch-size", type=int, default=1,
+                      help="batch size whose predicted round times (committed H200 sweep, 8B-shaped) drive the choice")
+    auto.add_argument("--calibrate", action="store_true",
+                      help="learn the node-score correction table online and use calibrated scores to choose")
+    auto.add_argument("--auto-max-gain", type=float, default=2.0,
+                      help="drop budgets whose round costs more than this x the chain's at the batch size "
+                           "(0 = keep all)")
+    auto.add_argument("--auto-no-overhead", action="store_true",
+                      help="predict round times without the decision's own cost (bigger tree build, top-K)")
+    auto.add_argument("--auto-sweep", default=None, help="sweep JSONL for the cost model (default: the committed one)")
+    auto.add_argument("--auto-tau-prior", default=None,
+                      help="prior acceptance curve (baseline .jsonl, adaptive_eval JSON or {'chain': tau, '16': tau}): "
+                           "keep the chain + budgets within --auto-window of the best projected rate at the batch size "
+                           "(replaces --auto-max-gain)")
+    auto.add_argument("--auto-window", type=float, default=0.05, help="tolerance of the candidate window")
     p.add_argument("--out", required=True, help="baseline JSONL (appended to / resumed when it exists)")
     p.add_argument("--no-resume", action="store_true", help="overwrite --out instead of resuming it")
     p.add_argument("--no-progress", action="store_true")
@@ -142,7 +161,8 @@ def cmd_offline(args) -> int:
     from sglang_ddtree.baseline import BaselineHeader, BaselineWriter
     from sglang_ddtree.datasets import encode_prompt, load_prompts
     from sglang_ddtree.offline.drafts import DFlashDraftSource
-    from sglang_ddtree.offline.runner import PromptInput, RunSettings, expand_methods, parse_int_list, run_offline
+    from sglang_ddtree.offline.runner import (AutoSettings, PromptInput, RunSettings, expand_methods, parse_int_list,
+                                              run_offline)
 
     try:
         budgets = parse_int_list(args.budgets, "--budgets") if args.budgets else []
@@ -156,6 +176,21 @@ def cmd_offline(args) -> int:
         if needs_drafter and drafter is None:
             raise ValueError(f"methods {needs_drafter} need a drafter: pass --drafter FOLDER (or --tiny).")
         hybrid_settings = _hybrid_settings(args, target, needs_drafter)
+        auto_settings = None
+        if "ddtree_auto" in methods:
+            from sglang_ddtree.adaptive import parse_candidates
+
+            parse_candidates(args.auto_candidates)
+            if args.auto_batch_size < 1:
+                raise ValueError(f"--auto-batch-size must be >= 1, got {args.auto_batch_size}.")
+            auto_settings = AutoSettings(candidates=args.auto_candidates, batch_size=args.auto_batch_size,
+                                         calibrate=args.calibrate, max_gain=args.auto_max_gain or None,
+                                         decision_overhead=not args.auto_no_overhead, sweep=args.auto_sweep,
+                                         tau_prior=args.auto_tau_prior, window=args.auto_window)
+            if args.auto_tau_prior:
+                from sglang_ddtree.adaptive import load_tau_prior
+
+                load_tau_prior(args.auto_tau_prior)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -164,7 +199,7 @@ def cmd_offline(args) -> int:
     settings = RunSettings(
         methods=methods, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, eos_token_ids=[] if args.ignore_eos else _eos_ids(tokenizer, target),
-        record_trees=args.record_trees, commit=args.commit, **hybrid_settings,
+        record_trees=args.record_trees, commit=args.commit, auto=auto_settings, **hybrid_settings,
     )
     header = BaselineHeader(
         source="offline", target=info["target"], drafter=info["drafter"], tokenizer=info["tokenizer"],
@@ -172,7 +207,8 @@ def cmd_offline(args) -> int:
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_new_tokens=args.max_new_tokens,
         block_size=info["block_size"], dataset=args.dataset, versions=_versions(),
         extra={"methods": methods, "limit": args.limit, "chat": args.chat, "commit": args.commit,
-               "eos_token_ids": settings.eos_token_ids, "record_trees": args.record_trees, **hybrid_settings},
+               "eos_token_ids": settings.eos_token_ids, "record_trees": args.record_trees, **hybrid_settings,
+               **({"auto": dataclasses.asdict(auto_settings)} if auto_settings else {})},
     )
     draft = DFlashDraftSource(drafter, target) if drafter is not None else None
     try:

@@ -17,7 +17,7 @@ from sglang_ddtree.offline.decoders import plain_decode, speculative_decode
 
 
 def expand_methods(methods: Sequence[str], budgets: Sequence[int]) -> list[str]:
-    """'plain', 'dflash', 'ddtree' (one per budget) or explicit 'ddtree_tb<B>' -> method names, in order."""
+    """'plain', 'dflash', 'ddtree' (one per budget), explicit 'ddtree_tb<B>' or 'ddtree_auto' -> method names."""
     out: list[str] = []
     for m in methods:
         m = m.strip()
@@ -32,7 +32,7 @@ def expand_methods(methods: Sequence[str], budgets: Sequence[int]) -> list[str]:
             names = [m]
         out += [n for n in names if n not in out]
     if not out:
-        raise ValueError("no method given; allowed: plain, dflash, ddtree, ddtree_tb<B>.")
+        raise ValueError("no method given; allowed: plain, dflash, ddtree, ddtree_tb<B>, ddtree_auto.")
     return out
 
 
@@ -47,6 +47,21 @@ def parse_int_list(text: str, what: str) -> list[int]:
 
 
 @dataclass
+class AutoSettings:
+    """ddtree_auto: candidate budgets, the batch size whose round costs (committed H200 sweep) drive the choice, and
+    calibration. Offline each prompt decodes alone and decides as if every request of the batch looked like it."""
+
+    candidates: str = "chain,16,32,64,128,256"
+    batch_size: int = 1
+    calibrate: bool = False
+    max_gain: float | None = 2.0
+    decision_overhead: bool = True
+    sweep: str | None = None  # default: benchmarks/results/sweep_h200.jsonl
+    tau_prior: str | None = None  # prior acceptance curve file (adaptive.load_tau_prior): windowed candidates
+    window: float = 0.05
+
+
+@dataclass
 class RunSettings:
     methods: list[str]
     max_new_tokens: int
@@ -58,6 +73,7 @@ class RunSettings:
     record_trees: bool = False
     commit: str = "gather"
     hybrid_verify: str | None = None  # hybrid (recurrent) targets: "oracle" or "tree" (sglang_ddtree/offline/hybrid.py)
+    auto: AutoSettings | None = None  # method ddtree_auto (sglang_ddtree/offline/auto.py)
 
 
 @dataclass
@@ -73,7 +89,20 @@ def prompt_generator(device: torch.device, seed: int, prompt_index: int) -> torc
     return g
 
 
-def decode_one(target, draft, prompt: PromptInput, method: str, s: RunSettings) -> MethodRecord:
+def auto_policy(s: RunSettings, depth_limit: int):
+    """The AutoPolicy of a run (one per run: its calibrator learns across prompts, in prompt order)."""
+    from sglang_ddtree.offline.auto import build_policy
+
+    from sglang_ddtree.adaptive import load_tau_prior
+
+    a = s.auto or AutoSettings()
+    return build_policy(a.candidates, batch_size=a.batch_size, calibrate=a.calibrate, sweep=a.sweep,
+                        overhead=a.decision_overhead, max_gain=a.max_gain, window=a.window,
+                        tau_prior=load_tau_prior(a.tau_prior) if a.tau_prior else None, depth_limit=depth_limit)
+
+
+def decode_one(target, draft, prompt: PromptInput, method: str, s: RunSettings, *, policy=None) -> MethodRecord:
+    """One (prompt, method) record. ddtree_auto uses `policy` (built from s.auto when None)."""
     kind, budget = parse_method(method)
     device = next(target.parameters()).device
     gen = prompt_generator(device, s.seed, prompt.index) if s.temperature > 0 else None
@@ -81,6 +110,20 @@ def decode_one(target, draft, prompt: PromptInput, method: str, s: RunSettings) 
                   top_k=s.top_k, top_p=s.top_p, generator=gen)
     if kind == "plain":
         rec = plain_decode(target, prompt.token_ids, **common)
+    elif kind == "ddtree_auto":
+        from sglang_ddtree.offline.auto import auto_decode
+
+        if draft is None:
+            raise ValueError(f"method {method} needs a drafter.")
+        if s.hybrid_verify is not None:
+            raise ValueError("ddtree_auto verifies with the attention-mask tree forward; hybrid targets are not "
+                             "supported.")
+        if s.commit != "gather":
+            raise ValueError("ddtree_auto commits by gathering the accepted nodes' KV (commit='gather' only).")
+        policy = policy if policy is not None else auto_policy(s, int(draft.block_size) - 1)
+        gen = common.pop("generator")
+        rec = auto_decode(target, [draft], [prompt.token_ids], policy=policy, generators=[gen],
+                          record_trees=s.record_trees, **common)[0]
     else:
         if draft is None:
             raise ValueError(f"method {method} needs a drafter.")
@@ -99,17 +142,24 @@ def run_offline(target, draft, prompts: Sequence[PromptInput], settings: RunSett
     from tqdm import tqdm
 
     todo = [(p, m) for p in prompts for m in settings.methods if not writer.done(p.id, m)]
+    policy = None
+    if any(m == "ddtree_auto" for _, m in todo):
+        policy = auto_policy(settings, int(draft.block_size) - 1) if draft is not None else None
     skipped = len(prompts) * len(settings.methods) - len(todo)
     totals = {m: [0, 0] for m in settings.methods}  # tokens, rounds
     bar = tqdm(todo, disable=not progress, unit="run", dynamic_ncols=True,
                desc=f"offline ({skipped} done before)" if skipped else "offline")
     for p, m in bar:
         bar.set_postfix_str(f"{p.id} {m}", refresh=False)
-        rec = decode_one(target, draft, p, m, settings)
+        extra = {"policy": policy} if m == "ddtree_auto" else {}
+        rec = decode_one(target, draft, p, m, settings, **extra)
         writer.write(rec)
         totals[m][0] += sum(rec.accept_lengths)
         totals[m][1] += len(rec.accept_lengths)
         taus = {k: v[0] / v[1] for k, v in totals.items() if v[1] and parse_method(k)[0] != "plain"}
         bar.set_postfix_str(f"{p.id} {m} " + " ".join(f"{k}:tau={t:.2f}" for k, t in taus.items()))
     bar.close()
-    return {m: {"tau": v[0] / v[1] if v[1] else float("nan"), "rounds": v[1]} for m, v in totals.items()}
+    out = {m: {"tau": v[0] / v[1] if v[1] else float("nan"), "rounds": v[1]} for m, v in totals.items()}
+    if policy is not None and policy.calibrator is not None:
+        out["ddtree_auto"]["calibration"] = policy.calibrator.export()
+    return out
