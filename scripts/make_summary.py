@@ -171,7 +171,23 @@ def budgets(out: dict) -> None:
     out["best_budget_by_batch_is_projected"] = bool(projection.get("projected", True))
 
 
-EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, budgets, tp2, hybrid]
+def adaptive(out: dict) -> None:
+    """Issue 10: auto budget vs the best fixed budget / chain (PROJECTED) and the calibration's tau MAE, offline on
+    the tiny pair (scripts/adaptive_eval.py)."""
+    data = _load("adaptive_tiny.json")
+    if data is None:
+        raise FileNotFoundError("adaptive_tiny.json")
+    fields = data["summary_fields"]
+    out["auto_vs_best_fixed_tokens_per_s"] = {str(b): round(r, 4) for b, r in
+                                              fields["auto_vs_best_fixed_tokens_per_s"].items()}
+    out["auto_vs_best_fixed_is_projected"] = True
+    out["raw_tau_mae"] = round(fields["raw_tau_mae"], 4)
+    out["calibrated_tau_mae"] = round(fields["calibrated_tau_mae"], 4)
+    out["adaptive_lossless_t0"] = bool(data["lossless"]) if isinstance(data["lossless"], bool) else \
+        all(bool(v) for v in data["lossless"].values())
+
+
+EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, budgets, tp2, hybrid, adaptive]
 
 
 def build() -> dict:
