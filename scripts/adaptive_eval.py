@@ -81,6 +81,17 @@ def _reliability(pred_raw: list[float], pred_cal: list[float], obs: list[int], b
     return out
 
 
+def _to_json(x, level: int = 0) -> str:
+    """Indented JSON, except that lists of plain numbers stay on one line (the per-round arrays)."""
+    pad, inner = " " * level, " " * (level + 1)
+    if isinstance(x, dict) and x:
+        items = [f"{inner}{json.dumps(str(k))}: {_to_json(v, level + 1)}" for k, v in x.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(x, (list, tuple)) and x and not all(isinstance(v, (int, float)) or v is None for v in x):
+        return "[\n" + ",\n".join(inner + _to_json(v, level + 1) for v in x) + "\n" + pad + "]"
+    return json.dumps(x, allow_nan=False)
+
+
 def _label(b: int) -> str:
     from sglang_ddtree.adaptive import CHAIN
 
@@ -359,7 +370,7 @@ def main(argv=None) -> int:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out.write_text(_to_json(result) + "\n")
 
     print(f"lossless: {lossless}; wall {result['total_wall_s']:.0f} s")
     print("per-round MAE of the predicted committed length (raw / calibrated cold / calibrated warm):")
