@@ -339,3 +339,15 @@ def test_id_prompts_are_seeded_distinct_and_in_range():
     assert a == b and len({tuple(p["input_ids"]) for p in a}) == 8
     assert all(len(p["input_ids"]) == 16 and all(0 < t < 151936 for t in p["input_ids"]) for p in a)
     assert id_prompts(2, 4, 151936, seed=1) != id_prompts(2, 4, 151936, seed=0)
+
+
+def test_launch_command_gives_each_server_its_own_nccl_port():
+    from sglang_ddtree.bench.server import launch_command
+
+    a = launch_command("py", ["--model-path", "m"], 1234)
+    b = launch_command("py", ["--model-path", "m"], 1235)
+    assert a[:3] == ["py", "-m", "sglang.launch_server"] and a[-4:] == ["--host", "127.0.0.1", "--port", "1234"]
+    port_a, port_b = a[a.index("--nccl-port") + 1], b[b.index("--nccl-port") + 1]
+    assert port_a != port_b
+    explicit = launch_command("py", ["--nccl-port", "999"], 1)
+    assert explicit.count("--nccl-port") == 1 and explicit[explicit.index("--nccl-port") + 1] == "999"

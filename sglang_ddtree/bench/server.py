@@ -63,6 +63,14 @@ def free_port() -> int:
                 return port
 
 
+def launch_command(python: str, args: list[str], port: int) -> list[str]:
+    """`python -m sglang.launch_server ARGS` on 127.0.0.1:port. SGLang picks its torch.distributed port
+    (--nccl-port) with a free-port probe of its own, which servers starting at the same moment can race for
+    (EADDRINUSE, seen in lease 2): unless ARGS name one, it gets one from our allocator."""
+    nccl = [] if "--nccl-port" in args else ["--nccl-port", str(free_port())]
+    return [python, "-m", "sglang.launch_server", *args, *nccl, "--host", "127.0.0.1", "--port", str(port)]
+
+
 def log_tail(path: Path | None, lines: int = 40) -> str:
     if path is None:
         return "(no log)"
@@ -90,9 +98,6 @@ class SubprocessServer:
         self.name = name
         self.args = list(args)
         self.port = free_port()
-        # SGLang picks its torch.distributed port (--nccl-port) with a free-port probe of its own, which servers
-        # starting at the same moment can race for (EADDRINUSE, seen in lease 2): hand out one from our allocator.
-        self.nccl_args = [] if "--nccl-port" in args else ["--nccl-port", str(free_port())]
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"server-{name}-{self.port}.log"
         self.log_dir = log_dir
@@ -102,8 +107,7 @@ class SubprocessServer:
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def command(self) -> list[str]:
-        return [self.python, "-m", "sglang.launch_server", *self.args, *self.nccl_args, "--host", "127.0.0.1",
-                "--port", str(self.port)]
+        return launch_command(self.python, self.args, self.port)
 
     def start(self) -> None:
         cmd = self.command()

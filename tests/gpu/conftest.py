@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 # One port allocator and log reader for the suite and the budget sweep (both start servers in parallel).
-from sglang_ddtree.bench.server import free_port, log_tail
+from sglang_ddtree.bench.server import free_port, launch_command, log_tail
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_DIR = REPO_ROOT / "models" / "tiny"
@@ -196,10 +196,7 @@ class SGLangServer:
 
     # -- lifecycle
     def start(self) -> "SGLangServer":
-        # our own --nccl-port: SGLang's free-port probe races between servers starting together (lease 2)
-        nccl = [] if "--nccl-port" in self.args else ["--nccl-port", str(free_port())]
-        cmd = [sys.executable, "-m", "sglang.launch_server", *self.args, *nccl, "--host", "127.0.0.1",
-               "--port", str(self.port)]
+        cmd = launch_command(sys.executable, self.args, self.port)
         t0 = time.monotonic()
         if self.cancelled.is_set():
             raise ServerStartError(f"server {self.name!r} was cancelled before it started")

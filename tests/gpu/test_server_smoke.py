@@ -22,23 +22,14 @@ import re
 from importlib import metadata
 
 import pytest
+from serving_common import COMMON
 
 BLOCK = 16
 MAX_NEW_TOKENS = 48  # three DFLASH blocks
 TIE_NATS = float(os.environ.get("DDTREE_TIE_NATS", "0.25"))
-COMMON_ARGS = [
-    "--attention-backend", "triton",
-    # Two servers start at once on one GPU. SGLang sizes its KV pool from the memory free at its own start
-    # (pool = free now - (1 - fraction) * free before loading), so servers that start together can starve each
-    # other. A fixed small pool (--max-total-tokens) plus a loose fraction avoids that: each only needs half
-    # of what was free when it started to be still free when it profiles.
-    "--mem-fraction-static", "0.5",
-    "--max-total-tokens", "65536",
-    "--max-running-requests", "8",
-    "--cuda-graph-max-bs-decode", "8",  # fewer graphs to capture: a faster start
-    "--decode-log-interval", "1",  # every decode step logs "cuda graph: ..." and, for DFLASH, "accept len"
-    "--random-seed", "0",
-]
+# The shared serving args (a capped KV pool so that servers starting together on one GPU do not starve each
+# other, few graphs, a decode log line per step: "cuda graph: ..." and, for DFLASH, "accept len").
+COMMON_ARGS = ["--attention-backend", "triton", *COMMON]
 # The tiny pair is trained on Python's standard library (sglang_ddtree/tiny.py): code prompts.
 TEXT_PROMPTS = [
     "def fibonacci(n):\n",
