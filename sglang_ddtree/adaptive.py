@@ -81,11 +81,6 @@ def candidate_label(budget: int) -> str:
     return "chain" if budget == CHAIN else str(budget)
 
 
-def verify_tokens(budget: int, depth_limit: int) -> int:
-    """Tokens one request verifies with this candidate: root + nodes (the chain: root + L)."""
-    return (depth_limit if budget == CHAIN else budget) + 1
-
-
 # ------------------------------------------------------------------------------------------ node quantities
 
 
@@ -566,7 +561,7 @@ class RoundCost:
             return self.dflash_step_ms[batch]
         return KernelCosts._interp(pts, float(batch))
 
-    def fixed_ms(self, batch: int, budget: int, depth_limit: int = 15) -> float:
+    def fixed_ms(self, batch: int, budget: int) -> float:
         """A fixed method's round (no decision): DDTREE at budget B from the fit, or DFLASH (budget CHAIN)."""
         if budget == CHAIN:
             return self.dflash_ms(batch)
@@ -583,8 +578,8 @@ class RoundCost:
             extra += max(0.0, self.kernels.tree(batch, bmax) - self.kernels.tree(batch, own))
         return extra
 
-    def round_ms(self, batch: int, candidates: Sequence[int], depth_limit: int = 15) -> list[float]:
-        return [self.fixed_ms(batch, b, depth_limit) + self.overhead_ms(batch, b, candidates) for b in candidates]
+    def round_ms(self, batch: int, candidates: Sequence[int]) -> list[float]:
+        return [self.fixed_ms(batch, b) + self.overhead_ms(batch, b, candidates) for b in candidates]
 
     def describe(self, batch: int, candidates: Sequence[int]) -> dict:
         return {

@@ -290,6 +290,6 @@ def build_policy(candidates, *, batch_size: int = 1, calibrate: bool = False, se
     select = select or ("calibrated" if calibrator is not None else "raw")
     info = {"cost": cost.describe(batch_size, cands), "sweep": cost.sweep, "candidate_rule": rule,
             "decision_overhead": overhead}
-    return AutoPolicy(candidates=cands, round_ms=cost.round_ms(batch_size, cands, depth_limit) if len(cands) > 1
+    return AutoPolicy(candidates=cands, round_ms=cost.round_ms(batch_size, cands) if len(cands) > 1
                       else None, batch_size=batch_size, calibrator=calibrator, select=select, info=info,
                       name=method_name("ddtree_auto"))
