@@ -22,7 +22,7 @@ import re
 from importlib import metadata
 
 import pytest
-from serving_common import COMMON
+from serving_common import COMMON, compare
 
 BLOCK = 16
 MAX_NEW_TOKENS = 48  # three DFLASH blocks
@@ -156,33 +156,11 @@ def test_dflash_uses_cuda_graphs(dflash_server, dflash_greedy):
     assert "True" in flags, f"DFLASH decode never ran in a CUDA graph: {flags[-5:]}"
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):  # lengths compared below
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def test_dflash_greedy_equals_plain(plain_greedy, dflash_greedy, model_pair, gpu_record):
-    exact, ties, failures = 0, [], []
-    for i, (ref, spec) in enumerate(zip(plain_greedy, dflash_greedy, strict=True)):
-        a, b = ref["output_ids"], spec["output_ids"]
-        pos = first_divergence(a, b)
-        if pos is None:
-            exact += 1
-            continue
-        if pos >= min(len(a), len(b)):
-            failures.append(f"prompt {i}: lengths differ ({len(a)} plain, {len(b)} DFLASH)")
-            continue
-        top = ref["meta_info"].get("output_top_logprobs") or []
-        logprob = {int(entry[1]): float(entry[0]) for entry in (top[pos] if pos < len(top) and top[pos] else [])}
-        gap = logprob[a[pos]] - logprob[b[pos]] if a[pos] in logprob and b[pos] in logprob else None
-        info = {"prompt": i, "position": pos, "plain": a[pos], "dflash": b[pos], "logprob_gap": gap}
-        if gap is not None and gap <= TIE_NATS:
-            ties.append(info)
-        else:
-            failures.append(f"prompt {i}: first difference at output token {pos}: plain {a[pos]}, DFLASH {b[pos]}"
-                            f" (plain's top-2 there: {logprob}; gap {gap}, allowed {TIE_NATS})")
+    # the near-tie rule shared with the DDTREE modules: a difference counts only where plain's own top-2 log-probs
+    # are within TIE_NATS
+    assert len(plain_greedy) == len(dflash_greedy)
+    exact, ties, failures = compare(plain_greedy, dflash_greedy, TIE_NATS)
     gpu_record("greedy_equality", mode=model_pair.mode, prompts=len(plain_greedy), exact=exact, ties=ties,
                failures=failures)
-    assert not failures, "DFLASH greedy output differs from plain decoding:\n" + "\n".join(failures)
+    assert not failures, "DFLASH greedy output differs from plain decoding:\n" + "\n".join(map(str, failures))
