@@ -46,9 +46,9 @@ from fixtures.hybrid_models import ScriptedBranchDraft, seeded_script  # noqa: E
 from sglang_ddtree.offline.decoders import plain_decode, speculative_decode  # noqa: E402
 from sglang_ddtree.offline.hybrid import HybridTargetState  # noqa: E402
 from sglang_ddtree.offline.runner import parse_int_list  # noqa: E402
+from sglang_ddtree.stages import STAGES  # noqa: E402
 
 PATHS = ("oracle", "tree")
-STAGES = ("draft", "tree", "verify", "walk", "commit")
 
 
 def parse_args(argv):

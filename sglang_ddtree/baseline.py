@@ -23,7 +23,6 @@ FORMAT_NAME = "sglang-ddtree-baseline"
 FORMAT_VERSION = 1
 
 _METHOD_RE = re.compile(r"^(plain|dflash|ddtree_auto|ddtree_tb([1-9][0-9]*))$")
-STAGES = ("draft", "tree", "verify", "walk", "commit")
 
 
 # ----------------------------------------------------------------------------------------------------------

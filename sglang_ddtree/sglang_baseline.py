@@ -39,8 +39,8 @@ from typing import Any, Iterable
 from sglang_ddtree.baseline import (
     Baseline, BaselineHeader, MethodRecord, fingerprint_dir, method_name, prompt_sha256, validate_tree_dump,
 )
+from sglang_ddtree.stages import STAGES
 
-STAGES = ("draft", "tree", "verify", "walk", "commit")
 
 
 # ----------------------------------------------------------------------------------------------------------

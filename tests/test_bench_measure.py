@@ -95,6 +95,10 @@ sglang:ddtree_stage_seconds_sum{budget="64",stage="verify"} 3.0
 sglang:ddtree_stage_seconds_count{budget="64",stage="verify"} 150.0
 sglang:ddtree_stage_seconds_bucket{budget="64",le="+Inf",stage="verify"} 150.0
 sglang:ddtree_rounds_total{budget="64"} 600.0
+sglang:ddtree_round_host_seconds_sum{budget="64"} 0.2
+sglang:ddtree_round_host_seconds_count{budget="64"} 50.0
+sglang:ddtree_stage_seconds_sum{budget="64",stage="between"} 0.01
+sglang:ddtree_stage_seconds_count{budget="64",stage="between"} 40.0
 sglang:ddtree_accepted_tokens_total{budget="64"} 1300.0
 sglang:ddtree_depth_reached_total{budget="64",depth="1"} 450.0
 sglang:ddtree_depth_reached_total{budget="64",depth="2"} 100.0
@@ -118,8 +122,11 @@ def test_parse_labels_values_and_escapes():
 def test_ddtree_summary_of_a_workload():
     delta = prom.diff(prom.parse(AFTER), prom.parse(BEFORE))
     s = prom.ddtree_summary(delta, budget=64)
-    assert s["stage_ms"] == pytest.approx({"draft": 1e3 * 0.3 / 50, "verify": 1e3 * 1.0 / 50})
-    assert s["stage_ms_sum"] == pytest.approx(6.0 + 20.0)
+    # `between` is observed only for rounds that follow another decode round: its mean is over those
+    assert s["stage_ms"] == pytest.approx({"between": 1e3 * 0.01 / 40, "draft": 1e3 * 0.3 / 50,
+                                           "verify": 1e3 * 1.0 / 50})
+    assert s["stage_ms_sum"] == pytest.approx(0.25 + 6.0 + 20.0)
+    assert s["host_ms"] == pytest.approx(1e3 * 0.2 / 50)
     assert s["batch_rounds"] == 50 and s["request_rounds"] == 200
     assert s["tau"] == pytest.approx(500 / 200)
     assert s["accept_rate_by_depth"] == pytest.approx([150 / 200, 100 / 200])

@@ -125,6 +125,7 @@ class FakeReq:
 
 class FakeTimer:
     enabled = False
+    end_event = None
 
     def elapsed_ms(self):
         return {"draft": 1.0, "tree": 0.1, "verify": 2.0, "walk": 0.05, "commit": 0.3}

@@ -16,7 +16,7 @@ def test_round_vector_becomes_counters():
     prom = _Prometheus(depth_limit=3, budget=8, registry=registry)
     # 4 request-rounds: accepted draft tokens 0, 2, 2, 3 -> by_accepted = [1, 0, 2, 1]
     totals = [1, 0, 2, 1] + [2.0, 30.0, 9.5, 4.0]  # branches, tree nodes, expected sum, requests
-    prom.observe(totals, rounds_seen=1, stage_ms=[{"draft": 1.0, "verify": 3.0}])
+    prom.observe(totals, rounds_seen=1, stage_ms=[{"draft": 1.0, "verify": 3.0, "host": 2.5}])
     assert value(registry, "sglang:ddtree_rounds_total") == 4
     assert value(registry, "sglang:ddtree_accepted_tokens_total") == 1 + 3 + 3 + 4
     assert [value(registry, "sglang:ddtree_accept_length_total", tokens=str(t)) for t in (1, 3, 4)] == [1, 2, 1]
@@ -28,6 +28,8 @@ def test_round_vector_becomes_counters():
     assert value(registry, "sglang:ddtree_expected_tokens_total") == 9.5
     assert value(registry, "sglang:ddtree_stage_seconds_count", stage="verify") == 1
     assert value(registry, "sglang:ddtree_stage_seconds_sum", stage="verify") == pytest.approx(0.003)
+    assert value(registry, "sglang:ddtree_round_host_seconds_sum") == pytest.approx(0.0025)
+    assert value(registry, "sglang:ddtree_stage_seconds_count", stage="host") is None  # not a GPU stage
 
 
 def test_round_summary_vector_counts_rounds_by_accepted_length():
@@ -48,3 +50,52 @@ def test_round_summary_vector_counts_rounds_by_accepted_length():
     expect = torch.bincount(walk.accept_len, minlength=tree.depth_limit + 1).float()
     assert torch.equal(by_accepted, expect) and by_accepted.sum() == 6
     assert vec[-1] == 6 and vec[-3] == tree.num_nodes.sum() - 6
+
+
+class _ClockEvent:
+    """Stands in for torch.cuda.Event on CPU: record() reads a scripted GPU clock (ms)."""
+
+    clock = [0.0]
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self):
+        self.t = _ClockEvent.clock[0]
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, end):
+        return end.t - self.t
+
+
+def test_round_timers_chain_so_stages_add_up_to_the_gpu_time_per_round(monkeypatch):
+    """`between` = previous decode round's last event -> this round's start; none after a prefill/idle batch.
+    Scripted clock: round 1 runs 0..10 ms, round 2 starts at 12 and ends at 20, a prefill, round 3 at 40..45."""
+    import torch
+
+    from sglang_ddtree.sglang.stats import DDTreeStats
+
+    monkeypatch.setattr(torch.cuda, "Event", _ClockEvent)
+    stats = DDTreeStats(enable_metrics=False, debug_path=None, depth_limit=3, budget=8)
+    stats.enabled = True  # timers on without a registry or a dump: only the chaining is under test here
+    clock = _ClockEvent.clock
+
+    def round_at(start, stage_ends):
+        clock[0] = start
+        timer = stats.round_timer()
+        for name, t in zip(("draft", "tree", "verify", "walk", "commit"), stage_ends):
+            clock[0] = t
+            timer.mark(name)
+        stats.record_round(None, None, timer, batch_size=1)  # no registry, no dump: only the chaining runs
+        return timer.elapsed_ms()
+
+    first = round_at(0.0, (2.0, 3.0, 8.0, 8.5, 10.0))
+    assert "between" not in first and sum(first.values()) == pytest.approx(10.0)
+    second = round_at(12.0, (13.0, 14.0, 18.0, 18.5, 20.0))
+    assert second["between"] == pytest.approx(2.0)
+    assert sum(second.values()) == pytest.approx(20.0 - 10.0)  # from the first round's end to the second's
+    stats.other_batch()
+    third = round_at(40.0, (41.0, 41.5, 44.0, 44.2, 45.0))
+    assert "between" not in third and sum(third.values()) == pytest.approx(5.0)

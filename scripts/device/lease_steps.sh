@@ -4,6 +4,7 @@
 #   bash scripts/device/lease_steps.sh train-bg GPU [train_tiny_pair.py args...]   # detached, survives the call
 #   bash scripts/device/lease_steps.sh bench-tree GPU OUTDIR                      # bench + /tmp/picked.env
 #   bash scripts/device/lease_steps.sh use-new-drafter [OUTDIR]                   # wait for training, swap it in
+#   bash scripts/device/lease_steps.sh profile-sweep OUTDIR COMMIT MINUTES       # two GPUs: profile on 0, sweep on 1
 set -euo pipefail
 step=${1:?step}
 shift
@@ -49,6 +50,28 @@ use-new-drafter)
         tar -cJf "$out/new_drafter.tar.xz" -C "$TRAIN" tiny/drafter tiny/training_log.json train.log
     fi
     echo "new drafter in models/tiny/drafter"
+    ;;
+profile-sweep)
+    # GPU 0: profiler traces of batch-1 rounds (benchmarks/profile_rounds.py); GPU 1 at the same time: the batch-1
+    # budget sweep with the per-stage split. Each packs its outputs into one archive in OUTDIR.
+    out=${1:?outdir}
+    commit=${2:?commit}
+    minutes=${3:?minutes}
+    mkdir -p "$out" /tmp/prof /tmp/sw
+    (CUDA_VISIBLE_DEVICES=0 timeout $((minutes * 60)) python3 benchmarks/profile_rounds.py --out /tmp/prof \
+        --setups 8b-dummy,tiny --methods plain,dflash,ddtree --budgets 32,256 --steps 40 \
+        --prompts-file runs/bench/humaneval_prompts.jsonl --commit "$commit" > /tmp/prof/run.log 2>&1
+     echo "profile exit $?" >> /tmp/prof/run.log) &
+    (CUDA_VISIBLE_DEVICES=1 python3 benchmarks/bench_budgets.py --out /tmp/sw --log-dir /tmp/sw/logs \
+        --setups tiny,8b-dummy --set tiny.budgets=32,64,128,256,512 --set 8b-dummy.budgets=32,256 \
+        --set all.batch_sizes=1 --prompts-file runs/bench/humaneval_prompts.jsonl \
+        --max-minutes "$((minutes - 1))" --commit "$commit" > /tmp/sw/run.log 2>&1
+     echo "sweep exit $?" >> /tmp/sw/run.log) &
+    wait
+    tail -n 30 /tmp/prof/run.log /tmp/sw/run.log
+    tar -cJf "$out/profile.tar.xz" -C /tmp prof
+    tar -cJf "$out/sweep.tar.xz" -C /tmp sw
+    ls -la "$out"
     ;;
 *)
     echo "unknown step $step" >&2

@@ -20,9 +20,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from sglang_ddtree.bench.results import ok_results, read_rows
+from sglang_ddtree.stages import SERVER_STAGES as STAGES
 
-STAGES = ("draft", "tree", "verify", "walk", "commit")
-STAGE_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
+STAGE_COLORS = ("#bbbbbb", "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
 
 
 def _plt():

@@ -1,7 +1,8 @@
 """Prometheus text exposition: parse, diff two scrapes, and read the DDTREE series out of a diff.
 
 The DDTREE worker exports (sglang_ddtree/sglang/stats.py), all labelled with `budget`:
-  sglang:ddtree_stage_seconds{stage=draft|tree|verify|walk|commit}   histogram, one observation per round (batch)
+  sglang:ddtree_stage_seconds{stage=between|draft|tree|verify|walk|commit}   histogram, one observation per round
+  sglang:ddtree_round_host_seconds   histogram, the host's time in the worker's round call (host_ms)
   sglang:ddtree_rounds_total, sglang:ddtree_accepted_tokens_total    counters per request-round
   sglang:ddtree_depth_reached_total{depth=d}                         request-rounds that accepted >= d draft tokens
   sglang:ddtree_branch_accepted_total, sglang:ddtree_expected_accept_length_sum(_total)
@@ -15,9 +16,9 @@ from __future__ import annotations
 
 import math
 import re
+from sglang_ddtree.stages import SERVER_STAGES as STAGES
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
-STAGES = ("draft", "tree", "verify", "walk", "commit")
 
 _LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$")
 _LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
@@ -96,6 +97,9 @@ def ddtree_summary(delta: dict[Sample, float], budget: int | None = None) -> dic
         return None
     out: dict = {"stage_ms": stage_ms, "stage_ms_sum": sum(stage_ms.values()) if stage_ms else None,
                  "batch_rounds": max(stage_rounds.values()) if stage_rounds else 0, "request_rounds": int(rounds)}
+    host_count = _total(delta, "sglang:ddtree_round_host_seconds_count", **labels)
+    if host_count > 0:
+        out["host_ms"] = 1e3 * _total(delta, "sglang:ddtree_round_host_seconds_sum", **labels) / host_count
     if rounds > 0:
         accepted = _total(delta, "sglang:ddtree_accepted_tokens_total", **labels)
         out["tau"] = accepted / rounds

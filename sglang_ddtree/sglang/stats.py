@@ -16,43 +16,76 @@ Metric names (all `sglang:ddtree_*`, label `budget`; counters are request-rounds
   depth_reached_total / rounds_total), branch_accepted_total (accepted draft tokens that were not the drafter's
   top-1), tree_nodes_total (draft nodes verified: tree fill = tree_nodes_total / rounds_total / budget),
   expected_tokens_total (the drafter's own expectation: 1 + sum of node probabilities, for calibration),
-  stage_seconds{stage} (histogram per batch round: draft, tree, verify, walk, commit).
+  stage_seconds{stage} (histogram per batch round: between, draft, tree, verify, walk, commit; `between` only
+  for a round that directly follows another decode round, see sglang_ddtree.stages),
+  round_host_seconds (histogram per batch round: the host's time in the worker's round call).
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import os
+import time
 
 import torch
 
 from sglang_ddtree.metrics import JsonlWriter, records_from_round
+from sglang_ddtree.stages import SERVER_STAGES, STAGES
 
 logger = logging.getLogger(__name__)
-STAGES = ("draft", "tree", "verify", "walk", "commit")
 
 
 class RoundTimer:
-    """CUDA events at stage boundaries; read only once the last one has completed (no sync)."""
+    """CUDA events at stage boundaries; read only once the last one has completed (no sync).
 
-    def __init__(self, enabled: bool):
+    `previous_end` is the last event of the previous decode round, when that round was the batch just before
+    this one: the time from it to this round's start is reported as `between` (see sglang_ddtree.stages).
+    `host_ms` is the host's own time in the round (first to last mark): above the GPU time per round, the
+    round is host-bound. With `ranges`, each stage is also a torch.profiler range `ddtree:<stage>`, so a
+    profiler trace (SGLang's /start_profile) attributes host time and launched kernels to stages."""
+
+    def __init__(self, enabled: bool, previous_end: torch.cuda.Event | None = None, ranges: bool = False):
         self.enabled = enabled
         self.marks: list[tuple[str, torch.cuda.Event]] = []
+        self._previous_end = previous_end
+        self._host_start = time.perf_counter()
+        self.host_ms: float | None = None
+        self._range = None
         if enabled:
             self._start = torch.cuda.Event(enable_timing=True)
             self._start.record()
+        if ranges:
+            self._open_range(STAGES[0])
+
+    def _open_range(self, stage: str) -> None:
+        self._range = torch.autograd.profiler.record_function(f"ddtree:{stage}")
+        self._range.__enter__()
 
     def mark(self, stage: str) -> None:
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+            self._range = None
+            following = STAGES.index(stage) + 1 if stage in STAGES else len(STAGES)
+            if following < len(STAGES):
+                self._open_range(STAGES[following])
         if self.enabled:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             self.marks.append((stage, event))
+            self.host_ms = 1e3 * (time.perf_counter() - self._host_start)
+
+    @property
+    def end_event(self) -> torch.cuda.Event | None:
+        return self.marks[-1][1] if self.marks else None
 
     def done(self) -> bool:
         return not self.enabled or not self.marks or self.marks[-1][1].query()
 
     def elapsed_ms(self) -> dict[str, float]:
         out, prev = {}, getattr(self, "_start", None)
+        if self._previous_end is not None and prev is not None:
+            out["between"] = self._previous_end.elapsed_time(prev)
         for stage, event in self.marks:
             out[stage] = prev.elapsed_time(event)
             prev = event
@@ -88,7 +121,11 @@ class _Prometheus:
         self.tree_nodes = counter("tree_nodes_total", "Draft nodes verified (root excluded).").labels(**labels)
         stage = Histogram("sglang:ddtree_stage_seconds", "Seconds per round by stage.", names + ["stage"],
                           buckets=[1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1], registry=registry)
-        self.stage = {name: stage.labels(**labels, stage=name) for name in STAGES}
+        self.stage = {name: stage.labels(**labels, stage=name) for name in SERVER_STAGES}
+        self.host = Histogram("sglang:ddtree_round_host_seconds", "Host (CPU) seconds of the worker's round call: "
+                              "above the GPU seconds per round, the round is host-bound.", names,
+                              buckets=[1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1],
+                              registry=registry).labels(**labels)
         self.depth_limit = depth_limit
 
     def observe(self, totals: list[float], rounds_seen: int, stage_ms: list[dict[str, float]]) -> None:
@@ -113,7 +150,7 @@ class _Prometheus:
             self.tree_nodes.inc(nodes)
         for round_ms in stage_ms:
             for name, ms in round_ms.items():
-                self.stage[name].observe(ms / 1e3)
+                (self.host if name == "host" else self.stage[name]).observe(ms / 1e3)
 
 
 def request_identity(reqs, seq_lens, batch_size: int) -> list[dict]:
@@ -170,12 +207,21 @@ class DDTreeStats:
         self.totals: list[float] | None = None
         self.rounds_seen = 0
         self.stage_ms: list[dict[str, float]] = []
+        self._last_round_end: torch.cuda.Event | None = None
+        # Profiler ranges per stage (a few microseconds of host time per round): for profiling runs only.
+        self.profile_ranges = os.environ.get("SGLANG_DDTREE_PROFILE_RANGES") == "1"
         width = depth_limit + 1 + 4
         self.ring = [torch.empty(width, dtype=torch.float32, pin_memory=True) for _ in range(self.RING)] \
             if enable_metrics else []
 
     def round_timer(self) -> RoundTimer:
-        return RoundTimer(self.enabled)
+        timer = RoundTimer(self.enabled, previous_end=self._last_round_end, ranges=self.profile_ranges)
+        self._last_round_end = None
+        return timer
+
+    def other_batch(self) -> None:
+        """A prefill or idle batch ran: the next decode round's `between` would count it, so it has none."""
+        self._last_round_end = None
 
     def record_round(self, tree, walk, timer: RoundTimer, batch_size: int, reqs=None, seq_lens=None) -> None:
         """reqs (the batch's SGLang requests, row order) and seq_lens (committed tokens per row before the round,
@@ -183,6 +229,7 @@ class DDTreeStats:
         self.round_index += 1
         if not self.enabled:
             return
+        self._last_round_end = timer.end_event
         if self.prometheus is not None:
             self._queue_summary(tree, walk, timer)
             self._drain()
@@ -222,7 +269,7 @@ class DDTreeStats:
             self.totals = values if self.totals is None else [a + b for a, b in zip(self.totals, values)]
             self.rounds_seen += 1
             if timer.enabled and timer.marks:
-                self.stage_ms.append(timer.elapsed_ms())
+                self.stage_ms.append({**timer.elapsed_ms(), "host": timer.host_ms})
         if self.totals is not None and self.rounds_seen >= self.FLUSH_ROUNDS:
             try:
                 self.prometheus.observe(self.totals, self.rounds_seen, self.stage_ms)

@@ -45,7 +45,6 @@ from sglang_ddtree.walk import sample_choices, walk_choices
 
 logger = logging.getLogger(__name__)
 
-STAGES = ("draft", "tree", "verify", "walk", "commit")
 
 
 class DDTreeWorker(DFlashWorkerV2):
@@ -137,6 +136,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+            self.stats.other_batch()
             return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
         if getattr(batch, "return_logprob", False):
             raise ValueError("DDTREE speculative decoding does not support return_logprob yet.")

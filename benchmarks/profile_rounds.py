@@ -1,0 +1,164 @@
+"""Profile decode rounds of DFLASH and DDTREE servers at batch 1: where a round's time goes (issue 8).
+
+For each (setup, method, budget) it starts the same server the budget sweep starts (bench/plan.py), warms it up,
+starts one long greedy request, records `--steps` scheduler steps with SGLang's torch profiler (/start_profile:
+CPU + GPU activity, no stacks) and reads the trace (sglang_ddtree/bench/trace.py): wall and GPU-busy ms per
+step, the GPU idle time, kernels, CUDA runtime calls, host syncs, and the DDTREE worker's per-stage ranges
+(servers run with SGLANG_DDTREE_PROFILE_RANGES=1). The profiler adds host time per traced call, so the absolute
+numbers are above an unprofiled run's; compare methods within one run.
+
+  python3 benchmarks/profile_rounds.py --out $OUT/profile --setups 8b-dummy --budgets 32,256 --steps 40
+
+Writes OUT/profile_rounds.json (one entry per server, plus run facts) and OUT/traces/<server>.trace.json.gz.
+Exit status 0 when every server was profiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sglang_ddtree.bench import plan as plan_mod  # noqa: E402
+from sglang_ddtree.bench import trace  # noqa: E402
+from sglang_ddtree.bench.measure import HttpClient  # noqa: E402
+from sglang_ddtree.bench.server import SubprocessLauncher, log_tail, wait_all_ready  # noqa: E402
+from sglang_ddtree.bench.sweep import id_prompts, run_facts, text_prompts  # noqa: E402
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--setups", default="8b-dummy")
+    p.add_argument("--methods", default="dflash,ddtree")
+    p.add_argument("--budgets", default="32,256")
+    p.add_argument("--steps", type=int, default=40, help="scheduler steps to record per server")
+    p.add_argument("--prompts-file", default=None, help="text prompts for text setups (bench_budgets.py format)")
+    p.add_argument("--start-timeout-s", type=float, default=420.0)
+    p.add_argument("--commit", default=None)
+    args = p.parse_args(argv)
+    if args.steps < 5:
+        p.error("--steps must be >= 5")
+    return args
+
+
+def servers_to_profile(args) -> list[plan_mod.ServerPlan]:
+    setups = plan_mod.default_setups()
+    chosen = []
+    for name in [s for s in args.setups.split(",") if s]:
+        if name not in setups:
+            raise SystemExit(f"unknown setup {name!r}; known: {', '.join(setups)}")
+        # Long enough that decoding outlasts the recorded steps whatever the acceptance (16 tokens per round at most)
+        chosen.append(plan_mod.with_overrides(
+            setups[name], methods=tuple(m for m in args.methods.split(",") if m),
+            budgets=tuple(int(b) for b in args.budgets.split(",") if b), batch_sizes=(1,)))
+    return plan_mod.expand(chosen).servers
+
+
+def post(client: HttpClient, path: str, body: dict, timeout_s: float) -> str:
+    with client._open(path, body, timeout_s) as resp:
+        return resp.read().decode(errors="replace")
+
+
+def profile_one(server, handle, prompt: dict, steps: int, trace_dir: Path) -> dict:
+    client = handle.client()
+    sampling = {"temperature": 0.0, "ignore_eos": True}
+    for _ in range(2):  # warm-up: JIT compiles, first graph replays
+        warm = client.generate_stream({**prompt, "sampling_params": {**sampling, "max_new_tokens": 64}}, 300)
+        if warm.error:
+            raise RuntimeError(f"warm-up request failed: {warm.error}")
+    long_tokens = min(16 * (steps + 30), 2048)
+    result: dict = {}
+
+    def generate():
+        result["r"] = client.generate_stream({**prompt, "sampling_params": {**sampling,
+                                                                             "max_new_tokens": long_tokens}}, 600)
+
+    worker = threading.Thread(target=generate, daemon=True)
+    worker.start()
+    time.sleep(1.0)  # decoding has started
+    out_dir = trace_dir / f"raw-{server.name}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    reply = post(client, "/start_profile", {"output_dir": str(out_dir), "num_steps": steps,
+                                            "activities": ["CPU", "GPU"], "with_stack": False,
+                                            "record_shapes": False, "profile_id": server.name}, 600)
+    files = []
+    while time.monotonic() - t0 < 300:
+        files = sorted(out_dir.glob("*.trace.json.gz"))
+        if files:
+            break
+        time.sleep(1.0)
+    if not files:
+        raise RuntimeError(f"no trace written under {out_dir} (start_profile said: {reply.strip()[:200]})")
+    time.sleep(2.0)  # export finishing
+    worker.join(timeout=600)
+    gen = result.get("r")
+    if gen is None or gen.error:
+        raise RuntimeError(f"profiled request failed: {getattr(gen, 'error', 'no result')}")
+    dest = trace_dir / f"{server.name}.trace.json.gz"
+    shutil.move(str(files[0]), dest)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    analysis = trace.analyze(trace.load(dest), steps)
+    return {"trace": dest.name, "profiled_request_tokens": len(gen.output_ids or []),
+            "tokens_per_round_in_request": (gen.meta or {}).get("spec_accept_length"), **analysis}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    trace_dir = args.out / "traces"
+    trace_dir.mkdir(exist_ok=True)
+    servers = servers_to_profile(args)
+    launcher = SubprocessLauncher(args.out / "logs", env={**os.environ, "SGLANG_DDTREE_PROFILE_RANGES": "1"})
+    handles = {s.name: launcher.create(s) for s in servers}
+    report = {"facts": run_facts(sys.argv[1:] if argv is None else list(argv), args.commit), "steps": args.steps,
+              "servers": {}}
+    path = args.out / "profile_rounds.json"
+    failed = 0
+    try:
+        for h in handles.values():
+            h.start()
+        ready = wait_all_ready(list(handles.values()), time.monotonic() + args.start_timeout_s,
+                               on_ready=lambda n, o: print(f"[profile] {n}: {'ready' if isinstance(o, float) else o}",
+                                                           flush=True))
+        for server in servers:
+            entry = {"setup": server.setup.name, "method": server.method, "budget": server.budget,
+                     "args": server.args}
+            if not isinstance(ready.get(server.name), float):
+                entry["error"] = f"did not start: {ready.get(server.name)}"
+                failed += 1
+            else:
+                setup = server.setup
+                prompt = (id_prompts(1, setup.prompt_tokens, setup.shapes()[0].vocab)[0]
+                          if setup.prompt_kind == "ids" else text_prompts(1, args.prompts_file)[0])
+                try:
+                    entry.update(profile_one(server, handles[server.name], prompt, args.steps, trace_dir))
+                    print(f"[profile] {server.name}: wall {entry['wall_ms']:.3f} ms/step, GPU busy "
+                          f"{entry['gpu_busy_ms']:.3f}, idle {entry['gpu_idle_ms']:.3f}; ranges "
+                          + ", ".join(f"{k} host {v['host_ms']:.3f}/gpu {v['gpu_ms']:.3f}"
+                                      for k, v in entry["ranges"].items()), flush=True)
+                except Exception as exc:  # one server's failure must not lose the others' numbers
+                    entry["error"] = f"{type(exc).__name__}: {exc}"[:2000] + "\n" + log_tail(
+                        getattr(handles[server.name], "log_path", None), 20)
+                    failed += 1
+                    print(f"[profile] {server.name}: FAILED {entry['error'][:300]}", flush=True)
+                handles[server.name].stop()
+            report["servers"][server.name] = entry
+            path.write_text(json.dumps(report, indent=1) + "\n")
+    finally:
+        for h in handles.values():
+            h.stop()
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"[profile] wrote {path}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""The profiler-trace reader (sglang_ddtree.bench.trace) and the worker's per-stage profiler ranges."""
+
+import pytest
+import torch
+
+from sglang_ddtree.bench import trace
+
+
+def x(cat, name, ts, dur, tid=1, corr=None):
+    e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+    if corr is not None:
+        e["args"] = {"correlation": corr}
+    return e
+
+
+def synthetic_trace():
+    """Two steps of 1000 us each. Host thread 1: a `ddtree:draft` range launching kernel A (corr 1) and a graph
+    (corr 2, two kernels), a stream sync, a `ddtree:verify` range launching kernel C (corr 3). GPU (tid 7): A 0..100,
+    graph kernels 150..350 and 350..550, C 700..900; a pageable DtoH copy 950..960; the same again 1000 us later."""
+    ev = []
+    for step in range(2):
+        t = 1000.0 * step
+        ev += [
+            x("user_annotation", "ddtree:draft", t + 0, 120),
+            x("cuda_runtime", "cudaLaunchKernel", t + 5, 10, corr=10 * step + 1),
+            x("cuda_runtime", "cudaGraphLaunch", t + 20, 30, corr=10 * step + 2),
+            x("cuda_runtime", "cudaStreamSynchronize", t + 130, 420),
+            x("user_annotation", "ddtree:verify", t + 600, 50),
+            x("cuda_runtime", "cudaLaunchKernel", t + 610, 10, corr=10 * step + 3),
+            x("cuda_runtime", "cudaMemcpyAsync", t + 660, 5, corr=10 * step + 4),
+            x("kernel", "A", t + 0, 100, tid=7, corr=10 * step + 1),
+            x("kernel", "B1", t + 150, 200, tid=7, corr=10 * step + 2),
+            x("kernel", "B2", t + 350, 200, tid=7, corr=10 * step + 2),
+            x("kernel", "C", t + 700, 200, tid=7, corr=10 * step + 3),
+            x("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", t + 950, 10, tid=7, corr=10 * step + 4),
+        ]
+    ev.append({"ph": "i", "name": "marker", "ts": 0})  # not a complete event: ignored
+    return {"traceEvents": ev}
+
+
+def test_analyze_splits_a_step_into_busy_idle_kernels_syncs_and_ranges():
+    got = trace.analyze(synthetic_trace(), steps=2)
+    assert got["wall_ms"] == pytest.approx(1.96 / 2)  # GPU activity spans 0 .. 1960 us
+    assert got["gpu_busy_ms"] == pytest.approx((100 + 400 + 200 + 10) / 1e3)
+    assert got["gpu_idle_ms"] == pytest.approx(got["wall_ms"] - got["gpu_busy_ms"])
+    assert {k["name"]: k["ms"] for k in got["kernels"]} == pytest.approx({"B1": 0.2, "B2": 0.2, "C": 0.2, "A": 0.1,
+                                                                         "Memcpy DtoH (Device -> Pageable)": 0.01})
+    assert got["kernels"][-1]["name"].startswith("Memcpy")  # largest first
+    assert {k["name"]: k["calls"] for k in got["kernels"]}["A"] == 1
+    assert got["kernel_launches"] == 5
+    assert got["syncs"] == [{"name": "cudaStreamSynchronize", "ms": pytest.approx(0.42), "calls": 1}]
+    assert got["pageable_dtoh_copies"] == 1
+    draft, verify = got["ranges"]["draft"], got["ranges"]["verify"]
+    assert draft["host_ms"] == pytest.approx(0.12) and draft["gpu_ms"] == pytest.approx(0.5)
+    assert draft["launches"] == 2 and draft["count"] == 1
+    assert verify["gpu_ms"] == pytest.approx(0.2) and verify["launches"] == 1
+
+
+def test_analyze_refuses_a_trace_without_gpu_activity():
+    with pytest.raises(ValueError, match="no GPU activity"):
+        trace.analyze({"traceEvents": [x("cpu_op", "aten::add", 0, 5)]}, steps=1)
+    with pytest.raises(ValueError, match="steps"):
+        trace.analyze(synthetic_trace(), steps=0)
+
+
+def test_round_timer_opens_one_profiler_range_per_stage(tmp_path):
+    """The worker's RoundTimer with ranges on: the stages appear as `ddtree:<stage>` ranges, in order, each
+    closed before the next opens (no CUDA needed: the ranges are host-side)."""
+    pytest.importorskip("prometheus_client")
+    from sglang_ddtree.sglang.stats import RoundTimer
+    from sglang_ddtree.stages import STAGES
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        timer = RoundTimer(enabled=False, ranges=True)
+        for stage in STAGES:
+            torch.ones(4).sum()
+            timer.mark(stage)
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(str(path))
+    got = [e for e in trace.load(path)["traceEvents"] if str(e.get("name", "")).startswith("ddtree:")]
+    got.sort(key=lambda e: e["ts"])
+    assert [e["name"] for e in got] == [f"ddtree:{s}" for s in STAGES]
+    for a, b in zip(got, got[1:]):
+        assert a["ts"] + a["dur"] <= b["ts"] + 1e-3
