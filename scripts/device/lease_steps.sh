@@ -5,6 +5,9 @@
 #   bash scripts/device/lease_steps.sh bench-tree GPU OUTDIR                      # bench + /tmp/picked.env
 #   bash scripts/device/lease_steps.sh use-new-drafter [OUTDIR]                   # wait for training, swap it in
 #   bash scripts/device/lease_steps.sh profile-sweep OUTDIR COMMIT MINUTES       # two GPUs: profile on 0, sweep on 1
+#   bash scripts/device/lease_steps.sh ab-sweep OUTDIR COMMIT MINUTES GPU_ON GPU_OFF [bench_budgets args...]
+#        the same sweep with the round's stage graphs on (SGLANG_DDTREE_ROUND_GRAPHS=1) and off: side by side when
+#        the two GPUs differ (same host load for both), one after the other when they are the same
 set -euo pipefail
 step=${1:?step}
 shift
@@ -72,6 +75,33 @@ profile-sweep)
     tar -cJf "$out/profile.tar.xz" -C /tmp prof
     tar -cJf "$out/sweep.tar.xz" -C /tmp sw
     ls -la "$out"
+    ;;
+ab-sweep)
+    out=${1:?outdir}
+    commit=${2:?commit}
+    minutes=${3:?minutes}
+    gpu_on=${4:?gpu for graphs on}
+    gpu_off=${5:?gpu for graphs off}
+    shift 5
+    mkdir -p "$out"
+    one() {  # graphs (1|0), gpu, bench_budgets args...
+        local graphs=$1 gpu=$2
+        shift 2
+        CUDA_VISIBLE_DEVICES=$gpu SGLANG_DDTREE_ROUND_GRAPHS=$graphs python3 benchmarks/bench_budgets.py \
+            --out "$out/graphs$graphs" --log-dir "$out/graphs$graphs/logs" \
+            --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes "$minutes" \
+            --commit "$commit+graphs$graphs" "$@" > "$out/graphs$graphs.log" 2>&1
+        echo "graphs=$graphs exit $?" >> "$out/graphs$graphs.log"
+    }
+    if [ "$gpu_on" = "$gpu_off" ]; then
+        one 1 "$gpu_on" "$@"
+        one 0 "$gpu_off" "$@"
+    else
+        one 1 "$gpu_on" "$@" &
+        one 0 "$gpu_off" "$@" &
+        wait
+    fi
+    tail -n 16 "$out/graphs1.log" "$out/graphs0.log"
     ;;
 *)
     echo "unknown step $step" >&2

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -139,3 +140,67 @@ def flat_tree_inputs(tree: DraftTree, prefix_lens: torch.Tensor) -> tuple[torch.
     the root's position; they are masked to themselves and never accepted)."""
     positions = prefix_lens.to(torch.int64).unsqueeze(1) + tree.depth
     return tree.tokens.reshape(-1), positions.reshape(-1)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The round's fixed-shape stages, as functions of tensors only (sglang_ddtree.graphs captures them per batch size).
+
+
+def draft_topk_stage(block_size: int, topk: int, vocab_start: int, weight: torch.Tensor, draft_hidden: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drafter hidden states [bs * block, H] (row 0 of each block is the root's) -> top-K draft log-probs and ids
+    [bs, block - 1, K]. Single-rank vocabulary (tensor parallelism merges shards: draft_topk_logprobs)."""
+    hidden = draft_hidden.view(-1, block_size, draft_hidden.shape[-1])
+    bs = hidden.shape[0]
+    values, ids = draft_topk_logprobs(hidden[:, 1:, :].reshape(bs * (block_size - 1), -1), weight, topk,
+                                      vocab_start=vocab_start)
+    return values.view(bs, block_size - 1, -1), ids.view(bs, block_size - 1, -1)
+
+
+def tree_stage(budget: int, prune: float | None, use_kernels: bool, topk_values: torch.Tensor,
+               topk_tokens: torch.Tensor, roots: torch.Tensor, prefix_lens: torch.Tensor):
+    """-> (tree, verify ids [bs * N], verify positions [bs * N]): the budgeted tree and its flat verify inputs."""
+    from sglang_ddtree import kernels
+    from sglang_ddtree.tree import build_tree_from_topk
+
+    build = kernels.build_tree_triton if use_kernels else build_tree_from_topk
+    tree = build(topk_values, topk_tokens, budget, roots, prune=prune, max_budget=budget)
+    ids, positions = flat_tree_inputs(tree, prefix_lens)
+    return tree, ids, positions
+
+
+@dataclass
+class CommitPlan:
+    """The walk and everything the commit needs, computed from tensors only (one graph replay)."""
+
+    walk: object  # walk.WalkResult
+    commit_lens: torch.Tensor  # [bs] int32: accepted draft tokens + the bonus
+    new_seq_lens: torch.Tensor  # [bs] committed lengths after the round (prefix_lens' dtype)
+    kv_dest: torch.Tensor  # flat slots the accepted path's KV moves to (accepted_kv_moves)
+    kv_src: torch.Tensor
+    draft_cache_loc: torch.Tensor  # [bs, P] slots of positions prefix .. prefix+P-1, P = min(block, N)
+    draft_positions: torch.Tensor  # [bs * P] those positions
+    out_tokens: torch.Tensor  # [bs, block] accepted tokens then the bonus, -1 padding clamped to 0
+    summary: torch.Tensor | None  # stats.round_summary_vector, when metrics are on
+
+
+def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tokens, parents, depth, scores, ranks,
+                     valid, choices, node_cache_loc, prefix_lens) -> CommitPlan:
+    """The walk (target choices -> accepted path) and the commit's slot and position arithmetic."""
+    from sglang_ddtree import kernels
+    from sglang_ddtree.walk import walk_choices
+
+    tree = DraftTree(tokens, parents, depth, scores, ranks, valid, block_size - 1)
+    walk = kernels.walk_triton(tree, choices) if use_kernels else walk_choices(tree, choices)
+    commit_lens = (walk.accept_len + 1).to(torch.int32)
+    new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+    dest, src = accepted_kv_moves(walk.path, node_cache_loc)
+    path_len = min(block_size, node_cache_loc.shape[1])
+    positions = prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(path_len, device=prefix_lens.device)
+    summary = None
+    if with_summary:
+        from sglang_ddtree.sglang.stats import round_summary_vector
+
+        summary = round_summary_vector(tree, walk)
+    return CommitPlan(walk, commit_lens, new_seq_lens, dest, src, node_cache_loc[:, :path_len].contiguous(),
+                      positions.reshape(-1), walk.out_tokens[:, :block_size].clamp(min=0), summary)

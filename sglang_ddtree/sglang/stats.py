@@ -223,15 +223,17 @@ class DDTreeStats:
         """A prefill or idle batch ran: the next decode round's `between` would count it, so it has none."""
         self._last_round_end = None
 
-    def record_round(self, tree, walk, timer: RoundTimer, batch_size: int, reqs=None, seq_lens=None) -> None:
+    def record_round(self, tree, walk, timer: RoundTimer, batch_size: int, reqs=None, seq_lens=None,
+                     summary: torch.Tensor | None = None) -> None:
         """reqs (the batch's SGLang requests, row order) and seq_lens (committed tokens per row before the round,
-        a device tensor) are read only by the debug dump, after its sync: the default path never touches them."""
+        a device tensor) are read only by the debug dump, after its sync: the default path never touches them.
+        summary: round_summary_vector(tree, walk) when the caller computed it already (inside a graph)."""
         self.round_index += 1
         if not self.enabled:
             return
         self._last_round_end = timer.end_event
         if self.prometheus is not None:
-            self._queue_summary(tree, walk, timer)
+            self._queue_summary(tree, walk, timer, summary)
             self._drain()
         if self.debug is not None:
             if tree.tokens.is_cuda:
@@ -249,14 +251,14 @@ class DDTreeStats:
                     "path": walk.path[b, : record.accept_len], "out_tokens": walk.out_tokens[b, : record.accept_len],
                 })
 
-    def _queue_summary(self, tree, walk, timer: RoundTimer) -> None:
+    def _queue_summary(self, tree, walk, timer: RoundTimer, summary: torch.Tensor | None = None) -> None:
         """One small vector per round, summed over the batch on the GPU, copied without a sync."""
         if len(self.pending) >= self.RING:  # the host fell behind: skip this round's numbers rather than block
             self.dropped_rounds += 1
             return
         slot = self.ring[self.ring_index % self.RING]
         self.ring_index += 1
-        slot.copy_(round_summary_vector(tree, walk), non_blocking=True)
+        slot.copy_(summary if summary is not None else round_summary_vector(tree, walk), non_blocking=True)
         event = torch.cuda.Event()
         event.record()
         self.pending.append((event, slot, timer))

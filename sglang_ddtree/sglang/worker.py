@@ -12,18 +12,26 @@ One round, per batch (all on the GPU, no host sync on the default path):
                accepted nodes' target hidden states, and the result goes back in DFLASH's format
                ([bs, 16] tokens: accepted then bonus; accept_lens = k + 1).
 Prefill, idle batches, KV reservation and the overlap relay are DFLASH's, inherited unchanged.
+Between SGLang's graph replays (drafter, target verify) the fixed-shape work is replayed as three graphs per batch
+size (sglang_ddtree.graphs): the draft top-K, the tree with its verify ids and positions, and the walk with the
+commit's slot arithmetic. Left eager: the verify mask (its size follows the context length), the target's
+choices (argmax or sampling), SGLang's KV move and the drafter-KV append.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from functools import partial
 
 import torch
 
+from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
 from sglang.srt.configs.hybrid_arch import mambaish_config
 from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.cuda_graph_config import Backend
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.runtime_context import get_exec
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
@@ -35,13 +43,13 @@ from sglang.srt.speculative.draft_worker_common import (
 )
 
 from sglang_ddtree import kernels
+from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.stats import DDTreeStats
-from sglang_ddtree.tree import build_tree_from_topk
-from sglang_ddtree.walk import sample_choices, walk_choices
+from sglang_ddtree.walk import sample_choices
 
 logger = logging.getLogger(__name__)
 
@@ -71,19 +79,34 @@ class DDTreeWorker(DFlashWorkerV2):
         # Triton kernels for tree/mask/walk (3 launches a round); SGLANG_DDTREE_TORCH_PATH=1 selects the torch
         # reference implementations instead (identical results, ~150 small launches a round).
         self.use_kernels = kernels.available(self.device) and os.environ.get("SGLANG_DDTREE_TORCH_PATH") != "1"
+        # The fixed-shape stages between SGLang's own graph replays, captured per batch size (sglang_ddtree.graphs):
+        # at batch 1 on a small target the round is host-bound, and these are ~60 of its eager launches. Off with
+        # decode CUDA graphs off, with the torch path, or with SGLANG_DDTREE_ROUND_GRAPHS=0.
+        decode_graphs = get_exec().graph.cuda_graph_config.decode.backend != Backend.DISABLED
+        self.round_graphs = (self.use_kernels and decode_graphs
+                             and os.environ.get("SGLANG_DDTREE_ROUND_GRAPHS", "1") != "0")
+        shard = self._lm_head_shard
+        self._topk_stage = GraphedStage(
+            partial(ops.draft_topk_stage, self.block_size, self.topk, shard["start"], shard["weight"][: shard["rows"]]),
+            name="draft top-K", enabled=self.round_graphs)
+        self._tree_stage = GraphedStage(partial(ops.tree_stage, self.budget, self.options.prune, self.use_kernels),
+                                        name="tree", enabled=self.round_graphs, borrow=(0, 1))
         self.stats = DDTreeStats(
             enable_metrics=bool(getattr(server_args, "enable_metrics", False)) and self.ps.tp_rank == 0,
             debug_path=self.options.debug_path if self.ps.tp_rank == 0 else None,
             depth_limit=self.depth_limit,
             budget=self.budget,
         )
+        self._walk_stage = GraphedStage(
+            partial(ops.walk_commit_plan, self.block_size, self.use_kernels, self.stats.prometheus is not None),
+            name="walk + commit plan", enabled=self.round_graphs, borrow=(0, 1, 2, 3, 4, 5))
         mark_active()
         if self.ps.tp_rank == 0:
             logger.info("DDTREE worker ready: budget=%d, verify nodes=%d, drafter block=%d, top-K=%d, prune=%s, "
-                        "tp=%d, kernels=%s", self.budget, self.num_nodes, self.block_size, self.topk,
-                        self.options.prune, self.ps.tp_size,
+                        "tp=%d, kernels=%s, round graphs=%s", self.budget, self.num_nodes, self.block_size,
+                        self.topk, self.options.prune, self.ps.tp_size,
                         f"triton (tree build: {kernels.tree_kernel_for(self.budget)})" if self.use_kernels
-                        else "torch")
+                        else "torch", self.round_graphs)
 
     # ------------------------------------------------------------------------------------------------------------
     # Setup checks
@@ -150,20 +173,17 @@ class DDTreeWorker(DFlashWorkerV2):
         prefix_lens = batch.seq_lens
         seq_lens_cpu_bound, seq_lens_sum_bound = self._host_seq_len_bound(batch, draft_input)
 
-        topk_values, topk_tokens = self._draft(batch, draft_input, seq_lens_cpu_bound, seq_lens_sum_bound)
+        draft_hidden = self._draft(batch, draft_input, seq_lens_cpu_bound, seq_lens_sum_bound)
+        topk_values, topk_tokens = self._draft_topk(draft_hidden)
         timer.mark("draft")
 
         roots = draft_input.bonus_tokens.view(-1)
+        tree, verify_ids, verify_positions = self._tree_stage(topk_values, topk_tokens, roots, prefix_lens)
         mask_numel = ops.verify_mask_numel(self.num_nodes, seq_lens_sum_bound, bs)
         if self.use_kernels:
-            tree = kernels.build_tree_triton(topk_values, topk_tokens, self.budget, roots, prune=self.options.prune,
-                                             max_budget=self.budget)
             mask = kernels.tree_verify_mask_triton(tree, prefix_lens, mask_numel)
         else:
-            tree = build_tree_from_topk(topk_values, topk_tokens, self.budget, roots, prune=self.options.prune,
-                                        max_budget=self.budget)
             mask = ops.tree_verify_mask(ancestor_mask(tree), prefix_lens, mask_numel)
-        verify_ids, verify_positions = ops.flat_tree_inputs(tree, prefix_lens)
         timer.mark("tree")
 
         node_cache_loc = self._verify_slots(batch, prefix_lens, bs)
@@ -177,27 +197,30 @@ class DDTreeWorker(DFlashWorkerV2):
             apply_dflash_verify_logits_adjustments(
                 next_token_logits=logits, sampling_info=batch.sampling_info, draft_token_num=self.num_nodes)
         choices = self._target_choices(batch, logits.view(bs, self.num_nodes, -1))
-        walk = kernels.walk_triton(tree, choices) if self.use_kernels else walk_choices(tree, choices)
+        plan = self._walk_stage(tree.tokens, tree.parents, tree.depth, tree.scores, tree.ranks, tree.valid,
+                                choices, node_cache_loc, prefix_lens)
+        walk = plan.walk
         timer.mark("walk")
 
-        commit_lens = (walk.accept_len + 1).to(torch.int32)
-        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+        # What leaves the round is copied out of the stage's graph memory (the next round's replay rewrites it).
+        commit_lens, new_seq_lens, out_tokens, bonus = (
+            (plan.commit_lens.clone(), plan.new_seq_lens.clone(), plan.out_tokens.clone(), walk.bonus.clone())
+            if self.round_graphs else (plan.commit_lens, plan.new_seq_lens, plan.out_tokens, walk.bonus))
         if on_publish is not None:
             on_publish(new_seq_lens)
-        self._commit(walk, node_cache_loc, logits_output.hidden_states, prefix_lens, commit_lens, bs)
+        self._commit(plan, logits_output.hidden_states, commit_lens, bs)
         logits_output.hidden_states = None
-        out_tokens = walk.out_tokens[:, : self.block_size].clamp(min=0)
         timer.mark("commit")
         # reqs/seq_lens are only read by the debug dump (after its sync): no host sync on the default path.
         self.stats.record_round(tree, walk, timer, batch_size=bs, reqs=getattr(batch, "reqs", None),
-                                seq_lens=prefix_lens)
+                                seq_lens=prefix_lens, summary=plan.summary)
 
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=out_tokens.reshape(-1),
             accept_lens=commit_lens,
             can_run_cuda_graph=can_run_cuda_graph,
-            next_draft_input=make_draft_input_v2(bonus_tokens=walk.bonus, new_seq_lens=new_seq_lens),
+            next_draft_input=make_draft_input_v2(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
             speculative_num_draft_tokens=self.block_size,
             new_seq_lens=new_seq_lens,
         )
@@ -219,28 +242,39 @@ class DDTreeWorker(DFlashWorkerV2):
         return bound, int(bound.sum())
 
     def _draft(self, batch, draft_input, seq_lens_cpu_bound, seq_lens_sum_bound):
-        """The DFlash drafter block; returns per-position top-K log-probs [bs, 15, K] and token ids."""
+        """The DFlash drafter block [bonus, mask x 15]; returns its hidden states [bs * block, H]."""
         bs = len(batch.seq_lens)
         block = self.block_size
         prefix_lens = batch.seq_lens
-        block_ids = torch.full((bs, block), int(self._mask_token_id), dtype=torch.long, device=self.device)
-        block_ids[:, 0] = draft_input.bonus_tokens.view(-1)
-        positions = (prefix_lens.to(torch.int64).unsqueeze(1) + self._block_pos_offsets).reshape(-1)
-        block_cache_loc = self._slots(batch, prefix_lens, block, bs)
+        self._ensure_draft_block_buffers(bs)  # DFLASH's reusable block buffers (sized by self.block_size)
+        block_ids = self._draft_block_ids_buf[:bs]
+        positions_2d = self._draft_block_positions_buf[:bs]
+        cache_loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
+        if self._use_triton_prepare_block:  # DFLASH's one-launch block preparation
+            _prepare_dflash_draft_block_unchecked(
+                bonus_tokens=draft_input.bonus_tokens.view(-1), prefix_lens=prefix_lens.view(-1),
+                req_pool_indices=batch.req_pool_indices.view(-1),
+                req_to_token=self.model_runner.req_to_token_pool.req_to_token,
+                block_ids_out=block_ids, positions_out=positions_2d, cache_loc_out=cache_loc_2d,
+                mask_token_id=int(self._mask_token_id))
+        else:
+            block_ids.fill_(int(self._mask_token_id))
+            block_ids[:, 0].copy_(draft_input.bonus_tokens.view(-1))
+            torch.add(prefix_lens.to(torch.int64).unsqueeze(1), self._block_pos_offsets, out=positions_2d)
+            cache_loc_2d.copy_(self._slots(batch, prefix_lens, block, bs).view(bs, block))
 
         target_model = self.target_worker.model_runner.model
         input_embeds = target_model.get_input_embeddings()(block_ids).view(bs * block, -1)
-        draft_seq_lens_cpu = seq_lens_cpu_bound.to(torch.int32)
         forward_batch = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY,
             batch_size=bs,
             input_ids=block_ids.flatten(),
             req_pool_indices=batch.req_pool_indices,
             seq_lens=prefix_lens,
-            out_cache_loc=block_cache_loc,
+            out_cache_loc=cache_loc_2d.reshape(-1),
             seq_lens_sum=seq_lens_sum_bound,
-            seq_lens_cpu=draft_seq_lens_cpu,
-            positions=positions,
+            seq_lens_cpu=seq_lens_cpu_bound.to(torch.int32),
+            positions=positions_2d.reshape(-1),
             input_embeds=input_embeds,
             spec_algorithm=self.model_runner.spec_algorithm,
             spec_info=self._draft_block_spec_info,
@@ -251,9 +285,16 @@ class DDTreeWorker(DFlashWorkerV2):
         hidden = draft_out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE: the DFlash draft forward returned no hidden states.")
-        hidden = hidden.view(bs, block, -1)[:, 1:, :].reshape(bs * (block - 1), -1)
+        return hidden
+
+    def _draft_topk(self, draft_hidden):
+        """Per-position top-K draft log-probs [bs, block - 1, K] and ids, TP shards merged."""
+        if self.ps.tp_size == 1:
+            return self._topk_stage(draft_hidden)
+        bs = draft_hidden.shape[0] // self.block_size
+        hidden = draft_hidden.view(bs, self.block_size, -1)[:, 1:, :].reshape(bs * (self.block_size - 1), -1)
         values, tokens = self._topk_logprobs(hidden)
-        return values.view(bs, block - 1, -1), tokens.view(bs, block - 1, -1)
+        return values.view(bs, self.block_size - 1, -1), tokens.view(bs, self.block_size - 1, -1)
 
     def _topk_logprobs(self, hidden):
         shard = self._lm_head_shard
@@ -325,22 +366,18 @@ class DDTreeWorker(DFlashWorkerV2):
             get_tp_group().broadcast(choice, src=0)
         return choice
 
-    def _commit(self, walk, node_cache_loc, target_hidden, prefix_lens, commit_lens, bs):
+    def _commit(self, plan, target_hidden, commit_lens, bs):
         """Accepted KV to consecutive slots (target pool), drafter context KV from the accepted hidden states."""
-        tgt, src = ops.accepted_kv_moves(walk.path, node_cache_loc)
-        self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache().move_kv_cache(tgt, src)
-
-        # Rows 0..min(16, B+1)-1: at most that many KV entries can be committed in a round.
-        path_len = min(self.block_size, self.num_nodes)
+        self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache().move_kv_cache(
+            plan.kv_dest, plan.kv_src)
+        # Rows 0..P-1, P = min(16, B+1): at most that many KV entries can be committed in a round.
+        path_len = plan.draft_cache_loc.shape[1]
         hidden = target_hidden.view(bs, self.num_nodes, -1)
-        path_hidden = ops.gather_path_rows(hidden, walk.path)[:, :path_len]
-        cache_loc_2d = node_cache_loc[:, :path_len].contiguous()
-        positions = (prefix_lens.to(torch.int64).unsqueeze(1)
-                     + torch.arange(path_len, device=self.device)).reshape(-1)
+        path_hidden = ops.gather_path_rows(hidden, plan.walk.path)[:, :path_len]
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=path_hidden.reshape(bs * path_len, -1),
-            cache_loc=cache_loc_2d.reshape(-1),
-            positions=positions,
-            cache_loc_2d=cache_loc_2d,
+            cache_loc=plan.draft_cache_loc.reshape(-1),
+            positions=plan.draft_positions,
+            cache_loc_2d=plan.draft_cache_loc,
             commit_lens=commit_lens,
         )

@@ -109,3 +109,49 @@ def test_round_summary_vector_has_no_host_sync():
         torch.cuda.set_sync_debug_mode("default")
     cpu_tree = build_tree_from_topk(values.cpu(), tokens.cpu(), 64, torch.zeros(4, dtype=torch.long), max_budget=64)
     assert torch.allclose(vec.cpu(), round_summary_vector(cpu_tree, walk_choices(cpu_tree, cpu_tree.tokens)))
+
+
+@pytest.mark.parametrize("budget", [32, 256])
+def test_graphed_round_stages_equal_eager(budget):
+    """The worker's three graphed stages (draft top-K, tree, walk + commit plan) give, replay after replay, for
+    batch sizes met in any order, exactly what the eager functions give; the tree stage borrows the top-K stage's
+    outputs (no copy) the way the worker chains them."""
+    from functools import partial
+
+    from sglang_ddtree.graphs import GraphedStage
+    from sglang_ddtree.sglang import ops
+
+    torch.manual_seed(budget)
+    block, hidden_size, vocab = 16, 64, 5000
+    weight = torch.randn(vocab, hidden_size, device="cuda", dtype=torch.bfloat16)
+    k = min(budget, vocab)
+    topk_fn = partial(ops.draft_topk_stage, block, k, 0, weight)
+    tree_fn = partial(ops.tree_stage, budget, None, True)
+    walk_fn = partial(ops.walk_commit_plan, block, True, True)
+    stages = [GraphedStage(topk_fn, name="topk"), GraphedStage(tree_fn, name="tree", borrow=(0, 1)),
+              GraphedStage(walk_fn, name="walk", borrow=tuple(range(6)))]
+
+    def run(fns, bs, seed):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        hidden = torch.randn(bs * block, hidden_size, device="cuda", dtype=torch.bfloat16, generator=gen) * 4
+        roots = torch.randint(0, vocab, (bs,), device="cuda", generator=gen)
+        prefix = torch.randint(5, 500, (bs,), device="cuda", generator=gen)
+        values, tokens = fns[0](hidden)
+        tree, ids, pos = fns[1](values, tokens, roots, prefix)
+        # the target follows the first child at even depths, a random token elsewhere: deep and shallow walks
+        choice = torch.where(torch.rand(tree.tokens.shape, device="cuda", generator=gen) < 0.7,
+                             torch.roll(tree.tokens, -1, dims=1), tree.tokens)
+        slots = torch.randperm(bs * (budget + 1), device="cuda", generator=gen).view(bs, budget + 1)
+        plan = fns[2](tree.tokens, tree.parents, tree.depth, tree.scores, tree.ranks, tree.valid, choice, slots,
+                      prefix)
+        flat = [values, tokens, *(getattr(tree, f) for f in FIELDS), ids, pos, plan.walk.path, plan.walk.bonus,
+                plan.walk.out_tokens, plan.commit_lens, plan.new_seq_lens, plan.kv_dest, plan.kv_src,
+                plan.draft_cache_loc, plan.draft_positions, plan.out_tokens, plan.summary]
+        return [x.clone() for x in flat]
+
+    for bs, seed in ((1, 1), (4, 2), (1, 3), (4, 4), (1, 5)):
+        graphed = run(stages, bs, seed)
+        eager = run((topk_fn, tree_fn, walk_fn), bs, seed)
+        for i, (g, e) in enumerate(zip(graphed, eager)):
+            assert torch.equal(g, e), f"output {i} differs at bs={bs} seed={seed}"
+    assert [s.captures for s in stages] == [2, 2, 2] and all(s.replays == 5 for s in stages)

@@ -1,0 +1,56 @@
+"""sglang_ddtree.graphs on CPU (eager fallback) and the round's stage functions' plumbing (sglang/ops.py)."""
+
+
+import torch
+
+from sglang_ddtree.graphs import GraphedStage
+from sglang_ddtree.sglang import ops
+from sglang_ddtree.tree import build_tree_from_topk
+from sglang_ddtree.walk import walk_choices
+
+
+def test_graphed_stage_runs_eagerly_on_cpu_and_when_disabled():
+    calls = []
+
+    def fn(x):
+        calls.append(1)
+        return x * 2
+
+    for stage in (GraphedStage(fn, name="t"), GraphedStage(fn, name="t", enabled=False)):
+        assert torch.equal(stage(torch.ones(3)), torch.full((3,), 2.0))
+        assert stage.captures == 0 and stage.replays == 0
+    assert len(calls) == 2
+
+
+def test_stage_functions_compose_to_the_round():
+    """draft_topk_stage -> tree_stage -> walk_commit_plan (torch path) equal the core functions called directly."""
+    torch.manual_seed(0)
+    bs, block, hidden_size, vocab, budget = 3, 16, 32, 200, 24
+    weight = torch.randn(vocab, hidden_size)
+    hidden = torch.randn(bs * block, hidden_size) * 3
+    roots = torch.randint(0, vocab, (bs,))
+    prefix = torch.tensor([7, 30, 2])
+    values, tokens = ops.draft_topk_stage(block, budget, 0, weight, hidden)
+    direct_v, direct_t = ops.draft_topk_logprobs(hidden.view(bs, block, -1)[:, 1:].reshape(-1, hidden_size),
+                                                 weight, budget)
+    assert torch.equal(values, direct_v.view(bs, block - 1, -1)) and torch.equal(tokens, direct_t.view(bs, 15, -1))
+
+    tree, ids, pos = ops.tree_stage(budget, None, False, values, tokens, roots, prefix)
+    ref = build_tree_from_topk(values, tokens, budget, roots, max_budget=budget)
+    assert torch.equal(tree.tokens, ref.tokens) and torch.equal(ids, ref.tokens.reshape(-1))
+    assert torch.equal(pos, (prefix.unsqueeze(1) + ref.depth).reshape(-1))
+
+    choice = torch.roll(tree.tokens, -1, dims=1)  # follows first children for a while
+    slots = torch.arange(bs * (budget + 1)).view(bs, budget + 1) + 1000
+    plan = ops.walk_commit_plan(block, False, False, tree.tokens, tree.parents, tree.depth, tree.scores,
+                                tree.ranks, tree.valid, choice, slots, prefix)
+    walk = walk_choices(tree, choice)
+    assert int(walk.accept_len.max()) >= 1  # some KV really moves
+    assert torch.equal(plan.walk.path, walk.path) and plan.summary is None
+    assert torch.equal(plan.commit_lens, (walk.accept_len + 1).to(torch.int32))
+    assert torch.equal(plan.new_seq_lens, prefix + walk.accept_len + 1)
+    dest, src = ops.accepted_kv_moves(walk.path, slots)
+    assert torch.equal(plan.kv_dest, dest) and torch.equal(plan.kv_src, src)
+    assert torch.equal(plan.draft_cache_loc, slots[:, :16])
+    assert torch.equal(plan.draft_positions, (prefix.unsqueeze(1) + torch.arange(16)).reshape(-1))
+    assert torch.equal(plan.out_tokens, walk.out_tokens.clamp(min=0))
