@@ -110,10 +110,18 @@ def _equality(records: list[dict], kind: str) -> tuple[bool, bool, float]:
     return exact, up_to_ties, max(gaps) if gaps else 0.0
 
 
+def _lease6_runs() -> list[dict]:
+    data = _load("gpu_suite_lease6.json")
+    if data is None:
+        raise FileNotFoundError("gpu_suite_lease6.json")
+    return data["runs"]
+
+
 def sglang(out: dict) -> None:
-    """Issue 6: losslessness and KV leak from lease 3's DDTREE server module; tiny-pair batch-1 throughput of one
-    run (lease 3's tiny sweep, the committed pair)."""
-    records = _lease3_runs()[0]["records"]
+    """Issue 6: losslessness and KV leak from lease 6's DDTREE server module (round graphs on, run 1 of
+    gpu_suite_lease6.json); tiny-pair batch-1 throughput of one run (lease 6's sequential sweep with the round
+    graphs on, the server alone on the machine)."""
+    records = _lease6_runs()[1]["records"]
     # true only if every configuration matched plain decoding token for token (near-ties count as mismatches)
     exact, up_to_ties, gap = _equality(records, "ddtree_greedy_equality")
     out["sglang_lossless_t0"] = exact
@@ -122,7 +130,7 @@ def sglang(out: dict) -> None:
     leak = [r for r in records if r.get("kind") == "kv_leak"]
     if leak:
         out["sglang_kv_leak_tokens"] = leak[-1]["after_tokens"] - leak[-1]["idle_tokens"]
-    rows = _sweep_rows("sweep_tiny_h200_lease3.jsonl")
+    rows = _sweep_rows("sweep_tiny_bs1_lease6_graphs_on.jsonl")
     plain, dflash = rows[("tiny", "plain", None, 1)], rows[("tiny", "dflash", None, 1)]
     ddtree = {k[2]: r for k, r in rows.items() if k[0] == "tiny" and k[1] == "ddtree" and k[3] == 1}
     best = max(ddtree, key=lambda b: ddtree[b]["decode_tokens_per_s"])
@@ -135,13 +143,20 @@ def sglang(out: dict) -> None:
                                             **{f"ddtree_{b}": round(r["tau"], 4) for b, r in sorted(ddtree.items())}}
 
 
+def round_graphs(out: dict) -> None:
+    """The round's stage graphs (sglang_ddtree/graphs.py): tiny pair, batch 1, DDTREE step ms with them on and
+    off, two sweeps one after the other on the same GPU (lease 6; single runs of 128 tokens: noisy)."""
+    on = _sweep_rows("sweep_tiny_bs1_lease6_graphs_on.jsonl")
+    off = _sweep_rows("sweep_tiny_bs1_lease6_graphs_off.jsonl")
+    out["round_graphs_tiny_bs1_step_ms"] = {
+        str(k[2]): {"on": round(r["step_ms"], 2), "off": round(off[k]["step_ms"], 2)}
+        for k, r in sorted(on.items(), key=lambda kv: kv[0][2] or 0) if k[1] == "ddtree" and k in off}
+
+
 def tp2(out: dict) -> None:
-    """Issue 9: TP=2 (lease 5, two H200s, budgets 16/64/256): DDTREE == plain at TP=2, bf16; rounds per prompt
-    equal to TP=1 on the prompts whose output is the same at TP=1 and TP=2."""
-    data = _load("gpu_suite_lease5.json")
-    if data is None:
-        raise FileNotFoundError("gpu_suite_lease5.json")
-    records = data["runs"][1]["records"]
+    """Issue 9: TP=2 (lease 6, two H200s, budgets 16/64/256, round graphs on): DDTREE == plain at TP=2, bf16;
+    rounds per prompt equal to TP=1 on the prompts whose output is the same at TP=1 and TP=2."""
+    records = _lease6_runs()[2]["records"]
     exact, up_to_ties, gap = _equality(records, "tp2_greedy_equality")
     out["tp2_lossless_t0"] = exact
     out["tp2_lossless_t0_up_to_bf16_ties"] = up_to_ties
@@ -164,10 +179,10 @@ def hybrid(out: dict) -> None:
 
 
 def budgets(out: dict) -> None:
-    """Issue 8: tree-stage overhead at real size (8b-dummy, B=256, batch 1; lease 5's batch-1 sweep, whose stage
-    split chains CUDA events round to round, so the stages, `between` included, add up to the GPU time per round)
-    and the projected best budgets."""
-    rows = _sweep_rows("sweep_bs1_h200_lease5.jsonl")
+    """Issue 8: tree-stage overhead at real size (8b-dummy, B=256, batch 1, round graphs on; lease 7's sweep, whose
+    stage split chains CUDA events round to round, so the stages, `between` included, add up to the GPU time per
+    round) and the projected best budgets."""
+    rows = _sweep_rows("sweep_8b_bs1_lease6_graphs_on.jsonl")
     r = rows[("8b-dummy", "ddtree", 256, 1)]
     stages = r["stage_ms"]
     out["tree_overhead_fraction_8b_b256_bs1"] = round(
@@ -195,7 +210,7 @@ def adaptive(out: dict) -> None:
         all(bool(v) for v in data["lossless"].values())
 
 
-EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, budgets, tp2, hybrid, adaptive]
+EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, round_graphs, budgets, tp2, hybrid, adaptive]
 
 
 def build() -> dict:

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -49,18 +50,48 @@ class Launcher(Protocol):
 
 _ports_given: set[int] = set()
 _ports_lock = threading.Lock()
+PORT_REGISTRY_TTL_S = 3600.0
+
+
+def _port_registry() -> Path:
+    return Path(os.environ.get("SGLANG_DDTREE_PORT_REGISTRY")
+                or Path(tempfile.gettempdir()) / "sglang-ddtree-ports")
 
 
 def free_port() -> int:
-    """A port nothing listens on, never the same twice in this process (parallel starts would race for it)."""
-    with _ports_lock:
-        while True:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            if port not in _ports_given:
-                _ports_given.add(port)
-                return port
+    """A port nothing listens on, never handed out twice, in this process or in another one on this machine.
+
+    A probe (bind to port 0, close) can give two processes that start servers at the same moment the same port
+    (lease 6: the GPU suite and a budget sweep, one server died with EADDRINUSE on its torch.distributed port).
+    So ports handed out in the last hour are kept in a registry file shared by every process of this package,
+    read and extended under an exclusive lock."""
+    import fcntl
+
+    registry = _port_registry()
+    with _ports_lock, open(registry.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            now = time.time()
+            recent: dict[int, float] = {}
+            if registry.exists():
+                for line in registry.read_text().splitlines():
+                    parts = line.split()
+                    if len(parts) == 2 and parts[0].isdigit() and now - float(parts[1]) < PORT_REGISTRY_TTL_S:
+                        recent[int(parts[0])] = float(parts[1])
+            while True:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind(("127.0.0.1", 0))
+                    port = s.getsockname()[1]
+                if port not in _ports_given and port not in recent:
+                    break
+            _ports_given.add(port)
+            recent[port] = now
+            tmp = registry.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text("".join(f"{p} {t}\n" for p, t in recent.items()))
+            tmp.replace(registry)
+            return port
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def launch_command(python: str, args: list[str], port: int) -> list[str]:
