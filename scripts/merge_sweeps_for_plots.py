@@ -6,6 +6,12 @@ workloads; see benchmarks/results/README.md). Tokens/s, step times and tau are k
   python scripts/merge_sweeps_for_plots.py > /tmp/merged_sweep.jsonl
   python -m sglang_ddtree.bench.plots --sweep /tmp/merged_sweep.jsonl \
       --projection benchmarks/results/best_budget.json --out-dir benchmarks/results
+
+--round-graphs: instead, the batch-1 rows of leases 6-7 with the round's stage graphs on and off, the setup name
+suffixed with the mode, for the stage-breakdown plot stage_breakdown_round_graphs.png:
+  python scripts/merge_sweeps_for_plots.py --round-graphs > /tmp/rg.jsonl
+  python -m sglang_ddtree.bench.plots --sweep /tmp/rg.jsonl --out-dir /tmp/rg
+  cp /tmp/rg/stage_breakdown.png benchmarks/results/stage_breakdown_round_graphs.png
 """
 
 import json
@@ -15,7 +21,26 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
-def main() -> int:
+ROUND_GRAPHS = (("sweep_tiny_bs1_lease6_graphs_on.jsonl", "graphs on"),
+                ("sweep_tiny_bs1_lease6_graphs_off.jsonl", "graphs off"),
+                ("sweep_8b_bs1_lease6_graphs_on.jsonl", "graphs on"),
+                ("sweep_8b_lease6_graphs_off.jsonl", "graphs off"))
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--round-graphs"]:
+        for name, mode in ROUND_GRAPHS:
+            for line in (RESULTS / name).read_text().splitlines():
+                row = json.loads(line)
+                if row.get("setup") and row.get("batch_size") == 1:
+                    row["setup"] = f"{row['setup']}, {mode}"
+                    row["key"] = "|".join([row["setup"], *row["key"].split("|")[1:]])  # rows are keyed by setup
+                    sys.stdout.write(json.dumps(row) + "\n")
+        return 0
+    if argv:
+        print("usage: merge_sweeps_for_plots.py [--round-graphs]", file=sys.stderr)
+        return 2
     for name, setup, drop_stages in (("sweep_h200.jsonl", "8b-dummy", False),
                                      ("sweep_tiny_h200_lease3.jsonl", "tiny", True)):
         for line in (RESULTS / name).read_text().splitlines():

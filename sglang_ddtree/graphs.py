@@ -1,8 +1,9 @@
 """Replaying fixed-shape stages of a round as CUDA graphs, so the host launches one graph instead of dozens of kernels.
 
 Why: at batch 1 with a small target the DDTREE round is host-bound (lease 5, tiny pair: the worker's host time per
-round 5.1 ms against 1.0 ms of GPU work; ~130 eager launches a round against DFLASH's ~26,
-benchmarks/results/profile_rounds_h200_lease5.json). The stages between SGLang's own graph replays (draft head,
+round 5.1 ms against 1.0 ms of GPU work; 113-131 eager kernel launches a round against DFLASH's 26,
+benchmarks/results/profile_rounds_h200_lease5.json). Measured after (lease 6, tiny pair, batch 1, one sweep after
+the other): 3.6 ms per round with the graphs at B=32 and 128 against 5.0 and 5.7 ms without. The stages between SGLang's own graph replays (draft head,
 tree build, verify inputs, walk, commit plan) have shapes fixed by the batch size, so they can be captured once per
 batch size and replayed.
 
