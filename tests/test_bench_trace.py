@@ -82,3 +82,26 @@ def test_round_timer_opens_one_profiler_range_per_stage(tmp_path):
     assert [e["name"] for e in got] == [f"ddtree:{s}" for s in STAGES]
     for a, b in zip(got, got[1:]):
         assert a["ts"] + a["dur"] <= b["ts"] + 1e-3
+
+
+def test_profile_rounds_profiles_the_sweeps_servers_at_batch_1():
+    """benchmarks/profile_rounds.py starts exactly the servers the budget sweep would (same plan code), batch 1."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_rounds.py"
+    spec = importlib.util.spec_from_file_location("profile_rounds", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    args = mod.parse_args(["--out", "/tmp/x", "--setups", "8b-dummy,tiny", "--methods", "dflash,ddtree",
+                           "--budgets", "32,256"])
+    servers = mod.servers_to_profile(args)
+    assert [s.name for s in servers] == ["8b-dummy-dflash", "8b-dummy-ddtree-b32", "8b-dummy-ddtree-b256",
+                                         "tiny-dflash", "tiny-ddtree-b32", "tiny-ddtree-b256"]
+    assert all(s.batch_sizes == (1,) for s in servers)
+    b256 = servers[2].args
+    assert b256[b256.index("--speculative-ddtree-budget") + 1] == "256"
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--out", "/tmp/x", "--steps", "2"])
+    with pytest.raises(SystemExit, match="unknown setup"):
+        mod.servers_to_profile(mod.parse_args(["--out", "/tmp/x", "--setups", "70b"]))

@@ -1,6 +1,5 @@
 """sglang_ddtree.graphs on CPU (eager fallback) and the round's stage functions' plumbing (sglang/ops.py)."""
 
-
 import torch
 
 from sglang_ddtree.graphs import GraphedStage

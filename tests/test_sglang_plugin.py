@@ -284,6 +284,70 @@ def test_pinned_sglang_has_everything_the_plugin_uses():
     assert {"need_topk", "create_future_map", "carries_draft_hidden_states"} <= enum_methods - base_methods
 
 
+def module_file(src: Path, module: str) -> Path | None:
+    base = src / module.replace(".", "/")
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def module_names(src: Path, module: str, depth: int = 0) -> set[str]:
+    """Every name a module defines at top level: functions, classes, assignments and imports (relative star
+    imports followed)."""
+    path = module_file(src, module)
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            if depth >= 4:
+                continue
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                names |= module_names(src, f"{base}.{node.module}" if node.module else base, depth + 1)
+            elif node.module.startswith("sglang."):
+                names |= module_names(src, node.module[len("sglang."):], depth + 1)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def test_every_sglang_import_of_the_integration_resolves_in_the_pinned_sources():
+    """`from sglang.x import y` anywhere in sglang_ddtree/sglang/: module x exists in 0.5.17 and defines y."""
+    src = pinned_sglang_source()
+    checked = 0
+    for path in sorted((ROOT / "sglang_ddtree" / "sglang").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sglang."):
+                module = node.module[len("sglang."):]
+                assert module_file(src, module) is not None, f"{path.name}: no module {node.module}"
+                defined = module_names(src, module)
+                for alias in node.names:
+                    assert alias.name in defined, f"{path.name}: {node.module} has no {alias.name}"
+                    checked += 1
+    assert checked >= 20
+
+
+def test_dflash_internals_the_worker_reuses_exist_in_the_pinned_sources():
+    """The DFLASH members DDTreeWorker calls or reads (block buffers, the one-launch block preparation)."""
+    src = pinned_sglang_source()
+    worker = (src / "srt" / "speculative" / "dflash_worker_v2.py").read_text()
+    for attr in ("_use_triton_prepare_block", "_draft_block_ids_buf", "_draft_block_positions_buf",
+                 "_draft_verify_out_cache_loc_buf", "_mask_token_id"):
+        assert f"self.{attr} =" in worker, attr
+    assert "_ensure_draft_block_buffers" in module_defs(src, "srt.speculative.dflash_worker_v2")["DFlashWorkerV2"]
+    prepare = module_defs(src, "kernels.ops.speculative.dflash")["_prepare_dflash_draft_block_unchecked"]
+    assert prepare == ["bonus_tokens", "prefix_lens", "req_pool_indices", "req_to_token", "block_ids_out",
+                       "positions_out", "cache_loc_out", "mask_token_id"]
+    assert "get_exec().graph.cuda_graph_config.decode.backend != Backend.DISABLED" in worker
+
+
 def registered_hook_targets() -> list[str]:
     """The target of every HookRegistry.register call in plugin.register (string literals or module constants)."""
     tree = ast.parse((ROOT / "sglang_ddtree" / "sglang" / "plugin.py").read_text())
