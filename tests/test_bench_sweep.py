@@ -351,3 +351,39 @@ def test_launch_command_gives_each_server_its_own_nccl_port():
     assert port_a != port_b
     explicit = launch_command("py", ["--nccl-port", "999"], 1)
     assert explicit.count("--nccl-port") == 1 and explicit[explicit.index("--nccl-port") + 1] == "999"
+
+
+def test_repeats_report_the_median_run_and_every_run(tmp_path):
+    """--repeats 3: the row's numbers are the median run's, each run's tokens/s and step time are kept, the stage
+    split covers all three runs, and the deadline planning counts three runs per row."""
+
+    class VaryingServer(FakeServer):
+        @property
+        def step_s(self):
+            # request 1 is the warm-up; then 3 ms, 1 ms, 2 ms (median 2 ms)
+            return {1: 0.002, 2: 0.003, 3: 0.001, 4: 0.002}.get(self.generates, 0.002)
+
+        @step_s.setter
+        def step_s(self, value):
+            pass
+
+    class VaryingLauncher(FakeLauncher):
+        def create(self, plan):
+            server = VaryingServer(plan, self)
+            self.created[plan.name] = server
+            return server
+
+    setup = dataclasses.replace(TINY, budgets=(64,), batch_sizes=(1,), methods=("ddtree",))
+    plan = make_plan(setup)
+    clock = Clock()
+    report = sweep(tmp_path, plan, VaryingLauncher(clock), clock, repeats=3).run()
+    assert report.exit_code == 0
+    row = results(tmp_path)[P.row_key("tiny", "ddtree", 64, 1)]
+    assert row["repeats"] == 3
+    assert row["step_ms_runs"] == pytest.approx([3.0, 1.0, 2.0])
+    assert row["step_ms"] == pytest.approx(2.0)  # the median run's
+    assert sorted(row["decode_tokens_per_s_runs"])[1] == pytest.approx(row["decode_tokens_per_s"])
+    per_request = math.ceil((setup.max_new_tokens - 1) / FAKE_TAU)
+    assert row["ddtree_metrics"]["request_rounds"] == 3 * per_request
+    with pytest.raises(ValueError, match="repeats"):
+        sweep(tmp_path, plan, FakeLauncher(clock), clock, repeats=0)

@@ -48,6 +48,9 @@ class SweepOptions:
     start_timeout_s: float = 420.0
     request_timeout_s: float = 300.0
     retry_failed: bool = False
+    # Measured runs per row (same prompts, cache flushed before each): the row reports the median run and every
+    # run's tokens/s and step time. Host-bound rows (small targets at batch 1) vary by 10-30% from run to run.
+    repeats: int = 1
     first_start_estimate_s: float = 150.0  # before any wave has started: a fresh-ish machine, a dozen servers
     stop_reserve_s: float = 15.0  # kept free at the end to stop the servers
 
@@ -56,6 +59,8 @@ class SweepOptions:
             raise ValueError(f"max_minutes must be positive, got {self.max_minutes}.")
         if self.mem_budget_gib <= 0:
             raise ValueError(f"the GPU memory budget must be positive (GiB), got {self.mem_budget_gib}.")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}.")
 
 
 @dataclass
@@ -178,7 +183,8 @@ class Sweep:
                            max_parallel=self.opt.max_parallel)
         writer.write({"kind": "run", "run_id": self.run_id, **self.run_info,
                       "options": {"max_minutes": self.opt.max_minutes, "mem_budget_gib": self.opt.mem_budget_gib,
-                                  "max_parallel": self.opt.max_parallel, "retry_failed": self.opt.retry_failed},
+                                  "max_parallel": self.opt.max_parallel, "retry_failed": self.opt.retry_failed,
+                                  "repeats": self.opt.repeats},
                       "plan": {"servers": [s.name for s in self.plan.servers],
                                "waves": [[s.name for s in w] for w in waves],
                                "rows": len(self.plan.rows), "skipped": len(self.plan.skipped),
@@ -201,7 +207,7 @@ class Sweep:
             # Later waves: optimistic (they usually hold fewer servers and find the JIT caches warm). A wave that
             # overruns is cut by the deadline like any other, its finished rows kept.
             est_start = max(45.0, 0.6 * max(starts)) if starts else self.opt.first_start_estimate_s
-            first = wave[0].est_row_seconds(todo_of[wave[0].name][0])
+            first = wave[0].est_row_seconds(todo_of[wave[0].name][0]) * self.opt.repeats
             if self.left() < est_start + first + self.opt.stop_reserve_s:
                 self.log(f"deadline: {self.left():.0f} s left, wave {wi} needs ~{est_start + first:.0f} s to start "
                          f"and measure its first row; stopping here")
@@ -262,7 +268,7 @@ class Sweep:
             if isinstance(pool, int) and pool < server.memory.kv_pool_tokens:
                 self.log(f"  WARNING {server.name}: KV pool {pool} < the {server.memory.kv_pool_tokens} tokens asked")
             for row in todo_of[server.name]:
-                est = server.est_row_seconds(row)
+                est = server.est_row_seconds(row) * self.opt.repeats
                 if self.left() < est + self.opt.stop_reserve_s:
                     self.log(f"deadline: {self.left():.0f} s left, {row.key} needs ~{est:.0f} s; stopping here")
                     self._stop(server.name)
@@ -319,14 +325,17 @@ class Sweep:
                 errors = [r.error for r in run_batch(client, warm, timeout) if r.error]
                 if errors:
                     raise RuntimeError(f"warmup: {len(errors)} requests failed; first: {errors[0]}")
-            client.flush_cache()
-            before = self._scrape(client)
             payloads = [{**x, "sampling_params": sampling_params(setup)} for x in inputs]
+            before = self._scrape(client)
             t = self.clock()
-            results = run_batch(client, payloads, timeout)
+            runs = []
+            for _ in range(self.opt.repeats):
+                client.flush_cache()
+                runs.append(summarize(run_batch(client, payloads, timeout), method=server.method,
+                                      max_new_tokens=setup.max_new_tokens))
             wall = self.clock() - t
             after = self._scrape(client)
-            numbers = summarize(results, method=server.method, max_new_tokens=setup.max_new_tokens)
+            numbers = median_run(runs)
         except Exception as exc:
             late = self.left() <= self.opt.stop_reserve_s + 1
             return self._result(server, row, "interrupted" if late else "failed",
@@ -353,6 +362,18 @@ class Sweep:
 
 
 # -------------------------------------------------------------------------------------------- run facts, prompts
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median decode tokens/s (the lower middle one for an even count), plus every run's
+    tokens/s and step time when there was more than one."""
+    ordered = sorted(runs, key=lambda r: r["decode_tokens_per_s"])
+    out = dict(ordered[(len(ordered) - 1) // 2])
+    if len(runs) > 1:
+        out["repeats"] = len(runs)
+        out["decode_tokens_per_s_runs"] = [r["decode_tokens_per_s"] for r in runs]
+        out["step_ms_runs"] = [r["step_ms"] for r in runs]
+    return out
 
 
 def _run(cmd: list[str], timeout: float = 20) -> str | None:
