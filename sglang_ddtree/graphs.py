@@ -2,22 +2,24 @@
 
 Why: at batch 1 with a small target the DDTREE round is host-bound (lease 5, tiny pair: the worker's host time per
 round 5.1 ms against 1.0 ms of GPU work; 113-131 eager kernel launches a round against DFLASH's 26,
-benchmarks/results/profile_rounds_h200_lease5.json). Measured after (lease 6, tiny pair, batch 1, one sweep after
-the other): 3.6 ms per round with the graphs at B=32 and 128 against 5.0 and 5.7 ms without. The stages between SGLang's own graph replays (draft head,
+benchmarks/results/profile_rounds_h200_lease5.json). The stages between SGLang's own graph replays (draft top-K,
 tree build, verify inputs, walk, commit plan) have shapes fixed by the batch size, so they can be captured once per
-batch size and replayed.
+batch size and replayed. Measured after (lease 6, tiny pair, batch 1, one sweep after the other): 3.6 ms per round
+with the graphs at B=32 and 128 against 5.0 and 5.7 ms without.
 
-`GraphedStage(fn)` calls fn(*inputs) -> outputs (tensors, or any object holding them).
-On CUDA, for each new signature of the inputs (shapes, dtypes) it clones the inputs into static buffers, runs fn
-once to warm up (Triton compiles, lazily cached tensors get allocated), captures fn into a graph and from then on
-copies the inputs in and replays. `borrow` names inputs that are another stage's graph outputs (memory this
-process owns, at a fixed address): their static buffer is the tensor itself, and the copy is skipped whenever the
-caller passes that same tensor, as chained stages do. Never borrow memory someone else may reuse (a copy into it
-would overwrite their data). fn must not write its inputs. The outputs live in the graph's memory and are OVERWRITTEN by the next replay
-of the same signature: a caller that keeps an output beyond that must clone it. fn must not read tensor values on
-the host (no .item(), no data-dependent shapes) and must not keep Python state that changes between calls; its
-non-tensor arguments are bound at construction (functools.partial) and must not change.
-Every graph of a GraphedStage shares one memory pool. On CPU, or when disabled, fn runs eagerly.
+`GraphedStage(fn)` calls fn(*inputs) -> outputs (tensors, or any object holding them). On CUDA, for each new
+signature of the inputs (shapes, dtypes) it clones the inputs into static buffers, runs fn once to warm up (Triton
+compiles, lazily cached tensors get allocated), captures fn into a graph, and from then on copies the inputs in and
+replays. Every graph of a GraphedStage shares one memory pool. On CPU, or when disabled, fn runs eagerly.
+
+- `borrow` names inputs that are another stage's graph outputs (memory this process owns, at a fixed address):
+  their static buffer is the tensor itself, and the copy is skipped whenever the caller passes that same tensor,
+  as chained stages do. Never borrow memory someone else may reuse: a copy into it would overwrite their data.
+- The outputs live in the graph's memory and are OVERWRITTEN by the next replay of the same signature: a caller
+  that keeps an output beyond that must clone it.
+- fn must not write its inputs, must not read tensor values on the host (no .item(), no data-dependent shapes) and
+  must not keep Python state that changes between calls; its non-tensor arguments are bound at construction
+  (functools.partial) and must not change.
 """
 
 from __future__ import annotations

@@ -54,7 +54,6 @@ from sglang_ddtree.walk import sample_choices
 logger = logging.getLogger(__name__)
 
 
-
 class DDTreeWorker(DFlashWorkerV2):
     def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
@@ -80,8 +79,9 @@ class DDTreeWorker(DFlashWorkerV2):
         # reference implementations instead (identical results, ~150 small launches a round).
         self.use_kernels = kernels.available(self.device) and os.environ.get("SGLANG_DDTREE_TORCH_PATH") != "1"
         # The fixed-shape stages between SGLang's own graph replays, captured per batch size (sglang_ddtree.graphs):
-        # at batch 1 on a small target the round is host-bound, and these are ~60 of its eager launches. Off with
-        # decode CUDA graphs off, with the torch path, or with SGLANG_DDTREE_ROUND_GRAPHS=0.
+        # at batch 1 on a small target the round is host-bound (lease 5 profile: 113-131 eager launches a round),
+        # and these stages were several dozen of them. Off with decode CUDA graphs off, with the torch path, or
+        # with SGLANG_DDTREE_ROUND_GRAPHS=0.
         decode_graphs = get_exec().graph.cuda_graph_config.decode.backend != Backend.DISABLED
         self.round_graphs = (self.use_kernels and decode_graphs
                              and os.environ.get("SGLANG_DDTREE_ROUND_GRAPHS", "1") != "0")
