@@ -9,9 +9,11 @@
 The serving path (sglang_ddtree/sglang/worker.py) uses the Triton kernels on CUDA.
 
 On CUDA each configuration is timed eagerly (CUDA events around launches from an idle GPU: host launch overhead
-included; the serving path launches these stages eagerly between the draft and verify graphs, where a busy GPU can
-hide it) and as one captured CUDA graph replay (GPU time alone). Writes JSON rows (one per configuration) and
-prints a table. impls: torch, triton (sort tree kernel, one launch), triton_rank (rank tree kernel, L+1 launches).
+included) and as one captured CUDA graph replay (GPU time alone); the serving path replays these stages as CUDA
+graphs per batch size (sglang_ddtree/graphs.py), so the graph numbers are the ones that matter there. Writes JSON rows (one per configuration) and
+prints a table. impls: torch, triton (sort tree kernel, one launch), triton_rank (rank tree kernel, L+1 launches),
+triton_topk (the tree kernel that `auto` picks for the budget, and kernels.topk_triton for the top-K). Every impl's
+top-K and tree are checked against the torch reference before timing (a difference stops the run).
 
   python benchmarks/bench_tree.py --device cpu --out benchmarks/results/tree_cpu.json
   python benchmarks/bench_tree.py --device cuda --out $OUT/tree_h200.json
@@ -47,13 +49,22 @@ def make_stages(impl, draft_logits, budget, roots, start, choice):
     k = min(budget, vocab)
     numel = verify_mask_numel(budget + 1, int(start.sum()) + 16 * bs, bs)
 
-    def topk():
+    def torch_topk():
         return topk_draft(draft_logits.float().log_softmax(-1), k)
 
-    if impl in ("triton", "triton_rank"):
+    topk = torch_topk
+
+    if impl in ("triton", "triton_rank", "triton_topk"):
         from sglang_ddtree import kernels
 
-        kernel = "rank" if impl == "triton_rank" else "sort"
+        kernel = {"triton_rank": "rank", "triton": "sort"}.get(impl, kernels.tree_kernel_for(budget))
+        if impl == "triton_topk":
+            def triton_topk():
+                lp = draft_logits.float().log_softmax(-1)
+                values, tokens = kernels.topk_triton(lp.view(-1, vocab), k)
+                return values.view(bs, -1, k), tokens.view(bs, -1, k)
+
+            topk = triton_topk
 
         def tree(values, tokens):
             return kernels.build_tree_triton(values, tokens, budget, roots, max_budget=budget, kernel=kernel)
@@ -131,7 +142,8 @@ def main(argv=None):
     ap.add_argument("--choice-mem-limit-gb", type=float, default=0.0,
                     help="time the target argmax (`choice`) only when its logits fit (default 8 on CUDA, 0 on CPU)")
     ap.add_argument("--impls", default=None,
-                    help="comma list of torch, triton (sort tree kernel), triton_rank (rank tree kernel); default: "
+                    help="comma list of torch, triton (sort tree kernel), triton_rank (rank tree kernel), triton_topk "
+                         "(the tree kernel `auto` picks + the radix-select top-K kernel); default: "
                          "torch,triton,triton_rank on CUDA, torch on CPU")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -168,6 +180,10 @@ def main(argv=None):
             for impl in impls:
                 topk_fn, tree_fn, layout_fn, walk_fn = make_stages(impl, draft_logits, budget, roots, start, choice)
                 t = tree_fn(values, tokens)
+                got_values, got_tokens = topk_fn()
+                if not (torch.equal(got_values, values) and torch.equal(got_tokens, tokens)
+                        and torch.equal(t.tokens, ref_tree.tokens) and torch.equal(t.parents, ref_tree.parents)):
+                    raise SystemExit(f"{impl} at bs={bs} B={budget}: top-K or tree differs from the torch reference")
 
                 def all_stages(topk_fn=topk_fn, tree_fn=tree_fn, layout_fn=layout_fn, walk_fn=walk_fn):
                     new_tree = tree_fn(*topk_fn())

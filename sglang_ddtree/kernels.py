@@ -318,6 +318,65 @@ if triton is not None:
 _PAIRS: dict = {}
 
 
+if triton is not None:
+
+    @triton.jit
+    def _topk_row_kernel(
+        x_ptr, out_values_ptr, out_ids_ptr, scratch_ptr, stride_x, id_offset,
+        V: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        """Exact top-K of one row by radix selection: 4 histogram passes over 8-bit digits of the order-preserving
+        key find the K-th largest key T; a fifth pass collects the keys above T and the lowest-index ties at T;
+        a sort of K (value desc, index asc) gives the canonical order of tree.exact_topk."""
+        row = tl.program_id(0).to(tl.int64)
+        base = x_ptr + row * stride_x
+        bins = tl.arange(0, 256)
+        prefix = tl.zeros([], dtype=tl.int64)  # the digits of T fixed so far
+        k_left = tl.zeros([], dtype=tl.int32) + K  # how many of the K still lie at or below the prefix
+        for p in tl.static_range(4):
+            shift: tl.constexpr = 24 - 8 * p
+            hist = tl.zeros([256], dtype=tl.int32)
+            for start in range(0, V, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                inside = offs < V
+                x = tl.load(base + offs, mask=inside, other=0.0)
+                key = _float_key(x).to(tl.int64) + 2147483648  # unsigned order in [0, 2^32)
+                match = inside & ((key >> (shift + 8)) == prefix)
+                hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
+            at_or_above = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys with this digit or a larger one
+            digit = tl.max(tl.where(at_or_above >= k_left, bins, -1), 0)
+            k_left -= tl.sum(tl.where(bins > digit, hist, 0), 0)
+            prefix = prefix * 256 + digit.to(tl.int64)
+        above = K - k_left  # keys > T; k_left ties at T are taken, lowest indices first
+        n_above = tl.zeros([], dtype=tl.int32)
+        n_tied = tl.zeros([], dtype=tl.int32)
+        out_scratch = scratch_ptr + row * KP
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            inside = offs < V
+            x = tl.load(base + offs, mask=inside, other=0.0)
+            key = _float_key(x).to(tl.int64) + 2147483648
+            gt = inside & (key > prefix)
+            eq = inside & (key == prefix)
+            gt_slot = n_above + tl.cumsum(gt.to(tl.int32), 0) - 1
+            tl.store(out_scratch + gt_slot, offs.to(tl.int64), mask=gt)
+            eq_rank = n_tied + tl.cumsum(eq.to(tl.int32), 0) - 1
+            tl.store(out_scratch + above + eq_rank, offs.to(tl.int64), mask=eq & (eq_rank < k_left))
+            n_above += tl.sum(gt.to(tl.int32), 0)
+            n_tied += tl.sum(eq.to(tl.int32), 0)
+        tl.debug_barrier()
+        slots = tl.arange(0, KP)
+        chosen = tl.load(out_scratch + slots, mask=slots < K, other=0)
+        values = tl.load(base + chosen, mask=slots < K, other=0.0)
+        # (key, reversed index) packed into one int64: a descending sort gives value desc, then index asc
+        packed = (_float_key(values).to(tl.int64) << 32) | (4294967295 - chosen)
+        packed = tl.where(slots < K, packed, -9223372036854775807 - 1)
+        packed = tl.sort(packed, 0, descending=True)
+        ids = 4294967295 - (packed & 4294967295)
+        tl.store(out_ids_ptr + row * K + slots, ids + id_offset, mask=slots < K)
+        tl.store(out_values_ptr + row * K + slots, tl.load(base + ids, mask=slots < K, other=0.0), mask=slots < K)
+
+
 def _pairs(width: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
     key = (width, k, device)
     if key not in _PAIRS:
@@ -340,6 +399,14 @@ TREE_KERNEL = os.environ.get("SGLANG_DDTREE_TREE_KERNEL", "auto")
 RANK_MIN_WIDTH = int(os.environ.get("SGLANG_DDTREE_RANK_MIN_WIDTH", "256"))
 if TREE_KERNEL not in ("sort", "rank", "auto"):
     raise ValueError(f"SGLANG_DDTREE_TREE_KERNEL must be sort, rank or auto, got {TREE_KERNEL!r}.")
+
+
+# Which exact top-K the serving path runs over the vocabulary (sglang/ops.py): "torch" (torch.topk, then a sort of
+# the K into canonical order) or "triton" (topk_triton: radix selection, one launch). Same result bit for bit;
+# "torch" stays the default until a GPU run has timed the kernel (benchmarks/bench_tree.py --impls triton_topk).
+TOPK_KERNEL = os.environ.get("SGLANG_DDTREE_TOPK_KERNEL", "torch")
+if TOPK_KERNEL not in ("torch", "triton"):
+    raise ValueError(f"SGLANG_DDTREE_TOPK_KERNEL must be torch or triton, got {TOPK_KERNEL!r}.")
 
 
 def tree_kernel_for(width: int, kernel: str | None = None) -> str:
@@ -514,3 +581,21 @@ def walk_triton(tree: DraftTree, target_choice: torch.Tensor):
         path, accept, bonus, out_tokens, N=n, NP=_pow2(n), L=depth, LP=_pow2(depth + 1), num_warps=4,
     )
     return WalkResult(path=path, accept_len=accept, bonus=bonus, out_tokens=out_tokens, target_choice=choice)
+
+
+def topk_triton(x: torch.Tensor, k: int, *, id_offset: int = 0, block: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same result as tree.exact_topk(x, k, id_offset=id_offset) for a float32 [rows, V] tensor without NaN (bit
+    for bit: values, then ids, in the canonical order), one launch, one program per row. Not the default yet:
+    SGLANG_DDTREE_TOPK_KERNEL=triton selects it in the serving path (sglang/ops.py) until a GPU run has timed it
+    against torch.topk (benchmarks/bench_tree.py --impls triton_topk)."""
+    rows, width = x.shape
+    if not 1 <= k <= width:
+        raise ValueError(f"top-k needs 1 <= k <= {width}, got k={k}.")
+    x = x.float().contiguous()
+    kp = _pow2(max(k, 2))
+    values = torch.empty((rows, k), dtype=torch.float32, device=x.device)
+    ids = torch.empty((rows, k), dtype=torch.int64, device=x.device)
+    scratch = torch.empty((rows, kp), dtype=torch.int64, device=x.device)
+    _topk_row_kernel[(rows,)](x, values, ids, scratch, x.stride(0), id_offset, V=width, K=k, KP=kp,
+                              BLOCK=min(block, _pow2(width)), num_warps=8)
+    return values, ids

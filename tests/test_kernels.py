@@ -62,3 +62,39 @@ def test_triton_kernels_match_torch_reference():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     result = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=900)
     assert "KERNELS-OK" in result.stdout, result.stdout[-3000:] + result.stderr[-6000:]
+
+
+TOPK_CHECK = textwrap.dedent(
+    """
+    import torch
+    from sglang_ddtree import kernels
+    from sglang_ddtree.tree import exact_topk
+
+    gen = torch.Generator().manual_seed(0)
+    # k = 1, k = V, ties (values rounded to halves), -inf entries, widths below / above one block
+    for rows, vocab, k, ties in [(2, 50, 1, False), (3, 300, 16, False), (2, 300, 16, True), (2, 1000, 64, True),
+                                 (1, 5000, 256, False), (2, 700, 700, True), (1, 4097, 100, False)]:
+        x = torch.randn(rows, vocab, generator=gen) * 3
+        if ties:
+            x = (x * 2).round() / 2
+        x[0, :5] = float("-inf")
+        ref_values, ref_ids = exact_topk(x, k, id_offset=7)
+        values, ids = kernels.topk_triton(x, k, id_offset=7, block=256)
+        assert torch.equal(ref_ids, ids), (rows, vocab, k, ties, ref_ids, ids)
+        assert torch.equal(ref_values, values), (rows, vocab, k, ties)
+    try:
+        kernels.topk_triton(torch.zeros(1, 5), 6)
+    except ValueError as e:
+        assert "1 <= k <= 5" in str(e)
+    else:
+        raise AssertionError("k > V accepted")
+    print("TOPK-OK")
+    """
+)
+
+
+def test_topk_kernel_matches_exact_topk():
+    """kernels.topk_triton (radix selection) == tree.exact_topk: same ids and values in the same order."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", TOPK_CHECK], env=env, capture_output=True, text=True, timeout=900)
+    assert "TOPK-OK" in result.stdout, result.stdout[-3000:] + result.stderr[-6000:]

@@ -33,7 +33,14 @@ def local_topk_logprobs(
     if logit_scale is not None:
         logits = logits * logit_scale
     lse = torch.logsumexp(logits, dim=-1)
-    values, ids = exact_topk(logits, min(k, logits.shape[-1]), id_offset=vocab_start)
+    k = min(k, logits.shape[-1])
+    if logits.is_cuda:
+        from sglang_ddtree import kernels
+
+        if kernels.TOPK_KERNEL == "triton" and kernels.available(logits.device):
+            values, ids = kernels.topk_triton(logits, k, id_offset=vocab_start)
+            return values, ids, lse
+    values, ids = exact_topk(logits, k, id_offset=vocab_start)
     return values, ids, lse
 
 

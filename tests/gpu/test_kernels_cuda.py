@@ -76,3 +76,29 @@ def test_kernels_replay_in_a_cuda_graph(kernel):
         ref = build_tree_from_topk(values, tokens, budget, roots, max_budget=budget)
         for f in FIELDS:
             assert torch.equal(getattr(ref, f), getattr(g_tree, f)), f
+
+
+@pytest.mark.parametrize("rows,k,ties", [(15, 16, False), (15, 256, False), (15, 1024, True), (120, 64, True),
+                                         (120, 256, False)])
+def test_topk_kernel_equals_exact_topk_on_cuda(rows, k, ties):
+    """The radix-select top-K (SGLANG_DDTREE_TOPK_KERNEL=triton) compiled, at the real vocabulary: the same ids and
+    values in the same order as tree.exact_topk on the CPU, and the same again replayed in a CUDA graph."""
+    from sglang_ddtree.tree import exact_topk
+
+    gen = torch.Generator().manual_seed(rows + k)
+    x = torch.randn(rows, 151936, generator=gen) * 4
+    if ties:
+        x = (x.to(torch.bfloat16).float() * 4).round() / 4
+    ref_values, ref_ids = exact_topk(x, k, id_offset=3)
+    static = x.cuda()
+    values, ids = kernels.topk_triton(static, k, id_offset=3)
+    assert torch.equal(ids.cpu(), ref_ids) and torch.equal(values.cpu(), ref_values)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_values, g_ids = kernels.topk_triton(static, k, id_offset=3)
+    x2 = torch.randn(rows, 151936, generator=gen)
+    static.copy_(x2)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_values, ref_ids = exact_topk(x2, k, id_offset=3)
+    assert torch.equal(g_ids.cpu(), ref_ids) and torch.equal(g_values.cpu(), ref_values)
