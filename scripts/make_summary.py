@@ -84,16 +84,17 @@ def _sweep_rows(name: str = "sweep_h200.jsonl") -> dict:
     return rows
 
 
-def _lease3_runs() -> list[dict]:
-    data = _load("gpu_suite_lease3.json")
+def _suite_runs(name: str) -> list[dict]:
+    """The runs of a committed gpu_suite_lease*.json (runs[i] is the i-th call's gpu_suite.json)."""
+    data = _load(name)
     if data is None:
-        raise FileNotFoundError("gpu_suite_lease3.json")
+        raise FileNotFoundError(name)
     return data["runs"]
 
 
 def gpu_suite(out: dict) -> None:
     """Issue 5: lease 3's GPU-suite run on GPU 0 (core + kernels + the DDTREE server module)."""
-    full = _lease3_runs()[0]
+    full = _suite_runs("gpu_suite_lease3.json")[0]
     phases = full["phases_s"]
     out["gpu_suite_device_seconds"] = round(phases["install"] + phases["suite"], 1)
     out["gpu_suite_passed"] = full["counts"]["passed"]
@@ -110,18 +111,11 @@ def _equality(records: list[dict], kind: str) -> tuple[bool, bool, float]:
     return exact, up_to_ties, max(gaps) if gaps else 0.0
 
 
-def _lease6_runs() -> list[dict]:
-    data = _load("gpu_suite_lease6.json")
-    if data is None:
-        raise FileNotFoundError("gpu_suite_lease6.json")
-    return data["runs"]
-
-
 def sglang(out: dict) -> None:
     """Issue 6: losslessness and KV leak from lease 6's DDTREE server module (round graphs on, run 1 of
     gpu_suite_lease6.json); tiny-pair batch-1 throughput of one run (lease 6's sequential sweep with the round
     graphs on, the server alone on the machine)."""
-    records = _lease6_runs()[1]["records"]
+    records = _suite_runs("gpu_suite_lease6.json")[1]["records"]
     # true only if every configuration matched plain decoding token for token (near-ties count as mismatches)
     exact, up_to_ties, gap = _equality(records, "ddtree_greedy_equality")
     out["sglang_lossless_t0"] = exact
@@ -156,7 +150,7 @@ def round_graphs(out: dict) -> None:
 def tp2(out: dict) -> None:
     """Issue 9: TP=2 (lease 6, two H200s, budgets 16/64/256, round graphs on): DDTREE == plain at TP=2, bf16;
     rounds per prompt equal to TP=1 on the prompts whose output is the same at TP=1 and TP=2."""
-    records = _lease6_runs()[2]["records"]
+    records = _suite_runs("gpu_suite_lease6.json")[2]["records"]
     exact, up_to_ties, gap = _equality(records, "tp2_greedy_equality")
     out["tp2_lossless_t0"] = exact
     out["tp2_lossless_t0_up_to_bf16_ties"] = up_to_ties
