@@ -303,7 +303,9 @@ def _word_tokenizer(vocab_size: int):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>")
 
 
-def test_cli_requires_hybrid_verify_for_a_hybrid_target(tmp_path, target, capsys):
+def _offline_cli_on_saved_pair(tmp_path, target):
+    """The hybrid target (with a word tokenizer), a drafter for it and a one-prompt dataset written under tmp_path;
+    returns the `offline` parser and the arguments that point at them."""
     from sglang_ddtree.offline.cli_commands import add_offline_parser
 
     target.save_pretrained(tmp_path / "target")
@@ -313,10 +315,15 @@ def test_cli_requires_hybrid_verify_for_a_hybrid_target(tmp_path, target, capsys
     data.write_text(json.dumps({"id": "q0", "prompt": "w5 w9 w12"}) + "\n")
     parser = argparse.ArgumentParser()
     add_offline_parser(parser.add_subparsers())
-    common = ["offline", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
-              "--dataset", "jsonl", "--dataset-path", str(data), "--chat", "no", "--device", "cpu",
-              "--methods", "plain,ddtree", "--budgets", "8", "--max-new-tokens", "6", "--no-progress",
-              "--out", str(tmp_path / "out.jsonl")]
+    args = ["offline", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
+            "--dataset", "jsonl", "--dataset-path", str(data), "--chat", "no", "--device", "cpu",
+            "--methods", "plain,ddtree", "--budgets", "8", "--no-progress", "--out", str(tmp_path / "out.jsonl")]
+    return parser, args
+
+
+def test_cli_requires_hybrid_verify_for_a_hybrid_target(tmp_path, target, capsys):
+    parser, common = _offline_cli_on_saved_pair(tmp_path, target)
+    common += ["--max-new-tokens", "6"]
     args = parser.parse_args(common)
     assert args.hybrid_verify is None
     assert args.func(args) == 2
@@ -327,32 +334,11 @@ def test_cli_requires_hybrid_verify_for_a_hybrid_target(tmp_path, target, capsys
         parser.parse_args(common + ["--hybrid-verify", "mask"])
 
 
-def _runner_forwards_hybrid_verify() -> bool:
-    import dataclasses
-
-    from sglang_ddtree.offline.runner import RunSettings
-
-    return "hybrid_verify" in {f.name for f in dataclasses.fields(RunSettings)}
-
-
-@pytest.mark.skipif(not _runner_forwards_hybrid_verify(),
-                    reason="offline/runner.py does not forward hybrid_verify yet (RunSettings.hybrid_verify)")
 def test_cli_offline_run_on_a_hybrid_target(tmp_path, target):
     from sglang_ddtree.baseline import read_baseline
-    from sglang_ddtree.offline.cli_commands import add_offline_parser
 
-    target.save_pretrained(tmp_path / "target")
-    _word_tokenizer(target.config.vocab_size).save_pretrained(tmp_path / "target")
-    random_hybrid_dflash(target, seed=5, block_size=8).save_pretrained(tmp_path / "drafter")
-    data = tmp_path / "prompts.jsonl"
-    data.write_text(json.dumps({"id": "q0", "prompt": "w5 w9 w12"}) + "\n")
-    parser = argparse.ArgumentParser()
-    add_offline_parser(parser.add_subparsers())
-    args = parser.parse_args(["offline", "--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"),
-                              "--dataset", "jsonl", "--dataset-path", str(data), "--chat", "no", "--device", "cpu",
-                              "--methods", "plain,ddtree", "--budgets", "8", "--max-new-tokens", "12",
-                              "--ignore-eos", "--no-progress", "--hybrid-verify", "tree",
-                              "--out", str(tmp_path / "out.jsonl")])
+    parser, common = _offline_cli_on_saved_pair(tmp_path, target)
+    args = parser.parse_args(common + ["--max-new-tokens", "12", "--ignore-eos", "--hybrid-verify", "tree"])
     assert args.func(args) == 0
     b = read_baseline(tmp_path / "out.jsonl")
     assert b.header.extra["hybrid_verify"] == "tree"
