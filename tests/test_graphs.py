@@ -4,6 +4,7 @@ import torch
 
 from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.sglang import ops
+from sglang_ddtree.sglang.stats import branch_counts
 from sglang_ddtree.tree import build_tree_from_topk
 from sglang_ddtree.walk import walk_choices
 
@@ -53,3 +54,4 @@ def test_stage_functions_compose_to_the_round():
     assert torch.equal(plan.draft_cache_loc, slots[:, :16])
     assert torch.equal(plan.draft_positions, (prefix.unsqueeze(1) + torch.arange(16)).reshape(-1))
     assert torch.equal(plan.out_tokens, walk.out_tokens.clamp(min=0))
+    assert torch.equal(plan.branch_lens, branch_counts(tree, walk))

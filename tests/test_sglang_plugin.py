@@ -132,20 +132,41 @@ class FakeTokenizerManager:
         meta_info["spec_accept_rate"] = recv_obj.spec_num_correct_drafts[i] / (
             rounds * (self.server_args.speculative_num_draft_tokens - 1))
         meta_info["spec_accept_length"] = recv_obj.completion_tokens[i] / rounds
+        # ... and the "cap" keys, filled from the per-request cap_lens channel our worker uses for branch counts
+        cap_tokens = getattr(recv_obj, "spec_num_cap_tokens", None)
+        if cap_tokens and cap_tokens[i] > 0:
+            meta_info["spec_cap_length"] = cap_tokens[i] / rounds
+        cap_hist = getattr(recv_obj, "spec_cap_lens_histogram", None)
+        if cap_hist and cap_hist[i]:
+            meta_info["spec_cap_lens_histogram"] = cap_hist[i]
 
 
-def recv_for(rounds_accept_lens, i=1):
-    """A BatchTokenIDOutput-like object whose request i had these accept lengths (bonus included) per round."""
-    hist = [0] * max(rounds_accept_lens)
-    for a in rounds_accept_lens:
-        hist[a - 1] += 1
-    other = {"spec_verify_ct": 3, "spec_num_correct_drafts": 0, "completion_tokens": 4, "hist": [3]}
+def histogram(values):
+    hist = [0] * (max(values) + 1)
+    for v in values:
+        hist[v] += 1
+    return hist
+
+
+def recv_for(rounds_accept_lens, i=1, rounds_branches=None):
+    """A BatchTokenIDOutput-like object whose request i had these accept lengths (bonus included) per round and,
+    optionally, these branch tokens per round (what the worker returns as cap_lens; SGLang sums and histograms
+    them per request as in batch_result_processor.py)."""
+    other = {"spec_verify_ct": 3, "spec_num_correct_drafts": 0, "completion_tokens": 4, "hist": [3],
+             "spec_num_cap_tokens": 0, "cap_hist": [3]}
     mine = {"spec_verify_ct": len(rounds_accept_lens), "spec_num_correct_drafts": sum(rounds_accept_lens) -
-            len(rounds_accept_lens), "completion_tokens": sum(rounds_accept_lens) + 1, "hist": hist}
+            len(rounds_accept_lens), "completion_tokens": sum(rounds_accept_lens) + 1,
+            "hist": histogram([a - 1 for a in rounds_accept_lens])}
+    if rounds_branches is not None:
+        mine.update(spec_num_cap_tokens=sum(rounds_branches), cap_hist=histogram(rounds_branches))
     rows = [other] * i + [mine]
-    return argparse.Namespace(**{k: [r[k] for r in rows] for k in ("spec_verify_ct", "spec_num_correct_drafts",
+    recv = argparse.Namespace(**{k: [r[k] for r in rows] for k in ("spec_verify_ct", "spec_num_correct_drafts",
                                                                    "completion_tokens")},
                               spec_correct_drafts_histogram=[r["hist"] for r in rows])
+    if rounds_branches is not None:
+        recv.spec_num_cap_tokens = [r["spec_num_cap_tokens"] for r in rows]
+        recv.spec_cap_lens_histogram = [r["cap_hist"] for r in rows]
+    return recv
 
 
 def call_hooked(manager, meta_info, recv_obj, i):
@@ -173,6 +194,40 @@ def test_ddtree_meta_info_from_the_accept_histogram():
     call_hooked(FakeTokenizerManager(block_size=8), meta8, recv_for([1, 8, 4], i=0), 0)
     assert len(meta8["ddtree_accept_rate_by_depth"]) == 7
     assert meta8["ddtree_depth_normalized_accept_rate"] == pytest.approx((0 + 7 + 3) / (3 * 7))
+
+
+def test_branch_acceptance_per_request_from_the_cap_channel():
+    lens = [1, 3, 16, 2, 3]
+    branches = [0, 1, 4, 0, 2]  # branch tokens of each round's accepted path (<= accepted drafts: 0, 2, 15, 1, 2)
+    meta = {}
+    call_hooked(FakeTokenizerManager(), meta, recv_for(lens, rounds_branches=branches), 1)
+    drafts = sum(a - 1 for a in lens)
+    assert meta["ddtree_branch_tokens"] == 7
+    assert meta["ddtree_branch_accept_rate"] == pytest.approx(7 / drafts)
+    assert meta["ddtree_branch_round_rate"] == pytest.approx(3 / 5)
+    assert meta["ddtree_branch_tokens_histogram"] == [2, 1, 1, 0, 1]
+    # SGLang's names for that channel mean DSpark's cap lengths: not left in a DDTREE answer
+    assert "spec_cap_length" not in meta and "spec_cap_lens_histogram" not in meta
+    assert meta["ddtree_accept_length"] == pytest.approx(sum(lens) / len(lens))  # the rest as before
+    # a chain-like request (no branch ever taken) reports zeros, not missing keys
+    meta = {}
+    call_hooked(FakeTokenizerManager(), meta, recv_for([2, 3, 1], i=0, rounds_branches=[0, 0, 0]), 0)
+    assert meta["ddtree_branch_tokens"] == 0 and meta["ddtree_branch_round_rate"] == 0.0
+    assert meta["ddtree_branch_tokens_histogram"] == [3]
+    # nothing accepted at all: the rate is 0.0, not a division error
+    assert plugin.ddtree_meta_info([4], 15, [4])["ddtree_branch_accept_rate"] == 0.0
+    # other servers keep SGLang's cap keys
+    meta = {}
+    call_hooked(FakeTokenizerManager(algorithm="DSPARK"), meta, recv_for(lens, rounds_branches=branches), 1)
+    assert meta["spec_cap_length"] == pytest.approx(7 / 5) and "ddtree_branch_tokens" not in meta
+
+
+def test_inconsistent_branch_histograms_are_refused():
+    with pytest.raises(ValueError, match="counts 2 rounds"):
+        plugin.ddtree_meta_info([1, 2], 15, [1, 1])
+    with pytest.raises(ValueError, match="took 3 branch tokens but accepted only 2"):
+        plugin.ddtree_meta_info([1, 2], 15, [2, 0, 0, 1])
+    assert "ddtree_branch_tokens" not in plugin.ddtree_meta_info([1, 2], 15, None)
 
 
 def test_meta_info_hook_leaves_other_servers_and_odd_inputs_alone(caplog):
@@ -278,6 +333,23 @@ def test_pinned_sglang_has_everything_the_plugin_uses():
     future_map = module_defs(src, "srt.managers.overlap_utils")["FutureMap"]["__init__"]
     assert future_map[1:] == ["device", "spec_algo", "req_to_token_pool", "needs_cpu_seq_lens",
                               "needs_confidence_relay"]
+    # The per-request "cap" channel that carries our branch counts: result field -> Req sum and histogram ->
+    # scheduler output -> detokenizer -> tokenizer meta_info, copied to the host with accept_lens.
+    channel = {
+        "srt/managers/utils.py": ["cap_lens: Optional[torch.Tensor] = None",
+                                  "self.cap_lens = _async_d2h(self.cap_lens)"],
+        "srt/managers/scheduler_components/batch_result_processor.py": [
+            "cap_lens = result.cap_lens.tolist() if result.cap_lens is not None else None",
+            "req.update_spec_cap_lens_histogram(cap_lens[i])"],
+        "srt/managers/scheduler_components/output_streamer.py": [
+            "self.spec_cap_lens_histogram.append(req.spec_cap_lens_histogram)"],
+        "srt/managers/detokenizer_manager.py": ["spec_cap_lens_histogram=recv_obj.spec_cap_lens_histogram"],
+        "srt/managers/tokenizer_manager.py": ['meta_info["spec_cap_lens_histogram"] = recv_obj.spec_cap_lens_histogram'],
+    }
+    for rel, needles in channel.items():
+        text = " ".join((src / rel).read_text().split())
+        for needle in needles:
+            assert " ".join(needle.split()) in text, f"{rel}: {needle!r} missing"
     # The algorithm methods SGLang calls that CustomSpecAlgo lacks are the ones our subclass adds.
     enum_methods = set(module_defs(src, "srt.speculative.spec_info")["SpeculativeAlgorithm"]) - {"__decorators__"}
     base_methods = set(module_defs(src, "srt.speculative.spec_registry")["CustomSpecAlgo"])

@@ -52,6 +52,34 @@ def test_round_summary_vector_counts_rounds_by_accepted_length():
     assert vec[-1] == 6 and vec[-3] == tree.num_nodes.sum() - 6
 
 
+def test_branch_counts_per_request_equal_the_round_records():
+    """The per-request counts the worker returns as cap_lens = the records' branch_taken, on walks that do
+    take non-first siblings (each node's target choice is the token of a random child of that node)."""
+    import torch
+
+    from sglang_ddtree.metrics import records_from_round
+    from sglang_ddtree.sglang.stats import branch_counts, round_summary_vector
+    from sglang_ddtree.tree import build_tree_from_topk, topk_draft
+    from sglang_ddtree.walk import walk_choices
+
+    gen = torch.Generator().manual_seed(11)
+    values, tokens = topk_draft((torch.randn(8, 6, 12, generator=gen) * 0.5).log_softmax(-1), 12)
+    tree = build_tree_from_topk(values, tokens, 40, torch.zeros(8, dtype=torch.long), max_budget=40)
+    choice = torch.randint(0, 12, tree.tokens.shape, generator=gen)
+    for b in range(8):
+        for i in range(tree.tokens.shape[1]):
+            children = ((tree.parents[b] == i) & tree.valid[b]).nonzero().view(-1)
+            if len(children):
+                pick = children[torch.randint(0, len(children), (1,), generator=gen)]
+                choice[b, i] = tree.tokens[b, pick]
+    walk = walk_choices(tree, choice)
+    counts = branch_counts(tree, walk)
+    records = records_from_round(tree, walk)
+    assert counts.dtype == torch.int32 and counts.tolist() == [sum(r.branch_taken) for r in records]
+    assert int(counts.sum()) >= 4 and all(c <= r.accept_len - 1 for c, r in zip(counts.tolist(), records))
+    assert round_summary_vector(tree, walk)[tree.depth_limit + 1] == counts.sum()
+
+
 class _ClockEvent:
     """Stands in for torch.cuda.Event on CPU: record() reads a scripted GPU clock (ms)."""
 

@@ -188,6 +188,7 @@ class CommitPlan:
     draft_cache_loc: torch.Tensor  # [bs, P] slots of positions prefix .. prefix+P-1, P = min(block, N)
     draft_positions: torch.Tensor  # [bs * P] those positions
     out_tokens: torch.Tensor  # [bs, block] accepted tokens then the bonus, -1 padding clamped to 0
+    branch_lens: torch.Tensor  # [bs] int32: accepted draft tokens off the drafter's top-1 (stats.branch_counts)
     summary: torch.Tensor | None  # stats.round_summary_vector, when metrics are on
 
 
@@ -204,10 +205,9 @@ def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tok
     dest, src = accepted_kv_moves(walk.path, node_cache_loc)
     path_len = min(block_size, node_cache_loc.shape[1])
     positions = prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(path_len, device=prefix_lens.device)
-    summary = None
-    if with_summary:
-        from sglang_ddtree.sglang.stats import round_summary_vector
+    from sglang_ddtree.sglang.stats import branch_counts, round_summary_vector
 
-        summary = round_summary_vector(tree, walk)
+    summary = round_summary_vector(tree, walk) if with_summary else None
     return CommitPlan(walk, commit_lens, new_seq_lens, dest, src, node_cache_loc[:, :path_len].contiguous(),
-                      positions.reshape(-1), walk.out_tokens[:, :block_size].clamp(min=0), summary)
+                      positions.reshape(-1), walk.out_tokens[:, :block_size].clamp(min=0),
+                      branch_counts(tree, walk), summary)

@@ -13,7 +13,10 @@ What SGLang's plugin API reaches directly: the algorithm registry (`SpeculativeA
     custom mask on triton/flashinfer; a tree needs the mask in the captured graph;
   - dflash_utils.validate_dflash_request (AFTER): refuse per request what DDTREE cannot serve (grammar);
   - TokenizerManager._calculate_spec_decoding_metrics (AFTER): per-request DDTREE acceptance in meta_info (see
-    `ddtree_meta_info`), since SGLang's `spec_accept_rate` divides by the budget B per round for DDTREE.
+    `ddtree_meta_info`), since SGLang's `spec_accept_rate` divides by the budget B per round for DDTREE. Branch
+    acceptance per request needs no patch: the worker returns each round's branch counts as SGLang's
+    per-request `cap_lens` (a field DSpark uses), which SGLang copies with accept_lens, sums and histograms per
+    request and sends to the tokenizer; the hook renames it.
 Nothing heavy is imported at load time (no prometheus_client: SGLang sets its multiprocess dir later).
 """
 
@@ -88,9 +91,12 @@ def _after_validate_request(result, req, *args, **kwargs):
 # Per-request meta_info (tokenizer manager process)
 
 
-def ddtree_meta_info(histogram, depth_limit: int) -> dict:
+def ddtree_meta_info(histogram, depth_limit: int, branch_histogram=None) -> dict:
     """DDTREE acceptance of one finished request from SGLang's `spec_correct_drafts_histogram` (index k = rounds
-    that accepted k draft tokens, the bonus excluded). Keys added to /generate's meta_info:
+    that accepted k draft tokens, the bonus excluded) and, when given, the histogram of the worker's per-round
+    branch counts (index k = rounds whose accepted path held k draft tokens that were not the drafter's top-1 at
+    their depth; it reaches the tokenizer as SGLang's `spec_cap_lens_histogram`, see DDTreeWorker). Keys added to
+    /generate's meta_info:
 
       ddtree_accept_length                tau: mean tokens committed per round, bonus included
                                           (sum (k+1) h[k] / rounds, as verified: the last round is not cut at
@@ -101,21 +107,51 @@ def ddtree_meta_info(histogram, depth_limit: int) -> dict:
                                           SGLang's `spec_accept_rate`, whose denominator is rounds x
                                           (speculative_num_draft_tokens - 1) = rounds x B for DDTREE (tree nodes
                                           verified, at most depth_limit of which can be accepted in a round).
-    Empty when there are no rounds."""
-    counts = [int(c) for c in (histogram or [])]
+      ddtree_branch_tokens                accepted draft tokens that were not the drafter's top-1 (a chain would
+                                          have stopped before each of them)
+      ddtree_branch_accept_rate           ddtree_branch_tokens / accepted draft tokens (0.0 when none accepted)
+      ddtree_branch_round_rate            fraction of rounds whose accepted path took at least one branch
+      ddtree_branch_tokens_histogram      the branch histogram itself
+    Empty when there are no rounds; no branch keys without a branch histogram."""
+    counts = _histogram(histogram, depth_limit, "accept")
     rounds = sum(counts)
     if rounds <= 0 or depth_limit < 1:
         return {}
-    if any(c < 0 for c in counts) or len(counts) > depth_limit + 1:
-        raise ValueError(f"a DDTREE accept histogram has non-negative counts for 0..{depth_limit} accepted drafts, "
-                         f"got {counts}.")
     accepted = sum(k * c for k, c in enumerate(counts))
     at_least = [sum(counts[d:]) / rounds for d in range(1, depth_limit + 1)]
-    return {
+    info = {
         "ddtree_accept_length": (accepted + rounds) / rounds,
         "ddtree_accept_rate_by_depth": at_least,
         "ddtree_depth_normalized_accept_rate": accepted / (rounds * depth_limit),
     }
+    if branch_histogram:
+        branches = _histogram(branch_histogram, depth_limit, "branch")
+        if sum(branches) != rounds:
+            raise ValueError(f"the DDTREE branch histogram counts {sum(branches)} rounds, the accept histogram "
+                             f"{rounds}.")
+        tokens = sum(k * c for k, c in enumerate(branches))
+        if tokens > accepted:
+            raise ValueError(f"a DDTREE request took {tokens} branch tokens but accepted only {accepted} drafts.")
+        info.update({
+            "ddtree_branch_tokens": tokens,
+            "ddtree_branch_accept_rate": tokens / accepted if accepted else 0.0,
+            "ddtree_branch_round_rate": (rounds - branches[0]) / rounds,
+            "ddtree_branch_tokens_histogram": branches,
+        })
+    return info
+
+
+def _histogram(values, depth_limit: int, what: str) -> list[int]:
+    counts = [int(c) for c in (values or [])]
+    if any(c < 0 for c in counts) or len(counts) > depth_limit + 1:
+        raise ValueError(f"a DDTREE {what} histogram has non-negative counts for 0..{depth_limit} draft tokens, "
+                         f"got {counts}.")
+    return counts
+
+
+# SGLang's names for the per-request channel that carries our branch counts (DSpark's "cap" lengths); on a DDTREE
+# server they would be misread, so meta_info gets ours instead.
+_CAP_KEYS = ("spec_cap_length", "spec_cap_lens_histogram")
 
 
 def _after_spec_metrics(result, manager, meta_info, recv_obj, i, *args, **kwargs):
@@ -125,10 +161,14 @@ def _after_spec_metrics(result, manager, meta_info, recv_obj, i, *args, **kwargs
     if str(getattr(server_args, "speculative_algorithm", None) or "").upper() != ALGORITHM:
         return result
     try:
+        for key in _CAP_KEYS:
+            meta_info.pop(key, None)
         histograms = getattr(recv_obj, "spec_correct_drafts_histogram", None)
+        branch_histograms = getattr(recv_obj, "spec_cap_lens_histogram", None)
         if histograms and len(histograms) > i and histograms[i]:
             depth_limit = int(getattr(server_args, "speculative_ddtree_block_size", None) or 16) - 1
-            meta_info.update(ddtree_meta_info(histograms[i], depth_limit))
+            branches = branch_histograms[i] if branch_histograms and len(branch_histograms) > i else None
+            meta_info.update(ddtree_meta_info(histograms[i], depth_limit, branches))
     except Exception:  # a metrics bug must never fail a request
         logger.exception("DDTREE per-request metrics failed")
     return result

@@ -170,12 +170,18 @@ def request_identity(reqs, seq_lens, batch_size: int) -> list[dict]:
     return out
 
 
+def branch_counts(tree, walk) -> torch.Tensor:
+    """[bs] int32: accepted draft tokens of each request's path this round that were not the drafter's top-1 at
+    their depth (rank > 0). The worker hands it to SGLang as the round's per-request `cap_lens` (see plugin)."""
+    ranks_on_path = tree.ranks.gather(1, walk.path.clamp(min=0))[:, 1:]
+    return ((ranks_on_path > 0) & (walk.path[:, 1:] >= 0)).sum(dim=1).to(torch.int32)
+
+
 def round_summary_vector(tree, walk) -> torch.Tensor:
     """A round's numbers summed over the batch, on the tree's device, with no host sync (tests/gpu checks it):
     request-rounds by accepted draft tokens 0..L, then branches, draft nodes, expected tokens, requests."""
     n = tree.depth_limit
-    ranks_on_path = tree.ranks.gather(1, walk.path.clamp(min=0))[:, 1:]
-    branches = ((ranks_on_path > 0) & (walk.path[:, 1:] >= 0)).sum()
+    branches = branch_counts(tree, walk).sum()
     draft_valid = tree.valid.clone()
     draft_valid[:, 0] = False
     expected = (1.0 + torch.where(draft_valid, tree.scores.exp(), 0.0).sum(dim=1)).sum()

@@ -10,7 +10,7 @@ One round, per batch (all on the GPU, no host sync on the default path):
   5. commit  - the accepted nodes' KV is copied to slots prefix+1..prefix+k (EAGLE's move_kv_cache; the rest of the
                reserved slots are simply overwritten next round), the drafter's context KV is written from the
                accepted nodes' target hidden states, and the result goes back in DFLASH's format
-               ([bs, 16] tokens: accepted then bonus; accept_lens = k + 1).
+               ([bs, 16] tokens: accepted then bonus; accept_lens = k + 1; cap_lens = the path's branch tokens).
 Prefill, idle batches, KV reservation and the overlap relay are DFLASH's, inherited unchanged.
 Between SGLang's graph replays (drafter, target verify) the fixed-shape work is replayed as three graphs per batch
 size (sglang_ddtree.graphs): the draft top-K, the tree with its verify ids and positions, and the walk with the
@@ -203,9 +203,9 @@ class DDTreeWorker(DFlashWorkerV2):
         timer.mark("walk")
 
         # What leaves the round is copied out of the stage's graph memory (the next round's replay rewrites it).
-        commit_lens, new_seq_lens, out_tokens, bonus = (
-            (plan.commit_lens.clone(), plan.new_seq_lens.clone(), plan.out_tokens.clone(), walk.bonus.clone())
-            if self.round_graphs else (plan.commit_lens, plan.new_seq_lens, plan.out_tokens, walk.bonus))
+        leaving = (plan.commit_lens, plan.new_seq_lens, plan.out_tokens, walk.bonus, plan.branch_lens)
+        commit_lens, new_seq_lens, out_tokens, bonus, branch_lens = (
+            tuple(t.clone() for t in leaving) if self.round_graphs else leaving)
         if on_publish is not None:
             on_publish(new_seq_lens)
         self._commit(plan, logits_output.hidden_states, commit_lens, bs)
@@ -219,6 +219,9 @@ class DDTreeWorker(DFlashWorkerV2):
             logits_output=logits_output,
             next_token_ids=out_tokens.reshape(-1),
             accept_lens=commit_lens,
+            # SGLang's per-request "cap" channel (DSpark's) carries our branch counts to meta_info: copied to the
+            # host with accept_lens, summed and histogrammed per request (plugin._after_spec_metrics renames it).
+            cap_lens=branch_lens,
             can_run_cuda_graph=can_run_cuda_graph,
             next_draft_input=make_draft_input_v2(bonus_tokens=bonus, new_seq_lens=new_seq_lens),
             speculative_num_draft_tokens=self.block_size,

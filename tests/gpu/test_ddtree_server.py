@@ -125,6 +125,13 @@ def test_acceptance_is_reported_and_sane(servers, outputs, name):
         rounds = meta["spec_verify_ct"]
         assert math.ceil(MAX_NEW_TOKENS / 16) <= rounds <= MAX_NEW_TOKENS, f"prompt {i}: {rounds} rounds"
         assert 1.0 <= meta["spec_accept_length"] <= 16.0
+    for mode in ("bs1", "bs8"):  # branch counts per request (cap_lens channel), with and without round graphs
+        for i, out in enumerate(outputs[name][mode]):
+            meta = out["meta_info"]
+            hist = meta.get("ddtree_branch_tokens_histogram")
+            assert hist is not None, f"{mode} prompt {i}: no ddtree_branch_* keys; meta_info: {sorted(meta)}"
+            assert sum(hist) == meta["spec_verify_ct"], (mode, i, hist, meta["spec_verify_ct"])
+            assert meta["ddtree_branch_tokens"] <= meta["spec_num_correct_drafts"], (mode, i)
 
 
 @pytest.mark.parametrize("name", [n for n in DDTREE_NAMES if "eager" not in n])

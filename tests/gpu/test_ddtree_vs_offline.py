@@ -238,6 +238,7 @@ def test_server_run_equals_the_offline_decoder(pair, prompts, server_run, offlin
     assert rounds_compared >= 10 and deep_rounds >= 1, (rounds_compared, deep_rounds)
     assert m["tree_rounds_compared"] >= rounds_compared  # every shared round had both trees
     # 4. the plugin's per-request meta_info, against the dump's rounds
+    branch_tokens_seen = 0
     for i, answer in enumerate(answers):
         meta = answer["meta_info"]
         assert "ddtree_accept_length" in meta, (
@@ -250,3 +251,13 @@ def test_server_run_equals_the_offline_decoder(pair, prompts, server_run, offlin
         assert meta["ddtree_depth_normalized_accept_rate"] == pytest.approx(
             sum(a - 1 for a in lens) / (len(lens) * DEPTH_LIMIT))
         assert math.isfinite(meta["spec_accept_rate"])  # SGLang's own key is still there
+        # branch acceptance per request (the worker's cap_lens channel) against the dump's accepted ranks
+        ranks = server.get(f"p{i}", method).accepted_ranks
+        assert ranks is not None, "the debug dump has no tree ranks"
+        per_round = [sum(r > 0 for r in round_ranks) for round_ranks in ranks]
+        assert meta["ddtree_branch_tokens"] == sum(per_round), (meta, per_round)
+        assert meta["ddtree_branch_round_rate"] == pytest.approx(sum(c > 0 for c in per_round) / len(per_round))
+        assert "spec_cap_length" not in meta and "spec_cap_lens_histogram" not in meta
+        branch_tokens_seen += sum(per_round)
+    gpu_record("ddtree_vs_offline_branch_tokens", mode=mode, branch_tokens=branch_tokens_seen)
+    assert branch_tokens_seen > 0, "no branch taken in any request: the branch check compared only zeros"
