@@ -31,18 +31,17 @@ def _row(rows, **match):
 
 def tree_stages(out: dict) -> None:
     """Issue 2: top-K + tree build + layout + walk on the H200, median ms of one CUDA-graph replay, batch 1: the
-    fastest combination measured in one row of lease 3's kernel runs (tree_kernels_rank_h200.json: sort and rank
-    tree kernels with the chunked top-K; tree_kernels_topk_one_stage_h200.json: sort kernel, one-stage top-K)."""
-    rank, one = _load("tree_kernels_rank_h200.json"), _load("tree_kernels_topk_one_stage_h200.json")
-    if rank is None or one is None:
-        raise FileNotFoundError("tree_kernels_rank_h200.json / tree_kernels_topk_one_stage_h200.json")
+    fastest implementation in the newest kernel run (lease 8, tree_kernels_topk_triton_h200.json: sort and rank
+    tree kernels with torch's top-K (one stage), and the Triton radix-select top-K with the auto tree kernel)."""
+    run = _load("tree_kernels_topk_triton_h200.json")
+    if run is None:
+        raise FileNotFoundError("tree_kernels_topk_triton_h200.json")
+    impls = {"triton_graph_all_ms": "sort tree kernel + torch top-K",
+             "triton_rank_graph_all_ms": "rank tree kernel + torch top-K",
+             "triton_topk_graph_all_ms": "auto tree kernel + Triton radix top-K"}
     for budget in (256, 1024):
-        measured = {}
-        r = _row(rank["rows"], batch_size=1, budget=budget)
-        measured["rank tree kernel + chunked top-K"] = r["triton_rank_graph_all_ms"]
-        measured["sort tree kernel + chunked top-K"] = r["triton_graph_all_ms"]
-        o = _row(one["rows"], batch_size=1, budget=budget)
-        measured["sort tree kernel + one-stage top-K"] = o["triton_graph_all_ms"]
+        r = _row(run["rows"], batch_size=1, budget=budget)
+        measured = {name: r[key] for key, name in impls.items()}
         best = min(measured, key=measured.get)
         out[f"tree_stages_ms_h200_b{budget}_bs1"] = round(measured[best], 4)
         out[f"tree_stages_impl_h200_b{budget}_bs1"] = best
@@ -112,10 +111,10 @@ def _equality(records: list[dict], kind: str) -> tuple[bool, bool, float]:
 
 
 def sglang(out: dict) -> None:
-    """Issue 6: losslessness and KV leak from lease 6's DDTREE server module (round graphs on, run 1 of
-    gpu_suite_lease6.json); tiny-pair batch-1 throughput of one run (lease 6's sequential sweep with the round
+    """Issue 6: losslessness and KV leak from the newest run of the DDTREE server module (lease 8, round graphs on,
+    per-request branch counts checked: run 0 of gpu_suite_lease8.json); tiny-pair batch-1 throughput of one run (lease 6's sequential sweep with the round
     graphs on, the server alone on the machine)."""
-    records = _suite_runs("gpu_suite_lease6.json")[1]["records"]
+    records = _suite_runs("gpu_suite_lease8.json")[0]["records"]
     # true only if every configuration matched plain decoding token for token (near-ties count as mismatches)
     exact, up_to_ties, gap = _equality(records, "ddtree_greedy_equality")
     out["sglang_lossless_t0"] = exact

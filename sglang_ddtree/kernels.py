@@ -334,7 +334,7 @@ if triton is not None:
         prefix = tl.zeros([], dtype=tl.int64)  # the digits of T fixed so far
         k_left = tl.zeros([], dtype=tl.int32) + K  # how many of the K still lie at or below the prefix
         for p in tl.static_range(4):
-            shift: tl.constexpr = 24 - 8 * p
+            shift = 24 - 8 * p  # p is a compile-time constant (static_range); a constexpr name cannot be rebound
             hist = tl.zeros([256], dtype=tl.int32)
             for start in range(0, V, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
