@@ -390,7 +390,11 @@ def build_tree_reference(
 
 def chain_tree(draft_logprobs: torch.Tensor, root_tokens: torch.Tensor) -> DraftTree:
     """The DFLASH chain as a tree: the drafter's top-1 token at every depth, one path of L nodes."""
-    values, tokens = topk_draft(draft_logprobs, 1)
+    return chain_tree_from_topk(*topk_draft(draft_logprobs, 1), root_tokens)
+
+
+def chain_tree_from_topk(values: torch.Tensor, tokens: torch.Tensor, root_tokens: torch.Tensor) -> DraftTree:
+    """chain_tree from top-K draft log-probs and ids [bs, L, K] (column 0 = the top-1, as topk_draft returns)."""
     bs, depth_limit, _ = values.shape
     device = values.device
     scores = values[:, :, 0].cumsum(dim=1)

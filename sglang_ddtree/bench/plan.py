@@ -26,7 +26,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GIB = 2**30
-METHODS = ("plain", "dflash", "ddtree")
+METHODS = ("plain", "dflash", "ddtree", "auto")  # auto: DDTREE with --speculative-ddtree-budget auto (one server)
 ALL_BUDGETS = (16, 32, 64, 128, 256, 512, 1024)
 ALL_BATCH_SIZES = (1, 4, 16, 64)
 CUDA_CONTEXT_GIB = 1.5  # CUDA context, cuBLAS/FlashInfer workspaces, allocator slack per server (lease 1: ~1.4 GB)
@@ -106,7 +106,7 @@ class Setup:
     graph_token_cap: int  # capture a decode graph for batch b only if b * verify width <= this
     max_activation_gib: float  # skip rows whose verify activations would exceed this
     report_acceptance: bool  # False: random weights, acceptance is meaningless (costs only)
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = ("plain", "dflash", "ddtree")  # `auto` on request (--set SETUP.methods=...)
     budgets: tuple[int, ...] = ALL_BUDGETS
     batch_sizes: tuple[int, ...] = ALL_BATCH_SIZES
     est_step_floor_ms: tuple[tuple[str, float], ...] = (("plain", 3.0), ("dflash", 6.0), ("ddtree", 12.0))
@@ -136,7 +136,8 @@ class Setup:
         return ModelShape.from_config(self.path("target")), ModelShape.from_config(self.path("drafter"))
 
     def est_step_ms(self, method: str, width: int, batch_size: int) -> float:
-        return dict(self.est_step_floor_ms)[method] + self.est_us_per_verify_token * batch_size * width / 1e3
+        floors = dict(self.est_step_floor_ms)
+        return floors.get(method, floors["ddtree"]) + self.est_us_per_verify_token * batch_size * width / 1e3
 
     def params_for_signature(self) -> dict:
         keep = ("target", "drafter", "dummy", "prompt_kind", "prompt_tokens", "max_new_tokens", "warmup_new_tokens",
@@ -201,6 +202,10 @@ def verify_width(method: str, budget: int | None, block_size: int) -> int:
         if budget is None:
             raise ValueError("ddtree rows need a budget.")
         return budget + 1
+    if method == "auto":  # the widest candidate (KV reservation and the largest verify graphs)
+        from sglang_ddtree.sglang.args import parse_auto_candidates
+
+        return max(parse_auto_candidates(None)) + 1
     raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}.")
 
 
@@ -352,9 +357,9 @@ def server_args(setup: Setup, method: str, budget: int | None, *, max_batch: int
         args += ["--disable-decode-cuda-graph"]
     if method == "dflash":
         args += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(setup.path("drafter"))]
-    elif method == "ddtree":
+    elif method in ("ddtree", "auto"):
         args += ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(setup.path("drafter")),
-                 "--speculative-ddtree-budget", str(budget)]
+                 "--speculative-ddtree-budget", "auto" if method == "auto" else str(budget)]
     return args + list(extra)
 
 

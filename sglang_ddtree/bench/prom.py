@@ -82,7 +82,16 @@ def _total(delta, base: str, **labels) -> float:
     return sum(v for _, v in _select(delta, names, **labels))
 
 
-def ddtree_summary(delta: dict[Sample, float], budget: int | None = None) -> dict | None:
+def auto_rounds(delta: dict[Sample, float]) -> dict[str, int]:
+    """`auto` servers: batch rounds per candidate budget in one workload's scrape difference."""
+    out: dict[str, int] = {}
+    for d, value in _select(delta, ("sglang:ddtree_auto_rounds_total", "sglang:ddtree_auto_rounds")):
+        if "candidate" in d and value > 0:
+            out[d["candidate"]] = out.get(d["candidate"], 0) + int(round(value))
+    return out
+
+
+def ddtree_summary(delta: dict[Sample, float], budget: int | str | None = None) -> dict | None:
     """What one workload's scrape difference says about DDTREE rounds; None when there are no DDTREE series."""
     labels = {"budget": str(budget)} if budget is not None else {}
     stage_ms, stage_rounds = {}, {}

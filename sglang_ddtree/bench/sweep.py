@@ -342,8 +342,10 @@ class Sweep:
                                 reason=f"{type(exc).__name__}: {exc}"[:2000] + ("" if handle.alive() else
                                 " (server died; log tail: " + log_tail(getattr(handle, 'log_path', None), 15) + ")"))
         stages = None
-        if server.method == "ddtree" and before is not None and after is not None:
-            stages = prom.ddtree_summary(prom.diff(after, before), server.budget)
+        if server.method in ("ddtree", "auto") and before is not None and after is not None:
+            stages = prom.ddtree_summary(prom.diff(after, before), "auto" if server.method == "auto" else server.budget)
+            if stages is not None and server.method == "auto":
+                stages["auto_rounds"] = prom.auto_rounds(prom.diff(after, before))
         return self._result(server, row, "ok", wall_s=round(wall, 3), row_s=round(self.clock() - t_row, 3),
                             **numbers, stage_ms=(stages or {}).get("stage_ms"), ddtree_metrics=stages,
                             metrics_scraped=before is not None and after is not None)

@@ -1,6 +1,10 @@
 """DDTREE server flags: definitions, parsing and validation (no SGLang import, CPU-testable).
 
-  --speculative-ddtree-budget N     draft nodes per tree (root excluded), 1..1024
+  --speculative-ddtree-budget N     draft nodes per tree (root excluded), 1..1024, or `auto`: each round picks
+                                    one of the candidate budgets below (sglang_ddtree.sglang.auto)
+  --speculative-ddtree-auto-candidates LIST
+                                    with `auto`: comma-separated budgets, `chain` (the drafter's top-1 path, i.e.
+                                    DFLASH) always included; default chain,16,32,64,128
   --speculative-ddtree-prune P      drop nodes whose prefix probability is below P (default: off)
   --speculative-ddtree-debug PATH   per-round JSONL dumps (tree, target choices, accepted path, timings);
                                     synchronises every round: for debugging, not for serving
@@ -24,42 +28,59 @@ DEFAULT_BUDGET = 32
 VERIFY_TOKENS_PER_STEP = 8192
 DFLASH_DEFAULT_MAX_RUNNING_REQUESTS = 48
 
+DEFAULT_AUTO_CANDIDATES = "chain,16,32,64,128"
+# With `auto` the largest candidate tree must hold the chain's verify width (the drafter block, 16): the KV
+# reserved per round and the tree built every round are the largest candidate's.
+MIN_AUTO_MAX_BUDGET = 15
+
 FLAG_DEST = {
     "--speculative-ddtree-budget": "speculative_ddtree_budget",
     "--speculative-ddtree-prune": "speculative_ddtree_prune",
     "--speculative-ddtree-debug": "speculative_ddtree_debug",
+    "--speculative-ddtree-auto-candidates": "speculative_ddtree_auto_candidates",
 }
 
 
 @dataclass(frozen=True)
 class DDTreeOptions:
-    budget: int = DEFAULT_BUDGET
+    budget: int = DEFAULT_BUDGET  # with `auto`: the largest candidate (tree built, KV reserved, max verify width)
     prune: float | None = None
     debug_path: str | None = None
+    candidates: tuple[int, ...] | None = None  # `auto` only: sorted, 0 = the chain first
+
+    @property
+    def auto(self) -> bool:
+        return self.candidates is not None
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("DDTREE speculative decoding (sglang-ddtree)")
     group.add_argument("--speculative-ddtree-budget", dest=FLAG_DEST["--speculative-ddtree-budget"], type=str,
                        default=None, help=f"Draft tree budget: draft nodes per request per round, 1..{MAX_BUDGET} "
-                                          f"(default {DEFAULT_BUDGET}).")
+                                          f"(default {DEFAULT_BUDGET}), or auto (a budget per round from "
+                                          f"--speculative-ddtree-auto-candidates).")
     group.add_argument("--speculative-ddtree-prune", dest=FLAG_DEST["--speculative-ddtree-prune"], type=str,
                        default=None, help="Drop draft nodes whose prefix probability under the drafter is below "
                                           "this threshold, in [0, 1) (default: off).")
     group.add_argument("--speculative-ddtree-debug", dest=FLAG_DEST["--speculative-ddtree-debug"], type=str,
                        default=None, help="Write one JSON line per verify round to this path (slow: syncs).")
+    group.add_argument("--speculative-ddtree-auto-candidates", dest=FLAG_DEST["--speculative-ddtree-auto-candidates"],
+                       type=str, default=None,
+                       help="With --speculative-ddtree-budget auto: the budgets a round chooses from, e.g. "
+                            f"chain,16,64 ('chain' = DFLASH's top-1 path, always included; default "
+                            f"{DEFAULT_AUTO_CANDIDATES}).")
 
 
 def parse_budget(value) -> int:
     if value is None:
         return DEFAULT_BUDGET
     if isinstance(value, bool):
-        raise ValueError(f"--speculative-ddtree-budget must be an integer in 1..{MAX_BUDGET}, got {value!r}.")
+        raise ValueError(f"--speculative-ddtree-budget must be an integer in 1..{MAX_BUDGET} or auto, got {value!r}.")
     try:
         budget = int(str(value).strip())
     except ValueError:
         raise ValueError(
-            f"--speculative-ddtree-budget must be an integer in 1..{MAX_BUDGET}, got {value!r}."
+            f"--speculative-ddtree-budget must be an integer in 1..{MAX_BUDGET} or auto, got {value!r}."
         ) from None
     if not 1 <= budget <= MAX_BUDGET:
         raise ValueError(f"--speculative-ddtree-budget must be in 1..{MAX_BUDGET}, got {budget}.")
@@ -78,7 +99,30 @@ def parse_prune(value) -> float | None:
     return prune if prune > 0 else None
 
 
-def parse_options(budget=None, prune=None, debug=None) -> DDTreeOptions:
+def is_auto(value) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def parse_auto_candidates(value) -> tuple[int, ...]:
+    from sglang_ddtree.adaptive import parse_candidates
+
+    try:
+        candidates = parse_candidates(DEFAULT_AUTO_CANDIDATES if value is None else value)
+    except ValueError as e:
+        raise ValueError(f"--speculative-ddtree-auto-candidates: {e}") from None
+    if max(candidates) < MIN_AUTO_MAX_BUDGET:
+        raise ValueError(f"--speculative-ddtree-auto-candidates needs a budget of at least {MIN_AUTO_MAX_BUDGET} "
+                         f"(the largest tree must cover the chain's 16 verify tokens), got {value!r}.")
+    return tuple(candidates)
+
+
+def parse_options(budget=None, prune=None, debug=None, auto_candidates=None) -> DDTreeOptions:
+    if is_auto(budget):
+        candidates = parse_auto_candidates(auto_candidates)
+        return DDTreeOptions(budget=max(candidates), prune=parse_prune(prune), debug_path=debug or None,
+                             candidates=candidates)
+    if auto_candidates is not None:
+        raise ValueError("--speculative-ddtree-auto-candidates needs --speculative-ddtree-budget auto.")
     return DDTreeOptions(budget=parse_budget(budget), prune=parse_prune(prune), debug_path=debug or None)
 
 

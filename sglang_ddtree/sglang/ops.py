@@ -176,6 +176,48 @@ def tree_stage(budget: int, prune: float | None, use_kernels: bool, topk_values:
     return tree, ids, positions
 
 
+def auto_tree_stage(max_budget: int, chosen: int, candidates: tuple[int, ...], prune: float | None,
+                    use_kernels: bool, topk_values: torch.Tensor, topk_tokens: torch.Tensor, roots: torch.Tensor,
+                    prefix_lens: torch.Tensor):
+    """`auto` (sglang_ddtree.sglang.auto): the tree at the largest candidate budget, whose first b draft slots are
+    the best-b tree (tree.py's canonical order), gives every candidate's expected committed tokens, summed over the
+    batch [C] (raw scores); the round verifies the chosen candidate's tree (CHAIN: the drafter's top-1 path).
+    -> (chosen tree, verify ids, verify positions, expected)."""
+    from sglang_ddtree import adaptive, kernels
+    from sglang_ddtree.tree import build_tree_from_topk, chain_tree_from_topk
+
+    build = kernels.build_tree_triton if use_kernels else build_tree_from_topk
+    big = build(topk_values, topk_tokens, max_budget, roots, prune=prune, max_budget=max_budget)
+    expected = adaptive.expected_acceptance(big, candidates, topk_values[:, :, 0]).sum(dim=0)
+    if chosen == adaptive.CHAIN:
+        tree = chain_tree_from_topk(topk_values, topk_tokens, roots)
+    else:
+        n = chosen + 1
+        tree = DraftTree(*(t[:, :n].contiguous() for t in (big.tokens, big.parents, big.depth, big.scores,
+                                                            big.ranks, big.valid)), big.depth_limit)
+    ids, positions = flat_tree_inputs(tree, prefix_lens)
+    return tree, ids, positions, expected
+
+
+def observed_tokens(candidates: tuple[int, ...], chosen: int, tree: DraftTree, walk) -> torch.Tensor:
+    """[C] committed tokens summed over the batch that each candidate would have had this round, for the candidates
+    this round observes exactly (auto.observed_candidates), 0 elsewhere."""
+    from sglang_ddtree import adaptive
+    from sglang_ddtree.sglang.auto import observed_candidates
+
+    seen = observed_candidates(list(candidates), candidates.index(chosen))
+    committed = (walk.accept_len + 1).sum().float()
+    out = []
+    for b, ok in zip(candidates, seen):
+        if not ok:
+            out.append(torch.zeros_like(committed))
+        elif b == chosen:
+            out.append(committed)
+        else:
+            out.append(adaptive.subtree_accept_lengths(tree, walk.path, [b])[:, 0].sum().float())
+    return torch.stack(out)
+
+
 @dataclass
 class CommitPlan:
     """The walk and everything the commit needs, computed from tensors only (one graph replay)."""
@@ -190,11 +232,13 @@ class CommitPlan:
     out_tokens: torch.Tensor  # [bs, block] accepted tokens then the bonus, -1 padding clamped to 0
     branch_lens: torch.Tensor  # [bs] int32: accepted draft tokens off the drafter's top-1 (stats.branch_counts)
     summary: torch.Tensor | None  # stats.round_summary_vector, when metrics are on
+    observed: torch.Tensor | None = None  # `auto`: observed_tokens
 
 
 def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tokens, parents, depth, scores, ranks,
-                     valid, choices, node_cache_loc, prefix_lens) -> CommitPlan:
-    """The walk (target choices -> accepted path) and the commit's slot and position arithmetic."""
+                     valid, choices, node_cache_loc, prefix_lens, auto: tuple | None = None) -> CommitPlan:
+    """The walk (target choices -> accepted path) and the commit's slot and position arithmetic.
+    auto: (candidates, chosen budget) of an `auto` round, for the observed tokens of the candidates."""
     from sglang_ddtree import kernels
     from sglang_ddtree.walk import walk_choices
 
@@ -208,6 +252,7 @@ def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tok
     from sglang_ddtree.sglang.stats import branch_counts, round_summary_vector
 
     summary = round_summary_vector(tree, walk) if with_summary else None
+    observed = observed_tokens(auto[0], auto[1], tree, walk) if auto is not None else None
     return CommitPlan(walk, commit_lens, new_seq_lens, dest, src, node_cache_loc[:, :path_len].contiguous(),
                       positions.reshape(-1), walk.out_tokens[:, :block_size].clamp(min=0),
-                      branch_counts(tree, walk), summary)
+                      branch_counts(tree, walk), summary, observed)

@@ -247,9 +247,10 @@ def _make_spec_class():
             object.__setattr__(server_args, "speculative_ddtree_block_size", block_size)
             # The verify width: every captured target-verify graph, KV reservation and mask buffer follows it.
             server_args.speculative_num_draft_tokens = options.budget + 1
-            logger.info("DDTREE: budget=%d (verify %d tokens/request), drafter block=%d, prune=%s, "
-                        "max_running_requests=%s", options.budget, options.budget + 1, block_size, options.prune,
-                        server_args.max_running_requests)
+            logger.info("DDTREE: budget=%s (verify up to %d tokens/request), drafter block=%d, prune=%s, "
+                        "max_running_requests=%s",
+                        f"auto {list(options.candidates)}" if options.auto else options.budget,
+                        options.budget + 1, block_size, options.prune, server_args.max_running_requests)
 
     return DDTreeSpecAlgo
 

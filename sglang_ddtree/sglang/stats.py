@@ -96,7 +96,7 @@ class _Prometheus:
     """Series are Counters (and per-round stage Histograms): a round's numbers are summed on the GPU and added
     with one call per series, so the host cost per round does not grow with the batch."""
 
-    def __init__(self, depth_limit: int, budget: int, registry=None):
+    def __init__(self, depth_limit: int, budget: int | str, registry=None):
         from prometheus_client import REGISTRY, Counter, Histogram  # here: SGLang sets the multiprocess dir first
 
         registry = registry or REGISTRY
@@ -127,6 +127,12 @@ class _Prometheus:
                               buckets=[1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1],
                               registry=registry).labels(**labels)
         self.depth_limit = depth_limit
+        self._auto = counter("auto_rounds_total", "`auto`: rounds (batches) that verified this candidate budget "
+                             "('chain' = the drafter's top-1 path).", "candidate")
+        self._auto_labels = labels
+
+    def auto_round(self, candidate: str) -> None:
+        self._auto.labels(**self._auto_labels, candidate=candidate).inc()
 
     def observe(self, totals: list[float], rounds_seen: int, stage_ms: list[dict[str, float]]) -> None:
         """totals: summed round vectors (see DDTreeStats._queue_summary)."""
@@ -200,11 +206,15 @@ class DDTreeStats:
     # first measured workload's stage means); now at most the one or two rounds still in flight spill over.
     FLUSH_ROUNDS = 1
 
-    def __init__(self, *, enable_metrics: bool, debug_path: str | None, depth_limit: int, budget: int):
-        self.enabled = enable_metrics or debug_path is not None
+    def __init__(self, *, enable_metrics: bool, debug_path: str | None, depth_limit: int, budget: int,
+                 timing: bool = False, budget_label: str | None = None):
+        """timing: time the stages even without metrics or dump (`auto` learns round times from them).
+        budget_label: the Prometheus `budget` label and dump header value instead of the number (`auto`)."""
+        self.enabled = enable_metrics or debug_path is not None or timing
         self.budget = budget
-        self.prometheus = _Prometheus(depth_limit, budget) if enable_metrics else None
-        self.debug = JsonlWriter(debug_path, header={"budget": budget, "depth_limit": depth_limit}) \
+        label = budget_label or budget
+        self.prometheus = _Prometheus(depth_limit, label) if enable_metrics else None
+        self.debug = JsonlWriter(debug_path, header={"budget": label, "depth_limit": depth_limit}) \
             if debug_path else None
         self.pending: collections.deque = collections.deque()
         self.round_index = 0
@@ -246,7 +256,8 @@ class DDTreeStats:
                 torch.cuda.synchronize()
             stage_ms = timer.elapsed_ms()
             identity = request_identity(reqs, seq_lens, tree.batch_size)
-            for b, record in enumerate(records_from_round(tree, walk, budget=self.budget, stage_ms=stage_ms)):
+            budget = tree.tokens.shape[1] - 1  # the verified tree's (`auto`: the round's candidate)
+            for b, record in enumerate(records_from_round(tree, walk, budget=budget, stage_ms=stage_ms)):
                 n = int(tree.num_nodes[b])
                 self.debug.write({
                     "round": self.round_index, "request": b, "batch_size": batch_size, **identity[b],

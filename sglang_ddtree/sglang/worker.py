@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -43,15 +44,38 @@ from sglang.srt.speculative.draft_worker_common import (
 )
 
 from sglang_ddtree import kernels
+from sglang_ddtree.adaptive import CHAIN, candidate_label
 from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
+from sglang_ddtree.sglang.auto import AutoBudgetPolicy, AutoFeedback
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.stats import DDTreeStats
 from sglang_ddtree.walk import sample_choices
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _AutoState:
+    """`auto` (sglang_ddtree.sglang.auto): per candidate index its verify width and graphed stages; the extra
+    verify states by width; the host policy and its GPU -> host feedback."""
+
+    candidates: tuple[int, ...]
+    widths: list[int]
+    tree_stages: list[GraphedStage]
+    walk_stages: list[GraphedStage]
+    verify_states: dict
+    policy: AutoBudgetPolicy
+    feedback: AutoFeedback
+    log_every: int = 2000
+    rounds: int = 0
+
+    def maybe_log(self, tp_rank: int) -> None:
+        self.rounds += 1
+        if tp_rank == 0 and self.rounds % self.log_every == 0:
+            logger.info("DDTREE auto after %d rounds: %s", self.rounds, self.policy.export())
 
 
 class DDTreeWorker(DFlashWorkerV2):
@@ -96,11 +120,17 @@ class DDTreeWorker(DFlashWorkerV2):
             debug_path=self.options.debug_path if self.ps.tp_rank == 0 else None,
             depth_limit=self.depth_limit,
             budget=self.budget,
+            timing=self.options.auto,  # `auto` learns round times from the stage events
+            budget_label="auto" if self.options.auto else None,
         )
         self._walk_stage = GraphedStage(
             partial(ops.walk_commit_plan, self.block_size, self.use_kernels, self.stats.prometheus is not None),
             name="walk + commit plan", enabled=self.round_graphs, borrow=(0, 1, 2, 3, 4, 5))
-        mark_active()
+        mark_active()  # before any capture below: the verify-mask hook keys on it
+        self.auto = self._setup_auto() if self.options.auto else None
+        if self.ps.tp_rank == 0 and self.auto is not None:
+            logger.info("DDTREE auto: candidates %s (verify widths %s)", self.auto.policy.export()["candidates"],
+                        [self.auto.widths[i] for i in range(len(self.auto.candidates))])
         if self.ps.tp_rank == 0:
             logger.info("DDTREE worker ready: budget=%d, verify nodes=%d, drafter block=%d, top-K=%d, prune=%s, "
                         "tp=%d, kernels=%s, round graphs=%s", self.budget, self.num_nodes, self.block_size,
@@ -150,6 +180,57 @@ class DDTreeWorker(DFlashWorkerV2):
             raise ValueError("DDTREE with tensor parallelism needs a vocab-parallel target lm_head.")
         return {"weight": lm_head.weight, "rows": vocab_size, "start": 0, "vocab_size": vocab_size}
 
+    def _setup_auto(self) -> "_AutoState":
+        """`--speculative-ddtree-budget auto`: per candidate, a tree stage (tree at the largest budget, the chosen
+        candidate's tree, every candidate's expected tokens), a walk stage, and for every verify width other than
+        the largest (which SGLang captured: speculative_num_draft_tokens = largest + 1) its own target attention
+        backend and verify CUDA graphs, swapped in around the verify (see _verify)."""
+        candidates = tuple(self.options.candidates)
+        widths = [self.block_size if c == CHAIN else c + 1 for c in candidates]
+        if max(widths) != self.num_nodes:
+            raise ValueError(f"DDTREE auto: the largest verify width {max(widths)} must be the server's "
+                             f"{self.num_nodes} (the drafter block is {self.block_size}).")
+        tree_stages, walk_stages = [], []
+        for c in candidates:
+            tree_stages.append(GraphedStage(
+                partial(ops.auto_tree_stage, self.budget, c, candidates, self.options.prune, self.use_kernels),
+                name=f"auto tree {candidate_label(c)}", enabled=self.round_graphs, borrow=(0, 1)))
+            walk_stages.append(GraphedStage(
+                partial(ops.walk_commit_plan, self.block_size, self.use_kernels, self.stats.prometheus is not None,
+                        auto=(candidates, c)),
+                name=f"auto walk {candidate_label(c)}", enabled=self.round_graphs, borrow=(0, 1, 2, 3, 4, 5)))
+        verify_states = {w: self._build_verify_state(w) for w in sorted(set(widths)) if w != self.num_nodes}
+        policy = AutoBudgetPolicy(list(candidates))
+        return _AutoState(candidates, widths, tree_stages, walk_stages, verify_states, policy,
+                          AutoFeedback(policy, self.device))
+
+    def _build_verify_state(self, width: int):
+        """A target attention backend (own workspace) and, with decode graphs on, verify CUDA graphs for `width`
+        tokens per request, built the way SGLang's adaptive EAGLE builds its per-step states."""
+        from sglang.srt.runtime_context import get_context, get_spec
+
+        runner = self.target_worker.model_runner
+        original = get_spec().speculative_num_draft_tokens
+        get_context().override("ddtree_auto.capture", speculative_num_draft_tokens=width)
+        saved_backend, saved_workspace = runner.attn_backend, runner.init_new_workspace
+        try:
+            backend = runner._get_attention_backend(init_new_workspace=True)
+            graphs = None
+            if get_exec().graph.cuda_graph_config.decode.backend != Backend.DISABLED:
+                runner.attn_backend = backend  # the capture reads the mask policy from runner.attn_backend
+                graphs = runner._decode_cuda_graph_runner_cls()(
+                    runner, attn_backend=backend, speculative_num_draft_tokens=width)
+        finally:
+            runner.attn_backend, runner.init_new_workspace = saved_backend, saved_workspace
+            get_context().override("ddtree_auto.restore", speculative_num_draft_tokens=original)
+        return backend, graphs
+
+    def _graph_bucket(self, bs: int) -> int:
+        """The batch size a verify of `bs` requests pads to (SGLang's captured sizes), else bs."""
+        graphs = self.target_worker.model_runner.decode_cuda_graph_runner
+        sizes = sorted(getattr(graphs, "capture_bs", None) or [])
+        return next((size for size in sizes if size >= bs), bs)
+
     def _maybe_build_draft_sampler(self):
         # DFLASH folds a greedy argmax head into the draft graph; DDTREE needs top-K log-probs instead.
         return None
@@ -178,27 +259,38 @@ class DDTreeWorker(DFlashWorkerV2):
         timer.mark("draft")
 
         roots = draft_input.bonus_tokens.view(-1)
-        tree, verify_ids, verify_positions = self._tree_stage(topk_values, topk_tokens, roots, prefix_lens)
-        mask_numel = ops.verify_mask_numel(self.num_nodes, seq_lens_sum_bound, bs)
+        if self.auto is None:
+            width, walk_stage = self.num_nodes, self._walk_stage
+            tree, verify_ids, verify_positions = self._tree_stage(topk_values, topk_tokens, roots, prefix_lens)
+        else:
+            self.auto.feedback.drain()
+            bucket = self._graph_bucket(bs)
+            chosen = self.auto.policy.choose(bucket)
+            if self.stats.prometheus is not None:
+                self.stats.prometheus.auto_round(candidate_label(self.auto.candidates[chosen]))
+            width, walk_stage = self.auto.widths[chosen], self.auto.walk_stages[chosen]
+            tree, verify_ids, verify_positions, expected = self.auto.tree_stages[chosen](
+                topk_values, topk_tokens, roots, prefix_lens)
+        mask_numel = ops.verify_mask_numel(width, seq_lens_sum_bound, bs)
         if self.use_kernels:
             mask = kernels.tree_verify_mask_triton(tree, prefix_lens, mask_numel)
         else:
             mask = ops.tree_verify_mask(ancestor_mask(tree), prefix_lens, mask_numel)
         timer.mark("tree")
 
-        node_cache_loc = self._verify_slots(batch, prefix_lens, bs)
+        node_cache_loc = self._verify_slots(batch, prefix_lens, bs, width)
         logits_output, can_run_cuda_graph = self._verify(
-            batch, verify_ids, verify_positions, mask, node_cache_loc, seq_lens_cpu_bound, seq_lens_sum_bound
+            batch, verify_ids, verify_positions, mask, node_cache_loc, seq_lens_cpu_bound, seq_lens_sum_bound, width
         )
         timer.mark("verify")
 
         logits = logits_output.next_token_logits
         if batch.sampling_info is not None:
             apply_dflash_verify_logits_adjustments(
-                next_token_logits=logits, sampling_info=batch.sampling_info, draft_token_num=self.num_nodes)
-        choices = self._target_choices(batch, logits.view(bs, self.num_nodes, -1))
-        plan = self._walk_stage(tree.tokens, tree.parents, tree.depth, tree.scores, tree.ranks, tree.valid,
-                                choices, node_cache_loc, prefix_lens)
+                next_token_logits=logits, sampling_info=batch.sampling_info, draft_token_num=width)
+        choices = self._target_choices(batch, logits.view(bs, width, -1))
+        plan = walk_stage(tree.tokens, tree.parents, tree.depth, tree.scores, tree.ranks, tree.valid,
+                          choices, node_cache_loc, prefix_lens)
         walk = plan.walk
         timer.mark("walk")
 
@@ -208,9 +300,12 @@ class DDTreeWorker(DFlashWorkerV2):
             tuple(t.clone() for t in leaving) if self.round_graphs else leaving)
         if on_publish is not None:
             on_publish(new_seq_lens)
-        self._commit(plan, logits_output.hidden_states, commit_lens, bs)
+        self._commit(plan, logits_output.hidden_states, commit_lens, bs, width)
         logits_output.hidden_states = None
         timer.mark("commit")
+        if self.auto is not None:
+            self.auto.feedback.push(torch.cat([expected, plan.observed]), timer, bucket, chosen, bs)
+            self.auto.maybe_log(self.ps.tp_rank)
         # reqs/seq_lens are only read by the debug dump (after its sync): no host sync on the default path.
         self.stats.record_round(tree, walk, timer, batch_size=bs, reqs=getattr(batch, "reqs", None),
                                 seq_lens=prefix_lens, summary=plan.summary)
@@ -330,15 +425,15 @@ class DDTreeWorker(DFlashWorkerV2):
             device=self.device,
         )
 
-    def _verify_slots(self, batch, prefix_lens, bs):
-        return self._slots(batch, prefix_lens, self.num_nodes, bs).view(bs, self.num_nodes)
+    def _verify_slots(self, batch, prefix_lens, bs, width):
+        return self._slots(batch, prefix_lens, width, bs).view(bs, width)
 
     def _verify(self, batch, verify_ids, verify_positions, mask, node_cache_loc, seq_lens_cpu_bound,
-                seq_lens_sum_bound):
+                seq_lens_sum_bound, width):
         verify_input = DFlashVerifyInput(
             draft_token=verify_ids,
             positions=verify_positions,
-            draft_token_num=self.num_nodes,
+            draft_token_num=width,
             custom_mask=mask,
             capture_hidden_mode=CaptureHiddenMode.FULL,
         )
@@ -346,12 +441,17 @@ class DDTreeWorker(DFlashWorkerV2):
         saved = (batch.seq_lens_cpu, batch.seq_lens_sum)
         batch.seq_lens_cpu = seq_lens_cpu_bound.to(saved[0].dtype if saved[0] is not None else torch.int64)
         batch.seq_lens_sum = seq_lens_sum_bound
+        runner = self.target_worker.model_runner
+        saved_state = (runner.attn_backend, runner.decode_cuda_graph_runner)
+        if width != self.num_nodes:  # `auto`: this width's attention backend and verify graphs (auto.py)
+            runner.attn_backend, runner.decode_cuda_graph_runner = self.auto.verify_states[width]
         try:
             forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+            out = self.target_worker.forward_batch_generation(
+                batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True)
         finally:
             batch.seq_lens_cpu, batch.seq_lens_sum = saved
-        out = self.target_worker.forward_batch_generation(
-            batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True)
+            runner.attn_backend, runner.decode_cuda_graph_runner = saved_state
         if out.logits_output.hidden_states is None:
             raise RuntimeError("DDTREE verify needs the target's hidden states (aux capture is off).")
         return out.logits_output, out.can_run_cuda_graph
@@ -369,13 +469,13 @@ class DDTreeWorker(DFlashWorkerV2):
             get_tp_group().broadcast(choice, src=0)
         return choice
 
-    def _commit(self, plan, target_hidden, commit_lens, bs):
+    def _commit(self, plan, target_hidden, commit_lens, bs, width):
         """Accepted KV to consecutive slots (target pool), drafter context KV from the accepted hidden states."""
         self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache().move_kv_cache(
             plan.kv_dest, plan.kv_src)
         # Rows 0..P-1, P = min(16, B+1): at most that many KV entries can be committed in a round.
         path_len = plan.draft_cache_loc.shape[1]
-        hidden = target_hidden.view(bs, self.num_nodes, -1)
+        hidden = target_hidden.view(bs, width, -1)
         path_hidden = ops.gather_path_rows(hidden, plan.walk.path)[:, :path_len]
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=path_hidden.reshape(bs * path_len, -1),

@@ -155,3 +155,47 @@ def test_graphed_round_stages_equal_eager(budget):
         for i, (g, e) in enumerate(zip(graphed, eager)):
             assert torch.equal(g, e), f"output {i} differs at bs={bs} seed={seed}"
     assert [s.captures for s in stages] == [2, 2, 2] and all(s.replays == 5 for s in stages)
+
+
+def test_graphed_auto_stages_equal_eager():
+    """`auto`: per candidate, the graphed tree stage (tree at the largest budget, the chosen tree, every candidate's
+    expected tokens) and walk stage (with the observed tokens) equal the eager functions, candidates met in any
+    order, batch sizes 1 and 4."""
+    from functools import partial
+
+    from sglang_ddtree.adaptive import CHAIN
+    from sglang_ddtree.graphs import GraphedStage
+    from sglang_ddtree.sglang import ops
+    from sglang_ddtree.tree import topk_draft
+
+    candidates = (CHAIN, 16, 32, 64)
+    block, vocab = 16, 3000
+    tree_fns = {c: partial(ops.auto_tree_stage, 64, c, candidates, None, True) for c in candidates}
+    walk_fns = {c: partial(ops.walk_commit_plan, block, True, False, auto=(candidates, c)) for c in candidates}
+    tree_stages = {c: GraphedStage(f, name=f"tree {c}", borrow=(0, 1)) for c, f in tree_fns.items()}
+    walk_stages = {c: GraphedStage(f, name=f"walk {c}", borrow=tuple(range(6))) for c, f in walk_fns.items()}
+
+    def run(tree_fn, walk_fn, bs, seed):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        lp = (torch.randn(bs, block - 1, vocab, device="cuda", generator=gen) * 3).log_softmax(-1)
+        values, tokens = topk_draft(lp, 64)
+        roots = torch.randint(0, vocab, (bs,), device="cuda", generator=gen)
+        prefix = torch.randint(5, 500, (bs,), device="cuda", generator=gen)
+        tree, ids, pos, expected = tree_fn(values, tokens, roots, prefix)
+        choice = torch.where(torch.rand(tree.tokens.shape, device="cuda", generator=gen) < 0.7,
+                             torch.roll(tree.tokens, -1, dims=1), tree.tokens)
+        width = tree.tokens.shape[1]
+        slots = torch.randperm(bs * width, device="cuda", generator=gen).view(bs, width)
+        plan = walk_fn(tree.tokens, tree.parents, tree.depth, tree.scores, tree.ranks, tree.valid, choice, slots,
+                       prefix)
+        flat = [*(getattr(tree, f) for f in FIELDS), ids, pos, expected, plan.walk.path, plan.commit_lens,
+                plan.kv_dest, plan.kv_src, plan.out_tokens, plan.observed]
+        return [x.clone() for x in flat]
+
+    order = [(64, 1), (CHAIN, 1), (16, 4), (64, 4), (32, 1), (CHAIN, 4), (64, 1), (16, 1)]
+    for n, (c, bs) in enumerate(order):
+        graphed = run(tree_stages[c], walk_stages[c], bs, n)
+        eager = run(tree_fns[c], walk_fns[c], bs, n)
+        for i, (g, e) in enumerate(zip(graphed, eager)):
+            assert torch.equal(g, e), f"candidate {c}: output {i} differs at bs={bs}"
+        assert graphed[-1].sum() > 0  # the chosen candidate's committed tokens are observed

@@ -45,10 +45,13 @@ def configs(pair):
         "ddtree-64-eager": pair.base_args() + COMMON + triton + ddtree(64) + draft + ["--disable-cuda-graph"],
         "ddtree-64-flashinfer": pair.base_args() + COMMON + ["--attention-backend", "flashinfer"] + ddtree(64)
         + draft,
+        # a budget per round from chain,16,32,64,128 (four extra verify widths, each with its own graphs)
+        "ddtree-auto": pair.base_args() + COMMON + triton + ddtree("auto") + draft + ["--enable-metrics"],
     }
 
 
-DDTREE_NAMES = ["ddtree-16", "ddtree-64", "ddtree-256", "ddtree-1024", "ddtree-64-eager", "ddtree-64-flashinfer"]
+DDTREE_NAMES = ["ddtree-16", "ddtree-64", "ddtree-256", "ddtree-1024", "ddtree-64-eager", "ddtree-64-flashinfer",
+                "ddtree-auto"]
 
 
 def selected_configs(pair):
@@ -152,6 +155,24 @@ def test_larger_budget_accepts_at_least_as_much_as_the_chain(outputs, model_pair
     gpu_record("ddtree_tau_by_budget", mode=model_pair.mode, taus=taus)
     if not model_pair.dummy:
         assert taus["ddtree-1024"] >= taus["dflash"], taus
+
+
+def test_auto_verifies_every_candidate(servers, outputs, gpu_record):
+    """`auto` explores each candidate (3 rounds per batch-size bucket) before it exploits: after the batch-1 and
+    batch-8 runs every candidate was verified (losslessness: test_greedy_equals_plain[ddtree-auto]) and the choices
+    are exported per candidate."""
+    need(servers, "ddtree-auto")
+    server = servers["ddtree-auto"]
+    with urllib.request.urlopen(server.base_url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    rounds = {m.group(1): float(m.group(2)) for m in
+              re.finditer(r'sglang:ddtree_auto_rounds_total\{[^}]*candidate="([^"]+)"[^}]*\} ([0-9.e+]+)', text)}
+    log = server.log_text()
+    gpu_record("ddtree_auto_rounds", rounds=rounds,
+               candidates_line=next((l for l in log.splitlines() if "DDTREE auto: candidates" in l), None))
+    assert set(rounds) == {"chain", "16", "32", "64", "128"}, rounds
+    assert all(v >= 3 for v in rounds.values()), rounds
+    assert "DDTREE auto: candidates" in log
 
 
 def chi_square_two_sample(counts_a, counts_b):

@@ -1,0 +1,231 @@
+"""`--speculative-ddtree-budget auto` in the SGLang worker: one candidate budget per round, chosen on the host
+without a host sync.
+
+What the GPU gives every round (DDTreeWorker): the tree is built at the largest candidate budget, and from it
+`adaptive.expected_acceptance` gives every candidate's expected committed tokens (summed over the batch, the
+drafter's raw scores); after the walk, the committed tokens of the chosen candidate and of every smaller tree
+candidate (`adaptive.subtree_accept_lengths`: exact, the target's choice at a node does not depend on which other
+nodes were verified). That vector and the round's chained CUDA-event times (sum = GPU ms per round, host gaps
+included as `between`) reach the host through pinned buffers and events (`AutoFeedback`), a round or two late.
+
+What the host decides (`AutoBudgetPolicy.choose`), per batch-size bucket (the CUDA-graph batch size the round
+pads to, since verify cost follows it):
+  rate(c) = est_tokens(c) / round_ms(bucket, c),   est_tokens(c) = expected(c) x ratio(c)
+where expected(c) is a decayed mean of the drafter's expectation per request, ratio(c) the decayed observed /
+expected of the rounds in which c's tokens were observed (the drafter is over-confident off its top-1 path, more so
+for larger trees; a candidate never observed borrows the ratio of the nearest smaller observed one), and
+round_ms(bucket, c) a decayed mean of measured round times. Unmeasured cells are explored first (each candidate
+`explore` rounds per bucket, smallest first) and the stalest candidate is re-measured every `probe_every` rounds,
+so the estimates follow context growth. The chain (DFLASH's top-1 path) is always a candidate: the choice can only
+be slower than the chain by estimation error and exploration.
+Lag: decisions use rounds that completed on the GPU, typically the ones one or two before the current round
+(overlap scheduling keeps the host a round ahead). The choice is per round for the whole batch (verify shapes are
+uniform across a batch).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from sglang_ddtree.adaptive import CHAIN, candidate_label
+
+
+@dataclass
+class _Decayed:
+    """Exponentially decayed sum pair (value, weight): mean = value / weight."""
+
+    value: float = 0.0
+    weight: float = 0.0
+
+    def add(self, x: float, w: float, keep: float) -> None:
+        self.value = self.value * keep + x * w
+        self.weight = self.weight * keep + w
+
+    def mean(self) -> float | None:
+        return self.value / self.weight if self.weight > 0 else None
+
+
+@dataclass
+class _Bucket:
+    round_ms: list[_Decayed]
+    measured: list[int]  # rounds measured per candidate
+    tried: list[int]  # rounds chosen per candidate (exploration counts choices, not the lagged measurements)
+    last_measured: list[int]  # round index of the last measurement
+    rounds: int = 0
+
+
+@dataclass
+class AutoBudgetPolicy:
+    candidates: list[int]  # sorted, CHAIN (0) first
+    explore: int = 3
+    probe_every: int = 64
+    half_life_rounds: float = 200.0
+    expected: list[_Decayed] = field(default_factory=list)  # expected tokens per request
+    observed: list[_Decayed] = field(default_factory=list)  # (observed, expected) pairs: see ratio()
+    observed_expected: list[_Decayed] = field(default_factory=list)
+    buckets: dict[int, _Bucket] = field(default_factory=dict)
+    chosen_total: list[int] = field(default_factory=list)
+    rounds_observed: int = 0
+
+    def __post_init__(self):
+        self.candidates = [int(c) for c in self.candidates]
+        if self.candidates != sorted(set(self.candidates)) or not self.candidates or self.candidates[0] != CHAIN:
+            raise ValueError(f"auto candidates must be sorted, distinct and start with the chain (0), got "
+                             f"{self.candidates}.")
+        if len(self.candidates) < 2:
+            raise ValueError("auto needs at least one tree budget besides the chain.")
+        if self.explore < 1 or self.probe_every < 1 or self.half_life_rounds <= 0:
+            raise ValueError("explore and probe_every must be >= 1 and half_life_rounds > 0.")
+        n = len(self.candidates)
+        self.expected = [_Decayed() for _ in range(n)]
+        self.observed = [_Decayed() for _ in range(n)]
+        self.observed_expected = [_Decayed() for _ in range(n)]
+        self.chosen_total = [0] * n
+
+    @property
+    def keep(self) -> float:
+        return 0.5 ** (1.0 / self.half_life_rounds)
+
+    def _bucket(self, bucket: int) -> _Bucket:
+        if bucket not in self.buckets:
+            n = len(self.candidates)
+            self.buckets[bucket] = _Bucket([_Decayed() for _ in range(n)], [0] * n, [0] * n, [-1] * n)
+        return self.buckets[bucket]
+
+    # ---------------------------------------------------------------------------------------------- estimates
+
+    def ratio(self, i: int) -> float:
+        """Observed / expected committed tokens for candidate i (nearest smaller observed candidate, else 1)."""
+        for j in range(i, -1, -1):
+            obs, exp = self.observed[j].mean(), self.observed_expected[j].mean()
+            if obs is not None and exp:
+                return obs / exp
+        return 1.0
+
+    def est_tokens(self, i: int) -> float | None:
+        exp = self.expected[i].mean()
+        return None if exp is None else exp * self.ratio(i)
+
+    def rates(self, bucket: int) -> list[float | None]:
+        b = self._bucket(bucket)
+        out = []
+        for i in range(len(self.candidates)):
+            tokens, ms = self.est_tokens(i), b.round_ms[i].mean()
+            out.append(tokens / ms if tokens is not None and ms else None)
+        return out
+
+    # ---------------------------------------------------------------------------------------------- decisions
+
+    def choose(self, bucket: int) -> int:
+        """Index into candidates for the next round of a batch in this bucket."""
+        b = self._bucket(bucket)
+        b.rounds += 1
+        choice = None
+        for i in range(len(self.candidates)):  # explore: smallest unmeasured first
+            if b.tried[i] < self.explore and b.measured[i] < self.explore:
+                choice = i
+                break
+        if choice is None and b.rounds % self.probe_every == 0:  # re-measure the stalest
+            choice = min(range(len(self.candidates)), key=lambda i: (b.last_measured[i], i))
+        if choice is None:
+            rates = self.rates(bucket)
+            known = [(r, -i) for i, r in enumerate(rates) if r is not None and math.isfinite(r)]
+            choice = -max(known)[1] if known else 0
+        b.tried[choice] += 1
+        self.chosen_total[choice] += 1
+        return choice
+
+    def observe(self, bucket: int, chosen: int, batch_size: int, round_ms: float | None,
+                expected_sum: list[float], observed_sum: list[float | None]) -> None:
+        """One completed round: its GPU ms (None when unknown), the batch's expected tokens per candidate and the
+        committed tokens of the candidates it observed (None = not observed)."""
+        if batch_size < 1:
+            return
+        keep = self.keep
+        b = self._bucket(bucket)
+        if round_ms is not None and math.isfinite(round_ms) and round_ms > 0:
+            b.round_ms[chosen].add(round_ms, 1.0, keep)
+            b.measured[chosen] += 1
+            b.last_measured[chosen] = b.rounds
+        for i, e in enumerate(expected_sum):
+            self.expected[i].add(e / batch_size, 1.0, keep)
+            o = observed_sum[i]
+            if o is not None:
+                self.observed[i].add(o / batch_size, 1.0, keep)
+                self.observed_expected[i].add(e / batch_size, 1.0, keep)
+        self.rounds_observed += 1
+
+    def export(self) -> dict:
+        """The chooser's state, for logs and the debug dump."""
+        labels = [candidate_label(c) for c in self.candidates]
+        return {
+            "candidates": labels,
+            "rounds_chosen": dict(zip(labels, self.chosen_total)),
+            "expected_tokens": {k: _r(self.expected[i].mean()) for i, k in enumerate(labels)},
+            "observed_over_expected": {k: _r(self.ratio(i)) for i, k in enumerate(labels)},
+            "round_ms": {str(bucket): {k: _r(b.round_ms[i].mean()) for i, k in enumerate(labels)}
+                         for bucket, b in sorted(self.buckets.items())},
+        }
+
+
+def _r(x):
+    return None if x is None else round(float(x), 4)
+
+
+def observed_candidates(candidates: list[int], chosen: int) -> list[bool]:
+    """Which candidates' committed tokens a round verifying candidates[chosen] observes exactly: the chain only
+    itself; a tree every tree candidate up to its own budget (their trees are its first slots)."""
+    c = candidates[chosen]
+    if c == CHAIN:
+        return [b == CHAIN for b in candidates]
+    return [b != CHAIN and b <= c for b in candidates]
+
+
+class AutoFeedback:
+    """The GPU -> host channel of `auto`: one small vector per round copied into pinned memory, read once its event
+    and the round's timer events have completed (never waits)."""
+
+    RING = 64
+
+    def __init__(self, policy: AutoBudgetPolicy, device):
+        self.policy = policy
+        self.width = 2 * len(policy.candidates)
+        pin = torch.device(device).type == "cuda"
+        self.ring = [torch.zeros(self.width, dtype=torch.float32, pin_memory=pin) for _ in range(self.RING)]
+        self.pending: collections.deque = collections.deque()
+        self.index = 0
+        self.dropped = 0
+
+    def push(self, vector: torch.Tensor, timer, bucket: int, chosen: int, batch_size: int) -> None:
+        """vector: [expected per candidate (sum over the batch), observed per candidate (0 where not observed)]."""
+        if len(self.pending) >= self.RING:
+            self.dropped += 1
+            return
+        slot = self.ring[self.index % self.RING]
+        self.index += 1
+        slot.copy_(vector, non_blocking=True)
+        event = torch.cuda.Event() if vector.is_cuda else None
+        if event is not None:
+            event.record()
+        self.pending.append((event, slot, timer, bucket, chosen, batch_size))
+
+    def drain(self) -> int:
+        done = 0
+        while self.pending:
+            event, slot, timer, bucket, chosen, batch_size = self.pending[0]
+            if (event is not None and not event.query()) or (timer is not None and not timer.done()):
+                break
+            self.pending.popleft()
+            values = slot.tolist()
+            n = len(self.policy.candidates)
+            seen = observed_candidates(self.policy.candidates, chosen)
+            observed = [values[n + i] if seen[i] else None for i in range(n)]
+            stages = timer.elapsed_ms() if timer is not None and timer.enabled and timer.marks else {}
+            round_ms = sum(stages.values()) if stages else None
+            self.policy.observe(bucket, chosen, batch_size, round_ms, values[:n], observed)
+            done += 1
+        return done

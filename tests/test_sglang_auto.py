@@ -1,0 +1,201 @@
+"""`--speculative-ddtree-budget auto` in the SGLang worker, CPU side: flags, the host policy, the GPU->host
+feedback channel and the round's auto stages (the worker wiring itself runs in tests/gpu/test_ddtree_server.py)."""
+
+import argparse
+
+import pytest
+import torch
+
+from sglang_ddtree import adaptive
+from sglang_ddtree.adaptive import CHAIN
+from sglang_ddtree.sglang import args as ddtree_args
+from sglang_ddtree.sglang import ops
+from sglang_ddtree.sglang.auto import AutoBudgetPolicy, AutoFeedback, observed_candidates
+from sglang_ddtree.tree import build_tree_from_topk, chain_tree, topk_draft
+from sglang_ddtree.walk import walk_choices
+
+# ------------------------------------------------------------------------------------------------------ flags
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser()
+    ddtree_args.add_cli_args(parser)
+    return ddtree_args.options_from(parser.parse_args(list(argv)))
+
+
+def test_auto_flags():
+    opts = parse("--speculative-ddtree-budget", "auto")
+    assert opts.auto and opts.candidates == (0, 16, 32, 64, 128) and opts.budget == 128
+    opts = parse("--speculative-ddtree-budget", "AUTO", "--speculative-ddtree-auto-candidates", "64,16")
+    assert opts.candidates == (0, 16, 64) and opts.budget == 64  # the chain is always a candidate
+    assert not parse("--speculative-ddtree-budget", "32").auto
+    with pytest.raises(ValueError, match="needs --speculative-ddtree-budget auto"):
+        parse("--speculative-ddtree-budget", "32", "--speculative-ddtree-auto-candidates", "16,32")
+    with pytest.raises(ValueError, match="at least 15"):
+        parse("--speculative-ddtree-budget", "auto", "--speculative-ddtree-auto-candidates", "chain,8")
+    with pytest.raises(ValueError, match="auto-candidates: candidate budgets must be"):
+        parse("--speculative-ddtree-budget", "auto", "--speculative-ddtree-auto-candidates", "16,2000")
+    with pytest.raises(ValueError, match="or auto"):
+        parse("--speculative-ddtree-budget", "automatic")
+
+
+# ------------------------------------------------------------------------------------------------------ policy
+
+
+def run_policy(policy, bucket, tokens, ms, rounds, lag=0):
+    """Drive the policy: a round of candidate i commits tokens[i] per request (the drafter expects 1.5x that)
+    and takes ms[i]; observations arrive `lag` rounds late, as the GPU feedback does."""
+    queue, picks = [], []
+    for _ in range(rounds):
+        i = policy.choose(bucket)
+        picks.append(i)
+        seen = observed_candidates(policy.candidates, i)
+        queue.append((i, [1.5 * t for t in tokens], [t if s else None for t, s in zip(tokens, seen)]))
+        if len(queue) > lag:
+            j, exp, obs = queue.pop(0)
+            policy.observe(bucket, j, 1, ms[j], exp, obs)
+    return picks
+
+
+def test_policy_explores_then_picks_the_best_rate():
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=1000)
+    tokens, ms = [3.0, 4.0, 5.0], [1.0, 1.1, 2.0]  # rates 3.0, 3.64, 2.5: the 16-tree wins
+    picks = run_policy(policy, 1, tokens, ms, 40)
+    assert picks[:6] == [0, 0, 1, 1, 2, 2]  # each candidate twice, smallest first
+    assert picks[6:] == [1] * 34
+    assert policy.ratio(2) == pytest.approx(1 / 1.5) and policy.est_tokens(1) == pytest.approx(4.0)
+    # a bucket of its own: costs are per batch size (here the 64-tree is cheap at batch 8)
+    picks8 = run_policy(policy, 8, tokens, [1.0, 1.1, 1.15], 20)
+    assert picks8[-1] == 2 and picks[-1] == 1
+    assert policy.export()["rounds_chosen"] == {"chain": 4, "16": 38, "64": 18}
+
+
+def test_policy_picks_the_chain_when_trees_do_not_pay():
+    policy = AutoBudgetPolicy([CHAIN, 16, 32], explore=1, probe_every=1000)
+    picks = run_policy(policy, 1, [3.0, 3.1, 3.2], [1.0, 1.5, 2.0], 30, lag=2)
+    assert picks[-20:] == [0] * 20
+
+
+def test_policy_probes_the_stalest_candidate():
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10)
+    picks = run_policy(policy, 1, [3.0, 4.0, 5.0], [1.0, 1.1, 2.0], 40)
+    probes = [i for n, i in enumerate(picks, start=1) if n % 10 == 0]
+    assert set(probes) >= {0, 2} and picks.count(1) >= 30
+
+
+def test_policy_borrows_the_ratio_of_the_nearest_smaller_observed_candidate():
+    policy = AutoBudgetPolicy([CHAIN, 16, 64])
+    policy.observe(1, 1, 2, 1.0, [6.0, 8.0, 10.0], [None, 4.0, None])  # the 16-tree: observed 2, expected 4
+    assert policy.ratio(1) == pytest.approx(0.5) and policy.ratio(2) == pytest.approx(0.5)
+    assert policy.ratio(0) == 1.0  # nothing observed at or below the chain
+    assert policy.est_tokens(2) == pytest.approx(2.5)
+
+
+def test_policy_rejects_bad_candidates():
+    for bad in ([16, 32], [CHAIN], [CHAIN, 32, 16]):
+        with pytest.raises(ValueError):
+            AutoBudgetPolicy(bad)
+
+
+def test_observed_candidates():
+    assert observed_candidates([0, 16, 32, 64], 0) == [True, False, False, False]
+    assert observed_candidates([0, 16, 32, 64], 2) == [False, True, True, False]
+
+
+class FakeTimer:
+    enabled = True
+
+    def __init__(self, stages, done=True):
+        self.marks = list(stages)
+        self.stages = stages
+        self._done = done
+
+    def done(self):
+        return self._done
+
+    def elapsed_ms(self):
+        return dict(self.stages)
+
+
+def test_feedback_reads_completed_rounds_only():
+    policy = AutoBudgetPolicy([CHAIN, 16])
+    feedback = AutoFeedback(policy, "cpu")
+    feedback.push(torch.tensor([8.0, 12.0, 7.0, 0.0]), FakeTimer({"draft": 1.0, "verify": 2.0}), 4, 0, 4)
+    late = FakeTimer({"draft": 1.0}, done=False)
+    feedback.push(torch.tensor([8.0, 12.0, 0.0, 9.0]), late, 4, 1, 4)
+    assert feedback.drain() == 1  # the second round's events have not completed
+    assert policy.buckets[4].round_ms[0].mean() == pytest.approx(3.0)
+    assert policy.expected[1].mean() == pytest.approx(3.0) and policy.observed[0].mean() == pytest.approx(1.75)
+    assert policy.observed[1].mean() is None  # the chain round did not observe the tree
+    late._done = True
+    assert feedback.drain() == 1 and policy.observed[1].mean() == pytest.approx(2.25)
+
+
+# ------------------------------------------------------------------------------------------------------ stages
+
+
+def draft(bs=3, depth=6, vocab=40, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(bs, depth, vocab, generator=gen) * 2).log_softmax(-1)
+
+
+@pytest.mark.parametrize("chosen", [CHAIN, 8, 16, 48])
+def test_auto_tree_stage_gives_the_chosen_tree_and_every_expectation(chosen):
+    candidates = (CHAIN, 8, 16, 48)
+    lp = draft()
+    values, tokens = topk_draft(lp, 40)
+    roots = torch.tensor([1, 2, 3])
+    prefix = torch.tensor([5, 9, 2])
+    tree, ids, positions, expected = ops.auto_tree_stage(48, chosen, candidates, None, False, values, tokens, roots,
+                                                         prefix)
+    ref = chain_tree(lp, roots) if chosen == CHAIN else build_tree_from_topk(values, tokens, chosen, roots,
+                                                                             max_budget=chosen)
+    for name in ("tokens", "parents", "depth", "ranks", "valid"):
+        assert torch.equal(getattr(tree, name), getattr(ref, name)), name
+    assert torch.allclose(tree.scores, ref.scores)
+    assert torch.equal(ids, ref.tokens.reshape(-1))
+    assert torch.equal(positions, (prefix.unsqueeze(1) + ref.depth).reshape(-1))
+    big = build_tree_from_topk(values, tokens, 48, roots, max_budget=48)
+    want = adaptive.expected_acceptance(big, candidates, values[:, :, 0]).sum(dim=0)
+    assert torch.allclose(expected, want)
+    # each candidate's expectation is its own tree's 1 + sum of node probabilities, summed over the batch
+    for c, e in zip(candidates, expected.tolist()):
+        own = chain_tree(lp, roots) if c == CHAIN else build_tree_from_topk(values, tokens, c, roots, max_budget=c)
+        assert e == pytest.approx(float((1 + torch.where(own.valid, own.scores.exp(), 0.0)[:, 1:].sum(1)).sum()),
+                                  rel=1e-5)
+
+
+def test_observed_tokens_equal_walking_each_smaller_tree():
+    """At T=0 the target's choice at a node depends only on its prefix: walking the 48-tree tells what the 8- and
+    16-trees would have committed (their trees are its first slots)."""
+    candidates = (CHAIN, 8, 16, 48)
+    lp = draft(bs=6, seed=3)
+    values, tokens = topk_draft(lp, 40)
+    roots = torch.zeros(6, dtype=torch.long)
+    big = build_tree_from_topk(values, tokens, 48, roots, max_budget=48)
+    gen = torch.Generator().manual_seed(1)
+    # a scripted "target": at each prefix, a token of a random child (deterministic per prefix via a table)
+    table = torch.randint(0, 40, (6, 7, 40), generator=gen)
+
+    def target(tree):  # choice at node = table[b, depth, token]: depends on the node's own (depth, token) only
+        return table[torch.arange(tree.batch_size).unsqueeze(1), tree.depth, tree.tokens]
+
+    # make the table follow the drafter's best children often, so deep and branching paths are accepted
+    for b in range(6):
+        for i in range(1, 49):
+            kids = ((big.parents[b] == i) & big.valid[b]).nonzero().view(-1)
+            if len(kids) and torch.rand((), generator=gen) < 0.8:
+                kid = kids[torch.randint(0, len(kids), (1,), generator=gen)]
+                table[b, big.depth[b, i], big.tokens[b, i]] = big.tokens[b, kid]
+        table[b, 0, roots[b]] = big.tokens[b, 1]
+    walk = walk_choices(big, target(big))
+    assert int(walk.accept_len.max()) >= 3
+    observed = ops.observed_tokens(candidates, 48, big, walk)
+    assert observed[0] == 0  # the chain is not observed by a tree round
+    for c, o in zip(candidates[1:], observed[1:].tolist()):
+        small = build_tree_from_topk(values, tokens, c, roots, max_budget=c)
+        assert o == float((walk_choices(small, target(small)).accept_len + 1).sum()), c
+    chain = chain_tree(lp, roots)
+    chain_walk = walk_choices(chain, target(chain))
+    assert ops.observed_tokens(candidates, CHAIN, chain, chain_walk).tolist() == [
+        float((chain_walk.accept_len + 1).sum()), 0.0, 0.0, 0.0]
