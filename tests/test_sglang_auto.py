@@ -76,6 +76,19 @@ def test_policy_picks_the_chain_when_trees_do_not_pay():
     assert picks[-20:] == [0] * 20
 
 
+def test_policy_never_tries_wide_trees_that_cannot_pay():
+    """A drafter that is never right (dummy weights): every candidate commits 1 token a round, so a tree wider
+    than the measured chain cannot win (it costs at least as much for the same tokens) and is never verified, not
+    even by exploration or probes: `auto` runs DFLASH's chain."""
+    policy = AutoBudgetPolicy([CHAIN, 16, 32, 128], explore=3, probe_every=8)
+    picks = run_policy(policy, 4, [1.0, 1.0, 1.0, 1.0], [7.0, 7.1, 9.0, 12.0], 60, lag=1)
+    assert set(picks) == {0}
+    # a drafter that is right sometimes makes the 16-tree worth a try, and here worth keeping
+    policy = AutoBudgetPolicy([CHAIN, 16, 32, 128], explore=3, probe_every=8)
+    picks = run_policy(policy, 4, [2.0, 2.4, 2.5, 2.6], [7.0, 7.1, 9.0, 12.0], 60, lag=1)
+    assert 1 in picks and 3 not in picks and picks[-1] == 1
+
+
 def test_policy_probes_the_stalest_candidate():
     policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10)
     picks = run_policy(policy, 1, [3.0, 4.0, 5.0], [1.0, 1.1, 2.0], 40)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from sglang_ddtree.bench.plan import METHODS
 
 RESULTS_NAME = "bench_budgets.jsonl"
 STATUSES = ("ok", "skipped", "failed", "interrupted")
@@ -87,7 +88,7 @@ class ResultsWriter:
 
 def format_table(rows: list[dict]) -> str:
     """One line per ok row: setup, method, budget, batch, decode tokens/s, step ms, tau (where meaningful)."""
-    ok = sorted(ok_results(rows), key=lambda r: (r["setup"], ("plain", "dflash", "ddtree").index(r["method"]),
+    ok = sorted(ok_results(rows), key=lambda r: (r["setup"], METHODS.index(r["method"]),
                                                  r.get("budget") or 0, r["batch_size"]))
     lines = [f"{'setup':9} {'method':7} {'budget':>6} {'batch':>5} {'tok/s':>9} {'step ms':>8} {'tau':>5} "
              f"{'draft/tree/verify/walk/commit ms':>34}"]

@@ -61,6 +61,7 @@ class _Bucket:
 @dataclass
 class AutoBudgetPolicy:
     candidates: list[int]  # sorted, CHAIN (0) first
+    widths: list[int] | None = None  # verify tokens per request of each candidate (default: chain 16, b + 1)
     explore: int = 3
     probe_every: int = 64
     half_life_rounds: float = 200.0
@@ -81,6 +82,10 @@ class AutoBudgetPolicy:
         if self.explore < 1 or self.probe_every < 1 or self.half_life_rounds <= 0:
             raise ValueError("explore and probe_every must be >= 1 and half_life_rounds > 0.")
         n = len(self.candidates)
+        if self.widths is None:
+            self.widths = [16 if c == CHAIN else c + 1 for c in self.candidates]
+        if len(self.widths) != n:
+            raise ValueError(f"one verify width per candidate, got {self.widths} for {self.candidates}.")
         self.expected = [_Decayed() for _ in range(n)]
         self.observed = [_Decayed() for _ in range(n)]
         self.observed_expected = [_Decayed() for _ in range(n)]
@@ -120,21 +125,40 @@ class AutoBudgetPolicy:
 
     # ---------------------------------------------------------------------------------------------- decisions
 
+    def _could_win(self, b: _Bucket, i: int, best_rate: float | None) -> bool:
+        """Whether candidate i may beat the best measured rate: its estimated tokens over the dearest round time
+        measured for a candidate that verifies no more tokens (a wider verify does not cost less)."""
+        if best_rate is None:
+            return True
+        narrower = [b.round_ms[j].mean() for j in range(len(self.candidates))
+                    if j != i and self.widths[j] <= self.widths[i] and b.round_ms[j].mean() is not None]
+        tokens = self.est_tokens(i)
+        if not narrower or tokens is None:
+            return True
+        return tokens / max(narrower) > best_rate
+
     def choose(self, bucket: int) -> int:
-        """Index into candidates for the next round of a batch in this bucket."""
+        """Index into candidates for the next round of a batch in this bucket. Exploration and probes skip a
+        candidate that cannot win (`_could_win`): with a drafter that is rarely right (a dummy model, an
+        unfamiliar prompt) the wide trees are then never tried, and `auto` runs the chain."""
         b = self._bucket(bucket)
         b.rounds += 1
+        n = len(self.candidates)
+        rates = self.rates(bucket)
+        known = [(r, -i) for i, r in enumerate(rates) if r is not None and math.isfinite(r)]
+        best = -max(known)[1] if known else None
+        best_rate = rates[best] if best is not None else None
         choice = None
-        for i in range(len(self.candidates)):  # explore: smallest unmeasured first
-            if b.tried[i] < self.explore and b.measured[i] < self.explore:
+        for i in sorted(range(n), key=lambda i: (self.widths[i], i)):  # explore: narrowest unmeasured first
+            if b.tried[i] < self.explore and b.measured[i] < self.explore and self._could_win(b, i, best_rate):
                 choice = i
                 break
-        if choice is None and b.rounds % self.probe_every == 0:  # re-measure the stalest
-            choice = min(range(len(self.candidates)), key=lambda i: (b.last_measured[i], i))
+        if choice is None and b.rounds % self.probe_every == 0:  # re-measure the stalest that could still win
+            probes = [i for i in range(n) if i != best and self._could_win(b, i, best_rate)]
+            if probes:
+                choice = min(probes, key=lambda i: (b.last_measured[i], i))
         if choice is None:
-            rates = self.rates(bucket)
-            known = [(r, -i) for i, r in enumerate(rates) if r is not None and math.isfinite(r)]
-            choice = -max(known)[1] if known else 0
+            choice = best if best is not None else 0
         b.tried[choice] += 1
         self.chosen_total[choice] += 1
         return choice

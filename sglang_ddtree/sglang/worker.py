@@ -66,7 +66,7 @@ class _AutoState:
     widths: list[int]
     tree_stages: list[GraphedStage]
     walk_stages: list[GraphedStage]
-    verify_states: dict
+    verify_states: dict | None  # width -> (attention backend, verify graph runner), built at the first round
     policy: AutoBudgetPolicy
     feedback: AutoFeedback
     log_every: int = 2000
@@ -184,7 +184,7 @@ class DDTreeWorker(DFlashWorkerV2):
         """`--speculative-ddtree-budget auto`: per candidate, a tree stage (tree at the largest budget, the chosen
         candidate's tree, every candidate's expected tokens), a walk stage, and for every verify width other than
         the largest (which SGLang captured: speculative_num_draft_tokens = largest + 1) its own target attention
-        backend and verify CUDA graphs, swapped in around the verify (see _verify)."""
+        backend and verify CUDA graphs (_ensure_auto_verify_states), swapped in around the verify (_verify)."""
         candidates = tuple(self.options.candidates)
         widths = [self.block_size if c == CHAIN else c + 1 for c in candidates]
         if max(widths) != self.num_nodes:
@@ -199,10 +199,18 @@ class DDTreeWorker(DFlashWorkerV2):
                 partial(ops.walk_commit_plan, self.block_size, self.use_kernels, self.stats.prometheus is not None,
                         auto=(candidates, c)),
                 name=f"auto walk {candidate_label(c)}", enabled=self.round_graphs, borrow=(0, 1, 2, 3, 4, 5)))
-        verify_states = {w: self._build_verify_state(w) for w in sorted(set(widths)) if w != self.num_nodes}
-        policy = AutoBudgetPolicy(list(candidates))
-        return _AutoState(candidates, widths, tree_stages, walk_stages, verify_states, policy,
+        policy = AutoBudgetPolicy(list(candidates), widths=widths)
+        # verify_states are built at the first decode round: SGLang creates the target's attention backend and
+        # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
+        return _AutoState(candidates, widths, tree_stages, walk_stages, None, policy,
                           AutoFeedback(policy, self.device))
+
+    def _ensure_auto_verify_states(self) -> None:
+        if self.auto.verify_states is None:
+            widths = sorted(set(self.auto.widths) - {self.num_nodes})
+            self.auto.verify_states = {w: self._build_verify_state(w) for w in widths}
+            if self.ps.tp_rank == 0:
+                logger.info("DDTREE auto: verify states built for widths %s", widths)
 
     def _build_verify_state(self, width: int):
         """A target attention backend (own workspace) and, with decode graphs on, verify CUDA graphs for `width`
@@ -263,6 +271,7 @@ class DDTreeWorker(DFlashWorkerV2):
             width, walk_stage = self.num_nodes, self._walk_stage
             tree, verify_ids, verify_positions = self._tree_stage(topk_values, topk_tokens, roots, prefix_lens)
         else:
+            self._ensure_auto_verify_states()
             self.auto.feedback.drain()
             bucket = self._graph_bucket(bs)
             chosen = self.auto.policy.choose(bucket)
