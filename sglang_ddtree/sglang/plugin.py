@@ -22,6 +22,7 @@ Nothing heavy is imported at load time (no prometheus_client: SGLang sets its mu
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 
@@ -73,9 +74,24 @@ def _around_server_args_init(original, self, *args, **kwargs):
     return original(self, *args, **kwargs)
 
 
+# Set while the worker captures the verify graphs of `auto`'s chain candidate: a chain is causal, so it verifies
+# the way DFLASH does, without a custom mask (cheaper attention: lease 9, 8B shapes).
+_CAUSAL_CAPTURE = False
+
+
+@contextlib.contextmanager
+def causal_verify_capture():
+    global _CAUSAL_CAPTURE
+    _CAUSAL_CAPTURE = True
+    try:
+        yield
+    finally:
+        _CAUSAL_CAPTURE = False
+
+
 def _around_mask_policy(original, attn_backend, *args, **kwargs):
     name, build_custom_mask = original(attn_backend, *args, **kwargs)
-    return (name, True) if is_active() else (name, build_custom_mask)
+    return (name, True) if is_active() and not _CAUSAL_CAPTURE else (name, build_custom_mask)
 
 
 def _after_validate_request(result, req, *args, **kwargs):

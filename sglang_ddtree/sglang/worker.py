@@ -20,6 +20,7 @@ choices (argmax or sampling), SGLang's KV move and the drafter-KV append.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ class _AutoState:
     widths: list[int]
     tree_stages: list[GraphedStage]
     walk_stages: list[GraphedStage]
-    verify_states: dict | None  # width -> (attention backend, verify graph runner), built at the first round
+    verify_states: dict | None  # (width, causal) -> (attention backend, verify graphs), built at the first round
     policy: AutoBudgetPolicy
     feedback: AutoFeedback
     log_every: int = 2000
@@ -206,16 +207,22 @@ class DDTreeWorker(DFlashWorkerV2):
                           AutoFeedback(policy, self.device))
 
     def _ensure_auto_verify_states(self) -> None:
+        """Keyed (width, causal): the chain verifies causally (no custom mask, as DFLASH does), trees with the
+        tree mask; the widest tree uses SGLang's own state."""
         if self.auto.verify_states is None:
-            widths = sorted(set(self.auto.widths) - {self.num_nodes})
-            self.auto.verify_states = {w: self._build_verify_state(w) for w in widths}
+            keys = sorted({(w, c == CHAIN) for c, w in zip(self.auto.candidates, self.auto.widths)}
+                          - {(self.num_nodes, False)})
+            self.auto.verify_states = {key: self._build_verify_state(*key) for key in keys}
             if self.ps.tp_rank == 0:
-                logger.info("DDTREE auto: verify states built for widths %s", widths)
+                logger.info("DDTREE auto: verify states built for (width, causal) %s", keys)
 
-    def _build_verify_state(self, width: int):
+    def _build_verify_state(self, width: int, causal: bool):
         """A target attention backend (own workspace) and, with decode graphs on, verify CUDA graphs for `width`
-        tokens per request, built the way SGLang's adaptive EAGLE builds its per-step states."""
+        tokens per request (causal: without the custom mask), built the way SGLang's adaptive EAGLE builds its
+        per-step states."""
         from sglang.srt.runtime_context import get_context, get_spec
+
+        from sglang_ddtree.sglang.plugin import causal_verify_capture
 
         runner = self.target_worker.model_runner
         original = get_spec().speculative_num_draft_tokens
@@ -226,8 +233,9 @@ class DDTreeWorker(DFlashWorkerV2):
             graphs = None
             if get_exec().graph.cuda_graph_config.decode.backend != Backend.DISABLED:
                 runner.attn_backend = backend  # the capture reads the mask policy from runner.attn_backend
-                graphs = runner._decode_cuda_graph_runner_cls()(
-                    runner, attn_backend=backend, speculative_num_draft_tokens=width)
+                with causal_verify_capture() if causal else contextlib.nullcontext():
+                    graphs = runner._decode_cuda_graph_runner_cls()(
+                        runner, attn_backend=backend, speculative_num_draft_tokens=width)
         finally:
             runner.attn_backend, runner.init_new_workspace = saved_backend, saved_workspace
             get_context().override("ddtree_auto.restore", speculative_num_draft_tokens=original)
@@ -280,8 +288,11 @@ class DDTreeWorker(DFlashWorkerV2):
             width, walk_stage = self.auto.widths[chosen], self.auto.walk_stages[chosen]
             tree, verify_ids, verify_positions, expected = self.auto.tree_stages[chosen](
                 topk_values, topk_tokens, roots, prefix_lens)
+        causal = self.auto is not None and self.auto.candidates[chosen] == CHAIN  # a chain needs no tree mask
         mask_numel = ops.verify_mask_numel(width, seq_lens_sum_bound, bs)
-        if self.use_kernels:
+        if causal:
+            mask = None
+        elif self.use_kernels:
             mask = kernels.tree_verify_mask_triton(tree, prefix_lens, mask_numel)
         else:
             mask = ops.tree_verify_mask(ancestor_mask(tree), prefix_lens, mask_numel)
@@ -289,8 +300,8 @@ class DDTreeWorker(DFlashWorkerV2):
 
         node_cache_loc = self._verify_slots(batch, prefix_lens, bs, width)
         logits_output, can_run_cuda_graph = self._verify(
-            batch, verify_ids, verify_positions, mask, node_cache_loc, seq_lens_cpu_bound, seq_lens_sum_bound, width
-        )
+            batch, verify_ids, verify_positions, mask, node_cache_loc, seq_lens_cpu_bound, seq_lens_sum_bound, width,
+            causal)
         timer.mark("verify")
 
         logits = logits_output.next_token_logits
@@ -438,7 +449,7 @@ class DDTreeWorker(DFlashWorkerV2):
         return self._slots(batch, prefix_lens, width, bs).view(bs, width)
 
     def _verify(self, batch, verify_ids, verify_positions, mask, node_cache_loc, seq_lens_cpu_bound,
-                seq_lens_sum_bound, width):
+                seq_lens_sum_bound, width, causal=False):
         verify_input = DFlashVerifyInput(
             draft_token=verify_ids,
             positions=verify_positions,
@@ -452,8 +463,8 @@ class DDTreeWorker(DFlashWorkerV2):
         batch.seq_lens_sum = seq_lens_sum_bound
         runner = self.target_worker.model_runner
         saved_state = (runner.attn_backend, runner.decode_cuda_graph_runner)
-        if width != self.num_nodes:  # `auto`: this width's attention backend and verify graphs (auto.py)
-            runner.attn_backend, runner.decode_cuda_graph_runner = self.auto.verify_states[width]
+        if (width, causal) != (self.num_nodes, False):  # `auto`: this verify's attention backend and graphs
+            runner.attn_backend, runner.decode_cuda_graph_runner = self.auto.verify_states[(width, causal)]
         try:
             forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
             out = self.target_worker.forward_batch_generation(
