@@ -203,7 +203,24 @@ def adaptive(out: dict) -> None:
         all(bool(v) for v in data["lossless"].values())
 
 
-EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, round_graphs, budgets, tp2, hybrid, adaptive]
+def sglang_auto(out: dict) -> None:
+    """Issue 10, measured in SGLang (lease 9, commit 0e12f39, sweep_auto_lease9.jsonl: DFLASH, fixed budgets and
+    `--speculative-ddtree-budget auto` in one run per setup): auto tokens/s over max(best fixed budget, DFLASH)
+    per batch size. The issue asks for >= 0.97."""
+    rows = _sweep_rows("sweep_auto_lease9.jsonl")
+    ratios: dict = {}
+    for (setup, method, _, bs), r in rows.items():
+        if method != "auto":
+            continue
+        rivals = [x["decode_tokens_per_s"] for (s, m, _, b), x in rows.items()
+                  if s == setup and b == bs and m in ("ddtree", "dflash")]
+        ratios.setdefault(setup, {})[str(bs)] = round(r["decode_tokens_per_s"] / max(rivals), 4)
+    out["sglang_auto_vs_max_fixed_or_dflash_tokens_per_s"] = {k: dict(sorted(v.items(), key=lambda kv: int(kv[0])))
+                                                              for k, v in sorted(ratios.items())}
+
+
+EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, round_graphs, budgets, tp2, hybrid, adaptive,
+              sglang_auto]
 
 
 def build() -> dict:

@@ -130,6 +130,15 @@ class FakeTimer:
         return dict(self.stages)
 
 
+def test_unsampled_rounds_count_time_only():
+    policy = AutoBudgetPolicy([CHAIN, 16])
+    feedback = AutoFeedback(policy, "cpu")
+    feedback.push(torch.tensor([0.0, 0.0, 7.0, 0.0]), FakeTimer({"verify": 2.0}), 1, 0, 1, sampled=False)
+    assert feedback.drain() == 1
+    assert policy.buckets[1].round_ms[0].mean() == pytest.approx(2.0)
+    assert policy.expected[0].mean() is None and policy.observed[0].mean() is None
+
+
 def test_feedback_reads_completed_rounds_only():
     policy = AutoBudgetPolicy([CHAIN, 16])
     feedback = AutoFeedback(policy, "cpu")
@@ -142,6 +151,11 @@ def test_feedback_reads_completed_rounds_only():
     assert policy.observed[1].mean() is None  # the chain round did not observe the tree
     late._done = True
     assert feedback.drain() == 1 and policy.observed[1].mean() == pytest.approx(2.25)
+    # a cold round (graph captures): its tokens count, its seconds-long time does not
+    feedback.push(torch.tensor([8.0, 12.0, 0.0, 9.0]), FakeTimer({"verify": 3000.0}), 4, 1, 4, cold=True)
+    assert feedback.drain() == 1
+    assert policy.buckets[4].round_ms[1].mean() == pytest.approx(1.0) and policy.buckets[4].measured[1] == 1
+    assert policy.rounds_observed == 3
 
 
 # ------------------------------------------------------------------------------------------------------ stages
@@ -159,8 +173,14 @@ def test_auto_tree_stage_gives_the_chosen_tree_and_every_expectation(chosen):
     values, tokens = topk_draft(lp, 40)
     roots = torch.tensor([1, 2, 3])
     prefix = torch.tensor([5, 9, 2])
-    tree, ids, positions, expected = ops.auto_tree_stage(48, chosen, candidates, None, False, values, tokens, roots,
-                                                         prefix)
+    tree, ids, positions, expected = ops.auto_tree_stage(48, chosen, candidates, None, False, True, values, tokens,
+                                                         roots, prefix)
+    # an unsampled round builds the chosen tree directly, without the expectations
+    tree2, ids2, positions2, zeros = ops.auto_tree_stage(48, chosen, candidates, None, False, False, values, tokens,
+                                                         roots, prefix)
+    for name in ("tokens", "parents", "depth", "scores", "ranks", "valid"):
+        assert torch.equal(getattr(tree, name), getattr(tree2, name)), name
+    assert torch.equal(ids, ids2) and torch.equal(positions, positions2) and not zeros.any()
     ref = chain_tree(lp, roots) if chosen == CHAIN else build_tree_from_topk(values, tokens, chosen, roots,
                                                                              max_budget=chosen)
     for name in ("tokens", "parents", "depth", "ranks", "valid"):

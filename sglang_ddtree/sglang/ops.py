@@ -177,24 +177,33 @@ def tree_stage(budget: int, prune: float | None, use_kernels: bool, topk_values:
 
 
 def auto_tree_stage(max_budget: int, chosen: int, candidates: tuple[int, ...], prune: float | None,
-                    use_kernels: bool, topk_values: torch.Tensor, topk_tokens: torch.Tensor, roots: torch.Tensor,
-                    prefix_lens: torch.Tensor):
-    """`auto` (sglang_ddtree.sglang.auto): the tree at the largest candidate budget, whose first b draft slots are
-    the best-b tree (tree.py's canonical order), gives every candidate's expected committed tokens, summed over the
-    batch [C] (raw scores); the round verifies the chosen candidate's tree (CHAIN: the drafter's top-1 path).
+                    use_kernels: bool, sampled: bool, topk_values: torch.Tensor, topk_tokens: torch.Tensor,
+                    roots: torch.Tensor, prefix_lens: torch.Tensor):
+    """`auto` (sglang_ddtree.sglang.auto): the round verifies the chosen candidate's tree (CHAIN: the drafter's
+    top-1 path). On a sampled round the tree is built at the largest candidate budget, whose first b draft slots
+    are the best-b tree (tree.py's canonical order), and gives every candidate's expected committed tokens, summed
+    over the batch [C] (raw scores); other rounds build only the chosen tree (expected: zeros).
     -> (chosen tree, verify ids, verify positions, expected)."""
     from sglang_ddtree import adaptive, kernels
     from sglang_ddtree.tree import build_tree_from_topk, chain_tree_from_topk
 
     build = kernels.build_tree_triton if use_kernels else build_tree_from_topk
-    big = build(topk_values, topk_tokens, max_budget, roots, prune=prune, max_budget=max_budget)
-    expected = adaptive.expected_acceptance(big, candidates, topk_values[:, :, 0]).sum(dim=0)
+    if sampled:
+        big = build(topk_values, topk_tokens, max_budget, roots, prune=prune, max_budget=max_budget)
+        expected = adaptive.expected_acceptance(big, candidates, topk_values[:, :, 0]).sum(dim=0)
+    else:
+        big = None
+        expected = torch.zeros(len(candidates), dtype=torch.float32, device=topk_values.device)
     if chosen == adaptive.CHAIN:
         tree = chain_tree_from_topk(topk_values, topk_tokens, roots)
-    else:
+    elif big is not None:
         n = chosen + 1
         tree = DraftTree(*(t[:, :n].contiguous() for t in (big.tokens, big.parents, big.depth, big.scores,
                                                             big.ranks, big.valid)), big.depth_limit)
+    else:  # the same tree built directly, from the top-K it needs (as a fixed budget would)
+        k = min(chosen, topk_values.shape[-1])
+        tree = build(topk_values[:, :, :k].contiguous(), topk_tokens[:, :, :k].contiguous(), chosen, roots,
+                     prune=prune, max_budget=chosen)
     ids, positions = flat_tree_inputs(tree, prefix_lens)
     return tree, ids, positions, expected
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -50,7 +50,7 @@ from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
-from sglang_ddtree.sglang.auto import AutoBudgetPolicy, AutoFeedback
+from sglang_ddtree.sglang.auto import SAMPLE_EVERY, AutoBudgetPolicy, AutoFeedback
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.stats import DDTreeStats
 from sglang_ddtree.walk import sample_choices
@@ -65,13 +65,21 @@ class _AutoState:
 
     candidates: tuple[int, ...]
     widths: list[int]
-    tree_stages: list[GraphedStage]
-    walk_stages: list[GraphedStage]
+    tree_stages: list[dict[bool, GraphedStage]]  # [candidate][sampled]
+    walk_stages: list[dict[bool, GraphedStage]]  # [candidate][sampled]
     verify_states: dict | None  # (width, causal) -> (attention backend, verify graphs), built at the first round
     policy: AutoBudgetPolicy
     feedback: AutoFeedback
     log_every: int = 2000
     rounds: int = 0
+    seen: set = field(default_factory=set)  # (bucket, candidate index) pairs that ran once
+
+    def first_use(self, bucket: int, chosen: int) -> bool:
+        """The first round of a candidate at a batch-size bucket (eager paths compile kernels there)."""
+        if (bucket, chosen) in self.seen:
+            return False
+        self.seen.add((bucket, chosen))
+        return True
 
     def maybe_log(self, tp_rank: int) -> None:
         self.rounds += 1
@@ -193,28 +201,38 @@ class DDTreeWorker(DFlashWorkerV2):
                              f"{self.num_nodes} (the drafter block is {self.block_size}).")
         tree_stages, walk_stages = [], []
         for c in candidates:
-            tree_stages.append(GraphedStage(
-                partial(ops.auto_tree_stage, self.budget, c, candidates, self.options.prune, self.use_kernels),
-                name=f"auto tree {candidate_label(c)}", enabled=self.round_graphs, borrow=(0, 1)))
-            walk_stages.append(GraphedStage(
+            tree_stages.append({sampled: GraphedStage(
+                partial(ops.auto_tree_stage, self.budget, c, candidates, self.options.prune, self.use_kernels,
+                        sampled),
+                name=f"auto tree {candidate_label(c)}{' sampled' if sampled else ''}", enabled=self.round_graphs,
+                borrow=(0, 1)) for sampled in (True, False)})
+            # one walk stage per tree stage: a stage borrows its inputs from exactly one producer (graphs.py)
+            walk_stages.append({sampled: GraphedStage(
                 partial(ops.walk_commit_plan, self.block_size, self.use_kernels, self.stats.prometheus is not None,
                         auto=(candidates, c)),
-                name=f"auto walk {candidate_label(c)}", enabled=self.round_graphs, borrow=(0, 1, 2, 3, 4, 5)))
+                name=f"auto walk {candidate_label(c)}{' sampled' if sampled else ''}", enabled=self.round_graphs,
+                borrow=(0, 1, 2, 3, 4, 5)) for sampled in (True, False)})
         policy = AutoBudgetPolicy(list(candidates), widths=widths)
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
         return _AutoState(candidates, widths, tree_stages, walk_stages, None, policy,
                           AutoFeedback(policy, self.device))
 
-    def _ensure_auto_verify_states(self) -> None:
+    def _auto_captures(self, chosen: int) -> int:
+        stages = [*self.auto.tree_stages[chosen].values(), *self.auto.walk_stages[chosen].values()]
+        return self._topk_stage.captures + sum(stage.captures for stage in stages)
+
+    def _ensure_auto_verify_states(self) -> bool:
         """Keyed (width, causal): the chain verifies causally (no custom mask, as DFLASH does), trees with the
-        tree mask; the widest tree uses SGLang's own state."""
-        if self.auto.verify_states is None:
-            keys = sorted({(w, c == CHAIN) for c, w in zip(self.auto.candidates, self.auto.widths)}
-                          - {(self.num_nodes, False)})
-            self.auto.verify_states = {key: self._build_verify_state(*key) for key in keys}
-            if self.ps.tp_rank == 0:
-                logger.info("DDTREE auto: verify states built for (width, causal) %s", keys)
+        tree mask; the widest tree uses SGLang's own state. True when they were built now."""
+        if self.auto.verify_states is not None:
+            return False
+        keys = sorted({(w, c == CHAIN) for c, w in zip(self.auto.candidates, self.auto.widths)}
+                      - {(self.num_nodes, False)})
+        self.auto.verify_states = {key: self._build_verify_state(*key) for key in keys}
+        if self.ps.tp_rank == 0:
+            logger.info("DDTREE auto: verify states built for (width, causal) %s", keys)
+        return True
 
     def _build_verify_state(self, width: int, causal: bool):
         """A target attention backend (own workspace) and, with decode graphs on, verify CUDA graphs for `width`
@@ -279,14 +297,16 @@ class DDTreeWorker(DFlashWorkerV2):
             width, walk_stage = self.num_nodes, self._walk_stage
             tree, verify_ids, verify_positions = self._tree_stage(topk_values, topk_tokens, roots, prefix_lens)
         else:
-            self._ensure_auto_verify_states()
+            built = self._ensure_auto_verify_states()
             self.auto.feedback.drain()
             bucket = self._graph_bucket(bs)
             chosen = self.auto.policy.choose(bucket)
+            sampled = self.auto.rounds % SAMPLE_EVERY == 0
+            captures = self._auto_captures(chosen)
             if self.stats.prometheus is not None:
                 self.stats.prometheus.auto_round(candidate_label(self.auto.candidates[chosen]))
-            width, walk_stage = self.auto.widths[chosen], self.auto.walk_stages[chosen]
-            tree, verify_ids, verify_positions, expected = self.auto.tree_stages[chosen](
+            width, walk_stage = self.auto.widths[chosen], self.auto.walk_stages[chosen][sampled]
+            tree, verify_ids, verify_positions, expected = self.auto.tree_stages[chosen][sampled](
                 topk_values, topk_tokens, roots, prefix_lens)
         causal = self.auto is not None and self.auto.candidates[chosen] == CHAIN  # a chain needs no tree mask
         mask_numel = ops.verify_mask_numel(width, seq_lens_sum_bound, bs)
@@ -324,7 +344,12 @@ class DDTreeWorker(DFlashWorkerV2):
         logits_output.hidden_states = None
         timer.mark("commit")
         if self.auto is not None:
-            self.auto.feedback.push(torch.cat([expected, plan.observed]), timer, bucket, chosen, bs)
+            # A round that built verify states or captured stage graphs (first use of a candidate at a batch size)
+            # took one-time work: its tokens count, its time does not (lease 9: such rounds made the chain, the
+            # first candidate explored, look seconds slow).
+            cold = built or self._auto_captures(chosen) != captures or self.auto.first_use(bucket, chosen)
+            self.auto.feedback.push(torch.cat([expected, plan.observed]), timer, bucket, chosen, bs, cold=cold,
+                                    sampled=sampled)
             self.auto.maybe_log(self.ps.tp_rank)
         # reqs/seq_lens are only read by the debug dump (after its sync): no host sync on the default path.
         self.stats.record_round(tree, walk, timer, batch_size=bs, reqs=getattr(batch, "reqs", None),

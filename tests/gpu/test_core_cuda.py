@@ -170,10 +170,12 @@ def test_graphed_auto_stages_equal_eager():
 
     candidates = (CHAIN, 16, 32, 64)
     block, vocab = 16, 3000
-    tree_fns = {c: partial(ops.auto_tree_stage, 64, c, candidates, None, True) for c in candidates}
+    tree_fns = {(c, sampled): partial(ops.auto_tree_stage, 64, c, candidates, None, True, sampled)
+                for c in candidates for sampled in (True, False)}
     walk_fns = {c: partial(ops.walk_commit_plan, block, True, False, auto=(candidates, c)) for c in candidates}
-    tree_stages = {c: GraphedStage(f, name=f"tree {c}", borrow=(0, 1)) for c, f in tree_fns.items()}
-    walk_stages = {c: GraphedStage(f, name=f"walk {c}", borrow=tuple(range(6))) for c, f in walk_fns.items()}
+    tree_stages = {k: GraphedStage(f, name=f"tree {k}", borrow=(0, 1)) for k, f in tree_fns.items()}
+    walk_stages = {(c, sampled): GraphedStage(f, name=f"walk {c}", borrow=tuple(range(6)))
+                   for c, f in walk_fns.items() for sampled in (True, False)}
 
     def run(tree_fn, walk_fn, bs, seed):
         gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -194,8 +196,17 @@ def test_graphed_auto_stages_equal_eager():
 
     order = [(64, 1), (CHAIN, 1), (16, 4), (64, 4), (32, 1), (CHAIN, 4), (64, 1), (16, 1)]
     for n, (c, bs) in enumerate(order):
-        graphed = run(tree_stages[c], walk_stages[c], bs, n)
-        eager = run(tree_fns[c], walk_fns[c], bs, n)
-        for i, (g, e) in enumerate(zip(graphed, eager)):
-            assert torch.equal(g, e), f"candidate {c}: output {i} differs at bs={bs}"
-        assert graphed[-1].sum() > 0  # the chosen candidate's committed tokens are observed
+        outs = {}
+        for sampled in (True, False):
+            graphed = run(tree_stages[(c, sampled)], walk_stages[(c, sampled)], bs, n)
+            eager = run(tree_fns[(c, sampled)], walk_fns[c], bs, n)
+            for i, (g, e) in enumerate(zip(graphed, eager)):
+                assert torch.equal(g, e), f"candidate {c}, sampled {sampled}: output {i} differs at bs={bs}"
+            assert graphed[-1].sum() > 0  # the chosen candidate's committed tokens are observed
+            outs[sampled] = graphed
+        # an unsampled round builds the chosen tree directly: the same tree as the sampled round's first slots
+        expected_at = len(FIELDS) + 2
+        for i, (a, b) in enumerate(zip(outs[True], outs[False])):
+            if i != expected_at:
+                assert torch.equal(a, b), f"candidate {c}: output {i} differs between sampled and unsampled rounds"
+        assert outs[False][expected_at].abs().sum() == 0 and outs[True][expected_at].sum() > 0
