@@ -352,6 +352,16 @@ def test_pinned_sglang_has_everything_the_plugin_uses():
         text = " ".join((src / rel).read_text().split())
         for needle in needles:
             assert " ".join(needle.split()) in text, f"{rel}: {needle!r} missing"
+    # `auto` builds extra verify states the way SGLang's adaptive EAGLE does (worker._build_verify_state)
+    runner = module_defs(src, "srt.model_executor.model_runner")["ModelRunner"]
+    assert {"_get_attention_backend", "_decode_cuda_graph_runner_cls"} <= set(runner)
+    assert "self.init_new_workspace = False" in (src / "srt/model_executor/model_runner.py").read_text()
+    graph_init = " ".join((src / "srt/model_executor/runner/decode_cuda_graph_runner.py").read_text().split())
+    assert "attn_backend=None, speculative_num_steps: Optional[int] = None, " \
+           "speculative_num_draft_tokens: Optional[int] = None," in graph_init
+    assert "self.capture_bs, self.compile_bs = get_batch_sizes_to_capture(" in graph_init
+    context = module_defs(src, "srt.runtime_context")["RuntimeContext"]
+    assert context["override"][:2] == ["self", "source"]
     # The algorithm methods SGLang calls that CustomSpecAlgo lacks are the ones our subclass adds.
     enum_methods = set(module_defs(src, "srt.speculative.spec_info")["SpeculativeAlgorithm"]) - {"__decorators__"}
     base_methods = set(module_defs(src, "srt.speculative.spec_registry")["CustomSpecAlgo"])

@@ -1,23 +1,26 @@
 """`--speculative-ddtree-budget auto` in the SGLang worker: one candidate budget per round, chosen on the host
 without a host sync.
 
-What the GPU gives every round (DDTreeWorker): the tree is built at the largest candidate budget, and from it
-`adaptive.expected_acceptance` gives every candidate's expected committed tokens (summed over the batch, the
-drafter's raw scores); after the walk, the committed tokens of the chosen candidate and of every smaller tree
-candidate (`adaptive.subtree_accept_lengths`: exact, the target's choice at a node does not depend on which other
-nodes were verified). That vector and the round's chained CUDA-event times (sum = GPU ms per round, host gaps
-included as `between`) reach the host through pinned buffers and events (`AutoFeedback`), a round or two late.
+What the GPU gives (DDTreeWorker): on a sampled round (one in SAMPLE_EVERY) the tree is built at the largest
+candidate budget and `adaptive.expected_acceptance` gives every candidate's expected committed tokens (summed over
+the batch, the drafter's raw scores); after the walk, the committed tokens of the chosen candidate and of every
+smaller tree candidate (`adaptive.subtree_accept_lengths`: exact, the target's choice at a node does not depend on
+which other nodes were verified). Every round gives its chained CUDA-event times (sum = GPU ms per round, host gaps
+included as `between`), except rounds that did one-time work (graph captures), whose time is dropped. All of it
+reaches the host through pinned buffers and events (`AutoFeedback`), a round or two late.
 
 What the host decides (`AutoBudgetPolicy.choose`), per batch-size bucket (the CUDA-graph batch size the round
 pads to, since verify cost follows it):
   rate(c) = est_tokens(c) / round_ms(bucket, c),   est_tokens(c) = expected(c) x ratio(c)
 where expected(c) is a decayed mean of the drafter's expectation per request, ratio(c) the decayed observed /
-expected of the rounds in which c's tokens were observed (the drafter is over-confident off its top-1 path, more so
-for larger trees; a candidate never observed borrows the ratio of the nearest smaller observed one), and
-round_ms(bucket, c) a decayed mean of measured round times. Unmeasured cells are explored first (each candidate
-`explore` rounds per bucket, smallest first) and the stalest candidate is re-measured every `probe_every` rounds,
-so the estimates follow context growth. The chain (DFLASH's top-1 path) is always a candidate: the choice can only
-be slower than the chain by estimation error and exploration.
+expected of the sampled rounds in which c's tokens were observed (the drafter is over-confident off its top-1
+path, more so for larger trees; a candidate never observed borrows the ratio of the nearest smaller observed one),
+and round_ms(bucket, c) a decayed mean of measured round times. Unmeasured cells are explored first (each candidate
+`explore` rounds per bucket, narrowest first) and the stalest candidate is re-measured every `probe_every` rounds,
+so the estimates follow context growth; both skip a candidate that cannot win (its estimated tokens over the
+dearest round time measured for a narrower candidate do not beat the best rate). The chain (DFLASH's top-1 path,
+verified causally like DFLASH) is always a candidate: the choice can only be slower than the chain by estimation
+error, exploration and the per-round cost of the decision.
 Lag: decisions use rounds that completed on the GPU, typically the ones one or two before the current round
 (overlap scheduling keeps the host a round ahead). The choice is per round for the whole batch (verify shapes are
 uniform across a batch).

@@ -16,6 +16,9 @@ Between SGLang's graph replays (drafter, target verify) the fixed-shape work is 
 size (sglang_ddtree.graphs): the draft top-K, the tree with its verify ids and positions, and the walk with the
 commit's slot arithmetic. Left eager: the verify mask (its size follows the context length), the target's
 choices (argmax or sampling), SGLang's KV move and the drafter-KV append.
+With `--speculative-ddtree-budget auto` (sglang_ddtree.sglang.auto) each round first picks a candidate budget on
+the host; its tree and walk stages are the candidate's own, and the verify swaps in the target attention backend
+and verify graphs captured for that width (the chain's without the tree mask).
 """
 
 from __future__ import annotations
