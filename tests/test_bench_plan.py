@@ -164,10 +164,22 @@ def test_bad_setups_are_refused(change, match):
         P.expand([dataclasses.replace(TINY, **change)])
 
 
+def test_auto_method_is_one_server_sized_for_its_widest_candidate():
+    setup = dataclasses.replace(TINY, methods=("dflash", "auto"), batch_sizes=(1, 4))
+    plan = P.expand([setup])
+    auto = {s.name: s for s in plan.servers}["tiny-auto"]
+    assert [r.key for r in auto.rows] == [P.row_key("tiny", "auto", None, b) for b in (1, 4)]
+    assert arg(auto.args, "--speculative-algorithm") == ["DDTREE"]
+    assert arg(auto.args, "--speculative-ddtree-budget") == ["auto"]
+    assert auto.width == 129  # the default candidates' largest tree, 128, plus the root
+    assert "auto" not in P.Setup.methods  # not part of the default sweep
+
+
 def test_verify_width():
     assert P.verify_width("plain", None, 16) == 1
     assert P.verify_width("dflash", None, 16) == 16
     assert P.verify_width("ddtree", 64, 16) == 65
+    assert P.verify_width("auto", None, 16) == 129
     with pytest.raises(ValueError):
         P.verify_width("ddtree", None, 16)
     with pytest.raises(ValueError):
