@@ -82,6 +82,8 @@ def read_debug_dump(path: str | os.PathLike, rids: Iterable[str] | None = None) 
         if d.get("type") == "header":
             headers.append(d)
             continue
+        if d.get("type") is not None:  # state lines (e.g. `auto`'s chooser table): not rounds of a request
+            continue
         rid = d.get("rid")
         if rid is None:
             without += 1

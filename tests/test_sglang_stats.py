@@ -127,3 +127,45 @@ def test_round_timers_chain_so_stages_add_up_to_the_gpu_time_per_round(monkeypat
     stats.other_batch()
     third = round_at(40.0, (41.0, 41.5, 44.0, 44.2, 45.0))
     assert "between" not in third and sum(third.values()) == pytest.approx(5.0)
+
+
+def test_debug_dump_carries_the_auto_candidate_and_the_chooser_table(tmp_path):
+    import json
+
+    import torch
+
+    from sglang_ddtree.sglang.auto import AutoBudgetPolicy
+    from sglang_ddtree.sglang.stats import DDTreeStats
+    from sglang_ddtree.sglang_baseline import read_debug_dump
+    from sglang_ddtree.tree import build_tree_from_topk, topk_draft
+    from sglang_ddtree.walk import walk_choices
+
+    class Req:
+        def __init__(self, rid):
+            self.rid, self.origin_input_ids = rid, [1, 2, 3]
+
+    class Timer:
+        enabled, end_event, marks = False, None, []
+
+        def elapsed_ms(self):
+            return {}
+
+    path = tmp_path / "dump.jsonl"
+    stats = DDTreeStats(enable_metrics=False, debug_path=str(path), depth_limit=4, budget=8, budget_label="auto")
+    policy = AutoBudgetPolicy([0, 8])
+    values, tokens = topk_draft(torch.randn(2, 4, 20).log_softmax(-1), 8)
+    tree = build_tree_from_topk(values, tokens, 8, torch.zeros(2, dtype=torch.long), max_budget=8)
+    walk = walk_choices(tree, tree.tokens)
+    for n in range(4):
+        stats.record_round(tree, walk, Timer(), batch_size=2, reqs=[Req("a"), Req("b")],
+                           seq_lens=torch.tensor([5 + n, 7 + n]), extra={"auto_candidate": "8"})
+        stats.dump_state("auto", policy.export(), every=2)
+    stats.debug.close()
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert lines[0]["type"] == "header" and lines[0]["budget"] == "auto"
+    states = [x for x in lines if x.get("type") == "auto"]
+    assert [x["round"] for x in states] == [2, 4] and states[0]["candidates"] == ["chain", "8"]
+    rows = [x for x in lines if "rid" in x]
+    assert len(rows) == 8 and all(x["auto_candidate"] == "8" for x in rows)
+    dump = read_debug_dump(path)
+    assert dump.rows_without_rid == 0 and sorted(dump.rows_by_rid) == ["a", "b"]

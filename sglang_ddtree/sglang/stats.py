@@ -240,10 +240,11 @@ class DDTreeStats:
         self._last_round_end = None
 
     def record_round(self, tree, walk, timer: RoundTimer, batch_size: int, reqs=None, seq_lens=None,
-                     summary: torch.Tensor | None = None) -> None:
+                     summary: torch.Tensor | None = None, extra: dict | None = None) -> None:
         """reqs (the batch's SGLang requests, row order) and seq_lens (committed tokens per row before the round,
         a device tensor) are read only by the debug dump, after its sync: the default path never touches them.
-        summary: round_summary_vector(tree, walk) when the caller computed it already (inside a graph)."""
+        summary: round_summary_vector(tree, walk) when the caller computed it already (inside a graph).
+        extra: fields added to every dump row of the round (`auto`: the verified candidate)."""
         self.round_index += 1
         if not self.enabled:
             return
@@ -260,13 +261,19 @@ class DDTreeStats:
             for b, record in enumerate(records_from_round(tree, walk, budget=budget, stage_ms=stage_ms)):
                 n = int(tree.num_nodes[b])
                 self.debug.write({
-                    "round": self.round_index, "request": b, "batch_size": batch_size, **identity[b],
+                    "round": self.round_index, "request": b, "batch_size": batch_size, **identity[b], **(extra or {}),
                     **record.to_json(),
                     "tree_tokens": tree.tokens[b, :n], "tree_parents": tree.parents[b, :n],
                     "tree_scores": tree.scores[b, :n], "tree_ranks": tree.ranks[b, :n],
                     "target_choice": walk.target_choice[b, :n],
                     "path": walk.path[b, : record.accept_len], "out_tokens": walk.out_tokens[b, : record.accept_len],
                 })
+
+    def dump_state(self, kind: str, state: dict, every: int) -> None:
+        """A `{"type": kind, "round": n, ...state}` line in the debug dump every `every` decode rounds (`auto`: the
+        chooser's table). Readers skip lines without a request id."""
+        if self.debug is not None and self.round_index % every == 0:
+            self.debug.write({"type": kind, "round": self.round_index, **state})
 
     def _queue_summary(self, tree, walk, timer: RoundTimer, summary: torch.Tensor | None = None) -> None:
         """One small vector per round, summed over the batch on the GPU, copied without a sync."""

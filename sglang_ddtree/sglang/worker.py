@@ -356,7 +356,11 @@ class DDTreeWorker(DFlashWorkerV2):
             self.auto.maybe_log(self.ps.tp_rank)
         # reqs/seq_lens are only read by the debug dump (after its sync): no host sync on the default path.
         self.stats.record_round(tree, walk, timer, batch_size=bs, reqs=getattr(batch, "reqs", None),
-                                seq_lens=prefix_lens, summary=plan.summary)
+                                seq_lens=prefix_lens, summary=plan.summary,
+                                extra=None if self.auto is None else
+                                {"auto_candidate": candidate_label(self.auto.candidates[chosen])})
+        if self.auto is not None and self.stats.debug is not None:
+            self.stats.dump_state("auto", self.auto.policy.export(), every=100)
 
         return GenerationBatchResult(
             logits_output=logits_output,
