@@ -145,6 +145,8 @@ def parse_args(argv):
     ap.add_argument("--retry-failed", action="store_true", help="redo rows whose last attempt failed")
     ap.add_argument("--repeats", type=int, default=1, help="measured runs per row; the row reports the median run "
                     "and all runs' tokens/s (host-bound rows vary from run to run)")
+    ap.add_argument("--prompt-groups", type=int, default=1, help="batches per measured run, each of different "
+                    "prompts, one after the other (a batch-1 row then averages that many prompts)")
     ap.add_argument("--log-dir", default=None, help="server logs (default $GPU_SUITE_LOG_DIR, else <out>/logs)")
     ap.add_argument("--commit", default=None, help="commit to record (default: git here, else $DDTREE_COMMIT)")
     ap.add_argument("--extra-server-args", default="", help="appended to every launch_server command (shell words)")
@@ -180,7 +182,7 @@ def main(argv=None) -> int:
               f"{len(plan.skipped)} skipped, {len(waves)} waves")
         for i, wave in enumerate(waves, 1):
             need = sum(s.memory.resident_gib for s in wave) + max(s.memory.activation_gib for s in wave)
-            est = sum(s.est_row_seconds(r) for s in wave for r in s.rows) * args.repeats
+            est = sum(s.est_row_seconds(r) for s in wave for r in s.rows) * args.repeats * args.prompt_groups
             print(f"wave {i}: {len(wave)} servers, ~{need:.1f} GiB, rows ~{est:.0f} s of measuring")
             for s in wave:
                 m = s.memory
@@ -216,7 +218,8 @@ def main(argv=None) -> int:
     options = SweepOptions(results_path=results, max_minutes=args.max_minutes, mem_budget_gib=mem_budget,
                            max_parallel=args.max_parallel, start_timeout_s=args.start_timeout,
                            request_timeout_s=args.request_timeout, retry_failed=args.retry_failed,
-                           first_start_estimate_s=args.first_start_estimate, repeats=args.repeats)
+                           first_start_estimate_s=args.first_start_estimate, repeats=args.repeats,
+                           prompt_groups=args.prompt_groups)
     try:
         sweep = Sweep(plan, SubprocessLauncher(log_dir), prompts, options, run_facts(argv, args.commit))
         report = sweep.run()

@@ -37,6 +37,11 @@ def test_plain_rates_and_step_times():
     # the window rate: 200 decode tokens from the first first-token to the last end (2.0 s)
     assert out["decode_tokens_per_s_window"] == pytest.approx(200 / 2.0)
     assert "tau" not in out
+    # the same four requests as two batches one after the other: the mean batch's rate
+    two = summarize(rs + [req(2, 101, 1.0), req(3, 101, 2.0)], method="plain", max_new_tokens=101, groups=2)
+    assert two["decode_tokens_per_s"] == pytest.approx(out["decode_tokens_per_s"]) and two["prompt_groups"] == 2
+    with pytest.raises(ValueError, match="equal batches"):
+        summarize(rs + [req(2, 101, 1.0)], method="plain", max_new_tokens=101, groups=2)
 
 
 def test_speculative_acceptance_from_the_histogram():

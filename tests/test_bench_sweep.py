@@ -43,6 +43,7 @@ class FakeClient:
         srv.launcher.events.append(("generate", srv.name))
         with srv.lock:
             srv.generates += 1
+            srv.prompts_seen.append(payload.get("text"))
             if srv.name in srv.launcher.die_after and srv.generates > srv.launcher.die_after[srv.name]:
                 srv.dead = True
         if srv.dead:
@@ -92,6 +93,7 @@ class FakeServer:
         self.lock = threading.Lock()
         self.polls = 0
         self.generates = 0
+        self.prompts_seen: list = []
         self.request_rounds = 0
         self.dead = False
         self.stopped = False
@@ -303,6 +305,28 @@ def test_an_interrupt_stops_every_server(tmp_path):
     assert report.interrupted and report.exit_code == 130
     assert launcher.created and all(s.stopped for s in launcher.created.values())
     assert P.row_key("tiny", "ddtree", 16, 1) in report.pending
+
+
+def test_prompt_groups_time_consecutive_batches_of_different_prompts(tmp_path):
+    """--prompt-groups 3: each measured run sends three batches of batch-size new prompts, one after the other;
+    tokens/s is the mean batch's (the fake's rate does not depend on the prompt, so it equals the 1-group row)."""
+    setup = dataclasses.replace(TINY, budgets=(64,), batch_sizes=(4,), methods=("ddtree",))
+    one, three = tmp_path / "one", tmp_path / "three"
+    one.mkdir(), three.mkdir()
+    clock = Clock()
+    assert sweep(one, make_plan(setup), FakeLauncher(clock), clock).run().exit_code == 0
+    launcher = FakeLauncher(clock)
+    assert sweep(three, make_plan(setup), launcher, clock, prompt_groups=3).run().exit_code == 0
+    key = P.row_key("tiny", "ddtree", 64, 4)
+    row1, row3 = results(one)[key], results(three)[key]
+    assert row3["requests"] == 12 and row3["prompt_groups"] == 3 and row1["requests"] == 4
+    assert row3["decode_tokens_per_s"] == pytest.approx(row1["decode_tokens_per_s"])
+    measured = launcher.created["tiny-ddtree-b64"].prompts_seen[4:]  # after the warm-up batch (the first 4)
+    assert sorted(measured) == sorted(p["text"] for p in PROMPTS["tiny"][:12])
+    from sglang_ddtree.bench.sweep import prompt_group
+    assert prompt_group([1, 2, 3], 2, 1) == [3, 1]  # wraps around when the prompts run out
+    with pytest.raises(ValueError, match="prompt_groups"):
+        sweep(tmp_path, make_plan(setup), FakeLauncher(clock), clock, prompt_groups=0)
 
 
 def test_too_few_prompts_are_refused(tmp_path):

@@ -173,8 +173,13 @@ def _ids_digest(ids) -> str | None:
     return hashlib.sha256(",".join(str(int(t)) for t in ids).encode()).hexdigest()[:16]
 
 
-def summarize(results: list[RequestResult], *, method: str, max_new_tokens: int, depth_limit: int = 15) -> dict:
-    """The row's numbers from one batch's request results (pure; raises ValueError when nothing usable came)."""
+def summarize(results: list[RequestResult], *, method: str, max_new_tokens: int, depth_limit: int = 15,
+              groups: int = 1) -> dict:
+    """The row's numbers from one run's request results (pure; raises ValueError when nothing usable came).
+    groups: the run was that many batches one after the other (equal sizes): tokens/s is the sum of the requests'
+    decode rates divided by it, i.e. the mean batch's throughput."""
+    if groups < 1 or len(results) % groups:
+        raise ValueError(f"{len(results)} results cannot be {groups} equal batches.")
     errors = [r.error for r in results if r.error]
     if errors:
         raise ValueError(f"{len(errors)} of {len(results)} requests failed; first: {errors[0]}")
@@ -197,13 +202,14 @@ def summarize(results: list[RequestResult], *, method: str, max_new_tokens: int,
     decode_tokens = sum(c - 1 for c in completions)
     out = {
         "requests": len(results),
+        "prompt_groups": groups,
         "completion_tokens_min": min(completions),
         "completion_tokens_max": max(completions),
         "all_full_length": all(c == max_new_tokens for c in completions),
         "decode_timing": "+".join(sorted(sources)),
-        "decode_tokens_per_s": sum((c - 1) / d for c, d in zip(completions, decode)),
+        "decode_tokens_per_s": sum((c - 1) / d for c, d in zip(completions, decode)) / groups,
         "decode_tokens_per_s_per_request": statistics.fmean((c - 1) / d for c, d in zip(completions, decode)),
-        "decode_tokens_per_s_window": (decode_tokens / (max(lasts) - min(firsts))
+        "decode_tokens_per_s_window": (decode_tokens / (max(lasts) - min(firsts))  # gaps between batches included
                                        if firsts and lasts and max(lasts) > min(firsts) else None),
         "step_ms": statistics.median(step_ms) if step_ms else None,
         "step_ms_mean": statistics.fmean(step_ms) if step_ms else None,

@@ -51,6 +51,9 @@ class SweepOptions:
     # Measured runs per row (same prompts, cache flushed before each): the row reports the median run and every
     # run's tokens/s and step time. Host-bound rows (small targets at batch 1) vary by 10-30% from run to run.
     repeats: int = 1
+    # Batches per measured run, each of batch-size different prompts, one after the other: a batch-1 row then
+    # averages G prompts instead of timing one (lease 9: one 256-token request is ~35 rounds).
+    prompt_groups: int = 1
     first_start_estimate_s: float = 150.0  # before any wave has started: a fresh-ish machine, a dozen servers
     stop_reserve_s: float = 15.0  # kept free at the end to stop the servers
 
@@ -61,6 +64,8 @@ class SweepOptions:
             raise ValueError(f"the GPU memory budget must be positive (GiB), got {self.mem_budget_gib}.")
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}.")
+        if self.prompt_groups < 1:
+            raise ValueError(f"prompt_groups must be >= 1, got {self.prompt_groups}.")
 
 
 @dataclass
@@ -184,7 +189,7 @@ class Sweep:
         writer.write({"kind": "run", "run_id": self.run_id, **self.run_info,
                       "options": {"max_minutes": self.opt.max_minutes, "mem_budget_gib": self.opt.mem_budget_gib,
                                   "max_parallel": self.opt.max_parallel, "retry_failed": self.opt.retry_failed,
-                                  "repeats": self.opt.repeats},
+                                  "repeats": self.opt.repeats, "prompt_groups": self.opt.prompt_groups},
                       "plan": {"servers": [s.name for s in self.plan.servers],
                                "waves": [[s.name for s in w] for w in waves],
                                "rows": len(self.plan.rows), "skipped": len(self.plan.skipped),
@@ -207,7 +212,7 @@ class Sweep:
             # Later waves: optimistic (they usually hold fewer servers and find the JIT caches warm). A wave that
             # overruns is cut by the deadline like any other, its finished rows kept.
             est_start = max(45.0, 0.6 * max(starts)) if starts else self.opt.first_start_estimate_s
-            first = wave[0].est_row_seconds(todo_of[wave[0].name][0]) * self.opt.repeats
+            first = wave[0].est_row_seconds(todo_of[wave[0].name][0]) * self.opt.repeats * self.opt.prompt_groups
             if self.left() < est_start + first + self.opt.stop_reserve_s:
                 self.log(f"deadline: {self.left():.0f} s left, wave {wi} needs ~{est_start + first:.0f} s to start "
                          f"and measure its first row; stopping here")
@@ -268,7 +273,7 @@ class Sweep:
             if isinstance(pool, int) and pool < server.memory.kv_pool_tokens:
                 self.log(f"  WARNING {server.name}: KV pool {pool} < the {server.memory.kv_pool_tokens} tokens asked")
             for row in todo_of[server.name]:
-                est = server.est_row_seconds(row) * self.opt.repeats
+                est = server.est_row_seconds(row) * self.opt.repeats * self.opt.prompt_groups
                 if self.left() < est + self.opt.stop_reserve_s:
                     self.log(f"deadline: {self.left():.0f} s left, {row.key} needs ~{est:.0f} s; stopping here")
                     self._stop(server.name)
@@ -316,7 +321,8 @@ class Sweep:
     def _measure(self, handle: ServerHandle, server: ServerPlan, row: Row) -> dict:
         setup = server.setup
         client = handle.client()
-        inputs = self.prompts[setup.name][: row.batch_size]
+        groups = [prompt_group(self.prompts[setup.name], row.batch_size, g) for g in range(self.opt.prompt_groups)]
+        inputs = groups[0]
         t_row = self.clock()
         timeout = max(5.0, min(self.opt.request_timeout_s, self.left() - self.opt.stop_reserve_s))
         try:
@@ -325,14 +331,17 @@ class Sweep:
                 errors = [r.error for r in run_batch(client, warm, timeout) if r.error]
                 if errors:
                     raise RuntimeError(f"warmup: {len(errors)} requests failed; first: {errors[0]}")
-            payloads = [{**x, "sampling_params": sampling_params(setup)} for x in inputs]
+            payloads = [[{**x, "sampling_params": sampling_params(setup)} for x in group] for group in groups]
             before = self._scrape(client)
             t = self.clock()
             runs = []
             for _ in range(self.opt.repeats):
                 client.flush_cache()
-                runs.append(summarize(run_batch(client, payloads, timeout), method=server.method,
-                                      max_new_tokens=setup.max_new_tokens))
+                results = []
+                for group in payloads:  # one batch after the other
+                    results += run_batch(client, group, timeout)
+                runs.append(summarize(results, method=server.method, max_new_tokens=setup.max_new_tokens,
+                                      groups=len(payloads)))
             wall = self.clock() - t
             after = self._scrape(client)
             numbers = median_run(runs)
@@ -364,6 +373,13 @@ class Sweep:
 
 
 # -------------------------------------------------------------------------------------------- run facts, prompts
+
+
+def prompt_group(prompts: list, batch_size: int, g: int) -> list:
+    """The g-th batch of `batch_size` prompts (group 0 = the first prompts, as without groups; wraps around)."""
+    if not prompts:
+        raise ValueError("no prompts to measure with.")
+    return [prompts[(g * batch_size + i) % len(prompts)] for i in range(batch_size)]
 
 
 def median_run(runs: list[dict]) -> dict:
