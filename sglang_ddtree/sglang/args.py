@@ -30,7 +30,7 @@ DFLASH_DEFAULT_MAX_RUNNING_REQUESTS = 48
 
 DEFAULT_AUTO_CANDIDATES = "chain,16,32,64,128"
 # With `auto` the largest candidate tree must hold the chain's verify width (the drafter block, 16): the KV
-# reserved per round and the tree built every round are the largest candidate's.
+# reserved per round and the verify graphs SGLang captures itself are the largest candidate's.
 MIN_AUTO_MAX_BUDGET = 15
 
 FLAG_DEST = {

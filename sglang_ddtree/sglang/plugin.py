@@ -10,7 +10,8 @@ What SGLang's plugin API reaches directly: the algorithm registry (`SpeculativeA
     flag values are carried into the instance as plain attributes before __post_init__ resolves the algorithm
     (plain attributes survive the pickle to the scheduler processes);
   - dflash_utils.resolve_dflash_verify_mask_policy (AROUND): SGLang captures DFLASH-family verify graphs without a
-    custom mask on triton/flashinfer; a tree needs the mask in the captured graph;
+    custom mask on triton/flashinfer; a tree needs the mask in the captured graph (`auto`'s chain candidate is
+    captured without it: causal_verify_capture);
   - dflash_utils.validate_dflash_request (AFTER): refuse per request what DDTREE cannot serve (grammar);
   - TokenizerManager._calculate_spec_decoding_metrics (AFTER): per-request DDTREE acceptance in meta_info (see
     `ddtree_meta_info`), since SGLang's `spec_accept_rate` divides by the budget B per round for DDTREE. Branch
