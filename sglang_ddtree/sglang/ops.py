@@ -215,16 +215,15 @@ def observed_tokens(candidates: tuple[int, ...], chosen: int, tree: DraftTree, w
     from sglang_ddtree.sglang.auto import observed_candidates
 
     seen = observed_candidates(list(candidates), candidates.index(chosen))
-    committed = (walk.accept_len + 1).sum().float()
-    out = []
-    for b, ok in zip(candidates, seen):
-        if not ok:
-            out.append(torch.zeros_like(committed))
-        elif b == chosen:
-            out.append(committed)
-        else:
-            out.append(adaptive.subtree_accept_lengths(tree, walk.path, [b])[:, 0].sum().float())
-    return torch.stack(out)
+    out = torch.zeros(len(candidates), dtype=torch.float32, device=walk.path.device)
+    if chosen == adaptive.CHAIN:  # the chain observes itself only
+        out[candidates.index(chosen)] = (walk.accept_len + 1).sum().float()
+        return out
+    budgets = [b for b, ok in zip(candidates, seen) if ok]  # the chosen tree and the smaller ones
+    lens = adaptive.subtree_accept_lengths(tree, walk.path, budgets).sum(dim=0).float()
+    for j, b in enumerate(budgets):  # device copies only (no host tensor): this runs inside a CUDA graph
+        out[candidates.index(b)] = lens[j]
+    return out
 
 
 @dataclass
