@@ -201,8 +201,9 @@ def chi2_critical(dof, z=3.09):
     return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
 
 
-def test_sampling_matches_plain_sampling(servers, model_pair, gpu_record):
-    need(servers, "ddtree-64")
+@pytest.mark.parametrize("name", ["ddtree-64", "ddtree-auto"])
+def test_sampling_matches_plain_sampling(servers, model_pair, gpu_record, name):
+    need(servers, name)
     n = 400
     params = {"temperature": 1.0, "top_p": 0.95, "max_new_tokens": 3, "ignore_eos": True}
     p = prompt(model_pair, 3)
@@ -212,7 +213,7 @@ def test_sampling_matches_plain_sampling(servers, model_pair, gpu_record):
         out = server.generate(**many, sampling_params=params)
         return [o["output_ids"] for o in out]
 
-    plain, tree = tokens(servers["plain"]), tokens(servers["ddtree-64"])
+    plain, tree = tokens(servers["plain"]), tokens(servers[name])
     results = {}
     for pos in range(3):
         ca, cb = {}, {}
@@ -223,7 +224,7 @@ def test_sampling_matches_plain_sampling(servers, model_pair, gpu_record):
         stat, dof = chi_square_two_sample(ca, cb)
         results[pos] = {"stat": round(stat, 2), "dof": dof, "critical": round(chi2_critical(dof), 2),
                         "distinct_plain": len(ca), "distinct_ddtree": len(cb)}
-    gpu_record("ddtree_sampling_chi2", mode=model_pair.mode, samples=n, results=results)
+    gpu_record("ddtree_sampling_chi2", config=name, mode=model_pair.mode, samples=n, results=results)
     for pos, r in results.items():
         assert r["stat"] < r["critical"], f"position {pos}: DDTREE sampling differs from plain: {r}"
     assert results[0]["distinct_plain"] > 1, "the prompt's first token is not random at T=1: test is vacuous"
