@@ -44,6 +44,10 @@ def test_static_config_refusals():
         ddtree_args.check_static_config(**{**ok, "draft_model_path": None})
     with pytest.raises(ValueError, match="dp-attention"):
         ddtree_args.check_static_config(**ok, dp_attention=True)
+    with pytest.raises(ValueError, match="auto does not support tensor parallelism"):
+        ddtree_args.check_static_config(**ok, auto=True, tp_size=2)
+    ddtree_args.check_static_config(**ok, auto=True, tp_size=1)
+    ddtree_args.check_static_config(**ok, auto=False, tp_size=2)
     with pytest.raises(ValueError, match="0.5.17"):
         ddtree_args.check_sglang_version("0.5.18")
     ddtree_args.check_sglang_version("0.5.17")

@@ -144,7 +144,8 @@ def check_sglang_version(version: str) -> None:
 
 
 def check_static_config(*, attention_backends: tuple[str | None, ...], page_size: int | None,
-                        draft_model_path: str | None, dp_attention: bool = False) -> None:
+                        draft_model_path: str | None, dp_attention: bool = False, auto: bool = False,
+                        tp_size: int = 1) -> None:
     """Configuration DDTREE cannot serve, refused at startup with one sentence each."""
     if not draft_model_path:
         raise ValueError("DDTREE needs a DFlash drafter: pass --speculative-draft-model-path.")
@@ -158,3 +159,7 @@ def check_static_config(*, attention_backends: tuple[str | None, ...], page_size
         raise ValueError(f"DDTREE supports --page-size 1 only for now, got {page_size}.")
     if dp_attention:
         raise ValueError("DDTREE does not support --enable-dp-attention.")
+    if auto and tp_size > 1:
+        # each rank would choose from its own timings; ranks verifying different widths would hang the collectives
+        raise ValueError("--speculative-ddtree-budget auto does not support tensor parallelism yet; use a fixed "
+                         "budget with --tp-size > 1.")

@@ -201,13 +201,15 @@ def _validate(server_args) -> None:
     from sglang.srt.arg_groups.overrides import attention_backends_of, resolved_view
 
     ddtree_args.check_sglang_version(sglang.__version__)
-    ddtree_args.options_from(server_args)  # flag values: raises ValueError with the flag name
+    options = ddtree_args.options_from(server_args)  # flag values: raises ValueError with the flag name
     view = resolved_view(server_args)
     ddtree_args.check_static_config(
         attention_backends=tuple(attention_backends_of(view)),
         page_size=getattr(view, "page_size", None),
         draft_model_path=server_args.speculative_draft_model_path,
         dp_attention=bool(getattr(view, "enable_dp_attention", False)),
+        auto=options.auto,
+        tp_size=int(getattr(view, "tp_size", None) or getattr(server_args, "tp_size", 1) or 1),
     )
 
 
