@@ -200,10 +200,10 @@ def auto_tree_stage(max_budget: int, chosen: int, candidates: tuple[int, ...], p
         n = chosen + 1
         tree = DraftTree(*(t[:, :n].contiguous() for t in (big.tokens, big.parents, big.depth, big.scores,
                                                             big.ranks, big.valid)), big.depth_limit)
-    else:  # the same tree built directly, from the top-K it needs (as a fixed budget would)
+    else:  # the same tree as a fixed budget builds it, from the top-K it needs
         k = min(chosen, topk_values.shape[-1])
-        tree = build(topk_values[:, :, :k].contiguous(), topk_tokens[:, :, :k].contiguous(), chosen, roots,
-                     prune=prune, max_budget=chosen)
+        return (*tree_stage(chosen, prune, use_kernels, topk_values[:, :, :k].contiguous(),
+                            topk_tokens[:, :, :k].contiguous(), roots, prefix_lens), expected)
     ids, positions = flat_tree_inputs(tree, prefix_lens)
     return tree, ids, positions, expected
 
@@ -259,8 +259,9 @@ def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tok
     positions = prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(path_len, device=prefix_lens.device)
     from sglang_ddtree.sglang.stats import branch_counts, round_summary_vector
 
-    summary = round_summary_vector(tree, walk) if with_summary else None
+    branch_lens = branch_counts(tree, walk)
+    summary = round_summary_vector(tree, walk, branch_lens) if with_summary else None
     observed = observed_tokens(auto[0], auto[1], tree, walk) if auto is not None else None
     return CommitPlan(walk, commit_lens, new_seq_lens, dest, src, node_cache_loc[:, :path_len].contiguous(),
-                      positions.reshape(-1), walk.out_tokens[:, :block_size].clamp(min=0),
-                      branch_counts(tree, walk), summary, observed)
+                      positions.reshape(-1), walk.out_tokens[:, :block_size].clamp(min=0), branch_lens, summary,
+                      observed)

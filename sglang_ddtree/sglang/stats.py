@@ -183,11 +183,12 @@ def branch_counts(tree, walk) -> torch.Tensor:
     return ((ranks_on_path > 0) & (walk.path[:, 1:] >= 0)).sum(dim=1).to(torch.int32)
 
 
-def round_summary_vector(tree, walk) -> torch.Tensor:
+def round_summary_vector(tree, walk, branch_lens: torch.Tensor | None = None) -> torch.Tensor:
     """A round's numbers summed over the batch, on the tree's device, with no host sync (tests/gpu checks it):
-    request-rounds by accepted draft tokens 0..L, then branches, draft nodes, expected tokens, requests."""
+    request-rounds by accepted draft tokens 0..L, then branches, draft nodes, expected tokens, requests.
+    branch_lens: branch_counts(tree, walk) when the caller has it already."""
     n = tree.depth_limit
-    branches = branch_counts(tree, walk).sum()
+    branches = (branch_counts(tree, walk) if branch_lens is None else branch_lens).sum()
     draft_valid = tree.valid.clone()
     draft_valid[:, 0] = False
     expected = (1.0 + torch.where(draft_valid, tree.scores.exp(), 0.0).sum(dim=1)).sum()

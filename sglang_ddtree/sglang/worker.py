@@ -142,7 +142,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self.auto = self._setup_auto() if self.options.auto else None
         if self.ps.tp_rank == 0 and self.auto is not None:
             logger.info("DDTREE auto: candidates %s (verify widths %s)", self.auto.policy.export()["candidates"],
-                        [self.auto.widths[i] for i in range(len(self.auto.candidates))])
+                        self.auto.widths)
         if self.ps.tp_rank == 0:
             logger.info("DDTREE worker ready: budget=%d, verify nodes=%d, drafter block=%d, top-K=%d, prune=%s, "
                         "tp=%d, kernels=%s, round graphs=%s", self.budget, self.num_nodes, self.block_size,
