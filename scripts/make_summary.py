@@ -204,10 +204,10 @@ def adaptive(out: dict) -> None:
 
 
 def sglang_auto(out: dict) -> None:
-    """Issue 10, measured in SGLang (lease 9, commit 0e12f39, sweep_auto_lease9.jsonl: DFLASH, fixed budgets and
-    `--speculative-ddtree-budget auto` in one run per setup): auto tokens/s over max(best fixed budget, DFLASH)
+    """Issue 10, measured in SGLang (lease 10, commit 915e928, sweep_auto_lease10.jsonl: DFLASH, fixed budgets and
+    `--speculative-ddtree-budget auto` in one run per setup, 3 repeats x 4 prompt groups per row): auto tokens/s over max(best fixed budget, DFLASH)
     per batch size. The issue asks for >= 0.97."""
-    rows = _sweep_rows("sweep_auto_lease9.jsonl")
+    rows = _sweep_rows("sweep_auto_lease10.jsonl")
     ratios: dict = {}
     for (setup, method, _, bs), r in rows.items():
         if method != "auto":
