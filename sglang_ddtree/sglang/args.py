@@ -163,3 +163,39 @@ def check_static_config(*, attention_backends: tuple[str | None, ...], page_size
         # each rank would choose from its own timings; ranks verifying different widths would hang the collectives
         raise ValueError("--speculative-ddtree-budget auto does not support tensor parallelism yet; use a fixed "
                          "budget with --tp-size > 1.")
+
+
+# Hybrid targets whose recurrent layers are gated-delta-net (GDN): SGLang 0.5.17 verifies a tree through them
+# (per-node conv windows and SSM states linked by retrieve_next_token / retrieve_next_sibling) once
+# speculative_eagle_topk > 1. Other recurrent families (Mamba2, KDA, lightning) are refused.
+GDN_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "attention", "chunked_attention"})
+
+
+def target_recurrence(hf_config) -> str | None:
+    """'gdn' for a gated-delta-net hybrid target, 'other' for another recurrent / linear-attention target, None for
+    an attention-only target. Reads the (text) config's model_type and layer_types only."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    model_type = str(getattr(text, "model_type", "") or "")
+    if model_type in GDN_MODEL_TYPES:
+        return "gdn"
+    layer_types = getattr(text, "layer_types", None) or []
+    if any(str(t) not in ATTENTION_LAYER_TYPES for t in layer_types):
+        return "other"
+    return None
+
+
+def check_hybrid_config(options: DDTreeOptions, *, replayssm_spec: bool, radix_strategy: str | None) -> None:
+    """What DDTREE cannot serve on a GDN hybrid target yet, refused at startup with one sentence each."""
+    if options.auto:
+        raise ValueError("--speculative-ddtree-budget auto does not support hybrid (linear-attention) targets yet; "
+                         "use a fixed budget.")
+    if options.prune is not None:
+        # a pruned slot is nobody's child: SGLang's tree conv kernel would read a stale parent index for it
+        raise ValueError("--speculative-ddtree-prune does not support hybrid (linear-attention) targets yet.")
+    if replayssm_spec:
+        raise ValueError("--enable-linear-replayssm-spec verifies a chain only; DDTREE verifies a tree on hybrid "
+                         "targets: drop the flag.")
+    if radix_strategy == "extra_buffer_lazy":
+        raise ValueError("--mamba-radix-cache-strategy extra_buffer_lazy is not supported by the DFlash family "
+                         "(DDTREE included); use extra_buffer or the default.")

@@ -2,7 +2,9 @@
 
 - draft top-K log-probs from the drafter's hidden states, with tensor-parallel vocab shards merged exactly;
 - the FULL_MASK verify mask SGLang's triton and flashinfer backends read in TARGET_VERIFY;
-- the KV moves that make the accepted path contiguous, and the path gathers for the drafter's context update.
+- the KV moves that make the accepted path contiguous, and the path gathers for the drafter's context update;
+- for hybrid (gated-delta-net) targets: the tree links SGLang's tree verify reads and the node whose recurrent
+  state a round commits.
 """
 
 from __future__ import annotations
@@ -265,3 +267,39 @@ def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tok
     return CommitPlan(walk, commit_lens, new_seq_lens, dest, src, node_cache_loc[:, :path_len].contiguous(),
                       positions.reshape(-1), walk.out_tokens[:, :block_size].clamp(min=0), branch_lens, summary,
                       observed)
+
+
+def tree_links(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+    """retrieve_next_token / retrieve_next_sibling as int32 [bs, N]: what SGLang's hybrid backend reads in a tree
+    verify (speculative_eagle_topk > 1). Its conv kernel derives each node's parent in one pass over the slots
+    (a node's first child gets the node, its next sibling gets the node's parent), which our slot order allows:
+    parents come before children and siblings are linked in increasing slot order."""
+    from sglang_ddtree.layout import retrieve_arrays
+
+    _, next_token, next_sibling = retrieve_arrays(tree)
+    return next_token.to(torch.int32), next_sibling.to(torch.int32)
+
+
+def mamba_commit_steps(path: torch.Tensor, accept_len: torch.Tensor, prefix_lens: torch.Tensor,
+                       track_interval: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Which verify node's recurrent state each request commits, and which one radix-cache tracking copies.
+
+    path [bs, L+1] accepted node indices (path[:, 0] = 0, the root; -1 after the accepted ones), accept_len [bs]
+    drafts accepted, prefix_lens [bs] committed length before the round. The round commits root + accepted drafts
+    (accept_len + 1 tokens at positions prefix .. prefix + accept_len): the live state must become the state after
+    the last of them, node path[accept_len]. With tracking every `track_interval` tokens, a round whose committed
+    length crosses a multiple m of the interval also stores the state after position m - 1, i.e. after committed
+    token m - 1 - prefix: node path[m - 1 - prefix] (-1 when no crossing). For a chain (path = 0, 1, 2, ...) both
+    are DFLASH's (commit_lens - 1 and its to_track_ith)."""
+    accept_len = accept_len.to(torch.int64)
+    last = path.gather(1, accept_len.unsqueeze(1)).squeeze(1).to(torch.int64)
+    if track_interval is None:
+        return last, None
+    prefix = prefix_lens.to(torch.int64)
+    commit = accept_len + 1
+    new_len = prefix + commit
+    crossing = prefix // track_interval != new_len // track_interval
+    ith = (new_len // track_interval * track_interval - prefix - 1).clamp(min=0)
+    can = crossing & (ith < commit)
+    node = path.gather(1, ith.clamp(max=path.shape[1] - 1).unsqueeze(1)).squeeze(1).to(torch.int64)
+    return last, torch.where(can, node, torch.full_like(node, -1))

@@ -213,6 +213,20 @@ def _validate(server_args) -> None:
     )
 
 
+def _target_recurrence(server_args) -> str | None:
+    """ddtree_args.target_recurrence of the target's config, or None when the config cannot be read here (the
+    worker then refuses a hybrid target with a message saying so)."""
+    try:
+        from sglang.srt.utils.hf_transformers_utils import get_config
+
+        hf_config = get_config(server_args.model_path, trust_remote_code=bool(server_args.trust_remote_code),
+                               revision=getattr(server_args, "revision", None))
+    except Exception as e:  # noqa: BLE001 - any failure only means "unknown"; the worker checks again
+        logger.warning("DDTREE: could not read the target config to check for recurrent layers (%s)", e)
+        return None
+    return ddtree_args.target_recurrence(hf_config)
+
+
 def _worker_factory(server_args):
     from sglang_ddtree.sglang.worker import DDTreeWorker
 
@@ -266,6 +280,21 @@ def _make_spec_class():
             object.__setattr__(server_args, "speculative_ddtree_block_size", block_size)
             # The verify width: every captured target-verify graph, KV reservation and mask buffer follows it.
             server_args.speculative_num_draft_tokens = options.budget + 1
+            recurrence = _target_recurrence(server_args)
+            if recurrence == "other":
+                raise ValueError("DDTREE supports hybrid targets with gated-delta-net layers (Qwen3-Next, Qwen3.5) "
+                                 "only; this target's recurrent layers have no tree verify in SGLang 0.5.17. Use "
+                                 "--speculative-algorithm DFLASH.")
+            if recurrence == "gdn":
+                ddtree_args.check_hybrid_config(
+                    options, replayssm_spec=bool(getattr(server_args, "enable_linear_replayssm_spec", False)),
+                    radix_strategy=getattr(server_args, "mamba_radix_cache_strategy", None))
+                # SGLang's hybrid backend, mamba pool (dense per-node conv windows) and verify graphs switch to tree
+                # verify on speculative_eagle_topk > 1 (read when they are built); 2 is enough. The other readers of
+                # topk are EAGLE draft paths or KV reservations that only grow (sglang_ddtree/sglang/worker.py).
+                server_args.speculative_eagle_topk = 2
+                logger.info("DDTREE: hybrid (gated-delta-net) target: tree verify through per-node recurrent "
+                            "states (speculative_eagle_topk=2)")
             logger.info("DDTREE: budget=%s (verify up to %d tokens/request), drafter block=%d, prune=%s, "
                         "max_running_requests=%s",
                         f"auto {list(options.candidates)}" if options.auto else options.budget,

@@ -19,6 +19,11 @@ choices (argmax or sampling), SGLang's KV move and the drafter-KV append.
 With `--speculative-ddtree-budget auto` (sglang_ddtree.sglang.auto) each round first picks a candidate budget on
 the host; its tree and walk stages are the candidate's own, and the verify swaps in the target attention backend
 and verify graphs captured for that width (the chain's without the tree mask).
+Hybrid targets (gated-delta-net layers, e.g. Qwen3-Next): the plugin sets speculative_eagle_topk = 2 so SGLang's
+hybrid backend runs its tree verify (each node's conv window and SSM state from its parent's, stored per node); the
+verify input carries the tree's links (retrieve_next_token / retrieve_next_sibling), and after the walk the live
+recurrent state becomes the stored state of the last accepted node (and radix-cache tracking takes the node at
+the tracking point), instead of DFLASH's "step accept_len" which is only right for a chain.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from functools import partial
 import torch
 
 from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
-from sglang.srt.configs.hybrid_arch import mambaish_config
+from sglang.srt.configs.hybrid_arch import hybrid_gdn_config, mambaish_config
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.cuda_graph_config import Backend
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
@@ -55,6 +60,7 @@ from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
 from sglang_ddtree.sglang.auto import SAMPLE_EVERY, AutoBudgetPolicy, AutoFeedback
 from sglang_ddtree.sglang.plugin import mark_active
+from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
 from sglang_ddtree.walk import sample_choices
 
@@ -90,6 +96,14 @@ class _AutoState:
             logger.info("DDTREE auto after %d rounds: %s", self.rounds, self.policy.export())
 
 
+@dataclass
+class DDTreeVerifyInput(DFlashVerifyInput):
+    """DFLASH's verify input plus the tree links SGLang's hybrid backend reads when speculative_eagle_topk > 1."""
+
+    retrieve_next_token: torch.Tensor | None = None
+    retrieve_next_sibling: torch.Tensor | None = None
+
+
 class DDTreeWorker(DFlashWorkerV2):
     def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
@@ -108,6 +122,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self.speculative_num_draft_tokens = self.block_size  # SGLang's accept-rate gauge: per-depth rate
         self._block_pos_offsets = build_block_pos_offsets(length=self.block_size, device=self.device)
         self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=self.block_size, device=self.device)
+        self.hybrid = False  # set by _check_models: a gated-delta-net hybrid target
         self._check_models()
         self._lm_head_shard = self._resolve_lm_head_shard()
         self.topk = min(self.budget, self._lm_head_shard["vocab_size"])
@@ -138,6 +153,11 @@ class DDTreeWorker(DFlashWorkerV2):
         self._walk_stage = GraphedStage(
             partial(ops.walk_commit_plan, self.block_size, self.use_kernels, self.stats.prometheus is not None),
             name="walk + commit plan", enabled=self.round_graphs, borrow=(0, 1, 2, 3, 4, 5))
+        script = os.environ.get(SCRIPT_ENV)
+        self.scripted = ScriptedDrafts(script, self._lm_head_shard["vocab_size"]) if script else None
+        if self.scripted is not None and self.ps.tp_rank == 0:
+            logger.warning("DDTREE: scripted drafts from %s (%s): a test-only mode, the drafter is ignored", script,
+                           SCRIPT_ENV)
         mark_active()  # before any capture below: the verify-mask hook keys on it
         self.auto = self._setup_auto() if self.options.auto else None
         if self.ps.tp_rank == 0 and self.auto is not None:
@@ -157,10 +177,22 @@ class DDTreeWorker(DFlashWorkerV2):
         target_cfg = self.model_runner.model_config
         draft_cfg = self.draft_model_runner.model_config
         if mambaish_config(target_cfg) is not None:
-            raise ValueError(
-                "DDTREE does not support hybrid recurrent (linear-attention / Mamba) targets yet: a tree cannot be "
-                "verified through recurrent state with an attention mask. Use --speculative-algorithm DFLASH."
-            )
+            if hybrid_gdn_config(target_cfg) is None:
+                raise ValueError(
+                    "DDTREE supports hybrid targets with gated-delta-net layers (Qwen3-Next, Qwen3.5) only; this "
+                    "target's recurrent layers (Mamba2 / KDA / lightning) have no tree verify in SGLang 0.5.17. Use "
+                    "--speculative-algorithm DFLASH."
+                )
+            if int(self.server_args.speculative_eagle_topk or 1) <= 1:
+                raise ValueError(
+                    "DDTREE on a hybrid target needs SGLang's tree verify (speculative_eagle_topk > 1), which the "
+                    "plugin sets when it recognises the target's config at startup; it did not here (was the model "
+                    "config readable from --model-path?)."
+                )
+            ddtree_args.check_hybrid_config(
+                self.options, replayssm_spec=bool(getattr(self.server_args, "enable_linear_replayssm_spec", False)),
+                radix_strategy=getattr(self.server_args, "mamba_radix_cache_strategy", None))
+            self.hybrid = True
         if int(draft_cfg.hidden_size) != int(target_cfg.hidden_size):
             raise ValueError(
                 f"DDTREE drafter hidden size {draft_cfg.hidden_size} does not match the target's "
@@ -293,6 +325,8 @@ class DDTreeWorker(DFlashWorkerV2):
 
         draft_hidden = self._draft(batch, draft_input, seq_lens_cpu_bound, seq_lens_sum_bound)
         topk_values, topk_tokens = self._draft_topk(draft_hidden)
+        if self.scripted is not None:
+            self.scripted.apply(getattr(batch, "reqs", None), batch.seq_lens, topk_values, topk_tokens)
         timer.mark("draft")
 
         roots = draft_input.bonus_tokens.view(-1)
@@ -324,7 +358,7 @@ class DDTreeWorker(DFlashWorkerV2):
         node_cache_loc = self._verify_slots(batch, prefix_lens, bs, width)
         logits_output, can_run_cuda_graph = self._verify(
             batch, verify_ids, verify_positions, mask, node_cache_loc, seq_lens_cpu_bound, seq_lens_sum_bound, width,
-            causal)
+            causal, links=ops.tree_links(tree) if self.hybrid else None)
         timer.mark("verify")
 
         logits = logits_output.next_token_logits
@@ -343,6 +377,8 @@ class DDTreeWorker(DFlashWorkerV2):
             tuple(t.clone() for t in leaving) if self.round_graphs else leaving)
         if on_publish is not None:
             on_publish(new_seq_lens)
+        if self.hybrid:
+            self._commit_recurrent_state(batch, walk, prefix_lens, bs)
         self._commit(plan, logits_output.hidden_states, commit_lens, bs, width)
         logits_output.hidden_states = None
         timer.mark("commit")
@@ -481,13 +517,15 @@ class DDTreeWorker(DFlashWorkerV2):
         return self._slots(batch, prefix_lens, width, bs).view(bs, width)
 
     def _verify(self, batch, verify_ids, verify_positions, mask, node_cache_loc, seq_lens_cpu_bound,
-                seq_lens_sum_bound, width, causal=False):
-        verify_input = DFlashVerifyInput(
+                seq_lens_sum_bound, width, causal=False, links=None):
+        verify_input = DDTreeVerifyInput(
             draft_token=verify_ids,
             positions=verify_positions,
             draft_token_num=width,
             custom_mask=mask,
             capture_hidden_mode=CaptureHiddenMode.FULL,
+            retrieve_next_token=None if links is None else links[0],
+            retrieve_next_sibling=None if links is None else links[1],
         )
         batch.out_cache_loc = node_cache_loc.reshape(-1)
         saved = (batch.seq_lens_cpu, batch.seq_lens_sum)
@@ -520,6 +558,24 @@ class DDTreeWorker(DFlashWorkerV2):
 
             get_tp_group().broadcast(choice, src=0)
         return choice
+
+    def _commit_recurrent_state(self, batch, walk, prefix_lens, bs):
+        """Hybrid targets: the verify stored every node's conv window and SSM state (its parent's, advanced by its
+        token); the live state becomes the last accepted node's, and radix-cache tracking copies the node at the
+        tracking point (ops.mamba_commit_steps). Reads the metadata of the verify that just ran."""
+        if not self._need_mamba_verify_commit:
+            raise RuntimeError("DDTREE: the hybrid target's attention backend cannot commit verify states.")
+        track = batch.mamba_track_indices is not None
+        last, steps_to_track = ops.mamba_commit_steps(
+            walk.path, walk.accept_len, prefix_lens, get_exec().mamba.mamba_track_interval if track else None)
+        runner = self.target_worker.model_runner
+        runner.attn_backend.update_mamba_state_after_mtp_verify(
+            last_correct_step_indices=last,
+            mamba_track_indices=batch.mamba_track_indices,
+            mamba_steps_to_track=steps_to_track,
+            model=runner.model,
+            req_pool_indices=batch.req_pool_indices[:bs],
+        )
 
     def _commit(self, plan, target_hidden, commit_lens, bs, width):
         """Accepted KV to consecutive slots (target pool), drafter context KV from the accepted hidden states."""
