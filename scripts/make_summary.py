@@ -171,6 +171,20 @@ def hybrid(out: dict) -> None:
     out["hybrid_step_ms_source"] = "offline transformers paths (benchmarks/bench_hybrid.py), not SGLang"
 
 
+def sglang_hybrid(out: dict) -> None:
+    """Issue 7 in SGLang (lease 10, gpu_suite_lease10_hybrid.json, bf16 target): DDTREE on a Qwen3-Next target
+    with scripted drafts. Not shown lossless: every first difference from plain decoding, with plain's own top-2
+    log-prob gap there (None: the DDTREE token was not in plain's top 2), and tokens per round at batch 1."""
+    records = _suite_runs("gpu_suite_lease10_hybrid.json")[0]["records"]
+    rows = [r for r in records if r["kind"] == "hybrid_greedy_equality"]
+    out["sglang_hybrid_lossless_t0"] = all(not r[m]["failures"] for r in rows for m in ("bs1", "bs8"))
+    out["sglang_hybrid_dtype"] = "bfloat16"
+    out["sglang_hybrid_first_divergence_gaps_nats_bs1"] = {
+        r["config"]: sorted((d["logprob_gap"] for d in r["bs1"]["ties"] + r["bs1"]["failures"]),
+                            key=lambda g: (g is None, g)) for r in rows}
+    out["sglang_hybrid_tau_bs1"] = {r["config"]: r["tau_bs1"] for r in rows}
+
+
 def budgets(out: dict) -> None:
     """Issue 8: tree-stage overhead at real size (8b-dummy, B=256, batch 1, round graphs on; lease 7's sweep, whose
     stage split chains CUDA events round to round, so the stages, `between` included, add up to the GPU time per
@@ -220,7 +234,7 @@ def sglang_auto(out: dict) -> None:
 
 
 EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, round_graphs, budgets, tp2, hybrid, adaptive,
-              sglang_auto]
+              sglang_auto, sglang_hybrid]
 
 
 def build() -> dict:

@@ -193,6 +193,11 @@ class DDTreeWorker(DFlashWorkerV2):
                 self.options, replayssm_spec=bool(getattr(self.server_args, "enable_linear_replayssm_spec", False)),
                 radix_strategy=getattr(self.server_args, "mamba_radix_cache_strategy", None))
             self.hybrid = True
+            if self.budget > 64 and self.ps.tp_rank == 0:
+                # lease 10: verify-graph capture took 108 s at B=64 and had not ended after 5 minutes at B=256
+                logger.warning("DDTREE: budget %d on a hybrid target: SGLang's tree conv kernel unrolls over the %d "
+                               "verify nodes, so its first compile and graph capture can take many minutes (108 s "
+                               "measured at 64).", self.budget, self.num_nodes)
         if int(draft_cfg.hidden_size) != int(target_cfg.hidden_size):
             raise ValueError(
                 f"DDTREE drafter hidden size {draft_cfg.hidden_size} does not match the target's "

@@ -6,7 +6,7 @@ take the root. The DDTREE servers therefore run with scripted drafts (SGLANG_DDT
 sglang_ddtree/sglang/scripted.py): plain decoding's own greedy continuation, put at rank 0 ("top"), rank 1
 ("branch": the walk must take a non-first sibling) or left out ("miss") per output position. The checks:
   - output == plain decoding, token for token (differences allowed only at plain's own top-2 near-ties), at
-    batch 1 and batch 8, budgets 16 / 64 (CUDA graphs), 16 eager, 256;
+    batch 1 and batch 8, budgets 16 / 64 (CUDA graphs) and 16 eager;
   - the rounds really accepted deep paths and branches (mean accepted length, branch tokens from meta_info),
     so a wrong committed state (e.g. DFLASH's chain step instead of the accepted node) would have shown;
   - the step time per round of each budget, from the scheduler's own counters (recorded, committed).
@@ -25,9 +25,14 @@ import pytest
 from serving_common import COMMON, ID_PROMPTS, compare
 
 TIE_NATS = float(os.environ.get("DDTREE_TIE_NATS", "0.25"))
-MAX_NEW = 96
+MAX_NEW = 64
 PATTERN = ["top", "top", "branch", "top", "top", "top", "branch", "top", "branch", "top", "top", "miss"]
 GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
+# bf16 (float32 servers do not start on the pinned stack: no float32 rmsnorm in sgl_kernel). Lease 10: this
+# random model's logits are large enough that bf16 steps are 0.25-0.5 nats and plain decoding itself has exact
+# top-2 ties; every first difference from plain fell on such a gap (<= 0.5 nats, one outside plain's top 2), after
+# identical stretches of up to 59 tokens through rounds accepting 6-11 drafts with branches. What would settle it
+# (not done): a teacher-forced check of every position against plain's own log-probs on DDTREE's prefix.
 HYBRID_ARGS = ["--skip-tokenizer-init", "--attention-backend", "triton", "--max-mamba-cache-size", "64"]
 
 
@@ -56,23 +61,55 @@ def generate_all(server, logprobs=False):
 
 
 @pytest.fixture(scope="module")
-def plain(sglang_servers, pair):
+def script(pair, tmp_path_factory):
+    """The scripted drafts' truth: transformers' own greedy continuation of the saved target (float32, on the GPU),
+    so the DDTREE servers can start next to the plain one. It only steers acceptance; the reference the outputs
+    are compared with is the plain server."""
+    import torch
+    from transformers import Qwen3NextForCausalLM
+
     target, _ = pair
-    server = sglang_servers({"hybrid-plain": ["--model-path", str(target)] + COMMON + HYBRID_ARGS})["hybrid-plain"]
-    return generate_all(server, logprobs=True)
+    model = Qwen3NextForCausalLM.from_pretrained(str(target), dtype=torch.float32).cuda().eval()
+    continuations = []
+    with torch.no_grad():
+        for p in ID_PROMPTS:
+            out = model.generate(torch.tensor([p], device="cuda"), max_new_tokens=MAX_NEW, do_sample=False,
+                                 attention_mask=torch.ones(1, len(p), dtype=torch.long, device="cuda"))
+            continuations.append({"prompt": p, "output": out[0, len(p):].tolist()})
+    del model
+    torch.cuda.empty_cache()
+    path = tmp_path_factory.mktemp("hybrid-script") / "script.json"
+    path.write_text(json.dumps({"pattern": PATTERN, "continuations": continuations}))
+    return path
 
 
-CONFIGS = {"hybrid-ddtree-16": (16,), "hybrid-ddtree-64": (64,), "hybrid-ddtree-16-eager": (16, "--disable-cuda-graph"),
-           "hybrid-ddtree-256": (256,)}
+# No budget 256: SGLang's tree conv kernel unrolls over the B+1 nodes (tl.static_range), and its verify-graph
+# capture took 108 s at B=64 and had not finished after 5 minutes at B=256 (lease 10).
+CONFIGS = {"hybrid-ddtree-16": (16,), "hybrid-ddtree-64": (64,), "hybrid-ddtree-16-eager": (16, "--disable-cuda-graph")}
+if os.environ.get("DDTREE_HYBRID_CONFIGS"):  # a subset, e.g. for a short lease
+    CONFIGS = {n: CONFIGS[n] for n in os.environ["DDTREE_HYBRID_CONFIGS"].split(",")}
 
 
 @pytest.fixture(scope="module")
-def ddtree_outputs(sglang_servers, pair, plain, tmp_path_factory):
-    script = tmp_path_factory.mktemp("hybrid-script") / "script.json"
-    script.write_text(json.dumps({"pattern": PATTERN, "continuations": [
-        {"prompt": p, "output": o["output_ids"]} for p, o in zip(ID_PROMPTS, plain["bs1"])]}))
-    servers = sglang_servers({n: ddtree_args(pair, *a) for n, a in CONFIGS.items()},
-                             env={"SGLANG_DDTREE_TEST_SCRIPT": str(script)}, all_or_nothing=False)
+def servers(sglang_servers, pair, script):
+    target, _ = pair
+    configs = {"hybrid-plain": ["--model-path", str(target)] + COMMON + HYBRID_ARGS}
+    configs.update({n: ddtree_args(pair, *a) for n, a in CONFIGS.items()})
+    # one parallel start; the script variable only matters to DDTREE servers
+    return sglang_servers(configs, env={"SGLANG_DDTREE_TEST_SCRIPT": str(script)}, all_or_nothing=False)
+
+
+@pytest.fixture(scope="module")
+def plain(servers):
+    server = servers["hybrid-plain"]
+    if not hasattr(server, "generate"):
+        pytest.fail(f"the plain server did not start:\n{server}", pytrace=False)
+    return generate_all(server, logprobs=True)
+
+
+@pytest.fixture(scope="module")
+def ddtree_outputs(servers, plain):
+    servers = {n: servers[n] for n in CONFIGS}
 
     def run(name):
         server = servers[name]
