@@ -1,8 +1,8 @@
 """Test-only scripted drafts for the SGLang worker (`SGLANG_DDTREE_TEST_SCRIPT=path.json`).
 
 A GPU test needs rounds that accept deep paths and non-first siblings on targets whose drafter is random (dummy or
-random-weight pairs accept nothing). The script holds the target's own greedy continuation of each prompt (from a
-plain-decoding server) and a rank pattern; each round, the drafter's top-K at every depth is replaced by the true
+random-weight pairs accept nothing). The script holds the target's own greedy continuation of each prompt (e.g. from a
+plain-decoding run) and a rank pattern; each round, the drafter's top-K at every depth is replaced by the true
 next token at the pattern's rank for that output position:
   top     the truth first (log-prob log 0.9), one decoy after it;
   branch  a decoy first (log 0.55), the truth second (log 0.4): accepting it takes a non-first sibling;
