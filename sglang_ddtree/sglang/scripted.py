@@ -23,6 +23,18 @@ ENV = "SGLANG_DDTREE_TEST_SCRIPT"
 RANKS = ("top", "branch", "miss")
 
 
+def rank_head(rule: str, truth: int | None, decoys: list[int]) -> tuple[list[int], list[float]]:
+    """One depth's scripted head (tokens, probabilities) under a rank rule; decoys[0:2] are tokens other than the
+    truth. The offline test double (tests/fixtures/hybrid_models.ScriptedBranchDraft) uses the same rule."""
+    if rule == "top":
+        return [truth, decoys[0]], [0.9, 0.05]
+    if rule == "branch":
+        return [decoys[0], truth], [0.55, 0.4]
+    if rule == "miss":
+        return [decoys[0], decoys[1]], [0.5, 0.45]
+    raise ValueError(f"unknown scripted rank {rule!r}; known: {RANKS}")
+
+
 def scripted_topk(truth: list[int | None], pattern: list[str], offset: int, k: int, vocab: int
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-depth top-k (log-probs float32 [L, k] descending, token ids int64 [L, k]) for depths 1..L, where
@@ -37,14 +49,7 @@ def scripted_topk(truth: list[int | None], pattern: list[str], offset: int, k: i
         t = truth[d - 1]
         rule = pattern[(offset + d) % len(pattern)] if t is not None else "miss"
         decoys = [x for x in range(vocab) if x != t][: k + 1]  # deterministic, never the truth
-        if rule == "top":
-            head, head_p = [t, decoys[0]], [0.9, 0.05]
-        elif rule == "branch":
-            head, head_p = [decoys[0], t], [0.55, 0.4]
-        elif rule == "miss":
-            head, head_p = [decoys[0], decoys[1]], [0.5, 0.45]
-        else:
-            raise ValueError(f"unknown scripted rank {rule!r}; known: {RANKS}")
+        head, head_p = rank_head(rule, t, decoys)
         rest = [x for x in decoys if x not in head][: k - 2]
         spread = 0.05 / (vocab - 2)  # the remaining mass, spread; strictly below every head entry
         row = [math.log(p) for p in head_p] + [math.log(spread) - 1e-3 * i for i in range(len(rest))]
