@@ -170,6 +170,9 @@ def check_static_config(*, attention_backends: tuple[str | None, ...], page_size
 # speculative_eagle_topk > 1. Other recurrent families (Mamba2, KDA, lightning) are refused.
 GDN_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "attention", "chunked_attention"})
+OTHER_RECURRENT_REFUSAL = ("DDTREE supports hybrid targets with gated-delta-net layers (Qwen3-Next, Qwen3.5) only; "
+                           "this target's recurrent layers (Mamba2 / KDA / lightning) have no tree verify in SGLang "
+                           "0.5.17. Use --speculative-algorithm DFLASH.")
 
 
 def target_recurrence(hf_config) -> str | None:

@@ -282,9 +282,7 @@ def _make_spec_class():
             server_args.speculative_num_draft_tokens = options.budget + 1
             recurrence = _target_recurrence(server_args)
             if recurrence == "other":
-                raise ValueError("DDTREE supports hybrid targets with gated-delta-net layers (Qwen3-Next, Qwen3.5) "
-                                 "only; this target's recurrent layers have no tree verify in SGLang 0.5.17. Use "
-                                 "--speculative-algorithm DFLASH.")
+                raise ValueError(ddtree_args.OTHER_RECURRENT_REFUSAL)
             if recurrence == "gdn":
                 ddtree_args.check_hybrid_config(
                     options, replayssm_spec=bool(getattr(server_args, "enable_linear_replayssm_spec", False)),

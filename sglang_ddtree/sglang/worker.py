@@ -177,21 +177,16 @@ class DDTreeWorker(DFlashWorkerV2):
         target_cfg = self.model_runner.model_config
         draft_cfg = self.draft_model_runner.model_config
         if mambaish_config(target_cfg) is not None:
+            # SGLang's own detection, authoritative; the plugin's (from the config file) ran at startup
             if hybrid_gdn_config(target_cfg) is None:
-                raise ValueError(
-                    "DDTREE supports hybrid targets with gated-delta-net layers (Qwen3-Next, Qwen3.5) only; this "
-                    "target's recurrent layers (Mamba2 / KDA / lightning) have no tree verify in SGLang 0.5.17. Use "
-                    "--speculative-algorithm DFLASH."
-                )
+                raise ValueError(ddtree_args.OTHER_RECURRENT_REFUSAL)
+            # topk > 1 here means the plugin recognised the target and already applied check_hybrid_config
             if int(self.server_args.speculative_eagle_topk or 1) <= 1:
                 raise ValueError(
                     "DDTREE on a hybrid target needs SGLang's tree verify (speculative_eagle_topk > 1), which the "
                     "plugin sets when it recognises the target's config at startup; it did not here (was the model "
                     "config readable from --model-path?)."
                 )
-            ddtree_args.check_hybrid_config(
-                self.options, replayssm_spec=bool(getattr(self.server_args, "enable_linear_replayssm_spec", False)),
-                radix_strategy=getattr(self.server_args, "mamba_radix_cache_strategy", None))
             self.hybrid = True
             if self.budget > 64 and self.ps.tp_rank == 0:
                 # lease 10: verify-graph capture took 108 s at B=64 and had not ended after 5 minutes at B=256
