@@ -1,13 +1,14 @@
-"""Profile decode rounds of DFLASH and DDTREE servers at batch 1: where a round's time goes (issue 8).
+"""Profile decode rounds of DFLASH and DDTREE servers: where a round's time goes (issues 8, 10).
 
 For each (setup, method, budget) it starts the same server the budget sweep starts (bench/plan.py), warms it up,
-starts one long greedy request, records `--steps` scheduler steps with SGLang's torch profiler (/start_profile:
+starts --batch-size long greedy requests (batch 1 by default), records `--steps` scheduler steps with SGLang's torch profiler (/start_profile:
 CPU + GPU activity, no stacks) and reads the trace (sglang_ddtree/bench/trace.py): wall and GPU-busy ms per
 step, the GPU idle time, kernels, CUDA runtime calls, host syncs, and the DDTREE worker's per-stage ranges
 (servers run with SGLANG_DDTREE_PROFILE_RANGES=1). The profiler adds host time per traced call, so the absolute
 numbers are above an unprofiled run's; compare methods within one run.
 
   python3 benchmarks/profile_rounds.py --out $OUT/profile --setups 8b-dummy --budgets 32,256 --steps 40
+  python3 benchmarks/profile_rounds.py --out $OUT/profile --setups 8b-dummy --methods dflash,auto --batch-size 16
 
 Writes OUT/profile_rounds.json (one entry per server, plus run facts) and OUT/traces/<server>.trace.json.gz.
 Exit status 0 when every server was profiled.
@@ -39,12 +40,15 @@ def parse_args(argv):
     p.add_argument("--methods", default="dflash,ddtree")
     p.add_argument("--budgets", default="32,256")
     p.add_argument("--steps", type=int, default=40, help="scheduler steps to record per server")
+    p.add_argument("--batch-size", type=int, default=1, help="concurrent requests decoding while recorded")
     p.add_argument("--prompts-file", default=None, help="text prompts for text setups (bench_budgets.py format)")
     p.add_argument("--start-timeout-s", type=float, default=420.0)
     p.add_argument("--commit", default=None)
     args = p.parse_args(argv)
     if args.steps < 5:
         p.error("--steps must be >= 5")
+    if args.batch_size < 1:
+        p.error("--batch-size must be >= 1")
     return args
 
 
@@ -57,7 +61,7 @@ def servers_to_profile(args) -> list[plan_mod.ServerPlan]:
         # Long enough that decoding outlasts the recorded steps whatever the acceptance (16 tokens per round at most)
         chosen.append(plan_mod.with_overrides(
             setups[name], methods=tuple(m for m in args.methods.split(",") if m),
-            budgets=tuple(int(b) for b in args.budgets.split(",") if b), batch_sizes=(1,)))
+            budgets=tuple(int(b) for b in args.budgets.split(",") if b), batch_sizes=(args.batch_size,)))
     return plan_mod.expand(chosen).servers
 
 
@@ -66,22 +70,32 @@ def post(client: HttpClient, path: str, body: dict, timeout_s: float) -> str:
         return resp.read().decode(errors="replace")
 
 
-def profile_one(server, handle, prompt: dict, steps: int, trace_dir: Path) -> dict:
+def profile_one(server, handle, prompts: list[dict], steps: int, trace_dir: Path) -> dict:
+    """prompts: one per concurrent request (the batch size)."""
     client = handle.client()
     sampling = {"temperature": 0.0, "ignore_eos": True}
-    for _ in range(2):  # warm-up: JIT compiles, first graph replays
-        warm = client.generate_stream({**prompt, "sampling_params": {**sampling, "max_new_tokens": 64}}, 300)
-        if warm.error:
-            raise RuntimeError(f"warm-up request failed: {warm.error}")
     long_tokens = min(16 * (steps + 30), 2048)
-    result: dict = {}
+    results: dict = {}
 
-    def generate():
-        result["r"] = client.generate_stream({**prompt, "sampling_params": {**sampling,
-                                                                             "max_new_tokens": long_tokens}}, 600)
+    def generate(i: int, tokens: int, timeout_s: float):
+        results[i] = client.generate_stream({**prompts[i], "sampling_params": {**sampling,
+                                                                               "max_new_tokens": tokens}}, timeout_s)
 
-    worker = threading.Thread(target=generate, daemon=True)
-    worker.start()
+    def start_all(tokens: int, timeout_s: float) -> list[threading.Thread]:
+        threads = [threading.Thread(target=generate, args=(i, tokens, timeout_s), daemon=True)
+                   for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        return threads
+
+    for _ in range(2):  # warm-up at the same batch size: JIT compiles, graph captures, `auto`'s exploration
+        for t in start_all(64, 300):
+            t.join(timeout=300)
+        errors = [r.error for r in results.values() if r.error]
+        if errors:
+            raise RuntimeError(f"warm-up request failed: {errors[0]}")
+    results.clear()
+    workers = start_all(long_tokens, 600)
     time.sleep(1.0)  # decoding has started
     out_dir = trace_dir / f"raw-{server.name}"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -98,15 +112,17 @@ def profile_one(server, handle, prompt: dict, steps: int, trace_dir: Path) -> di
     if not files:
         raise RuntimeError(f"no trace written under {out_dir} (start_profile said: {reply.strip()[:200]})")
     time.sleep(2.0)  # export finishing
-    worker.join(timeout=600)
-    gen = result.get("r")
-    if gen is None or gen.error:
-        raise RuntimeError(f"profiled request failed: {getattr(gen, 'error', 'no result')}")
+    for t in workers:
+        t.join(timeout=600)
+    failed = [results.get(i) for i in range(len(prompts)) if results.get(i) is None or results[i].error]
+    if failed:
+        raise RuntimeError(f"{len(failed)} profiled requests failed: {getattr(failed[0], 'error', 'no result')}")
+    gen = results[0]
     dest = trace_dir / f"{server.name}.trace.json.gz"
     shutil.move(str(files[0]), dest)
     shutil.rmtree(out_dir, ignore_errors=True)
     analysis = trace.analyze(trace.load(dest), steps)
-    return {"trace": dest.name, "profiled_request_tokens": len(gen.output_ids or []),
+    return {"trace": dest.name, "batch_size": len(prompts), "profiled_request_tokens": len(gen.output_ids or []),
             "tokens_per_round_in_request": (gen.meta or {}).get("spec_accept_length"), **analysis}
 
 
@@ -136,10 +152,10 @@ def main(argv=None) -> int:
                 failed += 1
             else:
                 setup = server.setup
-                prompt = (id_prompts(1, setup.prompt_tokens, setup.shapes()[0].vocab)[0]
-                          if setup.prompt_kind == "ids" else text_prompts(1, args.prompts_file)[0])
+                prompts = (id_prompts(args.batch_size, setup.prompt_tokens, setup.shapes()[0].vocab)
+                           if setup.prompt_kind == "ids" else text_prompts(args.batch_size, args.prompts_file))
                 try:
-                    entry.update(profile_one(server, handles[server.name], prompt, args.steps, trace_dir))
+                    entry.update(profile_one(server, handles[server.name], prompts, args.steps, trace_dir))
                     print(f"[profile] {server.name}: wall {entry['wall_ms']:.3f} ms/step, GPU busy "
                           f"{entry['gpu_busy_ms']:.3f}, idle {entry['gpu_idle_ms']:.3f}; ranges "
                           + ", ".join(f"{k} host {v['host_ms']:.3f}/gpu {v['gpu_ms']:.3f}"

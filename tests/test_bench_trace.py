@@ -105,3 +105,24 @@ def test_profile_rounds_profiles_the_sweeps_servers_at_batch_1():
         mod.parse_args(["--out", "/tmp/x", "--steps", "2"])
     with pytest.raises(SystemExit, match="unknown setup"):
         mod.servers_to_profile(mod.parse_args(["--out", "/tmp/x", "--setups", "70b"]))
+
+
+def test_profile_rounds_at_a_batch_size_with_auto():
+    """--batch-size sizes the servers as the sweep's row of that batch size does; `auto` is one server."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_rounds.py"
+    spec = importlib.util.spec_from_file_location("profile_rounds", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    args = mod.parse_args(["--out", "/tmp/x", "--setups", "8b-dummy", "--methods", "dflash,auto",
+                           "--budgets", "32", "--batch-size", "16"])
+    servers = mod.servers_to_profile(args)
+    assert [s.name for s in servers] == ["8b-dummy-dflash", "8b-dummy-auto"]
+    assert all(s.batch_sizes == (16,) for s in servers)
+    auto = servers[1].args
+    assert auto[auto.index("--speculative-ddtree-budget") + 1] == "auto"
+    assert int(auto[auto.index("--max-running-requests") + 1]) >= 16
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--out", "/tmp/x", "--batch-size", "0"])

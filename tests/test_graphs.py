@@ -55,3 +55,22 @@ def test_stage_functions_compose_to_the_round():
     assert torch.equal(plan.draft_positions, (prefix.unsqueeze(1) + torch.arange(16)).reshape(-1))
     assert torch.equal(plan.out_tokens, walk.out_tokens.clamp(min=0))
     assert torch.equal(plan.branch_lens, branch_counts(tree, walk))
+
+
+def test_draft_top1_stage_is_the_first_column_of_the_top_k():
+    """An `auto` chain round that samples nothing takes the top-1 alone (ops.draft_top1_stage); its tokens and
+    log-probs must be the top-K stage's first column, ties included (lower id first), so the chain and its walk are
+    unchanged."""
+    torch.manual_seed(1)
+    bs, block, hidden_size, vocab = 4, 16, 24, 300
+    weight = torch.randn(vocab, hidden_size)
+    weight[17] = weight[5]  # duplicate rows: tied logits wherever 5 is the best
+    weight[5] *= 4.0
+    weight[17] = weight[5]
+    hidden = torch.randn(bs * block, hidden_size)
+    values, tokens = ops.draft_topk_stage(block, 32, 1000, weight, hidden)
+    top1_values, top1_tokens = ops.draft_top1_stage(block, 1000, weight, hidden)
+    assert top1_values.shape == (bs, block - 1, 1) and top1_tokens.shape == (bs, block - 1, 1)
+    assert torch.equal(top1_tokens, tokens[:, :, :1])
+    assert torch.equal(top1_values, values[:, :, :1])
+    assert (top1_tokens == 1005).sum() > 0 and (top1_tokens == 1017).sum() == 0  # the tie really occurs

@@ -61,13 +61,15 @@ def test_policy_explores_then_picks_the_best_rate():
     policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=1000)
     tokens, ms = [3.0, 4.0, 5.0], [1.0, 1.1, 2.0]  # rates 3.0, 3.64, 2.5: the 16-tree wins
     picks = run_policy(policy, 1, tokens, ms, 40)
-    assert picks[:6] == [0, 0, 1, 1, 2, 2]  # each candidate twice, smallest first
-    assert picks[6:] == [1] * 34
+    # smallest first, each twice unless one timed round says it cannot win: the 64-tree at 2.0 ms would need
+    # 1.8 ms (10% timing allowance) to beat the 16-tree, so it is not verified again
+    assert picks[:5] == [0, 0, 1, 1, 2]
+    assert picks[5:] == [1] * 35
     assert policy.ratio(2) == pytest.approx(1 / 1.5) and policy.est_tokens(1) == pytest.approx(4.0)
     # a bucket of its own: costs are per batch size (here the 64-tree is cheap at batch 8)
     picks8 = run_policy(policy, 8, tokens, [1.0, 1.1, 1.15], 20)
     assert picks8[-1] == 2 and picks[-1] == 1
-    assert policy.export()["rounds_chosen"] == {"chain": 4, "16": 38, "64": 18}
+    assert policy.export()["rounds_chosen"] == {"chain": 4, "16": 39, "64": 17}
 
 
 def test_policy_picks_the_chain_when_trees_do_not_pay():
@@ -89,11 +91,50 @@ def test_policy_never_tries_wide_trees_that_cannot_pay():
     assert 1 in picks and 3 not in picks and picks[-1] == 1
 
 
-def test_policy_probes_the_stalest_candidate():
+def test_policy_probes_the_stalest_candidate_that_could_win():
+    # rates 3.5, 3.64, 3.45: within the 10% timing allowance of the best, so both others are re-measured
     policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10)
-    picks = run_policy(policy, 1, [3.0, 4.0, 5.0], [1.0, 1.1, 2.0], 40)
+    picks = run_policy(policy, 1, [3.5, 4.0, 5.0], [1.0, 1.1, 1.45], 40)
     probes = [i for n, i in enumerate(picks, start=1) if n % 10 == 0]
     assert set(probes) >= {0, 2} and picks.count(1) >= 30
+    # the 64-tree at 2.0 ms (rate 2.5) would need 1.37 ms to win: measured once, never probed again
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10)
+    picks = run_policy(policy, 1, [3.5, 4.0, 5.0], [1.0, 1.1, 2.0], 60)
+    assert picks.count(2) == 1 and picks.count(0) >= 2
+
+
+def run_with_cold_rounds(policy, bucket, tokens, expected, ms, rounds, lag=2, batch=16):
+    """As the worker feeds it: the first round of each candidate is cold (graph captures: its tokens count, its
+    time does not) and observations arrive `lag` rounds late."""
+    queue, picks, used = [], [], set()
+    for _ in range(rounds):
+        i = policy.choose(bucket)
+        picks.append(i)
+        cold = i not in used
+        used.add(i)
+        seen = observed_candidates(policy.candidates, i)
+        queue.append((i, cold, [batch * t if s else None for t, s in zip(tokens, seen)]))
+        if len(queue) > lag:
+            j, was_cold, obs = queue.pop(0)
+            policy.observe(bucket, j, batch, None if was_cold else ms[j], [batch * e for e in expected], obs)
+    return picks
+
+
+def test_policy_does_not_explore_wide_trees_blind_at_large_batch():
+    """Lease 10, 8B shapes at batch 16 with a dummy drafter that is confident and never right: verify time grows
+    with the width (chain 11 ms, 128-tree ~5x), every candidate commits 1 token, the drafter expects more for wider
+    trees. Exploration waits for each candidate's first timed round, and the convex cost floor (secant of the
+    16- and 32-trees) rules the 64- and 128-trees out before they are ever verified."""
+    widths = [16, 17, 33, 65, 129]
+    ms = [11.0, 11.5, 20.0, 38.0, 73.0]
+    policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths)
+    picks = run_with_cold_rounds(policy, 16, [1.0] * 5, [1.5, 2.0, 3.0, 4.0, 6.0], ms, 384)
+    assert 3 not in picks and 4 not in picks
+    assert picks.count(0) >= 370
+    # the floor itself: below the true (convex) cost, above what the narrower trees alone would say
+    b = policy.buckets[16]
+    floor_128 = policy._cost_floor(b, 4)
+    assert 20.0 < floor_128 < 73.0
 
 
 def test_policy_borrows_the_ratio_of_the_nearest_smaller_observed_candidate():

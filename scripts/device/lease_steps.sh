@@ -8,6 +8,9 @@
 #   bash scripts/device/lease_steps.sh ab-sweep OUTDIR COMMIT MINUTES GPU_ON GPU_OFF [bench_budgets args...]
 #        the same sweep with the round's stage graphs on (SGLANG_DDTREE_ROUND_GRAPHS=1) and off: side by side when
 #        the two GPUs differ (same host load for both), one after the other when they are the same
+#   bash scripts/device/lease_steps.sh parallel OUTDIR 'commands for GPU 0' 'commands for GPU 1'
+#        two independent jobs side by side (e.g. GPU tests next to a benchmark): each sees one GPU, logs to
+#        OUTDIR/gpu<N>.log; exit status 1 when either failed
 set -euo pipefail
 step=${1:?step}
 shift
@@ -102,6 +105,19 @@ ab-sweep)
         wait
     fi
     tail -n 16 "$out/graphs1.log" "$out/graphs0.log"
+    ;;
+parallel)
+    out=${1:?outdir}
+    mkdir -p "$out"
+    for gpu in 0 1; do
+        cmd=${2:?commands for GPU 0}
+        [ "$gpu" = 1 ] && cmd=${3:?commands for GPU 1}
+        (rc=0; CUDA_VISIBLE_DEVICES=$gpu bash -c "$cmd" > "$out/gpu$gpu.log" 2>&1 || rc=$?
+         echo "gpu$gpu exit $rc" >> "$out/gpu$gpu.log") &
+    done
+    wait
+    tail -n 40 "$out/gpu0.log" "$out/gpu1.log"
+    ! grep -q "exit [1-9]" <(tail -n 1 "$out/gpu0.log"; tail -n 1 "$out/gpu1.log")
     ;;
 *)
     echo "unknown step $step" >&2

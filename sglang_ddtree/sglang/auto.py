@@ -42,6 +42,15 @@ from sglang_ddtree.adaptive import CHAIN, candidate_label
 # saving at 8B, batch 1, chain chosen: ~0.11 ms of a 6.8 ms round (not measured yet).
 SAMPLE_EVERY = 4
 
+# Relative timing noise the chooser allows for when it bounds a candidate's round time (_cost_floor). An allowance,
+# not a measurement: whole runs of one tiny-pair configuration moved 10-20% in lease 10 (sweep_auto_lease10.jsonl);
+# a decayed mean over many rounds of one server should move less.
+NOISE = 0.1
+
+# Exploration waits at most this many rounds for a candidate's first timed round before it explores wider ones
+# (a round is timed unless it was cold; the feedback lags by one or two rounds).
+MAX_UNMEASURED = 8
+
 
 @dataclass
 class _Decayed:
@@ -64,6 +73,7 @@ class _Bucket:
     measured: list[int]  # rounds measured per candidate
     tried: list[int]  # rounds chosen per candidate (exploration counts choices, not the lagged measurements)
     last_measured: list[int]  # round index of the last measurement
+    waited: list[int]  # rounds exploration waited for the candidate's first timed round
     rounds: int = 0
 
 
@@ -107,7 +117,7 @@ class AutoBudgetPolicy:
     def _bucket(self, bucket: int) -> _Bucket:
         if bucket not in self.buckets:
             n = len(self.candidates)
-            self.buckets[bucket] = _Bucket([_Decayed() for _ in range(n)], [0] * n, [0] * n, [-1] * n)
+            self.buckets[bucket] = _Bucket([_Decayed() for _ in range(n)], [0] * n, [0] * n, [-1] * n, [0] * n)
         return self.buckets[bucket]
 
     # ---------------------------------------------------------------------------------------------- estimates
@@ -134,22 +144,52 @@ class AutoBudgetPolicy:
 
     # ---------------------------------------------------------------------------------------------- decisions
 
-    def _could_win(self, b: _Bucket, i: int, best_rate: float | None) -> bool:
-        """Whether candidate i may beat the best measured rate: its estimated tokens over the dearest round time
-        measured for a candidate that verifies no more tokens (a wider verify does not cost less)."""
-        if best_rate is None:
-            return True
+    def _cost_floor(self, b: _Bucket, i: int) -> float | None:
+        """A lower bound of candidate i's round ms in this bucket, from what is measured (None: nothing is).
+        - Measured itself: its decayed mean, less NOISE (a probe re-measures what would win at that price).
+        - Otherwise: the dearest measured candidate that verifies no more tokens (a wider verify does not cost
+          less), and, from two measured narrower trees, the secant through them extended to i's width: round time
+          is a convex function of the verify width (flat while launch- or memory-bound, then linear once
+          compute-bound), so the extension stays below it. The slope is taken less NOISE, so timing noise cannot
+          rule out a candidate that would win. The chain verifies causally (another cost curve): not in the secant.
+        Lease 10 (8B shapes, batch 16, the floor then the narrower trees' dearest time alone): the 128-tree
+        (2064 verify tokens) was verified in 7 of 382 rounds, the 32-tree in 5, with a drafter never right."""
+        own = b.round_ms[i].mean()
+        if own is not None:
+            return own * (1.0 - NOISE)
         narrower = [b.round_ms[j].mean() for j in range(len(self.candidates))
                     if j != i and self.widths[j] <= self.widths[i] and b.round_ms[j].mean() is not None]
-        tokens = self.est_tokens(i)
-        if not narrower or tokens is None:
+        if not narrower:
+            return None
+        floor = max(narrower)
+        trees = [(self.widths[j], b.round_ms[j].mean()) for j in range(len(self.candidates))
+                 if j != i and self.candidates[j] != CHAIN and self.widths[j] < self.widths[i]
+                 and b.round_ms[j].mean() is not None]
+        if len(trees) >= 2:
+            (w1, t1), (w2, t2) = min(trees), max(trees)
+            if w2 > w1:
+                slope = (t2 - t1 * (1.0 + NOISE)) / (w2 - w1)
+                if slope > 0:
+                    floor = max(floor, t2 + slope * (self.widths[i] - w2))
+        return floor
+
+    def _could_win(self, b: _Bucket, i: int, best_rate: float | None) -> bool:
+        """Whether candidate i may beat the best measured rate: its estimated tokens over the floor of its round
+        time (_cost_floor)."""
+        if best_rate is None:
             return True
-        return tokens / max(narrower) > best_rate
+        tokens, floor = self.est_tokens(i), self._cost_floor(b, i)
+        if tokens is None or not floor:
+            return True
+        return tokens / floor > best_rate
 
     def choose(self, bucket: int) -> int:
         """Index into candidates for the next round of a batch in this bucket. Exploration and probes skip a
         candidate that cannot win (`_could_win`): with a drafter that is rarely right (a dummy model, an
-        unfamiliar prompt) the wide trees are then never tried, and `auto` runs the chain."""
+        unfamiliar prompt) the wide trees are then never tried, and `auto` runs the chain. Exploration goes
+        narrowest first and waits for a candidate's first measurement (its rounds reach the host a round or two
+        late, and a cold first round is not timed) before it explores a wider one: a wider tree is judged by the
+        narrower ones' times, never blind."""
         b = self._bucket(bucket)
         b.rounds += 1
         n = len(self.candidates)
@@ -159,8 +199,13 @@ class AutoBudgetPolicy:
         best_rate = rates[best] if best is not None else None
         choice = None
         for i in sorted(range(n), key=lambda i: (self.widths[i], i)):  # explore: narrowest unmeasured first
-            if b.tried[i] < self.explore and b.measured[i] < self.explore and self._could_win(b, i, best_rate):
+            if b.measured[i] >= self.explore:
+                continue
+            if b.tried[i] < self.explore and self._could_win(b, i, best_rate):
                 choice = i
+                break
+            if b.tried[i] > 0 and b.measured[i] == 0 and b.waited[i] < MAX_UNMEASURED:
+                b.waited[i] += 1  # its time is in flight: run the best known meanwhile, explore nothing wider yet
                 break
         if choice is None and b.rounds % self.probe_every == 0:  # re-measure the stalest that could still win
             probes = [i for i in range(n) if i != best and self._could_win(b, i, best_rate)]

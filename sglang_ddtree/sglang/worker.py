@@ -140,6 +140,9 @@ class DDTreeWorker(DFlashWorkerV2):
         self._topk_stage = GraphedStage(
             partial(ops.draft_topk_stage, self.block_size, self.topk, shard["start"], shard["weight"][: shard["rows"]]),
             name="draft top-K", enabled=self.round_graphs)
+        self._top1_stage = GraphedStage(
+            partial(ops.draft_top1_stage, self.block_size, shard["start"], shard["weight"][: shard["rows"]]),
+            name="draft top-1", enabled=self.round_graphs)
         self._tree_stage = GraphedStage(partial(ops.tree_stage, self.budget, self.options.prune, self.use_kernels),
                                         name="tree", enabled=self.round_graphs, borrow=(0, 1))
         self.stats = DDTreeStats(
@@ -255,7 +258,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def _auto_captures(self, chosen: int) -> int:
         stages = [*self.auto.tree_stages[chosen].values(), *self.auto.walk_stages[chosen].values()]
-        return self._topk_stage.captures + sum(stage.captures for stage in stages)
+        return self._topk_stage.captures + self._top1_stage.captures + sum(stage.captures for stage in stages)
 
     def _ensure_auto_verify_states(self) -> bool:
         """Keyed (width, causal): the chain verifies causally (no custom mask, as DFLASH does), trees with the
@@ -323,8 +326,18 @@ class DDTreeWorker(DFlashWorkerV2):
         prefix_lens = batch.seq_lens
         seq_lens_cpu_bound, seq_lens_sum_bound = self._host_seq_len_bound(batch, draft_input)
 
+        if self.auto is not None:  # chosen before the draft: a chain round that samples nothing needs only top-1
+            built = self._ensure_auto_verify_states()
+            self.auto.feedback.drain()
+            bucket = self._graph_bucket(bs)
+            chosen = self.auto.policy.choose(bucket)
+            sampled = self.auto.rounds % SAMPLE_EVERY == 0
+            captures = self._auto_captures(chosen)
+        top1_only = (self.auto is not None and self.auto.candidates[chosen] == CHAIN and not sampled
+                     and self.scripted is None)
+
         draft_hidden = self._draft(batch, draft_input, seq_lens_cpu_bound, seq_lens_sum_bound)
-        topk_values, topk_tokens = self._draft_topk(draft_hidden)
+        topk_values, topk_tokens = self._draft_topk(draft_hidden, 1 if top1_only else self.topk)
         if self.scripted is not None:
             self.scripted.apply(getattr(batch, "reqs", None), batch.seq_lens, topk_values, topk_tokens)
         timer.mark("draft")
@@ -334,12 +347,6 @@ class DDTreeWorker(DFlashWorkerV2):
             width, walk_stage = self.num_nodes, self._walk_stage
             tree, verify_ids, verify_positions = self._tree_stage(topk_values, topk_tokens, roots, prefix_lens)
         else:
-            built = self._ensure_auto_verify_states()
-            self.auto.feedback.drain()
-            bucket = self._graph_bucket(bs)
-            chosen = self.auto.policy.choose(bucket)
-            sampled = self.auto.rounds % SAMPLE_EVERY == 0
-            captures = self._auto_captures(chosen)
             if self.stats.prometheus is not None:
                 self.stats.prometheus.auto_round(candidate_label(self.auto.candidates[chosen]))
             width, walk_stage = self.auto.widths[chosen], self.auto.walk_stages[chosen][sampled]
@@ -473,20 +480,21 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTREE: the DFlash draft forward returned no hidden states.")
         return hidden
 
-    def _draft_topk(self, draft_hidden):
-        """Per-position top-K draft log-probs [bs, block - 1, K] and ids, TP shards merged."""
+    def _draft_topk(self, draft_hidden, k):
+        """Per-position top-k draft log-probs [bs, block - 1, k] and ids, TP shards merged (k: self.topk, or 1
+        for an `auto` chain round)."""
         if self.ps.tp_size == 1:
-            return self._topk_stage(draft_hidden)
+            return (self._topk_stage if k == self.topk else self._top1_stage)(draft_hidden)
         bs = draft_hidden.shape[0] // self.block_size
         hidden = draft_hidden.view(bs, self.block_size, -1)[:, 1:, :].reshape(bs * (self.block_size - 1), -1)
-        values, tokens = self._topk_logprobs(hidden)
+        values, tokens = self._topk_logprobs(hidden, k)
         return values.view(bs, self.block_size - 1, -1), tokens.view(bs, self.block_size - 1, -1)
 
-    def _topk_logprobs(self, hidden):
+    def _topk_logprobs(self, hidden, k):
         shard = self._lm_head_shard
         weight = shard["weight"][: shard["rows"]]
         if self.ps.tp_size == 1:
-            return ops.draft_topk_logprobs(hidden, weight, self.topk, vocab_start=shard["start"])
+            return ops.draft_topk_logprobs(hidden, weight, k, vocab_start=shard["start"])
         from sglang.srt.distributed import get_tp_group
 
         group = get_tp_group()
@@ -496,7 +504,7 @@ class DDTreeWorker(DFlashWorkerV2):
             group.all_gather_into_tensor(out, x)
             return out
 
-        return ops.draft_topk_logprobs(hidden, weight, self.topk, vocab_start=shard["start"],
+        return ops.draft_topk_logprobs(hidden, weight, k, vocab_start=shard["start"],
                                        all_gather=all_gather, world_size=group.world_size)
 
     def _slots(self, batch, prefix_lens, count, bs):

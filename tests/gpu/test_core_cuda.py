@@ -210,3 +210,29 @@ def test_graphed_auto_stages_equal_eager():
             if i != expected_at:
                 assert torch.equal(a, b), f"candidate {c}: output {i} differs between sampled and unsampled rounds"
         assert outs[False][expected_at].abs().sum() == 0 and outs[True][expected_at].sum() > 0
+
+
+def test_graphed_draft_top1_equals_the_top_k_first_column():
+    """`auto` chain rounds that sample nothing draft with ops.draft_top1_stage (a max instead of the top-K): on the
+    GPU, graphed and eager, it must give the top-K stage's first column exactly (bf16 lm_head of 151936 rows, two
+    rows equal so that their logits can tie), or the chain and the walk would change."""
+    from functools import partial
+
+    from sglang_ddtree.graphs import GraphedStage
+    from sglang_ddtree.sglang import ops
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    block, hidden_size, vocab = 16, 128, 151936
+    weight = torch.randn(vocab, hidden_size, device="cuda", generator=gen).to(torch.bfloat16)
+    weight[90001] = weight[7] * 3
+    weight[7] = weight[90001]  # both must pick the same one where the logits tie (the CPU test pins the rule)
+    top1 = GraphedStage(partial(ops.draft_top1_stage, block, 0, weight), name="top1")
+    topk = GraphedStage(partial(ops.draft_topk_stage, block, 128, 0, weight), name="topk")
+    for bs in (1, 4, 16, 4):
+        hidden = torch.randn(bs * block, hidden_size, device="cuda", generator=gen).to(torch.bfloat16)
+        v1, t1 = (x.clone() for x in top1(hidden))
+        vk, tk = (x.clone() for x in topk(hidden))
+        e1, et = ops.draft_top1_stage(block, 0, weight, hidden)
+        assert torch.equal(v1, e1) and torch.equal(t1, et)
+        assert torch.equal(t1, tk[:, :, :1]) and torch.equal(v1, vk[:, :, :1])
+    assert top1.captures == 3 and top1.replays == 4
