@@ -5,40 +5,44 @@ The drafter is random, so without help nothing would be accepted and the recurre
 take the root. The DDTREE servers therefore run with scripted drafts (SGLANG_DDTREE_TEST_SCRIPT, see
 sglang_ddtree/sglang/scripted.py): the target's greedy continuation (transformers, float32, same weights), put at
 rank 0 ("top"), rank 1 ("branch": the walk must take a non-first sibling) or left out ("miss") per output
-position. The checks:
-  - output == plain decoding up to the first difference, which may only fall on a near-tie of plain's own
-    log-probs (two bf16 steps of this model's logits), at batch 1 and batch 8, budgets 16 / 64 (CUDA graphs) and
-    16 eager; then every position teacher-forced (plain's log-probs on DDTREE's own prefix), which also covers
-    what follows a first difference;
+position. The reference is the model itself in float32 (transformers on the GPU): the bf16 servers, plain
+decoding included, approximate it, and on this random model plain's bf16 decode itself strays from it by up to
+several nats (lease 11). The checks, at batch 1 and batch 8, budgets 16 / 64 (CUDA graphs) and 16 eager:
+  - output == plain decoding, except where the float32 model rates DDTREE's token at the first difference no
+    worse than plain's (or within two bf16 steps of its best);
+  - every DDTREE token teacher-forced on the float32 model is no further from its choice than plain decoding's
+    own tokens are (which also covers what follows a first difference);
   - the rounds really accepted deep paths and branches (rounds accepting >= 4 drafts, branch tokens from
     meta_info), so a wrong committed state (e.g. DFLASH's chain step instead of the accepted node) would show;
   - the batch-1 wall time per verify round of each budget (recorded; scripted drafts sync every round).
-The sequential oracle of the issue is the offline one (sglang_ddtree/offline/hybrid.py, tests/test_offline_hybrid.py);
-here plain decoding by the same server stack is the reference.
+The sequential oracle of the issue is the offline one (sglang_ddtree/offline/hybrid.py, tests/test_offline_hybrid.py).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
-import math
 import os
 import time
 
 import pytest
 from serving_common import COMMON, ID_PROMPTS, compare
 
-# Teacher-forced tolerance: two bf16 steps of this model's logits (0.25 nats each at their magnitude, lease 10).
-# A wrong recurrent state gives tokens several nats below plain's choice (median top-2 gap ~3 nats here).
-FORCED_TOL_NATS = float(os.environ.get("DDTREE_HYBRID_FORCED_TOL", "0.5"))
+# Near-tie tolerance of plain's own log-probs when a first difference is classified: two bf16 steps of this model's
+# logits (0.25 nats each at their magnitude, lease 10).
+FORCED_TOL_NATS = 0.5
+# How far below the float32 model's choice a token may be and still count as numerics: the same two bf16 steps.
+# A wrong recurrent state after an accepted branch would put the tokens that follow far below the model's choice.
+FP32_TOL_NATS = float(os.environ.get("DDTREE_HYBRID_FP32_TOL", "0.5"))
 MAX_NEW = 64
 PATTERN = ["top", "top", "branch", "top", "top", "top", "branch", "top", "branch", "top", "top", "miss"]
 GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
 # bf16 (float32 servers do not start on the pinned stack: no float32 rmsnorm in sgl_kernel). Lease 10: this
 # random model's logits are large enough that bf16 steps are 0.25-0.5 nats and plain decoding itself has exact
 # top-2 ties; every first difference from plain fell on such a gap (<= 0.5 nats, one outside plain's top 2), after
-# identical stretches of up to 59 tokens through rounds accepting 6-11 drafts with branches. Hence the teacher-forced
-# check of every position against plain's own log-probs on DDTREE's prefix (below).
+# identical stretches of up to 59 tokens through rounds accepting 6-11 drafts with branches. Lease 11: teacher
+# forcing on plain's own prefill does not settle it (plain's decoded tokens fall outside its prefill's top 5 at
+# some position for 3 of 8 prompts); the float32 model does.
 HYBRID_ARGS = ["--skip-tokenizer-init", "--attention-backend", "triton", "--max-mamba-cache-size", "64"]
 
 
@@ -67,26 +71,47 @@ def generate_all(server, logprobs=False):
 
 
 @pytest.fixture(scope="module")
-def script(pair, tmp_path_factory):
-    """The scripted drafts' truth: transformers' own greedy continuation of the saved target (float32, on the GPU),
-    so the DDTREE servers can start next to the plain one. It only steers acceptance; the reference the outputs
-    are compared with is the plain server."""
+def exact(pair):
+    """The target in float32 under transformers on the GPU: the reference for what the model computes (the bf16
+    servers, plain decoding included, approximate it)."""
     import torch
     from transformers import Qwen3NextForCausalLM
 
     target, _ = pair
     model = Qwen3NextForCausalLM.from_pretrained(str(target), dtype=torch.float32).cuda().eval()
+    yield model
+    del model
+    torch.cuda.empty_cache()
+
+
+@pytest.fixture(scope="module")
+def script(exact, tmp_path_factory, gpu_record):
+    """The scripted drafts' truth: the float32 model's greedy continuation, so the DDTREE servers can start next to
+    the plain one. It only steers acceptance; what the outputs are judged by is below."""
+    import torch
+
     continuations = []
     with torch.no_grad():
         for p in ID_PROMPTS:
-            out = model.generate(torch.tensor([p], device="cuda"), max_new_tokens=MAX_NEW, do_sample=False,
+            out = exact.generate(torch.tensor([p], device="cuda"), max_new_tokens=MAX_NEW, do_sample=False,
                                  attention_mask=torch.ones(1, len(p), dtype=torch.long, device="cuda"))
             continuations.append({"prompt": p, "output": out[0, len(p):].tolist()})
-    del model
-    torch.cuda.empty_cache()
+    gpu_record("hybrid_fp32_greedy", outputs=[c["output"] for c in continuations])
     path = tmp_path_factory.mktemp("hybrid-script") / "script.json"
     path.write_text(json.dumps({"pattern": PATTERN, "continuations": continuations}))
     return path
+
+
+def fp32_gaps(exact, prompt, output):
+    """Teacher forcing on the float32 model: per output position, its best log-prob minus the output token's given
+    the output's own prefix (0 = the exact model's argmax). One forward over prompt + output."""
+    import torch
+
+    ids = torch.tensor([list(prompt) + list(output)], device="cuda")
+    with torch.no_grad():
+        logprobs = exact(ids).logits[0, len(prompt) - 1: len(prompt) - 1 + len(output)].float().log_softmax(-1)
+    chosen = logprobs.gather(1, torch.tensor(output, device="cuda").unsqueeze(1)).squeeze(1)
+    return (logprobs.max(dim=-1).values - chosen).tolist()
 
 
 # No budget 256: SGLang's tree conv kernel unrolls over the B+1 nodes (tl.static_range), and its verify-graph
@@ -128,28 +153,43 @@ def ddtree_outputs(servers, plain):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_hybrid_ddtree_equals_plain_with_deep_and_branch_acceptance(name, plain, ddtree_outputs, gpu_record):
+def test_hybrid_ddtree_equals_plain_up_to_what_the_fp32_model_explains(name, plain, ddtree_outputs, exact,
+                                                                       gpu_record):
+    """DDTREE == plain decoding token for token, except where the exact (float32) model says the difference is
+    plain's numerics, not DDTREE's: at the first difference (same prefix for both), the float32 model must rate
+    DDTREE's token no worse than plain's or within FP32_TOL_NATS of its own best. Lease 11 showed why plain alone
+    cannot be the judge here: at prompt 7, position 7 plain's bf16 decode chose a token 3.4 nats below the float32
+    model's choice, which DDTREE chose. Also required: rounds that accepted deep paths and branches."""
     res = ddtree_outputs[name]
     if not isinstance(res, dict):
         pytest.fail(f"{name} did not start:\n{res}", pytrace=False)
     report, failures = {}, []
     for mode in ("bs1", "bs8"):
-        exact, ties, fails = compare(plain["bs1"], res[mode], FORCED_TOL_NATS)
-        report[mode] = {"exact": exact, "ties": ties, "failures": fails}
-        failures += [f"{mode}: {f}" for f in fails]
+        exact_count, ties, fails = compare(plain["bs1"], res[mode], FORCED_TOL_NATS)
+        judged = []
+        for info in ties + fails:
+            i, pos = info["prompt"], info["position"]
+            ours = fp32_gaps(exact, ID_PROMPTS[i], res[mode][i]["output_ids"][: pos + 1])[-1]
+            theirs = fp32_gaps(exact, ID_PROMPTS[i], plain["bs1"][i]["output_ids"][: pos + 1])[-1]
+            entry = {**info, "fp32_gap_ddtree": round(ours, 4), "fp32_gap_plain": round(theirs, 4)}
+            judged.append(entry)
+            if ours > max(theirs, FP32_TOL_NATS):
+                failures.append(f"{mode}: {entry}")
+        report[mode] = {"exact": exact_count, "differences": judged}
     metas = [o["meta_info"] for o in res["bs1"]]
     rounds = sum(m["spec_verify_ct"] for m in metas)
     tau = sum(m["completion_tokens"] for m in metas) / rounds
     branch = sum(m.get("ddtree_branch_tokens", 0) for m in metas)
     deep = max((m.get("ddtree_accept_rate_by_depth") or [0.0] * 4)[3] for m in metas)
     gpu_record("hybrid_greedy_equality", config=name, tau_bs1=round(tau, 4), rounds_bs1=rounds,
-               branch_tokens_bs1=branch, seconds_bs1=round(res["seconds_bs1"], 3), **report)
-    # The script puts the truth in the tree at most depths until an output leaves the scripted path (a near-tie;
-    # acceptance then drops to the bonus): rounds accepting >= 4 drafts and non-first siblings must have happened,
-    # or the recurrent-state commit was not exercised.
+               branch_tokens_bs1=branch, seconds_bs1=round(res["seconds_bs1"], 3), **report,
+               outputs_bs1=[o["output_ids"] for o in res["bs1"]], plain_bs1=[o["output_ids"] for o in plain["bs1"]])
+    # The script puts the truth in the tree at most depths until an output leaves the scripted path (acceptance
+    # then drops to the bonus): rounds accepting >= 4 drafts and non-first siblings must have happened, or the
+    # recurrent-state commit was not exercised.
     assert deep > 0, f"{name}: no round accepted 4 drafts (tau {tau:.2f}): the scripted drafts were not accepted"
     assert branch > 0, f"{name}: no non-first sibling accepted: the branch commit was not exercised"
-    assert not failures, f"{name} differs from plain decoding:\n" + "\n".join(map(str, failures))
+    assert not failures, f"{name}: differences from plain the float32 model does not explain:\n" + "\n".join(failures)
 
 
 def test_hybrid_step_times(ddtree_outputs, gpu_record):
@@ -164,61 +204,42 @@ def test_hybrid_step_times(ddtree_outputs, gpu_record):
     assert times and all(0 < t < 1000 for t in times.values()), times
 
 
-def forced_gaps(plain_server, prompt, output):
-    """Teacher forcing: plain's own log-probs at every output position given the candidate's prefix (one prefill of
-    prompt + output on the plain server, input top-5 log-probs). Per position: plain's best log-prob minus the
-    candidate token's (0 = plain's argmax; inf = not in plain's top 5; None = no log-probs came back).
-    SGLang 0.5.17 (scheduler_components/logprob_result_processor.py) returns one input entry per token from
-    logprob_start_len on, the first None (nothing before it is scored): starting at the prompt's last token, entry
-    k + 1 is the distribution of output token k."""
-    answer = plain_server.generate(input_ids=list(prompt) + list(output),
-                                   sampling_params={"temperature": 0.0, "max_new_tokens": 1},
-                                   return_logprob=True, logprob_start_len=len(prompt) - 1, top_logprobs_num=5)
-    top = answer["meta_info"]["input_top_logprobs"]
-    gaps = []
-    for k, token in enumerate(output):
-        entry = top[k + 1] if k + 1 < len(top) else None
-        if not entry:
-            gaps.append(None)
-            continue
-        logprob = {int(e[1]): float(e[0]) for e in entry}
-        gaps.append(max(logprob.values()) - logprob[token] if token in logprob else math.inf)
-    return gaps
-
-
 def worst(gaps):
-    known = [g for g in gaps if g is not None]
-    return max(known) if known else None
+    return max(gaps) if gaps else 0.0
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_hybrid_ddtree_every_position_is_plains_choice_teacher_forced(name, servers, plain, ddtree_outputs,
-                                                                       gpu_record):
-    """Every DDTREE output token (batch 1 and 8), not only up to the first difference, against plain's log-probs on
-    DDTREE's own prefix; calibrated by plain decoding's own output (decode vs prefill numerics) and shown able to
-    fail on a corrupted output."""
+def test_hybrid_ddtree_is_as_faithful_to_the_fp32_model_as_plain_decoding(name, plain, ddtree_outputs, exact,
+                                                                          gpu_record):
+    """Every DDTREE output token (batch 1 and 8), not only up to the first difference, teacher-forced on the float32
+    model (its log-probs given DDTREE's own prefix): the worst gap from its choice must not exceed what plain bf16
+    decoding shows on its own outputs (or FP32_TOL_NATS); shown able to fail on a corrupted output. A wrong
+    recurrent state after an accepted branch would put later tokens far below the model's choice.
+    (Teacher forcing on the plain server's own prefill is no reference here: lease 11, plain decoding's own tokens
+    were outside its prefill's top 5 at some position for 3 of 8 prompts.)"""
     res = ddtree_outputs[name]
     if not isinstance(res, dict):
         pytest.fail(f"{name} did not start:\n{res}", pytrace=False)
-    server = servers["hybrid-plain"]
-    calibration = [worst(forced_gaps(server, p, o["output_ids"])) for p, o in zip(ID_PROMPTS, plain["bs1"])]
-    report, failures = {}, []
+    plain_gaps = [fp32_gaps(exact, p, o["output_ids"]) for p, o in zip(ID_PROMPTS, plain["bs1"])]
+    bound = max(max(worst(g) for g in plain_gaps), FP32_TOL_NATS)
+
+    def stats(gaps_list):
+        flat = [g for gaps in gaps_list for g in gaps]
+        return {"worst": round(max(flat), 4), "at_argmax": round(sum(g == 0.0 for g in flat) / len(flat), 4),
+                "over_tol": sum(g > FP32_TOL_NATS for g in flat), "positions": len(flat)}
+
+    report, failures = {"plain": stats(plain_gaps), "bound_nats": round(bound, 4)}, []
     for mode in ("bs1", "bs8"):
-        per_prompt = []
-        for i, (p, o) in enumerate(zip(ID_PROMPTS, res[mode])):
-            gaps = forced_gaps(server, p, o["output_ids"])
-            unknown = sum(g is None for g in gaps)
-            bad = [(k, g) for k, g in enumerate(gaps) if g is not None and g > FORCED_TOL_NATS]
-            per_prompt.append({"prompt": i, "worst_gap": worst(gaps), "unknown": unknown, "over_tol": bad[:5]})
-            if bad or unknown:
-                failures.append(f"{mode} prompt {i}: {len(bad)} positions over {FORCED_TOL_NATS} nats {bad[:5]}, "
-                                f"{unknown} positions without log-probs")
-        report[mode] = per_prompt
-    # the check can fail: plain's output with every token replaced by the next one's is far from plain's choices
-    corrupted = [o["output_ids"][1:] + o["output_ids"][:1] for o in plain["bs1"][:2]]
-    corrupted_worst = [worst(forced_gaps(server, p, c)) for p, c in zip(ID_PROMPTS, corrupted)]
-    gpu_record("hybrid_teacher_forced", config=name, tol_nats=FORCED_TOL_NATS, plain_self_worst=calibration,
-               corrupted_worst=corrupted_worst, **report)
-    assert all(w is not None and w > FORCED_TOL_NATS for w in corrupted_worst), \
-        f"the teacher-forced check would not catch a corrupted output: {corrupted_worst}"
-    assert not failures, f"{name}: tokens plain would not choose on the same prefix:\n" + "\n".join(failures)
+        gaps = [fp32_gaps(exact, p, o["output_ids"]) for p, o in zip(ID_PROMPTS, res[mode])]
+        report[mode] = stats(gaps)
+        for i, g in enumerate(gaps):
+            if worst(g) > bound:
+                k = max(range(len(g)), key=g.__getitem__)
+                failures.append(f"{mode} prompt {i}: position {k} is {g[k]:.3f} nats below the float32 model's choice")
+    # the check can fail: plain's output with every token replaced by the next one's is far from the model's choices
+    corrupted = [worst(fp32_gaps(exact, p, o["output_ids"][1:] + o["output_ids"][:1]))
+                 for p, o in zip(ID_PROMPTS[:2], plain["bs1"][:2])]
+    gpu_record("hybrid_fp32_teacher_forced", config=name, tol_nats=FP32_TOL_NATS, corrupted_worst=corrupted,
+               **report)
+    assert all(w > bound for w in corrupted), f"the check would not catch a corrupted output: {corrupted} vs {bound}"
+    assert not failures, f"{name}: further from the float32 model than plain decoding:\n" + "\n".join(failures)
