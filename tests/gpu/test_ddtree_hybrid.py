@@ -9,7 +9,7 @@ position. The reference is the model itself in float32 (transformers on the GPU)
 decoding included, approximate it, and on this random model plain's bf16 decode itself strays from it by up to
 several nats (lease 11). The checks, at batch 1 and batch 8, budgets 16 / 64 (CUDA graphs) and 16 eager:
   - output == plain decoding, except where the float32 model rates DDTREE's token at the first difference no
-    worse than plain's (or within two bf16 steps of its best);
+    worse than plain's (or within FP32_TOL_NATS of its best);
   - every DDTREE token teacher-forced on the float32 model is no further from its choice than plain decoding's
     own tokens are (which also covers what follows a first difference);
   - the rounds really accepted deep paths and branches (rounds accepting >= 4 drafts, branch tokens from
@@ -31,9 +31,11 @@ from serving_common import COMMON, ID_PROMPTS, compare
 # Near-tie tolerance of plain's own log-probs when a first difference is classified: two bf16 steps of this model's
 # logits (0.25 nats each at their magnitude, lease 10).
 FORCED_TOL_NATS = 0.5
-# How far below the float32 model's choice a token may be and still count as numerics: the same two bf16 steps.
-# A wrong recurrent state after an accepted branch would put the tokens that follow far below the model's choice.
-FP32_TOL_NATS = float(os.environ.get("DDTREE_HYBRID_FP32_TOL", "0.5"))
+# How far below the float32 model's choice a token may be and still count as bf16 numerics: bf16 greedy outputs of
+# this model under CPU transformers strayed up to 1.6 nats (8 prompts x 64 tokens, lease 11 analysis); the checks
+# take the larger of this and what plain decoding on the server shows. A wrong recurrent state after an accepted
+# branch would put the tokens that follow far below the model's choice (the corrupted-output check records how far).
+FP32_TOL_NATS = float(os.environ.get("DDTREE_HYBRID_FP32_TOL", "2.0"))
 MAX_NEW = 64
 PATTERN = ["top", "top", "branch", "top", "top", "top", "branch", "top", "branch", "top", "top", "miss"]
 GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
@@ -72,16 +74,14 @@ def generate_all(server, logprobs=False):
 
 @pytest.fixture(scope="module")
 def exact(pair):
-    """The target in float32 under transformers on the GPU: the reference for what the model computes (the bf16
-    servers, plain decoding included, approximate it)."""
+    """The target in float32 under transformers on the CPU: the reference for what the model computes (the bf16
+    servers, plain decoding included, approximate it). Not on the GPU: there cuDNN runs the gated-delta-net's conv
+    in TF32 by default, and in lease 11 that "float32" greedy output strayed up to 24 nats from the CPU's."""
     import torch
     from transformers import Qwen3NextForCausalLM
 
     target, _ = pair
-    model = Qwen3NextForCausalLM.from_pretrained(str(target), dtype=torch.float32).cuda().eval()
-    yield model
-    del model
-    torch.cuda.empty_cache()
+    return Qwen3NextForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +93,8 @@ def script(exact, tmp_path_factory, gpu_record):
     continuations = []
     with torch.no_grad():
         for p in ID_PROMPTS:
-            out = exact.generate(torch.tensor([p], device="cuda"), max_new_tokens=MAX_NEW, do_sample=False,
-                                 attention_mask=torch.ones(1, len(p), dtype=torch.long, device="cuda"))
+            out = exact.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
+                                 attention_mask=torch.ones(1, len(p), dtype=torch.long))
             continuations.append({"prompt": p, "output": out[0, len(p):].tolist()})
     gpu_record("hybrid_fp32_greedy", outputs=[c["output"] for c in continuations])
     path = tmp_path_factory.mktemp("hybrid-script") / "script.json"
@@ -107,10 +107,10 @@ def fp32_gaps(exact, prompt, output):
     the output's own prefix (0 = the exact model's argmax). One forward over prompt + output."""
     import torch
 
-    ids = torch.tensor([list(prompt) + list(output)], device="cuda")
+    ids = torch.tensor([list(prompt) + list(output)])
     with torch.no_grad():
         logprobs = exact(ids).logits[0, len(prompt) - 1: len(prompt) - 1 + len(output)].float().log_softmax(-1)
-    chosen = logprobs.gather(1, torch.tensor(output, device="cuda").unsqueeze(1)).squeeze(1)
+    chosen = logprobs.gather(1, torch.tensor(output).unsqueeze(1)).squeeze(1)
     return (logprobs.max(dim=-1).values - chosen).tolist()
 
 
@@ -158,8 +158,8 @@ def test_hybrid_ddtree_equals_plain_up_to_what_the_fp32_model_explains(name, pla
     """DDTREE == plain decoding token for token, except where the exact (float32) model says the difference is
     plain's numerics, not DDTREE's: at the first difference (same prefix for both), the float32 model must rate
     DDTREE's token no worse than plain's or within FP32_TOL_NATS of its own best. Lease 11 showed why plain alone
-    cannot be the judge here: at prompt 7, position 7 plain's bf16 decode chose a token 3.4 nats below the float32
-    model's choice, which DDTREE chose. Also required: rounds that accepted deep paths and branches."""
+    cannot be the judge: at one first difference plain's bf16 decode chose a token 3.4 nats below the float32
+    model's choice, which DDTREE chose (with the earlier, top-2 routed model). Also required: rounds that accepted deep paths and branches."""
     res = ddtree_outputs[name]
     if not isinstance(res, dict):
         pytest.fail(f"{name} did not start:\n{res}", pytrace=False)
