@@ -123,6 +123,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._block_pos_offsets = build_block_pos_offsets(length=self.block_size, device=self.device)
         self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=self.block_size, device=self.device)
         self.hybrid = False  # set by _check_models: a gated-delta-net hybrid target
+        self._move_kv = None  # the commit's KV move (_kv_mover), chosen at the first round: the pool exists then
         self._check_models()
         self._lm_head_shard = self._resolve_lm_head_shard()
         self.topk = min(self.budget, self._lm_head_shard["vocab_size"])
@@ -386,7 +387,7 @@ class DDTreeWorker(DFlashWorkerV2):
             on_publish(new_seq_lens)
         if self.hybrid:
             self._commit_recurrent_state(batch, walk, prefix_lens, bs)
-        self._commit(plan, logits_output.hidden_states, commit_lens, bs, width)
+        self._commit(plan, logits_output.hidden_states, commit_lens, bs, width, chain=causal)
         logits_output.hidden_states = None
         timer.mark("commit")
         if self.auto is not None:
@@ -585,10 +586,33 @@ class DDTreeWorker(DFlashWorkerV2):
             req_pool_indices=batch.req_pool_indices[:bs],
         )
 
-    def _commit(self, plan, target_hidden, commit_lens, bs, width):
-        """Accepted KV to consecutive slots (target pool), drafter context KV from the accepted hidden states."""
-        self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache().move_kv_cache(
-            plan.kv_dest, plan.kv_src)
+    def _kv_mover(self):
+        """The KV move of the commit: our kernel, which copies only the rows that move (kernels.move_path_kv), on
+        the plain MHA pool SGLang's own all-rows copy serves; that copy (move_kv_cache) on any other pool."""
+        pool = self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache()
+        try:
+            from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+        except ImportError:
+            MHATokenToKVPool = None
+        plain_mha = (MHATokenToKVPool is not None
+                     and type(pool).move_kv_cache is MHATokenToKVPool.move_kv_cache
+                     and type(pool)._move_kv_cache_impl is MHATokenToKVPool._move_kv_cache_impl
+                     and not getattr(pool, "use_hnd", False) and not getattr(pool, "use_native_move_kv_cache", False)
+                     and getattr(pool, "k_scale_buffer", None) is None and getattr(pool, "layer_num", 0) > 0
+                     and getattr(pool, "data_ptrs", None) is not None)
+        if not (self.use_kernels and plain_mha and os.environ.get("SGLANG_DDTREE_KV_MOVE") != "sglang"):
+            return pool.move_kv_cache
+        ptrs, strides = pool.data_ptrs, pool.data_strides
+        max_stride = int(strides.max())  # once, at the first round
+        return partial(kernels.move_path_kv, ptrs, strides, max_stride, rows_per_request=self.depth_limit)
+
+    def _commit(self, plan, target_hidden, commit_lens, bs, width, chain=False):
+        """Accepted KV to consecutive slots (target pool), drafter context KV from the accepted hidden states.
+        chain: the verified tree was a chain, whose accepted nodes are already at consecutive slots."""
+        if not chain:
+            if self._move_kv is None:
+                self._move_kv = self._kv_mover()
+            self._move_kv(plan.kv_dest, plan.kv_src)
         # Rows 0..P-1, P = min(16, B+1): at most that many KV entries can be committed in a round.
         path_len = plan.draft_cache_loc.shape[1]
         hidden = target_hidden.view(bs, width, -1)

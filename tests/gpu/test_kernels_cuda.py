@@ -102,3 +102,34 @@ def test_topk_kernel_equals_exact_topk_on_cuda(rows, k, ties):
     torch.cuda.synchronize()
     ref_values, ref_ids = exact_topk(x2, k, id_offset=3)
     assert torch.equal(g_ids.cpu(), ref_ids) and torch.equal(g_values.cpu(), ref_values)
+
+
+def test_path_kv_move_on_cuda_equals_in_order_copies():
+    """kernels.move_path_kv on CUDA buffers laid out as SGLang's MHA pool (one per layer and K/V, [slots, heads,
+    dim] bf16): equal to copying the accepted path's rows in order, for paths with branches and rows in place."""
+    from sglang_ddtree import kernels
+    from sglang_ddtree.sglang.ops import accepted_kv_moves
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bs, nodes, depth = 16, 33, 15
+    # accepted paths: increasing node indices, some rows in place (node j at depth j), some far off
+    path = torch.full((bs, depth + 1), -1, dtype=torch.int64, device="cuda")
+    path[:, 0] = 0
+    for b in range(bs):
+        accepted = b % (depth + 1)
+        picks = torch.randperm(nodes - 1, device="cuda", generator=gen)[:accepted].sort().values + 1
+        if b % 3 == 0:
+            picks = torch.arange(1, accepted + 1, device="cuda")  # a chain: nothing moves
+        path[b, 1: accepted + 1] = picks
+    slots = torch.randperm(4096, device="cuda", generator=gen)[: bs * nodes].view(bs, nodes) + 1
+    tgt, src = accepted_kv_moves(path, slots)
+    bufs = [torch.randn(4200, 8, 128, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(6)]
+    ref = [b.clone() for b in bufs]
+    for r in ref:
+        for t, s in zip(tgt.tolist(), src.tolist()):
+            r[t] = r[s].clone()
+    ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64, device="cuda")
+    strides = torch.tensor([b[0].numel() * b.element_size() for b in bufs], dtype=torch.int64, device="cuda")
+    kernels.move_path_kv(ptrs, strides, int(strides.max()), tgt, src, depth)
+    torch.cuda.synchronize()
+    assert bool((tgt != src).any()) and all(torch.equal(a, b) for a, b in zip(bufs, ref))
