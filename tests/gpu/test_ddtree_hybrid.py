@@ -32,7 +32,8 @@ from serving_common import COMMON, ID_PROMPTS, compare
 # logits (0.25 nats each at their magnitude, lease 10).
 FORCED_TOL_NATS = 0.5
 # How far below the float32 model's choice a token may be and still count as bf16 numerics: bf16 greedy outputs of
-# this model under CPU transformers strayed up to 1.6 nats (8 prompts x 64 tokens, lease 11 analysis); the checks
+# this model under CPU transformers strayed up to 1.6 nats (8 prompts x 64 tokens, hybrid_model_conditioning_cpu.json
+# in benchmarks/results); the checks
 # take the larger of this and what plain decoding on the server shows. A wrong recurrent state after an accepted
 # branch would put the tokens that follow far below the model's choice (the corrupted-output check records how far).
 FP32_TOL_NATS = float(os.environ.get("DDTREE_HYBRID_FP32_TOL", "2.0"))
@@ -76,7 +77,8 @@ def generate_all(server, logprobs=False):
 def exact(pair):
     """The target in float32 under transformers on the CPU: the reference for what the model computes (the bf16
     servers, plain decoding included, approximate it). Not on the GPU: there cuDNN runs the gated-delta-net's conv
-    in TF32 by default, and in lease 11 that "float32" greedy output strayed up to 24 nats from the CPU's."""
+    in TF32 by default, and in lease 11 that "float32" greedy output (of the earlier, top-2 routed model) strayed up
+    to 24 nats from the CPU float32 model's choices (hybrid_model_conditioning_cpu.json)."""
     import torch
     from transformers import Qwen3NextForCausalLM
 
