@@ -1,10 +1,10 @@
 """Profile decode rounds of DFLASH and DDTREE servers: where a round's time goes (issues 8, 10).
 
 For each (setup, method, budget) it starts the same server the budget sweep starts (bench/plan.py), warms it up,
-starts --batch-size long greedy requests (batch 1 by default), records `--steps` scheduler steps with SGLang's torch profiler (/start_profile:
-CPU + GPU activity, no stacks) and reads the trace (sglang_ddtree/bench/trace.py): wall and GPU-busy ms per
-step, the GPU idle time, kernels, CUDA runtime calls, host syncs, and the DDTREE worker's per-stage ranges
-(servers run with SGLANG_DDTREE_PROFILE_RANGES=1). The profiler adds host time per traced call, so the absolute
+starts --batch-size long greedy requests (batch 1 by default), records `--steps` scheduler steps with SGLang's
+torch profiler (/start_profile: CPU + GPU activity, no stacks) and reads the trace (sglang_ddtree/bench/trace.py):
+wall and GPU-busy ms per step, the GPU idle time, kernels, CUDA runtime calls, host syncs, and the DDTREE worker's
+per-stage ranges (servers run with SGLANG_DDTREE_PROFILE_RANGES=1). The profiler adds host time per traced call, so the absolute
 numbers are above an unprofiled run's; compare methods within one run.
 
   python3 benchmarks/profile_rounds.py --out $OUT/profile --setups 8b-dummy --budgets 32,256 --steps 40
@@ -41,6 +41,9 @@ def parse_args(argv):
     p.add_argument("--budgets", default="32,256")
     p.add_argument("--steps", type=int, default=40, help="scheduler steps to record per server")
     p.add_argument("--batch-size", type=int, default=1, help="concurrent requests decoding while recorded")
+    p.add_argument("--warmup-batches", type=int, default=2,
+                   help="batches of 64-token requests before recording (`auto` explores per batch-size bucket and "
+                        "captures graphs on first use: lease 11's 2 left captures inside the recorded steps)")
     p.add_argument("--prompts-file", default=None, help="text prompts for text setups (bench_budgets.py format)")
     p.add_argument("--start-timeout-s", type=float, default=420.0)
     p.add_argument("--commit", default=None)
@@ -49,6 +52,8 @@ def parse_args(argv):
         p.error("--steps must be >= 5")
     if args.batch_size < 1:
         p.error("--batch-size must be >= 1")
+    if args.warmup_batches < 1:
+        p.error("--warmup-batches must be >= 1")
     return args
 
 
@@ -70,7 +75,7 @@ def post(client: HttpClient, path: str, body: dict, timeout_s: float) -> str:
         return resp.read().decode(errors="replace")
 
 
-def profile_one(server, handle, prompts: list[dict], steps: int, trace_dir: Path) -> dict:
+def profile_one(server, handle, prompts: list[dict], steps: int, trace_dir: Path, warmup_batches: int = 2) -> dict:
     """prompts: one per concurrent request (the batch size)."""
     client = handle.client()
     sampling = {"temperature": 0.0, "ignore_eos": True}
@@ -88,7 +93,7 @@ def profile_one(server, handle, prompts: list[dict], steps: int, trace_dir: Path
             t.start()
         return threads
 
-    for _ in range(2):  # warm-up at the same batch size: JIT compiles, graph captures, `auto`'s exploration
+    for _ in range(warmup_batches):  # at the same batch size: JIT compiles, graph captures, `auto`'s exploration
         for t in start_all(64, 300):
             t.join(timeout=300)
         errors = [r.error for r in results.values() if r.error]
@@ -155,7 +160,8 @@ def main(argv=None) -> int:
                 prompts = (id_prompts(args.batch_size, setup.prompt_tokens, setup.shapes()[0].vocab)
                            if setup.prompt_kind == "ids" else text_prompts(args.batch_size, args.prompts_file))
                 try:
-                    entry.update(profile_one(server, handles[server.name], prompts, args.steps, trace_dir))
+                    entry.update(profile_one(server, handles[server.name], prompts, args.steps, trace_dir,
+                                             args.warmup_batches))
                     print(f"[profile] {server.name}: wall {entry['wall_ms']:.3f} ms/step, GPU busy "
                           f"{entry['gpu_busy_ms']:.3f}, idle {entry['gpu_idle_ms']:.3f}; ranges "
                           + ", ".join(f"{k} host {v['host_ms']:.3f}/gpu {v['gpu_ms']:.3f}"

@@ -152,8 +152,8 @@ class AutoBudgetPolicy:
           is a convex function of the verify width (flat while launch- or memory-bound, then linear once
           compute-bound), so the extension stays below it. The slope is taken less NOISE, so timing noise cannot
           rule out a candidate that would win. The chain verifies causally (another cost curve): not in the secant.
-        Lease 10 (8B shapes, batch 16, the floor then the narrower trees' dearest time alone): the 128-tree
-        (2064 verify tokens) was verified in 7 of 382 rounds, the 32-tree in 5, with a drafter never right."""
+        Lease 10 (8B shapes, batch 16, a drafter never right), when the floor was the narrower candidates' dearest
+        time alone: the 128-tree (2064 verify tokens) was verified in 7 of 382 rounds, the 32-tree in 5."""
         own = b.round_ms[i].mean()
         if own is not None:
             return own * (1.0 - NOISE)
