@@ -84,8 +84,8 @@ def test_round_timer_opens_one_profiler_range_per_stage(tmp_path):
         assert a["ts"] + a["dur"] <= b["ts"] + 1e-3
 
 
-def test_profile_rounds_profiles_the_sweeps_servers_at_batch_1():
-    """benchmarks/profile_rounds.py starts exactly the servers the budget sweep would (same plan code), batch 1."""
+def profile_rounds_module():
+    """benchmarks/profile_rounds.py, a script, loaded as a module."""
     import importlib.util
     from pathlib import Path
 
@@ -93,6 +93,12 @@ def test_profile_rounds_profiles_the_sweeps_servers_at_batch_1():
     spec = importlib.util.spec_from_file_location("profile_rounds", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_profile_rounds_profiles_the_sweeps_servers_at_batch_1():
+    """benchmarks/profile_rounds.py starts exactly the servers the budget sweep would (same plan code), batch 1."""
+    mod = profile_rounds_module()
     args = mod.parse_args(["--out", "/tmp/x", "--setups", "8b-dummy,tiny", "--methods", "dflash,ddtree",
                            "--budgets", "32,256"])
     servers = mod.servers_to_profile(args)
@@ -109,13 +115,7 @@ def test_profile_rounds_profiles_the_sweeps_servers_at_batch_1():
 
 def test_profile_rounds_at_a_batch_size_with_auto():
     """--batch-size sizes the servers as the sweep's row of that batch size does; `auto` is one server."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_rounds.py"
-    spec = importlib.util.spec_from_file_location("profile_rounds", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = profile_rounds_module()
     args = mod.parse_args(["--out", "/tmp/x", "--setups", "8b-dummy", "--methods", "dflash,auto",
                            "--budgets", "32", "--batch-size", "16"])
     servers = mod.servers_to_profile(args)

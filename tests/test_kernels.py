@@ -13,6 +13,13 @@ import pytest
 
 pytest.importorskip("triton")
 
+def run_in_interpreter(code: str, marker: str, timeout: int) -> None:
+    """Run `code` in a fresh Python with TRITON_INTERPRET=1 (set before triton is imported) and expect `marker`."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    assert marker in result.stdout, result.stdout[-3000:] + result.stderr[-6000:]
+
+
 CHECK = textwrap.dedent(
     """
     import torch
@@ -59,9 +66,7 @@ CHECK = textwrap.dedent(
 
 
 def test_triton_kernels_match_torch_reference():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=900)
-    assert "KERNELS-OK" in result.stdout, result.stdout[-3000:] + result.stderr[-6000:]
+    run_in_interpreter(CHECK, "KERNELS-OK", timeout=900)
 
 
 TOPK_CHECK = textwrap.dedent(
@@ -95,9 +100,7 @@ TOPK_CHECK = textwrap.dedent(
 
 def test_topk_kernel_matches_exact_topk():
     """kernels.topk_triton (radix selection) == tree.exact_topk: same ids and values in the same order."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-c", TOPK_CHECK], env=env, capture_output=True, text=True, timeout=900)
-    assert "TOPK-OK" in result.stdout, result.stdout[-3000:] + result.stderr[-6000:]
+    run_in_interpreter(TOPK_CHECK, "TOPK-OK", timeout=900)
 
 
 KV_MOVE_CHECK = textwrap.dedent(
@@ -114,8 +117,7 @@ KV_MOVE_CHECK = textwrap.dedent(
     bs, budget, vocab, depth = 4, 24, 40, 15
     lp = (torch.randn(bs, depth, vocab, generator=gen) * 2).log_softmax(-1)
     tree = build_tree(lp, budget, torch.randint(0, vocab, (bs,), generator=gen))
-    first = retrieve_arrays(tree)[1]
-    sibling = retrieve_arrays(tree)[2]
+    _, first, sibling = retrieve_arrays(tree)
     child = torch.where(sibling.gather(1, first.clamp(min=0)) >= 0, sibling.gather(1, first.clamp(min=0)), first)
     choice = torch.where(child >= 0, tree.tokens.gather(1, child.clamp(min=0)), 0)
     walk = walk_choices(tree, choice)
@@ -148,7 +150,4 @@ KV_MOVE_CHECK = textwrap.dedent(
 def test_path_kv_move_kernel_equals_in_order_copies():
     """kernels.move_path_kv (moved rows only, one program per buffer x request x tile) == copying the accepted
     path's rows in order, on real accepted paths with branches."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-c", KV_MOVE_CHECK], env=env, capture_output=True, text=True,
-                            timeout=600)
-    assert "KVMOVE-OK" in result.stdout, result.stdout[-3000:] + result.stderr[-6000:]
+    run_in_interpreter(KV_MOVE_CHECK, "KVMOVE-OK", timeout=600)
