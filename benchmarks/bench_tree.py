@@ -12,7 +12,8 @@ On CUDA each configuration is timed eagerly (CUDA events around launches from an
 included) and as one captured CUDA graph replay (GPU time alone); the serving path replays these stages as CUDA
 graphs per batch size (sglang_ddtree/graphs.py), so the graph numbers are the ones that matter there. Writes JSON rows (one per configuration) and
 prints a table. impls: torch, triton (sort tree kernel, one launch), triton_rank (rank tree kernel, L+1 launches),
-triton_topk (the tree kernel that `auto` picks for the budget, and kernels.topk_triton for the top-K). Every impl's
+triton_select (radix-select tree kernel, one launch), triton_topk (the tree kernel that `auto` picks for the
+budget, and kernels.topk_triton for the top-K), triton_select_topk (select + topk_triton). Every impl's
 top-K and tree are checked against the torch reference before timing (a difference stops the run).
 
   python benchmarks/bench_tree.py --device cpu --out benchmarks/results/tree_cpu.json
@@ -39,6 +40,9 @@ from sglang_ddtree.walk import walk_choices  # noqa: E402
 
 
 PREFIX = 512  # committed tokens per request: sizes the FULL_MASK the verify reads
+# impl -> (tree kernel, None = what build_tree_triton picks for the budget; whether the top-K is kernels.topk_triton)
+TRITON_IMPLS = {"triton": ("sort", False), "triton_rank": ("rank", False), "triton_select": ("select", False),
+                "triton_topk": (None, True), "triton_select_topk": ("select", True)}
 
 
 def make_stages(impl, draft_logits, budget, roots, start, choice):
@@ -54,11 +58,12 @@ def make_stages(impl, draft_logits, budget, roots, start, choice):
 
     topk = torch_topk
 
-    if impl in ("triton", "triton_rank", "triton_topk"):
+    if impl in TRITON_IMPLS:
         from sglang_ddtree import kernels
 
-        kernel = {"triton_rank": "rank", "triton": "sort"}.get(impl, kernels.tree_kernel_for(budget))
-        if impl == "triton_topk":
+        kernel, triton_topk_kernel = TRITON_IMPLS[impl]
+        kernel = kernel or kernels.tree_kernel_for(budget)
+        if triton_topk_kernel:
             def triton_topk():
                 lp = draft_logits.float().log_softmax(-1)
                 values, tokens = kernels.topk_triton(lp.view(-1, vocab), k)
@@ -142,8 +147,7 @@ def main(argv=None):
     ap.add_argument("--choice-mem-limit-gb", type=float, default=0.0,
                     help="time the target argmax (`choice`) only when its logits fit (default 8 on CUDA, 0 on CPU)")
     ap.add_argument("--impls", default=None,
-                    help="comma list of torch, triton (sort tree kernel), triton_rank (rank tree kernel), triton_topk "
-                         "(the tree kernel `auto` picks + the radix-select top-K kernel); default: "
+                    help="comma list of torch, " + ", ".join(TRITON_IMPLS) + " (see above); default: "
                          "torch,triton,triton_rank on CUDA, torch on CPU")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)

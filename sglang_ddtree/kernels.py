@@ -70,13 +70,57 @@ if triton is not None:
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _radix_digit(hist, k_left):
+        """One step of a radix selection: the digit (bin of the 256) that holds the k_left-th largest counted key,
+        and how many of the k_left are still to be found among the keys with that digit."""
+        bins = tl.arange(0, 256)
+        at_or_above = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys with this digit or a larger one
+        digit = tl.max(tl.where(at_or_above >= k_left, bins, -1), 0)
+        return digit, k_left - tl.sum(tl.where(bins > digit, hist, 0), 0)
+
+    @triton.jit
+    def _radix_select(ukey, live, count):
+        """The count-th largest of the live keys (int64 holding unsigned 32-bit values) and how many keys equal to
+        it belong to the top `count` (4 histogram passes over 8-bit digits, in registers)."""
+        prefix = tl.zeros([], dtype=tl.int64)
+        k_left = tl.zeros([], dtype=tl.int32) + count
+        for p in tl.static_range(4):
+            shift = 24 - 8 * p
+            match = live & ((ukey >> (shift + 8)) == prefix)
+            hist = tl.histogram(((ukey >> shift) & 255).to(tl.int32), 256, mask=match)
+            digit, k_left = _radix_digit(hist, k_left)
+            prefix = prefix * 256 + digit.to(tl.int64)
+        return prefix, k_left
+
+    @triton.jit
+    def _top_w_sorted(key, live, scratch, offs_w, W: tl.constexpr):
+        """The W largest live int64 keys, sorted descending, as a [WP] block (int64 min past W). The high word is
+        an order-preserving float key; among equal high words the lower position has the larger low word, so the
+        ties at the threshold are taken lowest position first (a cumsum in position order), as a full sort would.
+        Why: a full sort of ~W ln W keys per depth dominated the tree build (B=1024: 3.2 ms on an H200)."""
+        ukey = (key >> 32) + 2147483648
+        thresh, k_left = _radix_select(ukey, live, W)
+        gt = live & (ukey > thresh)
+        eq = live & (ukey == thresh)
+        eq_rank = tl.cumsum(eq.to(tl.int32), 0) - 1
+        sel = gt | (eq & (eq_rank < k_left))
+        slot = tl.cumsum(sel.to(tl.int32), 0) - 1
+        tl.debug_barrier()
+        tl.store(scratch + slot, key, mask=sel)
+        tl.debug_barrier()
+        top = tl.load(scratch + offs_w, mask=offs_w < W, other=-9223372036854775807 - 1)
+        return tl.sort(top, 0, descending=True)
+
+    @triton.jit
     def _tree_build_kernel(
         values_ptr, tokens_ptr, pair_parent_ptr, pair_rank_ptr, budget_ptr, root_ptr, log_prune,
         scratch_ptr, lvl_key_ptr, lvl_parent_ptr, lvl_rank_ptr, inv_ptr,
         out_tokens_ptr, out_parents_ptr, out_depth_ptr, out_scores_ptr, out_ranks_ptr, out_valid_ptr,
         L: tl.constexpr, K: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr,
-        SP: tl.constexpr, GP: tl.constexpr,
+        SP: tl.constexpr, GP: tl.constexpr, RADIX: tl.constexpr,
     ):
+        """RADIX = False: each depth's W best pairs and the global top-W by full sorts (CP and GP keys);
+        RADIX = True: by radix selection (_top_w_sorted), so only W keys are sorted each time."""
         b = tl.program_id(0).to(tl.int64)
         NEG_INF: tl.constexpr = float("-inf")
         offs_w = tl.arange(0, WP)
@@ -98,11 +142,14 @@ if triton is not None:
         for d in range(1, L):
             cand = tl.gather(prev, pp, 0) + tl.load(vals + d * K + pr, mask=pr < K, other=NEG_INF)
             key = (_float_key(cand).to(tl.int64) << 32) | (CP - 1 - offs_c).to(tl.int64)
-            key = tl.sort(key, descending=True)
-            tl.debug_barrier()
-            tl.store(scratch + offs_c, key)
-            tl.debug_barrier()
-            top = tl.load(scratch + offs_w)
+            if RADIX:
+                top = _top_w_sorted(key, offs_c >= 0, scratch, offs_w, W)
+            else:
+                key = tl.sort(key, descending=True)
+                tl.debug_barrier()
+                tl.store(scratch + offs_c, key)
+                tl.debug_barrier()
+                top = tl.load(scratch + offs_w)
             pick = (CP - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
             prev = tl.where(offs_w < W, _key_float((top >> 32).to(tl.int32)), NEG_INF)
             tl.store(lvl_parent + d * WP + offs_w, tl.gather(pp, pick, 0))
@@ -115,11 +162,14 @@ if triton is not None:
         tl.debug_barrier()
         offs_g = tl.arange(0, GP)
         everything = tl.load(lvl_key + offs_g, mask=offs_g < L * WP, other=-(2**63))
-        everything = tl.sort(everything, descending=True)
-        tl.debug_barrier()
-        tl.store(scratch + offs_g, everything)
-        tl.debug_barrier()
-        glob = tl.load(scratch + offs_w)
+        if RADIX:
+            glob = _top_w_sorted(everything, offs_g < L * WP, scratch, offs_w, W)
+        else:
+            everything = tl.sort(everything, descending=True)
+            tl.debug_barrier()
+            tl.store(scratch + offs_g, everything)
+            tl.debug_barrier()
+            glob = tl.load(scratch + offs_w)
         entry = (L * WP - 1 - (glob & 0xFFFFFFFF)).to(tl.int32)
         depth0 = entry // WP
         score = _key_float((glob >> 32).to(tl.int32))
@@ -341,61 +391,87 @@ _PAIRS: dict = {}
 
 if triton is not None:
 
+    # ---- exact top-K over the vocabulary by radix selection, spread over (row, chunk) programs (topk_triton)
+
     @triton.jit
-    def _topk_row_kernel(
-        x_ptr, out_values_ptr, out_ids_ptr, scratch_ptr, stride_x, id_offset,
-        V: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
-    ):
-        """Exact top-K of one row by radix selection: 4 histogram passes over 8-bit digits of the order-preserving
-        key find the K-th largest key T; a fifth pass collects the keys above T and the lowest-index ties at T;
-        a sort of K (value desc, index asc) gives the canonical order of tree.exact_topk."""
-        row = tl.program_id(0).to(tl.int64)
-        base = x_ptr + row * stride_x
-        bins = tl.arange(0, 256)
-        prefix = tl.zeros([], dtype=tl.int64)  # the digits of T fixed so far
-        k_left = tl.zeros([], dtype=tl.int32) + K  # how many of the K still lie at or below the prefix
-        for p in tl.static_range(4):
-            shift = 24 - 8 * p  # p is a compile-time constant (static_range); a constexpr name cannot be rebound
-            hist = tl.zeros([256], dtype=tl.int32)
-            for start in range(0, V, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                inside = offs < V
-                x = tl.load(base + offs, mask=inside, other=0.0)
-                key = _float_key(x).to(tl.int64) + 2147483648  # unsigned order in [0, 2^32)
-                match = inside & ((key >> (shift + 8)) == prefix)
-                hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
-            at_or_above = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys with this digit or a larger one
-            digit = tl.max(tl.where(at_or_above >= k_left, bins, -1), 0)
-            k_left -= tl.sum(tl.where(bins > digit, hist, 0), 0)
+    def _vocab_keys(x_ptr, row, chunk, stride_x, V: tl.constexpr, CHUNK: tl.constexpr):
+        offs = chunk * CHUNK + tl.arange(0, CHUNK)
+        inside = offs < V
+        x = tl.load(x_ptr + row * stride_x + offs, mask=inside, other=0.0)
+        return offs, inside, _float_key(x).to(tl.int64) + 2147483648  # unsigned order in [0, 2^32)
+
+    @triton.jit
+    def _radix_state(hist_ptr, row, rows, PASSES: tl.constexpr, K: tl.constexpr):
+        """The digits of the K-th largest key fixed by the first PASSES histograms of this row, and how many of
+        the K are still to be found at or below that prefix."""
+        prefix = tl.zeros([], dtype=tl.int64)
+        k_left = tl.zeros([], dtype=tl.int32) + K
+        for p in tl.static_range(PASSES):
+            hist = tl.load(hist_ptr + (p * rows + row) * 256 + tl.arange(0, 256))
+            digit, k_left = _radix_digit(hist, k_left)
             prefix = prefix * 256 + digit.to(tl.int64)
-        above = K - k_left  # keys > T; k_left ties at T are taken, lowest indices first
-        n_above = tl.zeros([], dtype=tl.int32)
-        n_tied = tl.zeros([], dtype=tl.int32)
-        out_scratch = scratch_ptr + row * KP
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            inside = offs < V
-            x = tl.load(base + offs, mask=inside, other=0.0)
-            key = _float_key(x).to(tl.int64) + 2147483648
-            gt = inside & (key > prefix)
-            eq = inside & (key == prefix)
-            gt_slot = n_above + tl.cumsum(gt.to(tl.int32), 0) - 1
-            tl.store(out_scratch + gt_slot, offs.to(tl.int64), mask=gt)
-            eq_rank = n_tied + tl.cumsum(eq.to(tl.int32), 0) - 1
-            tl.store(out_scratch + above + eq_rank, offs.to(tl.int64), mask=eq & (eq_rank < k_left))
-            n_above += tl.sum(gt.to(tl.int32), 0)
-            n_tied += tl.sum(eq.to(tl.int32), 0)
-        tl.debug_barrier()
+        return prefix, k_left
+
+    @triton.jit
+    def _topk_hist_kernel(x_ptr, hist_ptr, stride_x, rows, V: tl.constexpr, K: tl.constexpr, PASS: tl.constexpr,
+                          CHUNK: tl.constexpr):
+        """Pass PASS (0..3): this chunk's histogram of the keys' PASS-th 8-bit digit, among the keys whose
+        higher digits equal the prefix fixed so far, added to the row's histogram."""
+        row = tl.program_id(0).to(tl.int64)
+        offs, inside, key = _vocab_keys(x_ptr, row, tl.program_id(1), stride_x, V, CHUNK)
+        prefix, k_left = _radix_state(hist_ptr, row, rows, PASS, K)
+        match = inside & ((key >> (32 - 8 * PASS)) == prefix)
+        hist = tl.histogram(((key >> (24 - 8 * PASS)) & 255).to(tl.int32), 256, mask=match)
+        bins = tl.arange(0, 256)
+        tl.atomic_add(hist_ptr + (PASS * rows + row) * 256 + bins, hist, mask=hist > 0)
+
+    @triton.jit
+    def _topk_count_kernel(x_ptr, hist_ptr, counts_ptr, stride_x, rows, chunks, V: tl.constexpr, K: tl.constexpr,
+                           CHUNK: tl.constexpr):
+        """Per chunk: how many keys lie above the K-th largest key T, and how many equal it."""
+        row = tl.program_id(0).to(tl.int64)
+        chunk = tl.program_id(1)
+        offs, inside, key = _vocab_keys(x_ptr, row, chunk, stride_x, V, CHUNK)
+        thresh, k_left = _radix_state(hist_ptr, row, rows, 4, K)
+        slot = counts_ptr + (row * chunks + chunk) * 2
+        tl.store(slot, tl.sum((inside & (key > thresh)).to(tl.int32), 0))
+        tl.store(slot + 1, tl.sum((inside & (key == thresh)).to(tl.int32), 0))
+
+    @triton.jit
+    def _topk_collect_kernel(x_ptr, hist_ptr, counts_ptr, ids_ptr, stride_x, rows, chunks, V: tl.constexpr,
+                             K: tl.constexpr, CHUNK: tl.constexpr, CHP: tl.constexpr):
+        """Writes the ids of this chunk's keys above T (after the earlier chunks' ones) and of its ties at T that
+        are among the k_left lowest-index ties (after the K - k_left keys above T): the top K in index order."""
+        row = tl.program_id(0).to(tl.int64)
+        chunk = tl.program_id(1)
+        offs, inside, key = _vocab_keys(x_ptr, row, chunk, stride_x, V, CHUNK)
+        thresh, k_left = _radix_state(hist_ptr, row, rows, 4, K)
+        c = tl.arange(0, CHP)
+        earlier = c < chunk
+        gt_before = tl.sum(tl.load(counts_ptr + (row * chunks + c) * 2, mask=earlier, other=0), 0)
+        eq_before = tl.sum(tl.load(counts_ptr + (row * chunks + c) * 2 + 1, mask=earlier, other=0), 0)
+        gt = inside & (key > thresh)
+        eq = inside & (key == thresh)
+        out = ids_ptr + row * K
+        tl.store(out + gt_before + tl.cumsum(gt.to(tl.int32), 0) - 1, offs.to(tl.int64), mask=gt)
+        eq_rank = eq_before + tl.cumsum(eq.to(tl.int32), 0) - 1
+        tl.store(out + (K - k_left) + eq_rank, offs.to(tl.int64), mask=eq & (eq_rank < k_left))
+
+    @triton.jit
+    def _topk_order_kernel(x_ptr, ids_ptr, out_values_ptr, out_ids_ptr, stride_x, id_offset, K: tl.constexpr,
+                           KP: tl.constexpr):
+        """The K chosen ids of a row in canonical order (value descending, then index ascending)."""
+        row = tl.program_id(0).to(tl.int64)
         slots = tl.arange(0, KP)
-        chosen = tl.load(out_scratch + slots, mask=slots < K, other=0)
-        values = tl.load(base + chosen, mask=slots < K, other=0.0)
-        # (key, reversed index) packed into one int64: a descending sort gives value desc, then index asc
+        ok = slots < K
+        chosen = tl.load(ids_ptr + row * K + slots, mask=ok, other=0)
+        values = tl.load(x_ptr + row * stride_x + chosen, mask=ok, other=0.0)
         packed = (_float_key(values).to(tl.int64) << 32) | (4294967295 - chosen)
-        packed = tl.where(slots < K, packed, -9223372036854775807 - 1)
-        packed = tl.sort(packed, 0, descending=True)
+        packed = tl.sort(tl.where(ok, packed, -9223372036854775807 - 1), 0, descending=True)
         ids = 4294967295 - (packed & 4294967295)
-        tl.store(out_ids_ptr + row * K + slots, ids + id_offset, mask=slots < K)
-        tl.store(out_values_ptr + row * K + slots, tl.load(base + ids, mask=slots < K, other=0.0), mask=slots < K)
+        tl.store(out_ids_ptr + row * K + slots, ids + id_offset, mask=ok)
+        tl.store(out_values_ptr + row * K + slots, tl.load(x_ptr + row * stride_x + ids, mask=ok, other=0.0),
+                 mask=ok)
 
 
 def _pairs(width: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -410,21 +486,27 @@ def _pairs(width: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, int]
     return _PAIRS[key]
 
 
-# Which tree-build kernel build_tree_triton runs: "sort" (one program per request: a sort per depth), "rank"
-# (many programs per request, one launch per depth), or "auto" (rank from SGLANG_DDTREE_RANK_MIN_WIDTH tree nodes
-# up, sort below). Same output bit for bit. Environment, read once; scripts/device/pick_tree_setup.py derives them
-# from a GPU benchmark. Defaults = what it picked on the H200 (benchmarks/results/tree_kernels_rank_h200.json,
-# batch 1, one graph replay: sort 0.024 / 0.067 / 0.48 / 3.24 ms at B = 16 / 64 / 256 / 1024, rank 0.12 / 0.21 /
-# 0.25 / 1.87 ms).
+# Which tree-build kernel build_tree_triton runs: "sort" (one program per request: a full sort per depth),
+# "select" (one program per request: radix selection per depth, then a sort of W keys), "rank" (many programs per
+# request, one launch per depth), or "auto" (rank from SGLANG_DDTREE_RANK_MIN_WIDTH tree nodes up,
+# SGLANG_DDTREE_SMALL_TREE_KERNEL below). Same output bit for bit. Environment, read once;
+# scripts/device/pick_tree_setup.py derives them from a GPU benchmark. Defaults = what it picked on the H200
+# (benchmarks/results/tree_kernels_rank_h200.json, batch 1, one graph replay: sort 0.024 / 0.067 / 0.48 / 3.24 ms
+# at B = 16 / 64 / 256 / 1024, rank 0.12 / 0.21 / 0.25 / 1.87 ms).
+TREE_KERNELS = ("sort", "select", "rank", "auto")
 TREE_KERNEL = os.environ.get("SGLANG_DDTREE_TREE_KERNEL", "auto")
 RANK_MIN_WIDTH = int(os.environ.get("SGLANG_DDTREE_RANK_MIN_WIDTH", "256"))
-if TREE_KERNEL not in ("sort", "rank", "auto"):
-    raise ValueError(f"SGLANG_DDTREE_TREE_KERNEL must be sort, rank or auto, got {TREE_KERNEL!r}.")
+SMALL_TREE_KERNEL = os.environ.get("SGLANG_DDTREE_SMALL_TREE_KERNEL", "sort")
+if TREE_KERNEL not in TREE_KERNELS:
+    raise ValueError(f"SGLANG_DDTREE_TREE_KERNEL must be one of {', '.join(TREE_KERNELS)}, got {TREE_KERNEL!r}.")
+if SMALL_TREE_KERNEL not in ("sort", "select"):
+    raise ValueError(f"SGLANG_DDTREE_SMALL_TREE_KERNEL must be sort or select, got {SMALL_TREE_KERNEL!r}.")
 
 
 # Which exact top-K the serving path runs over the vocabulary (sglang/ops.py): "torch" (torch.topk, then a sort of
-# the K into canonical order) or "triton" (topk_triton: radix selection, one launch). Same result bit for bit;
-# "torch" stays the default until a GPU run has timed the kernel (benchmarks/bench_tree.py --impls triton_topk).
+# the K into canonical order) or "triton" (topk_triton: radix selection over (row, chunk) programs). Same result
+# bit for bit; "torch" stays the default until a GPU run has timed the kernel (benchmarks/bench_tree.py --impls
+# triton_select_topk).
 TOPK_KERNEL = os.environ.get("SGLANG_DDTREE_TOPK_KERNEL", "torch")
 if TOPK_KERNEL not in ("torch", "triton"):
     raise ValueError(f"SGLANG_DDTREE_TOPK_KERNEL must be torch or triton, got {TOPK_KERNEL!r}.")
@@ -433,19 +515,24 @@ if TOPK_KERNEL not in ("torch", "triton"):
 def tree_kernel_for(width: int, kernel: str | None = None) -> str:
     choice = kernel or TREE_KERNEL
     if choice == "auto":
-        return "rank" if width >= RANK_MIN_WIDTH else "sort"
+        return "rank" if width >= RANK_MIN_WIDTH else SMALL_TREE_KERNEL
     return choice
 
 
 def build_tree_triton(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budget, root_tokens: torch.Tensor, *,
                       prune: float | None = None, max_budget: int | None = None, kernel: str | None = None
                       ) -> DraftTree:
-    """Same result as tree.build_tree_from_topk (bit for bit). kernel: sort, rank or auto (default TREE_KERNEL)."""
+    """Same result as tree.build_tree_from_topk (bit for bit). kernel: sort, select, rank or auto (default
+    TREE_KERNEL)."""
     width = max_budget if max_budget is not None else int(budget)
-    if tree_kernel_for(width, kernel) == "rank":
+    choice = tree_kernel_for(width, kernel)
+    if choice not in TREE_KERNELS[:3]:
+        raise ValueError(f"tree kernel must be one of {', '.join(TREE_KERNELS)}, got {kernel!r}.")
+    if choice == "rank":
         return build_tree_triton_rank(topk_values, topk_tokens, budget, root_tokens, prune=prune,
                                       max_budget=max_budget)
-    return build_tree_triton_sort(topk_values, topk_tokens, budget, root_tokens, prune=prune, max_budget=max_budget)
+    return build_tree_triton_sort(topk_values, topk_tokens, budget, root_tokens, prune=prune, max_budget=max_budget,
+                                  radix=choice == "select")
 
 
 def _budget_tensor(budget, bs: int, device) -> torch.Tensor:
@@ -527,8 +614,11 @@ def build_tree_triton_rank(topk_values: torch.Tensor, topk_tokens: torch.Tensor,
 
 
 def build_tree_triton_sort(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budget, root_tokens: torch.Tensor,
-                           *, prune: float | None = None, max_budget: int | None = None) -> DraftTree:
-    """Same result as tree.build_tree_from_topk (bit for bit), one kernel launch."""
+                           *, prune: float | None = None, max_budget: int | None = None, radix: bool = False
+                           ) -> DraftTree:
+    """Same result as tree.build_tree_from_topk (bit for bit), one kernel launch, one program per request.
+    radix=False ("sort"): full sorts of each depth's pairs; radix=True ("select"): radix selection of the best W,
+    then a sort of W keys."""
     import math
 
     bs, depth_limit, k = topk_values.shape
@@ -537,7 +627,7 @@ def build_tree_triton_sort(topk_values: torch.Tensor, topk_tokens: torch.Tensor,
     wp = _pow2(width)
     pair_parent, pair_rank, cp = _pairs(width, k, device)
     gp = _pow2(depth_limit * wp)
-    sp = max(cp, gp)
+    sp = wp if radix else max(cp, gp)
     budget_t = _budget_tensor(budget, bs, device)
     out = _tree_outputs(bs, width + 1, device)
     scratch = torch.empty((bs, sp), dtype=torch.int64, device=device)
@@ -551,7 +641,7 @@ def build_tree_triton_sort(topk_values: torch.Tensor, topk_tokens: torch.Tensor,
         budget_t, root_tokens.to(device=device, dtype=torch.int64).contiguous(), log_prune,
         scratch, lvl_key, lvl_parent, lvl_rank, inv,
         out["tokens"], out["parents"], out["depth"], out["scores"], out["ranks"], out["valid"],
-        L=depth_limit, K=k, W=width, WP=wp, CP=cp, SP=sp, GP=gp, num_warps=_warps(max(cp, gp)),
+        L=depth_limit, K=k, W=width, WP=wp, CP=cp, SP=sp, GP=gp, RADIX=radix, num_warps=_warps(max(cp, gp)),
     )
     return DraftTree(out["tokens"], out["parents"], out["depth"], out["scores"], out["ranks"],
                      out["valid"].bool(), depth_limit)
@@ -604,21 +694,41 @@ def walk_triton(tree: DraftTree, target_choice: torch.Tensor):
     return WalkResult(path=path, accept_len=accept, bonus=bonus, out_tokens=out_tokens, target_choice=choice)
 
 
+# Largest k topk_triton orders in one program (a register sort of k keys); the serving path needs k <= 1024.
+TOPK_TRITON_MAX_K = 4096
+
+
 def topk_triton(x: torch.Tensor, k: int, *, id_offset: int = 0, block: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
     """Same result as tree.exact_topk(x, k, id_offset=id_offset) for a float32 [rows, V] tensor without NaN (bit
-    for bit: values, then ids, in the canonical order), one launch, one program per row. Not the default yet:
-    SGLANG_DDTREE_TOPK_KERNEL=triton selects it in the serving path (sglang/ops.py) until a GPU run has timed it
-    against torch.topk (benchmarks/bench_tree.py --impls triton_topk)."""
+    for bit: values, then ids, in the canonical order). Radix selection over (row, chunk of `block`) programs: four
+    histogram passes over 8-bit digits of the order-preserving key find each row's K-th largest key T, a count
+    pass and a collect pass write the keys above T and the lowest-index ties at T, one program per row sorts the K.
+    Why not torch.topk: it took 0.20 ms at batch 1 and 0.60 ms at batch 8 for K=256 on the H200 (lease 8), most of
+    a tree round's core stages; these 8 launches read the logits 6 times (~10 MB at batch 1). The first version
+    (one program per row) took 0.71 ms: one SM per row. Selected by SGLANG_DDTREE_TOPK_KERNEL=triton."""
     rows, width = x.shape
     if not 1 <= k <= width:
         raise ValueError(f"top-k needs 1 <= k <= {width}, got k={k}.")
+    if k > TOPK_TRITON_MAX_K:
+        raise ValueError(f"topk_triton orders at most {TOPK_TRITON_MAX_K} keys a row, got k={k}; use tree.exact_topk.")
     x = x.float().contiguous()
+    device = x.device
+    chunk = min(block, _pow2(width))
+    chunks = triton.cdiv(width, chunk)
+    hist = torch.zeros((4, rows, 256), dtype=torch.int32, device=device)
+    counts = torch.empty((rows, chunks, 2), dtype=torch.int32, device=device)
+    chosen = torch.empty((rows, k), dtype=torch.int64, device=device)
+    values = torch.empty((rows, k), dtype=torch.float32, device=device)
+    ids = torch.empty((rows, k), dtype=torch.int64, device=device)
+    grid = (rows, chunks)
+    for p in range(4):
+        _topk_hist_kernel[grid](x, hist, x.stride(0), rows, V=width, K=k, PASS=p, CHUNK=chunk, num_warps=4)
+    _topk_count_kernel[grid](x, hist, counts, x.stride(0), rows, chunks, V=width, K=k, CHUNK=chunk, num_warps=4)
+    _topk_collect_kernel[grid](x, hist, counts, chosen, x.stride(0), rows, chunks, V=width, K=k, CHUNK=chunk,
+                               CHP=_pow2(chunks), num_warps=4)
     kp = _pow2(max(k, 2))
-    values = torch.empty((rows, k), dtype=torch.float32, device=x.device)
-    ids = torch.empty((rows, k), dtype=torch.int64, device=x.device)
-    scratch = torch.empty((rows, kp), dtype=torch.int64, device=x.device)
-    _topk_row_kernel[(rows,)](x, values, ids, scratch, x.stride(0), id_offset, V=width, K=k, KP=kp,
-                              BLOCK=min(block, _pow2(width)), num_warps=8)
+    _topk_order_kernel[(rows,)](x, chosen, values, ids, x.stride(0), id_offset, K=k, KP=kp,
+                                num_warps=4 if kp <= 256 else 8)
     return values, ids
 
 

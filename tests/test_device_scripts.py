@@ -591,24 +591,46 @@ def test_interrupted_parallel_start_kills_the_servers_promptly(fake_sglang):
                 pass
 
 
-def _bench_rows(pairs):
-    return {"rows": [{"batch_size": 1, "budget": b, "triton_graph_tree_ms": s, "triton_rank_graph_tree_ms": r,
-                      "triton_eager_all_ms": 1.0, "triton_rank_eager_all_ms": 1.1}
-                     for b, (s, r) in pairs.items()]}
+def _bench_rows(times, topk=None):
+    """times: {budget: (sort, rank[, select])} batch-1 graph tree ms; topk: {batch size: (torch, triton)} at B=256."""
+    rows = []
+    for b, t in times.items():
+        row = {"batch_size": 1, "budget": b, "triton_graph_tree_ms": t[0], "triton_rank_graph_tree_ms": t[1]}
+        if len(t) > 2:
+            row["triton_select_graph_tree_ms"] = t[2]
+        rows.append(row)
+    for bs, (torch_ms, triton_ms) in (topk or {}).items():
+        row = next((r for r in rows if r["batch_size"] == bs and r["budget"] == 256), None)
+        if row is None:
+            row = {"batch_size": bs, "budget": 256}
+            rows.append(row)
+        row.update(triton_graph_topk_ms=torch_ms, triton_select_topk_graph_topk_ms=triton_ms)
+    return {"rows": rows}
 
 
-@pytest.mark.parametrize("pairs,expect", [
-    ({16: (0.02, 0.05), 64: (0.06, 0.06), 256: (0.48, 0.05), 1024: (3.2, 0.4)},
-     ["SGLANG_DDTREE_TREE_KERNEL=auto", "SGLANG_DDTREE_RANK_MIN_WIDTH=256"]),
-    ({16: (0.1, 0.01), 256: (0.48, 0.05)}, ["SGLANG_DDTREE_TREE_KERNEL=rank"]),
-    ({16: (0.01, 0.1), 256: (0.05, 0.048)}, ["SGLANG_DDTREE_TREE_KERNEL=sort"]),
-    # better at 16 but not at 64: only the tail that is better everywhere counts
-    ({16: (0.1, 0.01), 64: (0.05, 0.05), 256: (0.48, 0.05)},
-     ["SGLANG_DDTREE_TREE_KERNEL=auto", "SGLANG_DDTREE_RANK_MIN_WIDTH=256"]),
+AUTO_SORT = ["SGLANG_DDTREE_TREE_KERNEL=auto", "SGLANG_DDTREE_RANK_MIN_WIDTH={}", "SGLANG_DDTREE_SMALL_TREE_KERNEL={}"]
+
+
+@pytest.mark.parametrize("times,topk,expect", [
+    # rank far better from 256 on, equal at 64: the first width of the best score (64)
+    ({16: (0.02, 0.05), 64: (0.06, 0.06), 256: (0.48, 0.05), 1024: (3.2, 0.4)}, None,
+     [AUTO_SORT[0], AUTO_SORT[1].format(64), AUTO_SORT[2].format("sort"), "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
+    ({16: (0.1, 0.01), 256: (0.48, 0.05)}, None,
+     ["SGLANG_DDTREE_TREE_KERNEL=rank", "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
+    ({16: (0.01, 0.1), 256: (0.05, 0.048)}, None,
+     [AUTO_SORT[0], AUTO_SORT[1].format(256), AUTO_SORT[2].format("sort"), "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
+    # select fastest everywhere: select alone; triton top-K faster at both batch sizes
+    ({16: (0.02, 0.12, 0.015), 256: (0.48, 0.25, 0.1), 1024: (3.2, 1.9, 0.3)}, {1: (0.2, 0.05), 8: (0.6, 0.1)},
+     ["SGLANG_DDTREE_TREE_KERNEL=select", "SGLANG_DDTREE_TOPK_KERNEL=triton"]),
+    # select small, rank large; triton top-K slower at batch 8: torch
+    ({16: (0.02, 0.12, 0.015), 256: (0.48, 0.25, 0.3), 1024: (3.2, 1.0, 1.5)}, {1: (0.2, 0.05), 8: (0.6, 0.7)},
+     [AUTO_SORT[0], AUTO_SORT[1].format(256), AUTO_SORT[2].format("select"), "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
+    # sort exactly as fast as auto: the single kernel (earlier in the list) wins the tie
+    ({16: (0.02, 0.1), 64: (0.05, 0.05)}, None, ["SGLANG_DDTREE_TREE_KERNEL=sort", "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
 ])
-def test_pick_tree_setup_rule(tmp_path, pairs, expect):
+def test_pick_tree_setup_rule(tmp_path, times, topk, expect):
     bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps(_bench_rows(pairs)))
+    bench.write_text(json.dumps(_bench_rows(times, topk)))
     out = subprocess.run([sys.executable, str(REPO / "scripts/device/pick_tree_setup.py"), str(bench)],
                          capture_output=True, text=True, check=True).stdout
     exports = [line.removeprefix("export ") for line in out.splitlines() if line.startswith("export ")]
@@ -621,4 +643,6 @@ def test_tree_kernel_auto_switches_at_the_min_width(monkeypatch):
 
     monkeypatch.setattr(kernels, "RANK_MIN_WIDTH", 128)
     assert [kernels.tree_kernel_for(w, "auto") for w in (16, 127, 128, 1024)] == ["sort", "sort", "rank", "rank"]
+    monkeypatch.setattr(kernels, "SMALL_TREE_KERNEL", "select")
+    assert [kernels.tree_kernel_for(w, "auto") for w in (16, 128)] == ["select", "rank"]
     assert kernels.tree_kernel_for(1024, "sort") == "sort" and kernels.tree_kernel_for(16, "rank") == "rank"

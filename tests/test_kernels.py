@@ -43,7 +43,7 @@ CHECK = textwrap.dedent(
             roots = torch.randint(0, vocab, (bs,), generator=gen)
             budgets = torch.randint(1, budget + 1, (bs,), generator=gen)
             ref = build_tree_from_topk(values, tokens, budgets, roots, prune=prune, max_budget=budget)
-            for kernel in ("sort", "rank"):
+            for kernel in ("sort", "select", "rank"):
                 got = kernels.build_tree_triton(values, tokens, budgets, roots, prune=prune, max_budget=budget,
                                                 kernel=kernel)
                 for f in FIELDS:

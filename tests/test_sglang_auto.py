@@ -273,3 +273,23 @@ def test_observed_tokens_equal_walking_each_smaller_tree():
     chain_walk = walk_choices(chain, target(chain))
     assert ops.observed_tokens(candidates, CHAIN, chain, chain_walk).tolist() == [
         float((chain_walk.accept_len + 1).sum()), 0.0, 0.0, 0.0]
+
+
+def test_sampling_backs_off_only_while_the_chain_leads_every_tree_by_far():
+    """Sampled rounds (top-K and tree at the largest budget) every SAMPLE_EVERY rounds while a tree could win or
+    nothing is known; every SAMPLE_EVERY_IDLE rounds once the chain's rate beats every tree's best case by more
+    than CLOSE; back to SAMPLE_EVERY when the trees catch up."""
+    from sglang_ddtree.sglang.auto import CLOSE, SAMPLE_EVERY, SAMPLE_EVERY_IDLE
+
+    assert SAMPLE_EVERY_IDLE % SAMPLE_EVERY == 0 and SAMPLE_EVERY_IDLE > SAMPLE_EVERY
+    policy = AutoBudgetPolicy([CHAIN, 16, 32], explore=2, probe_every=1000)
+    assert policy.sample_interval(1) == SAMPLE_EVERY  # nothing measured
+    # chain 0.2 tokens/ms; the 16-tree at best 2.05 / (20 x 0.9) = 0.114 < (1 - CLOSE) x 0.2; the 32-tree unexplored,
+    # bounded by the narrower ones' dearest time
+    run_policy(policy, 1, [2.0, 2.05, 2.1], [10.0, 20.0, 30.0], rounds=60)
+    assert 2.05 / (20.0 * 0.9) < (1 - CLOSE) * 0.2
+    assert policy.sample_interval(1) == SAMPLE_EVERY_IDLE
+    assert policy.sample_interval(8) == SAMPLE_EVERY  # another batch-size bucket knows nothing yet
+    # the trees become worth it: their tokens rise, the chain's stay
+    run_policy(policy, 1, [2.0, 3.5, 4.0], [10.0, 20.0, 30.0], rounds=400)
+    assert policy.sample_interval(1) == SAMPLE_EVERY

@@ -1,15 +1,19 @@
-"""Pick the tree-build kernel and the top-K chunking for the servers of this lease from bench_tree results.
+"""Pick the tree-build kernel and the top-K kernel for the servers of this lease from bench_tree results.
 
     python3 scripts/device/pick_tree_setup.py BENCH.json > /tmp/picked.env
 
-BENCH.json: benchmarks/bench_tree.py with --impls triton,triton_rank. Prints `export` lines.
+BENCH.json: benchmarks/bench_tree.py with --impls including triton (sort) and triton_rank, optionally
+triton_select and triton_select_topk. Prints `export` lines (and `#` lines with the numbers it used).
 
-Rule (written before the numbers were seen), at batch 1: the rank kernel is "better" at a budget when its
-CUDA-graph tree time is below 0.8x the sort kernel's. If it is better at every measured budget: rank; at none:
-sort; else auto with SGLANG_DDTREE_RANK_MIN_WIDTH = the smallest measured budget from which on it is better at
-every larger one. The chunked top-K is kept when its graph time at B=256 is below the one-stage top-K's. Graph
-times (GPU time alone) decide because at real size the GPU is busy with the draft pass while these launches are
-queued; the eager numbers are printed next to them.
+Rules (written before the numbers were seen):
+- Tree kernel, from the batch-1 CUDA-graph tree times: every configuration the serving path can run (one kernel
+  for all widths: sort, select, rank; or `auto`: a small-tree kernel below a width m and rank from m on, for m in
+  the measured budgets) gets the score sum over budgets of time / the best kernel's time at that budget; the lowest
+  score wins, and on equal scores the earlier configuration in that list (a single kernel before `auto`).
+- Top-K: triton when triton_select_topk's graph top-K time is below the torch top-K's (the `triton` impl's) at
+  B=256 (or the largest budget measured below it) at every batch size measured; torch otherwise.
+Graph times (GPU time alone) decide because at real size the GPU is busy with the draft pass while these launches
+are queued.
 """
 
 from __future__ import annotations
@@ -17,30 +21,58 @@ from __future__ import annotations
 import json
 import sys
 
+KERNEL_COLUMNS = {"sort": "triton", "select": "triton_select", "rank": "triton_rank"}
+
+
+def pick_tree_kernel(rows: list[dict]) -> tuple[dict, float]:
+    """rows: batch-1 rows, sorted by budget. Returns (exports, score)."""
+    budgets = [r["budget"] for r in rows]
+    times = {k: [r[f"{col}_graph_tree_ms"] for r in rows] for k, col in KERNEL_COLUMNS.items()
+             if all(f"{col}_graph_tree_ms" in r for r in rows)}
+    best = [min(t[i] for t in times.values()) for i in range(len(rows))]
+
+    def score(per_budget):
+        return sum(t / b for t, b in zip(per_budget, best))
+
+    configs = [({"SGLANG_DDTREE_TREE_KERNEL": k}, score(t)) for k, t in times.items()]
+    if "rank" in times:
+        for small in ("sort", "select"):
+            if small not in times:
+                continue
+            for i, m in enumerate(budgets[1:], start=1):
+                mixed = times[small][:i] + times["rank"][i:]
+                configs.append(({"SGLANG_DDTREE_TREE_KERNEL": "auto", "SGLANG_DDTREE_RANK_MIN_WIDTH": str(m),
+                                 "SGLANG_DDTREE_SMALL_TREE_KERNEL": small}, score(mixed)))
+    return min(configs, key=lambda c: c[1])  # min keeps the first of equal scores
+
+
+def pick_topk_kernel(rows: list[dict]) -> str:
+    rows = [r for r in rows if "triton_select_topk_graph_topk_ms" in r and "triton_graph_topk_ms" in r]
+    by_bs: dict[int, dict] = {}
+    for r in sorted(rows, key=lambda r: r["budget"]):
+        if r["budget"] <= 256 or r["batch_size"] not in by_bs:
+            by_bs[r["batch_size"]] = r
+    faster = [r["triton_select_topk_graph_topk_ms"] < r["triton_graph_topk_ms"] for r in by_bs.values()]
+    return "triton" if faster and all(faster) else "torch"
+
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    rows = sorted((r for r in json.load(open(argv[0]))["rows"] if r["batch_size"] == 1), key=lambda r: r["budget"])
+    all_rows = json.load(open(argv[0]))["rows"]
+    rows = sorted((r for r in all_rows if r["batch_size"] == 1), key=lambda r: r["budget"])
     if not rows:
         raise SystemExit(f"{argv[0]}: no batch-1 rows")
-    better = {r["budget"]: r["triton_rank_graph_tree_ms"] < 0.8 * r["triton_graph_tree_ms"] for r in rows}
     for r in rows:
-        print(f"# B={r['budget']:5d} bs1 tree graph: sort {r['triton_graph_tree_ms']:.4f} ms, rank "
-              f"{r['triton_rank_graph_tree_ms']:.4f} ms; eager all: sort {r['triton_eager_all_ms']:.4f}, rank "
-              f"{r['triton_rank_eager_all_ms']:.4f}")
-    budgets = sorted(better)
-    from_on = [b for i, b in enumerate(budgets) if all(better[x] for x in budgets[i:])]
-    if all(better.values()):
-        kernel, min_width = "rank", None
-    elif not from_on:
-        kernel, min_width = "sort", None
-    else:
-        kernel, min_width = "auto", from_on[0]
-    print(f"export SGLANG_DDTREE_TREE_KERNEL={kernel}")
-    if min_width is not None:
-        print(f"export SGLANG_DDTREE_RANK_MIN_WIDTH={min_width}")
+        cols = ", ".join(f"{k} {r[c + '_graph_tree_ms']:.4f}" for k, c in KERNEL_COLUMNS.items()
+                         if f"{c}_graph_tree_ms" in r)
+        print(f"# B={r['budget']:5d} bs1 tree graph ms: {cols}")
+    exports, score = pick_tree_kernel(rows)
+    print(f"# tree-kernel score {score:.3f} (sum over budgets of time / best time; {len(rows)} is the least)")
+    exports["SGLANG_DDTREE_TOPK_KERNEL"] = pick_topk_kernel(all_rows)
+    for name, value in exports.items():
+        print(f"export {name}={value}")
     return 0
 
 

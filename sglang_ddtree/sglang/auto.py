@@ -37,10 +37,16 @@ import torch
 from sglang_ddtree.adaptive import CHAIN, candidate_label
 
 
-# Every candidate's expectation needs the tree at the largest budget (0.20 ms a round at 8B shapes against the
-# chain's 0.05, lease 9). One round in SAMPLE_EVERY computes it; the others build only the chosen tree. Expected
-# saving at 8B, batch 1, chain chosen: ~0.11 ms of a 6.8 ms round (not measured yet).
+# Every candidate's expectation needs the top-K and the tree at the largest budget (0.20 ms a round at 8B shapes
+# against the chain's 0.05 at batch 1, lease 9; the top-K alone 0.95 ms at batch 8 for K=256, lease 8). One round
+# in SAMPLE_EVERY computes it; the others build only the chosen tree. While the chain leads every tree candidate by
+# more than CLOSE (its rate against the tree's best case: estimated tokens over its cost floor), one round in
+# SAMPLE_EVERY_IDLE: the expectations then only watch for the drafter becoming confident, and a lead that large
+# takes a few samples to erase anyway. Expected saving at 8B shapes, batch 16, chain chosen: 3/16 of a sampled
+# round's extra ~1.5-2 ms, ~0.3 ms of a ~11.6 ms step (not measured yet).
 SAMPLE_EVERY = 4
+SAMPLE_EVERY_IDLE = 16
+CLOSE = 0.25
 
 # Relative timing noise the chooser allows for when it bounds a candidate's round time (_cost_floor). An allowance,
 # not a measurement: whole runs of one tiny-pair configuration moved 10-20% in lease 10 (sweep_auto_lease10.jsonl);
@@ -216,6 +222,21 @@ class AutoBudgetPolicy:
         b.tried[choice] += 1
         self.chosen_total[choice] += 1
         return choice
+
+    def sample_interval(self, bucket: int) -> int:
+        """Rounds between sampled rounds (SAMPLE_EVERY_IDLE divides by SAMPLE_EVERY, so a round counter modulo
+        either stays in step): SAMPLE_EVERY_IDLE only when the chain's rate is known and beats every tree
+        candidate's best case (estimated tokens over its cost floor, else its measured time) by more than CLOSE."""
+        b = self._bucket(bucket)
+        rates = self.rates(bucket)
+        if rates[0] is None:
+            return SAMPLE_EVERY
+        for i in range(1, len(self.candidates)):
+            tokens = self.est_tokens(i)
+            floor = self._cost_floor(b, i) or b.round_ms[i].mean()
+            if tokens is None or not floor or tokens / floor >= (1.0 - CLOSE) * rates[0]:
+                return SAMPLE_EVERY
+        return SAMPLE_EVERY_IDLE
 
     def observe(self, bucket: int, chosen: int, batch_size: int, round_ms: float | None,
                 expected_sum: list[float] | None, observed_sum: list[float | None]) -> None:

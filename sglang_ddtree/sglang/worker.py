@@ -58,7 +58,7 @@ from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
-from sglang_ddtree.sglang.auto import SAMPLE_EVERY, AutoBudgetPolicy, AutoFeedback
+from sglang_ddtree.sglang.auto import AutoBudgetPolicy, AutoFeedback
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -332,7 +332,7 @@ class DDTreeWorker(DFlashWorkerV2):
             self.auto.feedback.drain()
             bucket = self._graph_bucket(bs)
             chosen = self.auto.policy.choose(bucket)
-            sampled = self.auto.rounds % SAMPLE_EVERY == 0
+            sampled = self.auto.rounds % self.auto.policy.sample_interval(bucket) == 0
             captures = self._auto_captures(chosen)
         top1_only = (self.auto is not None and self.auto.candidates[chosen] == CHAIN and not sampled
                      and self.scripted is None)

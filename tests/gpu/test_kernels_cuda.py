@@ -16,7 +16,7 @@ FIELDS = ("tokens", "parents", "depth", "scores", "ranks", "valid")
 @pytest.mark.parametrize("budget,bs,vocab,ties", [(16, 4, 151936, False), (256, 3, 151936, False),
                                                   (1024, 2, 151936, False), (64, 8, 4096, True),
                                                   (1024, 2, 4096, True), (7, 5, 5, True)])
-@pytest.mark.parametrize("kernel", ["sort", "rank"])
+@pytest.mark.parametrize("kernel", ["sort", "select", "rank"])
 def test_kernels_equal_torch_on_cuda(budget, bs, vocab, ties, kernel):
     gen = torch.Generator().manual_seed(budget + bs)
     lp = (torch.randn(bs, 15, vocab, generator=gen) * 3).log_softmax(-1)
@@ -43,7 +43,7 @@ def test_kernels_equal_torch_on_cuda(budget, bs, vocab, ties, kernel):
             assert torch.equal(getattr(a, f), getattr(w, f)), f
 
 
-@pytest.mark.parametrize("kernel", ["sort", "rank"])
+@pytest.mark.parametrize("kernel", ["sort", "select", "rank"])
 def test_kernels_replay_in_a_cuda_graph(kernel):
     bs, vocab, budget = 3, 32000, 256
     values = torch.empty(bs, 15, budget, device="cuda")
