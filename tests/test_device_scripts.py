@@ -608,23 +608,32 @@ def _bench_rows(times, topk=None):
     return {"rows": rows}
 
 
-AUTO_SORT = ["SGLANG_DDTREE_TREE_KERNEL=auto", "SGLANG_DDTREE_RANK_MIN_WIDTH={}", "SGLANG_DDTREE_SMALL_TREE_KERNEL={}"]
+AUTO_SORT = ["SGLANG_DDTREE_TREE_KERNEL=auto", "SGLANG_DDTREE_RANK_MIN_WIDTH={}", "SGLANG_DDTREE_SMALL_TREE_KERNEL={}",
+             "SGLANG_DDTREE_LARGE_TREE_KERNEL={}"]
 
 
 @pytest.mark.parametrize("times,topk,expect", [
     # rank far better from 256 on, equal at 64: the first width of the best score (64)
     ({16: (0.02, 0.05), 64: (0.06, 0.06), 256: (0.48, 0.05), 1024: (3.2, 0.4)}, None,
-     [AUTO_SORT[0], AUTO_SORT[1].format(64), AUTO_SORT[2].format("sort"), "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
+     [AUTO_SORT[0], AUTO_SORT[1].format(64), AUTO_SORT[2].format("sort"), AUTO_SORT[3].format("rank"),
+      "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
     ({16: (0.1, 0.01), 256: (0.48, 0.05)}, None,
      ["SGLANG_DDTREE_TREE_KERNEL=rank", "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
     ({16: (0.01, 0.1), 256: (0.05, 0.048)}, None,
-     [AUTO_SORT[0], AUTO_SORT[1].format(256), AUTO_SORT[2].format("sort"), "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
+     [AUTO_SORT[0], AUTO_SORT[1].format(256), AUTO_SORT[2].format("sort"), AUTO_SORT[3].format("rank"),
+      "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
     # select fastest everywhere: select alone; triton top-K faster at both batch sizes
     ({16: (0.02, 0.12, 0.015), 256: (0.48, 0.25, 0.1), 1024: (3.2, 1.9, 0.3)}, {1: (0.2, 0.05), 8: (0.6, 0.1)},
      ["SGLANG_DDTREE_TREE_KERNEL=select", "SGLANG_DDTREE_TOPK_KERNEL=triton"]),
     # select small, rank large; triton top-K slower at batch 8: torch
     ({16: (0.02, 0.12, 0.015), 256: (0.48, 0.25, 0.3), 1024: (3.2, 1.0, 1.5)}, {1: (0.2, 0.05), 8: (0.6, 0.7)},
-     [AUTO_SORT[0], AUTO_SORT[1].format(256), AUTO_SORT[2].format("select"), "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
+     [AUTO_SORT[0], AUTO_SORT[1].format(256), AUTO_SORT[2].format("select"), AUTO_SORT[3].format("rank"),
+      "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
+    # lease 12's first kernel run: sort below 256, select from 256 on
+    ({16: (0.0225, 0.1226, 0.0604), 32: (0.0303, 0.1614, 0.0639), 64: (0.0672, 0.216, 0.0878),
+      256: (0.4768, 0.2507, 0.1708), 1024: (3.242, 1.8759, 0.58)}, None,
+     [AUTO_SORT[0], AUTO_SORT[1].format(256), AUTO_SORT[2].format("sort"), AUTO_SORT[3].format("select"),
+      "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
     # sort exactly as fast as auto: the single kernel (earlier in the list) wins the tie
     ({16: (0.02, 0.1), 64: (0.05, 0.05)}, None, ["SGLANG_DDTREE_TREE_KERNEL=sort", "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
 ])
@@ -642,6 +651,7 @@ def test_tree_kernel_auto_switches_at_the_min_width(monkeypatch):
     from sglang_ddtree import kernels
 
     monkeypatch.setattr(kernels, "RANK_MIN_WIDTH", 128)
+    monkeypatch.setattr(kernels, "LARGE_TREE_KERNEL", "rank")
     assert [kernels.tree_kernel_for(w, "auto") for w in (16, 127, 128, 1024)] == ["sort", "sort", "rank", "rank"]
     monkeypatch.setattr(kernels, "SMALL_TREE_KERNEL", "select")
     assert [kernels.tree_kernel_for(w, "auto") for w in (16, 128)] == ["select", "rank"]

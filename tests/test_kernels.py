@@ -76,15 +76,22 @@ TOPK_CHECK = textwrap.dedent(
     from sglang_ddtree.tree import exact_topk
 
     gen = torch.Generator().manual_seed(0)
-    # k = 1, k = V, ties (values rounded to halves), -inf entries, widths below / above one block
+    # k = 1, k = V, ties (values rounded to halves), -inf entries, widths below / above one block; k above the
+    # number of 32-entry groups (every entry a candidate) and below it (the group-maximum threshold), incl. rows
+    # where most entries tie at that threshold (constant, mostly -inf)
     for rows, vocab, k, ties in [(2, 50, 1, False), (3, 300, 16, False), (2, 300, 16, True), (2, 1000, 64, True),
-                                 (1, 5000, 256, False), (2, 700, 700, True), (1, 4097, 100, False)]:
+                                 (1, 5000, 256, False), (2, 700, 700, True), (1, 4097, 100, False),
+                                 (2, 20000, 64, True), (2, 20000, 300, False), (3, 9000, 40, "flat")]:
         x = torch.randn(rows, vocab, generator=gen) * 3
         if ties:
             x = (x * 2).round() / 2
+        if ties == "flat":
+            x[1] = 0.25
+            x[2] = float("-inf")
+            x[2, 7000:7003] = 1.0
         x[0, :5] = float("-inf")
         ref_values, ref_ids = exact_topk(x, k, id_offset=7)
-        values, ids = kernels.topk_triton(x, k, id_offset=7, block=256)
+        values, ids = kernels.topk_triton(x, k, id_offset=7, block=1024)
         assert torch.equal(ref_ids, ids), (rows, vocab, k, ties, ref_ids, ids)
         assert torch.equal(ref_values, values), (rows, vocab, k, ties)
     try:

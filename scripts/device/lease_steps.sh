@@ -37,7 +37,7 @@ bench-tree)
     out=${2:?outdir}
     mkdir -p "$out"
     export CUDA_VISIBLE_DEVICES=$gpu
-    python3 benchmarks/bench_tree.py --device cuda --impls triton,triton_rank,triton_select,triton_select_topk --budgets 16,32,64,256,1024 \
+    python3 benchmarks/bench_tree.py --device cuda --impls triton,triton_rank,triton_select,triton_select_topk --budgets 16,32,64,128,256,512,1024 \
         --batch-sizes 1,8,32 --repeats 30 --out "$out/tree_kernels.json"
     python3 scripts/device/pick_tree_setup.py "$out/tree_kernels.json" | tee /tmp/picked.env "$out/picked.env"
     ;;

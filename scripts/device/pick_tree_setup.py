@@ -7,9 +7,11 @@ triton_select and triton_select_topk. Prints `export` lines (and `#` lines with 
 
 Rules (written before the numbers were seen):
 - Tree kernel, from the batch-1 CUDA-graph tree times: every configuration the serving path can run (one kernel
-  for all widths: sort, select, rank; or `auto`: a small-tree kernel below a width m and rank from m on, for m in
-  the measured budgets) gets the score sum over budgets of time / the best kernel's time at that budget; the lowest
-  score wins, and on equal scores the earlier configuration in that list (a single kernel before `auto`).
+  for all widths: sort, select, rank; or `auto`: a small-tree kernel (sort or select) below a width m and a large
+  one (select or rank) from m on, for m in the measured budgets) gets the score sum over budgets of time / the best
+  kernel's time at that budget; the lowest score wins, and on equal scores the earlier configuration in that list
+  (a single kernel before `auto`). Lease 12's first run offered `auto` only with rank as the large kernel, which
+  left select's lead at 256 and 1024 unused; the large kernel became a choice after it.
 - Top-K: triton when triton_select_topk's graph top-K time is below the torch top-K's (the `triton` impl's) at
   B=256 (or the largest budget measured below it) at every batch size measured; torch otherwise.
 Graph times (GPU time alone) decide because at real size the GPU is busy with the draft pass while these launches
@@ -35,14 +37,15 @@ def pick_tree_kernel(rows: list[dict]) -> tuple[dict, float]:
         return sum(t / b for t, b in zip(per_budget, best))
 
     configs = [({"SGLANG_DDTREE_TREE_KERNEL": k}, score(t)) for k, t in times.items()]
-    if "rank" in times:
+    for large in ("select", "rank"):
         for small in ("sort", "select"):
-            if small not in times:
+            if small == large or small not in times or large not in times:
                 continue
             for i, m in enumerate(budgets[1:], start=1):
-                mixed = times[small][:i] + times["rank"][i:]
+                mixed = times[small][:i] + times[large][i:]
                 configs.append(({"SGLANG_DDTREE_TREE_KERNEL": "auto", "SGLANG_DDTREE_RANK_MIN_WIDTH": str(m),
-                                 "SGLANG_DDTREE_SMALL_TREE_KERNEL": small}, score(mixed)))
+                                 "SGLANG_DDTREE_SMALL_TREE_KERNEL": small, "SGLANG_DDTREE_LARGE_TREE_KERNEL": large},
+                                score(mixed)))
     return min(configs, key=lambda c: c[1])  # min keeps the first of equal scores
 
 

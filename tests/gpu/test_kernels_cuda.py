@@ -79,7 +79,7 @@ def test_kernels_replay_in_a_cuda_graph(kernel):
 
 
 @pytest.mark.parametrize("rows,k,ties", [(15, 16, False), (15, 256, False), (15, 1024, True), (120, 64, True),
-                                         (120, 256, False)])
+                                         (120, 256, False), (15, 1024, "flat")])
 def test_topk_kernel_equals_exact_topk_on_cuda(rows, k, ties):
     """The radix-select top-K (SGLANG_DDTREE_TOPK_KERNEL=triton) compiled, at the real vocabulary: the same ids and
     values in the same order as tree.exact_topk on the CPU, and the same again replayed in a CUDA graph."""
@@ -89,6 +89,10 @@ def test_topk_kernel_equals_exact_topk_on_cuda(rows, k, ties):
     x = torch.randn(rows, 151936, generator=gen) * 4
     if ties:
         x = (x.to(torch.bfloat16).float() * 4).round() / 4
+    if ties == "flat":  # rows where most entries tie at the group-maximum threshold
+        x[1] = 0.5
+        x[2] = float("-inf")
+        x[2, 150000:150010] = 2.0
     ref_values, ref_ids = exact_topk(x, k, id_offset=3)
     static = x.cuda()
     values, ids = kernels.topk_triton(static, k, id_offset=3)
