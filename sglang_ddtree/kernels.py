@@ -542,13 +542,14 @@ def _pairs(width: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, int]
 # "select" (one program per request: radix selection per depth, then a sort of W keys), "rank" (many programs per
 # request, one launch per depth), or "auto" (SGLANG_DDTREE_LARGE_TREE_KERNEL from SGLANG_DDTREE_RANK_MIN_WIDTH tree
 # nodes up, SGLANG_DDTREE_SMALL_TREE_KERNEL below). Same output bit for bit. Environment, read once;
-# scripts/device/pick_tree_setup.py derives them from a GPU benchmark. Defaults: lease 12's first kernel run (H200,
-# batch 1, one graph replay, benchmarks/results/tree_kernels_h200_lease12_first.log): sort 0.023 / 0.030 / 0.067 /
-# 0.48 / 3.24 ms at B = 16 / 32 / 64 / 256 / 1024, select 0.060 / 0.064 / 0.088 / 0.17 / 0.58, rank 0.12 / 0.16 /
-# 0.22 / 0.25 / 1.88.
+# scripts/device/pick_tree_setup.py derives them from a GPU benchmark. Defaults = what it picked in lease 12 (H200,
+# batch 1, one graph replay, benchmarks/results/tree_kernels_h200_lease12.json): sort 0.024 / 0.031 / 0.068 / 0.143 /
+# 0.48 / 1.31 / 3.24 ms at B = 16 / 32 / 64 / 128 / 256 / 512 / 1024, select 0.059 / 0.062 / 0.084 / 0.115 / 0.165 /
+# 0.288 / 0.549, rank 0.122 / 0.158 / 0.210 / 0.218 / 0.246 / 0.533 / 1.87 (rank also grows with the batch: 14.4 ms
+# at B=1024, batch 8).
 TREE_KERNELS = ("sort", "select", "rank", "auto")
 TREE_KERNEL = os.environ.get("SGLANG_DDTREE_TREE_KERNEL", "auto")
-RANK_MIN_WIDTH = int(os.environ.get("SGLANG_DDTREE_RANK_MIN_WIDTH", "256"))
+RANK_MIN_WIDTH = int(os.environ.get("SGLANG_DDTREE_RANK_MIN_WIDTH", "128"))
 SMALL_TREE_KERNEL = os.environ.get("SGLANG_DDTREE_SMALL_TREE_KERNEL", "sort")
 LARGE_TREE_KERNEL = os.environ.get("SGLANG_DDTREE_LARGE_TREE_KERNEL", "select")
 if TREE_KERNEL not in TREE_KERNELS:
@@ -560,10 +561,10 @@ if LARGE_TREE_KERNEL not in ("select", "rank"):
 
 
 # Which exact top-K the serving path runs over the vocabulary (sglang/ops.py): "torch" (torch.topk, then a sort of
-# the K into canonical order) or "triton" (topk_triton: radix selection over (row, chunk) programs). Same result
-# bit for bit; "torch" stays the default until a GPU run has timed the kernel (benchmarks/bench_tree.py --impls
-# triton_select_topk).
-TOPK_KERNEL = os.environ.get("SGLANG_DDTREE_TOPK_KERNEL", "torch")
+# the K into canonical order) or "triton" (topk_triton). Same result bit for bit. Default = what pick_tree_setup.py
+# picked in lease 12 (tree_kernels_h200_lease12.json, one graph replay, log_softmax included, K = 16..1024): triton
+# 0.11-0.12 / 0.36-0.39 / 1.31-1.39 ms at batch 1 / 8 / 32 against torch's 0.16-0.21 / 0.56-0.63 / 1.48-1.64.
+TOPK_KERNEL = os.environ.get("SGLANG_DDTREE_TOPK_KERNEL", "triton")
 if TOPK_KERNEL not in ("torch", "triton"):
     raise ValueError(f"SGLANG_DDTREE_TOPK_KERNEL must be torch or triton, got {TOPK_KERNEL!r}.")
 
