@@ -150,6 +150,8 @@ def main(argv=None):
                     help="comma list of torch, " + ", ".join(TRITON_IMPLS) + " (see above); default: "
                          "torch,triton,triton_rank on CUDA, torch on CPU")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--commit", default=None, help="commit to record (default: git here; a device copy's HEAD can be "
+                    "stale)")
     args = ap.parse_args(argv)
 
     device = torch.device(args.device)
@@ -219,7 +221,7 @@ def main(argv=None):
 
     meta = {
         "command": " ".join(["python", "benchmarks/bench_tree.py"] + (argv if argv is not None else sys.argv[1:])),
-        "commit": git_commit(),
+        "commit": args.commit or git_commit(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device_name": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),
         "torch": torch.__version__,

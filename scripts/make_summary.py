@@ -31,14 +31,15 @@ def _row(rows, **match):
 
 def tree_stages(out: dict) -> None:
     """Issue 2: top-K + tree build + layout + walk on the H200, median ms of one CUDA-graph replay, batch 1: the
-    fastest implementation in the newest kernel run (lease 8, tree_kernels_topk_triton_h200.json: sort and rank
-    tree kernels with torch's top-K (one stage), and the Triton radix-select top-K with the auto tree kernel)."""
-    run = _load("tree_kernels_topk_triton_h200.json")
+    fastest implementation in the newest kernel run (lease 12, tree_kernels_h200_lease12.json: sort, select and rank
+    tree kernels with torch's top-K, and the select kernel with the Triton top-K)."""
+    run = _load("tree_kernels_h200_lease12.json")
     if run is None:
-        raise FileNotFoundError("tree_kernels_topk_triton_h200.json")
+        raise FileNotFoundError("tree_kernels_h200_lease12.json")
     impls = {"triton_graph_all_ms": "sort tree kernel + torch top-K",
              "triton_rank_graph_all_ms": "rank tree kernel + torch top-K",
-             "triton_topk_graph_all_ms": "auto tree kernel + Triton radix top-K"}
+             "triton_select_graph_all_ms": "select tree kernel + torch top-K",
+             "triton_select_topk_graph_all_ms": "select tree kernel + Triton top-K"}
     for budget in (256, 1024):
         r = _row(run["rows"], batch_size=1, budget=budget)
         measured = {name: r[key] for key, name in impls.items()}
@@ -172,34 +173,42 @@ def hybrid(out: dict) -> None:
 
 
 def sglang_hybrid(out: dict) -> None:
-    """Issue 7 in SGLang (lease 11, gpu_suite_lease11_hybrid.json runs[2], commit 3fe8d5f): DDTREE on a bf16
-    Qwen3-Next target (random weights, all 4 experts routed) with scripted drafts, judged by the same model in
-    float32 on the CPU. Token-for-token equality with plain decoding (false: bf16 near-ties), whether every
-    difference is explained by the float32 model (at each first difference DDTREE's token is no further from the
-    float32 choice than plain's, or within the tolerance) and every DDTREE token is no further from the float32
-    choice than plain decoding's own worst (teacher forced), the float32 gaps at the first differences, the worst
-    teacher-forced gaps, tokens per round at batch 1."""
-    run = _suite_runs("gpu_suite_lease11_hybrid.json")[2]
+    """Issue 7 in SGLang (lease 12, gpu_suite_lease12_hybrid.json, commit 357b64e; the same test module as lease 11's
+    run 2 plus batch 4 and the Prometheus stage split): DDTREE on a bf16 Qwen3-Next target (random weights, all 4
+    experts routed) with scripted drafts, judged by the same model in float32 on the CPU. Token-for-token equality
+    with plain decoding (false: bf16 near-ties), whether every difference is explained by the float32 model (at
+    each first difference DDTREE's token is no further from the float32 choice than plain's, or within the
+    tolerance) and every DDTREE token is no further from the float32 choice than plain decoding's own worst (teacher
+    forced), the float32 gaps at the first differences, the worst teacher-forced gaps, tokens per round and the
+    server's ms per round (GPU, stage split summed) at batch 1."""
+    run = _load("gpu_suite_lease12_hybrid.json")
+    if run is None:
+        raise FileNotFoundError("gpu_suite_lease12_hybrid.json")
     records = run["records"]
     rows = [r for r in records if r["kind"] == "hybrid_greedy_equality"]
     forced = [r for r in records if r["kind"] == "hybrid_fp32_teacher_forced"]
-    if not rows or not forced:
-        raise FileNotFoundError("gpu_suite_lease11_hybrid.json runs[2] has no hybrid records")
+    timing = [r for r in records if r["kind"] == "hybrid_round_ms"]
+    if not rows or not forced or not timing:
+        raise FileNotFoundError("gpu_suite_lease12_hybrid.json has no hybrid records")
+    modes = [m for m in ("bs1", "bs4", "bs8") if m in rows[0]]
     tol = forced[0]["tol_nats"]
-    out["sglang_hybrid_lossless_t0"] = all(not r[m]["differences"] for r in rows for m in ("bs1", "bs8"))
+    out["sglang_hybrid_lossless_t0"] = all(not r[m]["differences"] for r in rows for m in modes)
     explained = all(d["fp32_gap_ddtree"] <= max(d["fp32_gap_plain"], tol)
-                    for r in rows for m in ("bs1", "bs8") for d in r[m]["differences"])
-    faithful = all(f[m]["worst"] <= f["bound_nats"] for f in forced for m in ("bs1", "bs8"))
+                    for r in rows for m in modes for d in r[m]["differences"])
+    faithful = all(f[m]["worst"] <= f["bound_nats"] for f in forced for m in modes)
     out["sglang_hybrid_lossless_t0_up_to_bf16_ties"] = explained and faithful
     out["sglang_hybrid_dtype"] = "bfloat16"
     out["sglang_hybrid_configs_checked"] = sorted(r["config"] for r in rows)
+    out["sglang_hybrid_batch_sizes_checked"] = [int(m[2:]) for m in modes]
     out["sglang_hybrid_first_difference_fp32_gaps_nats_bs1"] = {
         r["config"]: {"ddtree": sorted(d["fp32_gap_ddtree"] for d in r["bs1"]["differences"]),
                       "plain": sorted(d["fp32_gap_plain"] for d in r["bs1"]["differences"])} for r in rows}
     out["sglang_hybrid_fp32_teacher_forced_worst_nats"] = {
         "plain": forced[0]["plain"]["worst"],
-        **{f["config"]: max(f["bs1"]["worst"], f["bs8"]["worst"]) for f in forced}}
+        **{f["config"]: max(f[m]["worst"] for m in modes) for f in forced}}
     out["sglang_hybrid_tau_bs1"] = {r["config"]: r["tau_bs1"] for r in rows}
+    out["sglang_hybrid_round_ms_bs1"] = {c: round(sum(v["stage_ms"].values()), 3)
+                                         for c, v in timing[0]["stage_split_bs1"].items()}
 
 
 def budgets(out: dict) -> None:
@@ -235,18 +244,19 @@ def adaptive(out: dict) -> None:
 
 
 def sglang_auto(out: dict) -> None:
-    """Issue 10, measured in SGLang (lease 11, sweep_auto_lease11.jsonl: DFLASH, fixed budgets and
-    `--speculative-ddtree-budget auto` in one run per setup, 3 repeats x 4 prompt groups per row; auto's code of commit
-    2610933, 8B rows run at a27f2cd, which changed tests only): auto tokens/s over max(best fixed budget, DFLASH) per
-    batch size. The issue asks for >= 0.97."""
-    rows = _sweep_rows("sweep_auto_lease11.jsonl")
+    """Issue 10, measured in SGLang (lease 12, commit c8f39a7: sweep_auto_8b_lease12.jsonl and
+    sweep_auto_tiny_lease12.jsonl, DFLASH, fixed budgets and `--speculative-ddtree-budget auto` in one run per setup,
+    3 repeats x 4 prompt groups per row): auto tokens/s over max(best fixed budget, DFLASH) per batch size. The issue
+    asks for >= 0.97."""
     ratios: dict = {}
-    for (setup, method, _, bs), r in rows.items():
-        if method != "auto":
-            continue
-        rivals = [x["decode_tokens_per_s"] for (s, m, _, b), x in rows.items()
-                  if s == setup and b == bs and m in ("ddtree", "dflash")]
-        ratios.setdefault(setup, {})[str(bs)] = round(r["decode_tokens_per_s"] / max(rivals), 4)
+    for name in ("sweep_auto_8b_lease12.jsonl", "sweep_auto_tiny_lease12.jsonl"):
+        rows = _sweep_rows(name)
+        for (setup, method, _, bs), r in rows.items():
+            if method != "auto":
+                continue
+            rivals = [x["decode_tokens_per_s"] for (s, m, _, b), x in rows.items()
+                      if s == setup and b == bs and m in ("ddtree", "dflash")]
+            ratios.setdefault(setup, {})[str(bs)] = round(r["decode_tokens_per_s"] / max(rivals), 4)
     out["sglang_auto_vs_max_fixed_or_dflash_tokens_per_s"] = {k: dict(sorted(v.items(), key=lambda kv: int(kv[0])))
                                                               for k, v in sorted(ratios.items())}
 

@@ -37,8 +37,10 @@ bench-tree)
     out=${2:?outdir}
     mkdir -p "$out"
     export CUDA_VISIBLE_DEVICES=$gpu
-    python3 benchmarks/bench_tree.py --device cuda --impls triton,triton_rank,triton_select,triton_select_topk --budgets 16,32,64,128,256,512,1024 \
-        --batch-sizes 1,8,32 --repeats 30 --out "$out/tree_kernels.json"
+    # ${DDTREE_COMMIT:-}: the device copy's git HEAD can be stale; export DDTREE_COMMIT=<sha> before this step
+    python3 benchmarks/bench_tree.py --device cuda --impls triton,triton_rank,triton_select,triton_select_topk \
+        --budgets 16,32,64,128,256,512,1024 --batch-sizes 1,8,32 --repeats 30 --out "$out/tree_kernels.json" \
+        ${DDTREE_COMMIT:+--commit "$DDTREE_COMMIT"}
     python3 scripts/device/pick_tree_setup.py "$out/tree_kernels.json" | tee /tmp/picked.env "$out/picked.env"
     ;;
 use-new-drafter)

@@ -1,0 +1,138 @@
+"""Where the core stages' GPU time goes, kernel by kernel: the Triton top-K (`kernels.topk_triton`) and the tree
+build kernels at batch 1, timed one launch at a time with CUDA events (GPU time of each launch; graph replay hides
+launch gaps, so the sum can exceed bench_tree.py's graph number), and the tree kernel under a few warp counts.
+
+    python benchmarks/profile_kernels.py --out $OUT/profile_kernels.json
+
+Same inputs as benchmarks/bench_tree.py (bf16 logits, randn x 4, V = 151936, L = 15).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def timed(fn, repeats: int) -> float:
+    for _ in range(3):
+        fn()
+    if not torch.cuda.is_available():  # a CPU dry run (TRITON_INTERPRET=1): wall time
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        return (time.perf_counter() - t0) * 1e3 / repeats
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def topk_pieces(lp: torch.Tensor, k: int, repeats: int) -> dict:
+    """Median ms of each launch of kernels.topk_triton, run one at a time on the same buffers."""
+    from sglang_ddtree import kernels
+    from sglang_ddtree.tree import exact_topk
+
+    x = lp.contiguous()
+    rows, width = x.shape
+    chunk = min(4096, kernels._pow2(width))
+    chunks = -(-width // chunk)
+    group = kernels.TOPK_GROUP
+    groups = -(-width // group)
+    cap = min(width, group * (k - 1) + k)
+    dev = x.device
+    gmax = torch.empty((rows, groups), dtype=torch.int32, device=dev)
+    thresh = torch.empty(rows, dtype=torch.int64, device=dev)
+    counts = torch.empty((rows, chunks, 2), dtype=torch.int32, device=dev)
+    cand = torch.empty((rows, cap), dtype=torch.int32, device=dev)
+    kp = kernels._pow2(max(k, 2))
+    scratch = torch.empty((rows, kp), dtype=torch.int64, device=dev)
+    values = torch.empty((rows, k), dtype=torch.float32, device=dev)
+    ids = torch.empty((rows, k), dtype=torch.int64, device=dev)
+    gb = max(1, chunk // group)
+    gp = kernels._pow2(groups)
+    chp = kernels._pow2(chunks)
+    steps = {
+        "group_max": lambda: kernels._group_max_kernel[(rows, -(-groups // gb))](
+            x, gmax, x.stride(0), groups, V=width, GB=gb, S=group, num_warps=4),
+        "threshold": lambda: kernels._group_threshold_kernel[(rows,)](
+            gmax, thresh, groups, K=k if k <= groups else 0, GP=gp, num_warps=kernels._warps(gp)),
+        "count": lambda: kernels._threshold_count_kernel[(rows, chunks)](
+            x, thresh, counts, x.stride(0), chunks, V=width, CHUNK=chunk, num_warps=4),
+        "collect": lambda: kernels._threshold_collect_kernel[(rows, chunks)](
+            x, thresh, counts, cand, x.stride(0), chunks, cap, V=width, K=k, CHUNK=chunk, CHP=chp, num_warps=4),
+        "candidates_topk": lambda: kernels._candidate_topk_kernel[(rows,)](
+            x, counts, cand, scratch, values, ids, x.stride(0), chunks, cap, 0, K=k, KP=kp,
+            BLOCK=min(2048, kernels._pow2(cap)), CHP=chp, num_warps=4 if kp <= 256 else 8),
+    }
+    out = {}
+    for name, fn in steps.items():  # in pipeline order: each step's inputs come from the previous ones
+        out[name] = timed(fn, repeats)
+    ref_values, ref_ids = kernels.topk_triton(x, k)
+    assert torch.equal(ids, ref_ids) and torch.equal(values, ref_values)
+    n = counts.sum(dim=1)
+    out["candidates_per_row_max"] = int((n[:, 0] + n[:, 1].clamp(max=k)).max())
+    out["log_softmax"] = timed(lambda: lp.float().log_softmax(-1), repeats)
+    out["torch_topk_exact"] = timed(lambda: exact_topk(x, k), repeats)
+    out["triton_topk_total"] = timed(lambda: kernels.topk_triton(x, k), repeats)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--budgets", default="256,1024")
+    ap.add_argument("--warps", default="4,8,16")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    from sglang_ddtree import kernels
+    from sglang_ddtree.tree import build_tree_from_topk, topk_draft
+
+    gen = torch.Generator().manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    logits = (torch.randn(1, 15, args.vocab, generator=gen) * 4).to(device, torch.bfloat16)
+    lp = logits.float().log_softmax(-1)
+    roots = torch.zeros(1, dtype=torch.long, device=device)
+    rows = []
+    for budget in (int(b) for b in args.budgets.split(",")):
+        row = {"budget": budget, "batch_size": 1, "topk": topk_pieces(lp.view(15, -1), budget, args.repeats)}
+        values, tokens = topk_draft(lp, budget)
+        ref = build_tree_from_topk(values, tokens, budget, roots, max_budget=budget)
+        for kernel in ("sort", "select"):
+            for warps in ([int(w) for w in args.warps.split(",")] if kernel == "select" else [0]):
+                kernels._TREE_WARPS = warps
+                fn = lambda: kernels.build_tree_triton(values, tokens, budget, roots, max_budget=budget,  # noqa
+                                                       kernel=kernel)
+                got = fn()
+                assert torch.equal(got.tokens, ref.tokens) and torch.equal(got.parents, ref.parents)
+                row[f"tree_{kernel}_warps{warps or 'default'}_ms"] = timed(fn, args.repeats)
+        kernels._TREE_WARPS = 0
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    meta = {"commit": args.commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)",
+            "torch": torch.__version__, "vocab": args.vocab,
+            "timing": "median of repeats, CUDA events around one eager launch (GPU time incl. launch latency)"}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
