@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import plugin
@@ -451,8 +452,10 @@ def registered_hook_targets() -> list[str]:
 def test_every_hook_target_exists_in_the_pinned_sources():
     src = pinned_sglang_source()
     targets = registered_hook_targets()
-    assert plugin.SPEC_METRICS_TARGET in targets and len(targets) == 6
+    assert plugin.SPEC_METRICS_TARGET in targets and plugin.TREE_CONV_TARGET in targets and len(targets) == 7
     for target in targets:
+        if target == plugin.TREE_CONV_TARGET:
+            continue  # an imported name, checked in test_tree_conv_hook_target_is_a_drop_in
         parts = target.split(".")
         assert parts[0] == "sglang", target
         # longest module prefix that is a file, then a module-level name, optionally a class attribute
@@ -483,3 +486,50 @@ def test_entry_point_is_declared():
     assert '[project.entry-points."sglang.srt.plugins"]' in text
     assert 'ddtree = "sglang_ddtree.sglang.plugin:register"' in text
     assert os.path.exists(ROOT / "sglang_ddtree" / "sglang" / "plugin.py")
+
+
+def test_tree_conv_hook_target_is_a_drop_in():
+    """The conv hook replaces the name SGLang's gated-delta-net backend imported and calls in its tree verify; our
+    function takes the same parameters in the same order, and the call site passes the tree links by keyword (the
+    hook keys on retrieve_next_token)."""
+    import inspect
+
+    from sglang_ddtree import tree_conv
+
+    src = pinned_sglang_source()
+    module = plugin.TREE_CONV_TARGET.split(".")[1:-1]
+    backend = (src / ("/".join(module) + ".py")).read_text()
+    assert "from sglang.kernels.ops.mamba.causal_conv1d_triton import (" in backend
+    assert "causal_conv1d_update," in backend[: backend.index("from sglang.srt.configs")]
+    call = backend[backend.index("mixed_qkv_processed = causal_conv1d_update("):]
+    call = call[: call.index(")\n")]
+    for kw in ("retrieve_next_token=", "retrieve_next_sibling=", "retrieve_parent_token=", "intermediate_conv_window=",
+               "conv_state_indices="):
+        assert kw in call, kw
+    theirs = module_defs(src, "kernels.ops.mamba.causal_conv1d_triton")["causal_conv1d_update"]
+    ours = list(inspect.signature(tree_conv.causal_conv1d_tree_update).parameters)
+    assert ours[: len(theirs)] == theirs
+
+
+def test_tree_conv_hook_changes_nothing_unless_a_ddtree_worker_turned_it_on(monkeypatch):
+    from sglang_ddtree import tree_conv
+
+    calls = []
+
+    def original(*args, **kwargs):
+        calls.append("sglang")
+        return "sglang"
+
+    monkeypatch.setattr(tree_conv, "causal_conv1d_tree_update", lambda *a, **k: calls.append("ours") or "ours")
+    x = torch.zeros(1, 8, 129)
+    links = {"retrieve_next_token": torch.zeros(1, 129), "retrieve_next_sibling": torch.zeros(1, 129)}
+    monkeypatch.setattr(tree_conv, "active", False)
+    assert plugin._around_tree_conv(original, x, None, None, **links) == "sglang"
+    monkeypatch.setattr(tree_conv, "active", True)
+    assert plugin._around_tree_conv(original, x, None, None, **links) == "ours"
+    assert plugin._around_tree_conv(original, x, None, None) == "sglang"  # not a tree verify
+    assert plugin._around_tree_conv(original, torch.zeros(1, 8, 65), None, None, **links) == "sglang"
+    monkeypatch.setattr(tree_conv, "TREE_CONV", "ddtree")
+    assert plugin._around_tree_conv(original, torch.zeros(1, 8, 17), None, None, **links) == "ours"
+    monkeypatch.setattr(tree_conv, "TREE_CONV", "sglang")
+    assert plugin._around_tree_conv(original, x, None, None, **links) == "sglang"

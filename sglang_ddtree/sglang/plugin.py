@@ -301,6 +301,19 @@ def _make_spec_class():
     return DDTreeSpecAlgo
 
 
+# The conv update SGLang's gated-delta-net backend calls in a tree verify (a name it imports): trees above 64 nodes
+# take ours (sglang_ddtree/tree_conv.py: SGLang's unrolls over the verify tokens and compiled for minutes).
+TREE_CONV_TARGET = "sglang.srt.layers.attention.linear.gdn_backend.causal_conv1d_update"
+
+
+def _around_tree_conv(original, *args, **kwargs):
+    from sglang_ddtree import tree_conv
+
+    if kwargs.get("retrieve_next_token") is not None and args and tree_conv.use_ours(args[0].shape[-1]):
+        return tree_conv.causal_conv1d_tree_update(*args, **kwargs)
+    return original(*args, **kwargs)
+
+
 def register() -> None:
     """The `sglang.srt.plugins` entry point."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -318,6 +331,7 @@ def register() -> None:
     HookRegistry.register("sglang.srt.speculative.dflash_utils.validate_dflash_request", _after_validate_request,
                           HookType.AFTER)
     HookRegistry.register(SPEC_METRICS_TARGET, _after_spec_metrics, HookType.AFTER)
+    HookRegistry.register(TREE_CONV_TARGET, _around_tree_conv, HookType.AROUND)
     SpeculativeAlgorithm.register(
         ALGORITHM, supports_overlap=True, validate_server_args=_validate, spec_class=_make_spec_class()
     )(_worker_factory)

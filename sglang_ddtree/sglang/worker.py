@@ -192,11 +192,19 @@ class DDTreeWorker(DFlashWorkerV2):
                     "config readable from --model-path?)."
                 )
             self.hybrid = True
-            if self.budget > 64 and self.ps.tp_rank == 0:
-                # lease 10: verify-graph capture took 108 s at B=64 and had not ended after 5 minutes at B=256
-                logger.warning("DDTREE: budget %d on a hybrid target: SGLang's tree conv kernel unrolls over the %d "
-                               "verify nodes, so its first compile and graph capture can take many minutes (108 s "
-                               "measured at 64).", self.budget, self.num_nodes)
+            from sglang_ddtree import tree_conv
+
+            tree_conv.active = True  # the conv hook (plugin.py) serves this process's tree verifies
+            if self.ps.tp_rank == 0 and tree_conv.use_ours(self.num_nodes):
+                logger.warning("DDTREE: budget %d on a hybrid target: the %d-token tree verify's conv runs "
+                               "sglang-ddtree's kernel (SGLANG_DDTREE_TREE_CONV=%s; SGLang's unrolls over the "
+                               "tokens and compiled for minutes above 64). Not yet run on a GPU.", self.budget,
+                               self.num_nodes, tree_conv.TREE_CONV)
+            elif self.budget > 64 and self.ps.tp_rank == 0:
+                # lease 10: verify-graph capture took 108 s at B=64; lease 12: > 7 min at 128 and 256
+                logger.warning("DDTREE: budget %d on a hybrid target with SGLang's tree conv kernel, which unrolls "
+                               "over the %d verify tokens: its compile can take many minutes (108 s at 64, more "
+                               "than 7 minutes at 128).", self.budget, self.num_nodes)
         if int(draft_cfg.hidden_size) != int(target_cfg.hidden_size):
             raise ValueError(
                 f"DDTREE drafter hidden size {draft_cfg.hidden_size} does not match the target's "
