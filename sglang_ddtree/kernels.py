@@ -1,15 +1,16 @@
-"""Triton kernels for the serving hot path: tree build, verify mask, walk. One program per request.
+"""Triton kernels for the serving hot path: draft top-K and logsumexp, tree build, verify mask, walk, KV move.
 
 Why: the torch versions in tree.py / layout.py / walk.py are exact and readable, but they launch one small kernel
 per depth and per step (~150 launches for a 15-deep tree); on an H200 that costs ~1 ms per round even inside a
-CUDA graph, more than the verify of a small target. These kernels do the same computation in 3 launches and give
-bit-identical results (tests compare them with the torch versions, on CPU through TRITON_INTERPRET=1).
+CUDA graph, more than the verify of a small target. These kernels do the same computation in a few launches and
+give bit-identical results (tests compare them with the torch versions, on CPU through TRITON_INTERPRET=1).
 
 Tree build (same algorithm and canonical order as tree.build_tree_from_topk): per depth, the static extension
-pairs (parent slot i, token rank r) with (i+1)(r+1) <= W are scored and sorted by a unique int64 key (float bits,
-then the lower pair index), the best W kept; at the end one sort of all depths' lists by the same kind of key
-(float bits, then shallower depth, then position) gives the global top-W. Parents become node indices through an
-inverse map.
+pairs (parent slot i, token rank r) with (i+1)(r+1) <= W are scored with a unique int64 key (float bits, then the
+lower pair index) and the best W kept; at the end the global top-W of all depths' lists by the same kind of key
+(float bits, then shallower depth, then position). Parents become node indices through an inverse map. Three
+variants, chosen by width (TREE_KERNEL): "sort" (one program per request, full sorts), "select" (one program per
+request, radix selection, then a sort of W keys) and "rank" (many programs per request, one launch per depth).
 """
 
 from __future__ import annotations
@@ -394,6 +395,28 @@ _PAIRS: dict = {}
 
 if triton is not None:
 
+    @triton.jit
+    def _row_max_lse_kernel(x_ptr, max_ptr, arg_ptr, lse_ptr, stride_x, V: tl.constexpr, BLOCK: tl.constexpr):
+        """One pass over a row (any float dtype, read as float32): its max, the first index holding it, and its
+        logsumexp (online: the running sum rescaled whenever the running max grows)."""
+        row = tl.program_id(0).to(tl.int64)
+        base = x_ptr + row * stride_x
+        m = tl.full([], float("-inf"), tl.float32)
+        total = tl.zeros([], dtype=tl.float32)
+        arg = tl.zeros([], dtype=tl.int64)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+            block_max = tl.max(x, 0)
+            block_arg = tl.argmax(x, 0, tie_break_left=True)
+            new_m = tl.maximum(m, block_max)
+            total = total * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), 0)
+            arg = tl.where(block_max > m, start + block_arg.to(tl.int64), arg)  # ties keep the earlier block
+            m = new_m
+        tl.store(max_ptr + row, m)
+        tl.store(arg_ptr + row, arg)
+        tl.store(lse_ptr + row, m + tl.log(total))
+
     # ---- exact top-K over the vocabulary (topk_triton): a threshold from group maxima, then a radix selection
     # among the few keys above it
 
@@ -749,6 +772,31 @@ def walk_triton(tree: DraftTree, target_choice: torch.Tensor):
         path, accept, bonus, out_tokens, N=n, NP=_pow2(n), L=depth, LP=_pow2(depth + 1), num_warps=4,
     )
     return WalkResult(path=path, accept_len=accept, bonus=bonus, out_tokens=out_tokens, target_choice=choice)
+
+
+# How the draft's per-position logsumexp (and the top-1 of an `auto` chain round) is computed (sglang/ops.py):
+# "torch" (a float32 copy of the logits, torch.logsumexp, torch.max) or "triton" (row_max_lse: one read of the
+# lm_head's output). Lease 12's batch-16 profile at 8B shapes put the torch top-1 at ~0.3 ms of GPU work a round
+# (float copy 0.08, logsumexp's reductions and exp ~0.19, max 0.03) against DFLASH's bf16 argmax 0.05. Not the
+# default until a GPU run has timed it: the log-probs then differ from torch's in the last bits (the walk and the
+# output do not depend on them; the tree's node order can, at exact near-ties of node scores).
+DRAFT_LSE = os.environ.get("SGLANG_DDTREE_DRAFT_LSE", "torch")
+if DRAFT_LSE not in ("torch", "triton"):
+    raise ValueError(f"SGLANG_DDTREE_DRAFT_LSE must be torch or triton, got {DRAFT_LSE!r}.")
+
+
+def row_max_lse(x: torch.Tensor, block: int = 4096) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row of x [rows, V] (any float dtype; -inf-free rows): (max float32, first index of the max int64,
+    logsumexp float32), in one read of x. The max and its index equal torch.max over x.float(); the logsumexp
+    equals torch.logsumexp up to float32 rounding (a different summation order)."""
+    rows, width = x.shape
+    x = x.contiguous()
+    out_max = torch.empty(rows, dtype=torch.float32, device=x.device)
+    out_arg = torch.empty(rows, dtype=torch.int64, device=x.device)
+    out_lse = torch.empty(rows, dtype=torch.float32, device=x.device)
+    _row_max_lse_kernel[(rows,)](x, out_max, out_arg, out_lse, x.stride(0), V=width,
+                                 BLOCK=min(block, _pow2(width)), num_warps=8)
+    return out_max, out_arg, out_lse
 
 
 # Largest k topk_triton orders in one program (a register sort of k keys); the serving path needs k <= 1024.

@@ -158,3 +158,41 @@ def test_path_kv_move_kernel_equals_in_order_copies():
     """kernels.move_path_kv (moved rows only, one program per buffer x request x tile) == copying the accepted
     path's rows in order, on real accepted paths with branches."""
     run_in_interpreter(KV_MOVE_CHECK, "KVMOVE-OK", timeout=600)
+
+
+LSE_CHECK = textwrap.dedent(
+    """
+    import os
+    os.environ["SGLANG_DDTREE_DRAFT_LSE"] = "triton"
+    import torch
+    from sglang_ddtree import kernels
+    from sglang_ddtree.sglang import ops
+
+    gen = torch.Generator().manual_seed(0)
+    for rows, vocab, dtype in [(3, 300, torch.float32), (2, 5000, torch.bfloat16), (1, 4097, torch.float32)]:
+        x = (torch.randn(rows, vocab, generator=gen) * 4).to(dtype)
+        x[0, 7] = x[0, 4000 % vocab] = x[0].max() + 1  # a tie at the max: the first index wins
+        m, arg, lse = kernels.row_max_lse(x, block=1024)
+        ref_m, ref_arg = x.float().max(dim=-1)
+        assert torch.equal(m, ref_m) and torch.equal(arg, ref_arg), (m, ref_m, arg, ref_arg)
+        assert torch.allclose(lse, torch.logsumexp(x.float(), -1), rtol=1e-6, atol=1e-5)
+    # with the fused logsumexp on, the top-1 stage is still the top-K stage's first column, bit for bit
+    torch.manual_seed(1)
+    bs, block, hidden_size, vocab = 3, 16, 24, 300
+    weight = torch.randn(vocab, hidden_size)
+    weight[5] *= 4.0
+    weight[17] = weight[5]
+    hidden = torch.randn(bs * block, hidden_size)
+    values, tokens = ops.draft_topk_stage(block, 32, 1000, weight, hidden)
+    v1, t1 = ops.draft_top1_stage(block, 1000, weight, hidden)
+    assert torch.equal(t1, tokens[:, :, :1]) and torch.equal(v1, values[:, :, :1])
+    assert (t1 == 1005).sum() > 0 and (t1 == 1017).sum() == 0
+    print("LSE-OK")
+    """
+)
+
+
+def test_fused_logsumexp_keeps_the_top1_equal_to_the_top_k_first_column():
+    """kernels.row_max_lse (SGLANG_DDTREE_DRAFT_LSE=triton): max and its first index exact, logsumexp within float32
+    rounding of torch's; with it on, ops.draft_top1_stage still equals draft_topk_stage's first column bit for bit."""
+    run_in_interpreter(LSE_CHECK, "LSE-OK", timeout=600)

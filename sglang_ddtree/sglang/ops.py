@@ -30,11 +30,12 @@ def local_topk_logprobs(
     hidden [n, H], weight [V_shard, H] (padding rows already excluded), returns (values float32 [n, k],
     global ids int64 [n, k], logsumexp float32 [n]); ties resolved by the lower global id.
     """
-    logits = hidden.to(weight.dtype) @ weight.T
-    logits = logits.float()
+    raw = hidden.to(weight.dtype) @ weight.T
+    logits = raw.float()
     if logit_scale is not None:
         logits = logits * logit_scale
-    lse = torch.logsumexp(logits, dim=-1)
+    fused = _fused_lse(raw) if logit_scale is None else None
+    lse = fused[2] if fused is not None else torch.logsumexp(logits, dim=-1)
     k = min(k, logits.shape[-1])
     if logits.is_cuda:
         from sglang_ddtree import kernels
@@ -44,6 +45,17 @@ def local_topk_logprobs(
             return values, ids, lse
     values, ids = exact_topk(logits, k, id_offset=vocab_start)
     return values, ids, lse
+
+
+def _fused_lse(raw: torch.Tensor):
+    """kernels.row_max_lse of the lm_head's output when SGLANG_DDTREE_DRAFT_LSE=triton (and a Triton device), else
+    None. The top-K and the top-1 stages both take it from the raw logits, so the top-1's log-prob stays the top-K's
+    first column bit for bit."""
+    from sglang_ddtree import kernels
+
+    if kernels.DRAFT_LSE == "triton" and kernels.available(raw.device):
+        return kernels.row_max_lse(raw)
+    return None
 
 
 def merge_shard_topk(
@@ -174,9 +186,14 @@ def draft_top1_stage(block_size: int, vocab_start: int, weight: torch.Tensor, dr
     K=256). Ties go to the lower id, as in exact_topk (torch.max returns the first maximal index)."""
     hidden = draft_hidden.view(-1, block_size, draft_hidden.shape[-1])
     bs = hidden.shape[0]
-    logits = (hidden[:, 1:, :].reshape(bs * (block_size - 1), -1).to(weight.dtype) @ weight.T).float()
-    lse = torch.logsumexp(logits, dim=-1)
-    values, ids = logits.max(dim=-1)
+    raw = hidden[:, 1:, :].reshape(bs * (block_size - 1), -1).to(weight.dtype) @ weight.T
+    fused = _fused_lse(raw)
+    if fused is not None:
+        values, ids, lse = fused
+    else:
+        logits = raw.float()
+        lse = torch.logsumexp(logits, dim=-1)
+        values, ids = logits.max(dim=-1)
     return (values - lse).view(bs, block_size - 1, 1), (ids + vocab_start).view(bs, block_size - 1, 1)
 
 

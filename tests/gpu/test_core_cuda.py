@@ -212,14 +212,20 @@ def test_graphed_auto_stages_equal_eager():
         assert outs[False][expected_at].abs().sum() == 0 and outs[True][expected_at].sum() > 0
 
 
-def test_graphed_draft_top1_equals_the_top_k_first_column():
+@pytest.mark.parametrize("lse", ["torch", "triton"])
+def test_graphed_draft_top1_equals_the_top_k_first_column(lse, monkeypatch):
     """`auto` chain rounds that sample nothing draft with ops.draft_top1_stage (a max instead of the top-K): on the
     GPU, graphed and eager, it must give the top-K stage's first column exactly (bf16 lm_head of 151936 rows, two
-    rows equal so that their logits can tie), or the chain and the walk would change."""
+    rows equal so that their logits can tie), or the chain and the walk would change; with the fused logsumexp
+    (SGLANG_DDTREE_DRAFT_LSE=triton) too, whose max and index must equal torch's and its logsumexp torch's up to
+    float32 rounding."""
     from functools import partial
 
+    from sglang_ddtree import kernels
     from sglang_ddtree.graphs import GraphedStage
     from sglang_ddtree.sglang import ops
+
+    monkeypatch.setattr(kernels, "DRAFT_LSE", lse)
 
     gen = torch.Generator(device="cuda").manual_seed(3)
     block, hidden_size, vocab = 16, 128, 151936
@@ -235,4 +241,9 @@ def test_graphed_draft_top1_equals_the_top_k_first_column():
         e1, et = ops.draft_top1_stage(block, 0, weight, hidden)
         assert torch.equal(v1, e1) and torch.equal(t1, et)
         assert torch.equal(t1, tk[:, :, :1]) and torch.equal(v1, vk[:, :, :1])
+        raw = hidden.view(bs, block, -1)[:, 1:].reshape(-1, hidden_size) @ weight.T
+        m, arg, lse_fused = kernels.row_max_lse(raw)
+        ref_m, ref_arg = raw.float().max(dim=-1)
+        assert torch.equal(m, ref_m) and torch.equal(arg, ref_arg)
+        assert torch.allclose(lse_fused, torch.logsumexp(raw.float(), -1), rtol=1e-6, atol=1e-5)
     assert top1.captures == 3 and top1.replays == 4
