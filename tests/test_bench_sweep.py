@@ -411,3 +411,20 @@ def test_repeats_report_the_median_run_and_every_run(tmp_path):
     assert row["ddtree_metrics"]["request_rounds"] == 3 * per_request
     with pytest.raises(ValueError, match="repeats"):
         sweep(tmp_path, plan, FakeLauncher(clock), clock, repeats=0)
+
+
+def test_last_auto_table_reads_the_newest_chooser_line(tmp_path):
+    from sglang_ddtree.bench.sweep import last_auto_table
+
+    log = tmp_path / "server.log"
+    table = {"candidates": ["chain", "16"], "rounds_chosen": {"chain": 90, "16": 10},
+             "expected_tokens": {"chain": 2.5, "16": None}, "observed_over_expected": {"chain": 0.7, "16": 0.6},
+             "round_ms": {"4": {"chain": 4.6, "16": None}}}
+    log.write_text("[2026-11-30 03:44:09] DDTREE auto after 100 rounds: {'candidates': ['chain']}\n"
+                   "noise\n"
+                   f"[2026-11-30 03:44:19] DDTREE auto after 200 rounds: {table!r}\n"
+                   "[2026-11-30 03:44:20] Decode batch, #running-req: 4\n")
+    assert last_auto_table(log) == {"rounds": 200, **table}
+    assert last_auto_table(tmp_path / "missing.log") is None
+    (tmp_path / "plain.log").write_text("nothing here\n")
+    assert last_auto_table(tmp_path / "plain.log") is None

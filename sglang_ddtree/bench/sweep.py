@@ -355,6 +355,7 @@ class Sweep:
             stages = prom.ddtree_summary(prom.diff(after, before), "auto" if server.method == "auto" else server.budget)
             if stages is not None and server.method == "auto":
                 stages["auto_rounds"] = prom.auto_rounds(prom.diff(after, before))
+                stages["auto_chooser_last"] = last_auto_table(getattr(handle, "log_path", None))
         return self._result(server, row, "ok", wall_s=round(wall, 3), row_s=round(self.clock() - t_row, 3),
                             **numbers, stage_ms=(stages or {}).get("stage_ms"), ddtree_metrics=stages,
                             metrics_scraped=before is not None and after is not None)
@@ -373,6 +374,36 @@ class Sweep:
 
 
 # -------------------------------------------------------------------------------------------- run facts, prompts
+
+
+AUTO_TABLE_PREFIX = "DDTREE auto after "
+
+
+def last_auto_table(log_path: Path | None, max_bytes: int = 4_000_000) -> dict | None:
+    """The last chooser table an `auto` server logged (sglang/worker.py, every 100 rounds: candidates, rounds
+    chosen, expected tokens, observed/expected, round ms per bucket), so a row says why auto chose what it chose.
+    None when the log has none (or cannot be read)."""
+    import ast
+
+    if log_path is None:
+        return None
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - max_bytes))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    for line in reversed(text.splitlines()):
+        at = line.find(AUTO_TABLE_PREFIX)
+        if at < 0:
+            continue
+        rounds, _, table = line[at + len(AUTO_TABLE_PREFIX):].partition(" rounds: ")
+        try:
+            return {"rounds": int(rounds), **ast.literal_eval(table)}
+        except (ValueError, SyntaxError):
+            return None
+    return None
 
 
 def prompt_group(prompts: list, batch_size: int, g: int) -> list:

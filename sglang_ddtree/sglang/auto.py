@@ -15,10 +15,10 @@ pads to, since verify cost follows it):
 where expected(c) is a decayed mean of the drafter's expectation per request, ratio(c) the decayed observed /
 expected of the sampled rounds in which c's tokens were observed (the drafter is over-confident off its top-1
 path, more so for larger trees; a candidate never observed borrows the ratio of the nearest smaller observed one),
-and round_ms(bucket, c) a decayed mean of measured round times. Unmeasured cells are explored first (each candidate
-`explore` rounds per bucket, narrowest first) and the stalest candidate is re-measured every `probe_every` rounds,
-so the estimates follow context growth; both skip a candidate that cannot win (its estimated tokens over the
-dearest round time measured for a narrower candidate do not beat the best rate). The chain (DFLASH's top-1 path,
+and round_ms(bucket, c) the median of its last RECENT measured round times (the decayed mean until there are 3).
+Unmeasured cells are explored first (each candidate `explore` rounds per bucket, narrowest first) and the stalest
+candidate is re-measured every `probe_every` rounds, so the estimates follow context growth; both skip a candidate
+that cannot win (its estimated tokens over a floor of its round time, `_cost_floor`, do not beat the best rate). The chain (DFLASH's top-1 path,
 verified causally like DFLASH) is always a candidate: the choice can only be slower than the chain by estimation
 error, exploration and the per-round cost of the decision.
 Lag: decisions use rounds that completed on the GPU, typically the ones one or two before the current round
@@ -57,6 +57,14 @@ NOISE = 0.1
 # (a round is timed unless it was cold; the feedback lags by one or two rounds).
 MAX_UNMEASURED = 8
 
+# Timing statistics over each candidate's last RECENT timed rounds: cost floors take the least (a floor must not
+# exceed the cost; a mean of a few samples can), rates the median (one slow round cannot move it). Lease 12's tiny
+# sweep (host-bound rounds, timings +-10% with outliers): with decayed means, one slow sample of a rarely verified
+# tree raised its floor and, through the secant, every wider tree's, so `auto` ran the chain in 722 of 746 batch-4
+# rounds while the 64- and 128-trees were 14-23% faster. Simulations of that case (tests/test_sglang_auto.py, 20
+# seeds): below 0.9 of the best candidate's rate in 6 runs with means; worst 0.956, mean 0.981 with least / median.
+RECENT = 8
+
 
 @dataclass
 class _Decayed:
@@ -80,6 +88,7 @@ class _Bucket:
     tried: list[int]  # rounds chosen per candidate (exploration counts choices, not the lagged measurements)
     last_measured: list[int]  # round index of the last measurement
     waited: list[int]  # rounds exploration waited for the candidate's first timed round
+    recent: list[collections.deque]  # the last RECENT measured round ms per candidate
     rounds: int = 0
 
 
@@ -123,7 +132,8 @@ class AutoBudgetPolicy:
     def _bucket(self, bucket: int) -> _Bucket:
         if bucket not in self.buckets:
             n = len(self.candidates)
-            self.buckets[bucket] = _Bucket([_Decayed() for _ in range(n)], [0] * n, [0] * n, [-1] * n, [0] * n)
+            self.buckets[bucket] = _Bucket([_Decayed() for _ in range(n)], [0] * n, [0] * n, [-1] * n, [0] * n,
+                                           [collections.deque(maxlen=RECENT) for _ in range(n)])
         return self.buckets[bucket]
 
     # ---------------------------------------------------------------------------------------------- estimates
@@ -140,19 +150,34 @@ class AutoBudgetPolicy:
         exp = self.expected[i].mean()
         return None if exp is None else exp * self.ratio(i)
 
+    @staticmethod
+    def _typical_ms(b: _Bucket, i: int) -> float | None:
+        """Candidate i's round ms for its rate: the median of its last RECENT timed rounds once there are 3 (one
+        slow round cannot move it), before that the decayed mean."""
+        if len(b.recent[i]) >= 3:
+            xs = sorted(b.recent[i])
+            return xs[len(xs) // 2]
+        return b.round_ms[i].mean()
+
+    @staticmethod
+    def _least_ms(b: _Bucket, i: int) -> float | None:
+        """The least of candidate i's last RECENT timed rounds in this bucket (None: none timed)."""
+        return min(b.recent[i]) if b.recent[i] else None
+
     def rates(self, bucket: int) -> list[float | None]:
         b = self._bucket(bucket)
         out = []
         for i in range(len(self.candidates)):
-            tokens, ms = self.est_tokens(i), b.round_ms[i].mean()
+            tokens, ms = self.est_tokens(i), self._typical_ms(b, i)
             out.append(tokens / ms if tokens is not None and ms else None)
         return out
 
     # ---------------------------------------------------------------------------------------------- decisions
 
     def _cost_floor(self, b: _Bucket, i: int) -> float | None:
-        """A lower bound of candidate i's round ms in this bucket, from what is measured (None: nothing is).
-        - Measured itself: its decayed mean, less NOISE (a probe re-measures what would win at that price).
+        """A lower bound of candidate i's round ms in this bucket, from what is measured (None: nothing is). Every
+        time used here is a candidate's least recent one (RECENT), not its mean.
+        - Measured itself: its least time, less NOISE (a probe re-measures what would win at that price).
         - Otherwise: the dearest measured candidate that verifies no more tokens (a wider verify does not cost
           less), and, from two measured narrower trees, the secant through them extended to i's width: round time
           is a convex function of the verify width (flat while launch- or memory-bound, then linear once
@@ -160,17 +185,16 @@ class AutoBudgetPolicy:
           rule out a candidate that would win. The chain verifies causally (another cost curve): not in the secant.
         Lease 10 (8B shapes, batch 16, a drafter never right), when the floor was the narrower candidates' dearest
         time alone: the 128-tree (2064 verify tokens) was verified in 7 of 382 rounds, the 32-tree in 5."""
-        own = b.round_ms[i].mean()
+        own = self._least_ms(b, i)
         if own is not None:
             return own * (1.0 - NOISE)
-        narrower = [b.round_ms[j].mean() for j in range(len(self.candidates))
-                    if j != i and self.widths[j] <= self.widths[i] and b.round_ms[j].mean() is not None]
+        narrower = [self._least_ms(b, j) for j in range(len(self.candidates))
+                    if j != i and self.widths[j] <= self.widths[i] and b.recent[j]]
         if not narrower:
             return None
         floor = max(narrower)
-        trees = [(self.widths[j], b.round_ms[j].mean()) for j in range(len(self.candidates))
-                 if j != i and self.candidates[j] != CHAIN and self.widths[j] < self.widths[i]
-                 and b.round_ms[j].mean() is not None]
+        trees = [(self.widths[j], self._least_ms(b, j)) for j in range(len(self.candidates))
+                 if j != i and self.candidates[j] != CHAIN and self.widths[j] < self.widths[i] and b.recent[j]]
         if len(trees) >= 2:
             (w1, t1), (w2, t2) = min(trees), max(trees)
             if w2 > w1:
@@ -187,7 +211,7 @@ class AutoBudgetPolicy:
         tokens, floor = self.est_tokens(i), self._cost_floor(b, i)
         if tokens is None or not floor:
             return True
-        return tokens / floor > best_rate
+        return tokens / floor > best_rate * (1.0 + 1e-6)  # at best a tie (up to rounding) is not a win
 
     def choose(self, bucket: int) -> int:
         """Index into candidates for the next round of a batch in this bucket. Exploration and probes skip a
@@ -249,6 +273,7 @@ class AutoBudgetPolicy:
         b = self._bucket(bucket)
         if round_ms is not None and math.isfinite(round_ms) and round_ms > 0:
             b.round_ms[chosen].add(round_ms, 1.0, keep)
+            b.recent[chosen].append(round_ms)
             b.measured[chosen] += 1
             b.last_measured[chosen] = b.rounds
         for i, e in enumerate(expected_sum or []):
