@@ -189,9 +189,11 @@ def causal_conv1d_tree_update(x, conv_state, weight, bias=None, activation=None,
         raise ValueError(f"conv_state keeps {conv_state.shape[-1]} columns, the conv needs {k - 1}.")
     if conv_state_indices is None:
         conv_state_indices = torch.arange(bs, device=x.device, dtype=torch.int32)
-    parents = parents_from_retrieve(retrieve_next_token[:, :n], retrieve_next_sibling[:, :n])
+    # the link buffers may have more rows (graph padding) than this batch: SGLang's kernel reads and writes the
+    # first bs rows only
+    parents = parents_from_retrieve(retrieve_next_token[:bs, :n], retrieve_next_sibling[:bs, :n])
     if retrieve_parent_token is not None:
-        retrieve_parent_token[:, :n].copy_(parents)
+        retrieve_parent_token[:bs, :n].copy_(parents)
     parents = parents.to(torch.int32).contiguous()
     out = torch.empty_like(x)
     save = intermediate_conv_window is not None

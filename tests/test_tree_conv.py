@@ -90,11 +90,16 @@ KERNEL_CHECK = textwrap.dedent(
         win_ref, win = torch.zeros(5, n, dim, k - 1), torch.zeros(5, n, dim, k - 1)
         s_ref, s = state.clone(), state.clone()
         ref = tree_conv.tree_conv_reference(x, s_ref, w, b, silu, idx, parents, win_ref if save else None, widx)
-        out_parents = torch.full((bs, n), 99, dtype=torch.int64)
+        # link buffers with more rows than the batch (CUDA-graph padding): only the first bs rows are read / written
+        pad = torch.full((2, n), -1, dtype=nxt.dtype)
+        out_parents = torch.full((bs + 2, n), 99, dtype=torch.int64)
         got = tree_conv.causal_conv1d_tree_update(
             x, s, w, b, "silu" if silu else None, conv_state_indices=idx,
             intermediate_conv_window=win if save else None, intermediate_state_indices=widx if save else None,
-            retrieve_next_token=nxt, retrieve_next_sibling=sib, retrieve_parent_token=out_parents, block_n=16)
+            retrieve_next_token=torch.cat([nxt, pad]), retrieve_next_sibling=torch.cat([sib, pad]),
+            retrieve_parent_token=out_parents, block_n=16)
+        assert (out_parents[bs:] == 99).all()
+        out_parents = out_parents[:bs]
         rows = [r for r in range(bs) if int(idx[r]) != -1]
         assert torch.allclose(got[rows], ref[rows], atol=1e-5, rtol=1e-5), (seed, (got - ref).abs().max())
         assert torch.equal(s, s_ref) and torch.equal(win, win_ref) and torch.equal(out_parents, parents), seed
