@@ -14,7 +14,8 @@ parent array for each token's window: compile time no longer depends on the tree
 What the kernel reproduces, for the tree verify call of SGLang's `causal_conv1d_update` (no circular buffer, no
 accepted-token offset):
   - out[b, :, t] = act(bias + sum_j x[a_j] * w[:, K-1-j]) with a_0 = t, a_j = parent(a_{j-1}); above the root the
-    conv state's columns, newest first; accumulated in float32 in that order; act = SiLU or none;
+    conv state's columns, newest first; each product in the inputs' dtype (bf16 in serving, as SGLang's kernels and
+    so plain decoding compute it), accumulated in float32 in that order; act = SiLU or none;
   - the per-token window kept for the commit: intermediate[line_b, t, :, K-2-j] = x[a_j] for j <= K-2;
   - the conv state rolled by the verify tokens (the last K-1 of [old state, x[b]]), as a chain verify would leave it;
   - the derived parent of every token written to retrieve_parent_token (0 for the root and for padding slots, as
@@ -98,7 +99,7 @@ def tree_conv_reference(x, conv_state, weight, bias, silu: bool, state_indices, 
                 xj = x[b, :, node] if node >= 0 else old[:, k - 1 + node]
                 if intermediate is not None and j <= k - 2:
                     intermediate[int(intermediate_indices[b]), t, :, k - 2 - j] = xj
-                acc = acc + xj.float() * weight[:, k - 1 - j].float()
+                acc = acc + (xj * weight[:, k - 1 - j]).float()
                 node = int(parents[b, node]) if node > 0 else node - 1
             out[b, :, t] = (_silu(acc) if silu else acc).to(x.dtype)
         conv_state[line] = torch.cat([old, x[b]], dim=1)[:, -(k - 1):]
@@ -142,7 +143,7 @@ if triton is not None:
                     if j <= K - 2:
                         tl.store(win_base + t * si_t + (K - 2 - j) * si_w, xj, mask=fm)
                 w = tl.load(w_ptr + feats * sw_d + (K - 1 - j) * sw_k, mask=fm, other=0.0)
-                acc += xj.to(tl.float32) * w.to(tl.float32)
+                acc += xj * w  # the product in the inputs' dtype, as SGLang's conv kernels (and plain decoding) do
                 if j < K - 1:
                     if node > 0:
                         node = tl.load(parent_ptr + b * n_tokens + node).to(tl.int32)
