@@ -196,3 +196,25 @@ def test_fused_logsumexp_keeps_the_top1_equal_to_the_top_k_first_column():
     """kernels.row_max_lse (SGLANG_DDTREE_DRAFT_LSE=triton): max and its first index exact, logsumexp within float32
     rounding of torch's; with it on, ops.draft_top1_stage still equals draft_topk_stage's first column bit for bit."""
     run_in_interpreter(LSE_CHECK, "LSE-OK", timeout=600)
+
+
+PROFILE_CHECK = textwrap.dedent(
+    """
+    import json, subprocess, sys, tempfile, os
+    out = os.path.join(tempfile.mkdtemp(), "p.json")
+    subprocess.run([sys.executable, "benchmarks/profile_kernels.py", "--budgets", "16", "--warps", "4", "--repeats",
+                    "1", "--vocab", "2000", "--out", out], check=True)
+    row = json.load(open(out))["rows"][0]
+    assert set(row["topk"]) >= {"group_max", "threshold", "count", "collect", "candidates_topk", "triton_topk_total"}
+    assert row["topk"]["candidates_per_row_max"] >= 16
+    assert {"tree_sort_warpsdefault_ms", "tree_select_warps4_ms"} <= set(row)
+    print("PROFILE-OK")
+    """
+)
+
+
+def test_profile_kernels_script_runs_and_checks_its_kernels():
+    """benchmarks/profile_kernels.py on a small vocabulary in the interpreter: it runs every piece of the Triton top-K
+    one launch at a time (checking the result against topk_triton) and each tree kernel (checked against the torch
+    tree) and writes its rows."""
+    run_in_interpreter(PROFILE_CHECK, "PROFILE-OK", timeout=600)
