@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,23 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def timed(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    if not torch.cuda.is_available():  # a CPU dry run (TRITON_INTERPRET=1): wall time
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        return (time.perf_counter() - t0) * 1e3 / repeats
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    """bench_tree.py's timers: CUDA events around one launch on a GPU, wall time in the interpreter (CPU)."""
+    from benchmarks.bench_tree import time_cpu, time_cuda
+
+    return (time_cuda if torch.cuda.is_available() else time_cpu)(fn, repeats)
 
 
 def topk_pieces(lp: torch.Tensor, k: int, repeats: int) -> dict:

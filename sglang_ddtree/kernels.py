@@ -116,6 +116,20 @@ if triton is not None:
         return tl.sort(top, 0, descending=True)
 
     @triton.jit
+    def _best_w(key, live, scratch, offs, offs_w, W: tl.constexpr, RADIX: tl.constexpr):
+        """The W largest keys, descending, as a [WP] block: radix selection and a sort of W keys (RADIX), or a
+        sort of all of them (dead entries must then hold the int64 minimum)."""
+        if RADIX:
+            top = _top_w_sorted(key, live, scratch, offs_w, W)
+        else:
+            ordered = tl.sort(key, descending=True)
+            tl.debug_barrier()
+            tl.store(scratch + offs, ordered)
+            tl.debug_barrier()
+            top = tl.load(scratch + offs_w)
+        return top
+
+    @triton.jit
     def _tree_build_kernel(
         values_ptr, tokens_ptr, pair_parent_ptr, pair_rank_ptr, budget_ptr, root_ptr, log_prune,
         scratch_ptr, lvl_key_ptr, lvl_parent_ptr, lvl_rank_ptr, inv_ptr,
@@ -146,14 +160,7 @@ if triton is not None:
         for d in range(1, L):
             cand = tl.gather(prev, pp, 0) + tl.load(vals + d * K + pr, mask=pr < K, other=NEG_INF)
             key = (_float_key(cand).to(tl.int64) << 32) | (CP - 1 - offs_c).to(tl.int64)
-            if RADIX:
-                top = _top_w_sorted(key, offs_c >= 0, scratch, offs_w, W)
-            else:
-                key = tl.sort(key, descending=True)
-                tl.debug_barrier()
-                tl.store(scratch + offs_c, key)
-                tl.debug_barrier()
-                top = tl.load(scratch + offs_w)
+            top = _best_w(key, offs_c >= 0, scratch, offs_c, offs_w, W, RADIX)
             pick = (CP - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
             prev = tl.where(offs_w < W, _key_float((top >> 32).to(tl.int32)), NEG_INF)
             tl.store(lvl_parent + d * WP + offs_w, tl.gather(pp, pick, 0))
@@ -166,14 +173,7 @@ if triton is not None:
         tl.debug_barrier()
         offs_g = tl.arange(0, GP)
         everything = tl.load(lvl_key + offs_g, mask=offs_g < L * WP, other=-(2**63))
-        if RADIX:
-            glob = _top_w_sorted(everything, offs_g < L * WP, scratch, offs_w, W)
-        else:
-            everything = tl.sort(everything, descending=True)
-            tl.debug_barrier()
-            tl.store(scratch + offs_g, everything)
-            tl.debug_barrier()
-            glob = tl.load(scratch + offs_w)
+        glob = _best_w(everything, offs_g < L * WP, scratch, offs_g, offs_w, W, RADIX)
         entry = (L * WP - 1 - (glob & 0xFFFFFFFF)).to(tl.int32)
         depth0 = entry // WP
         score = _key_float((glob >> 32).to(tl.int32))
