@@ -47,13 +47,12 @@ TREE_CONV = os.environ.get("SGLANG_DDTREE_TREE_CONV", "auto")
 if TREE_CONV not in ("auto", "ddtree", "sglang"):
     raise ValueError(f"SGLANG_DDTREE_TREE_CONV must be auto, ddtree or sglang, got {TREE_CONV!r}.")
 SGLANG_MAX_TOKENS = 65
-# Set by DDTreeWorker on a hybrid target: the hook (sglang/plugin.py) changes nothing for other algorithms.
-active = False
 
 
 def use_ours(verify_tokens: int) -> bool:
-    """Whether a tree verify of this many tokens per request takes causal_conv1d_tree_update."""
-    if not active or TREE_CONV == "sglang":
+    """Whether a tree verify of this many tokens per request takes causal_conv1d_tree_update (the hook that asks is
+    installed by DDTreeWorker on hybrid targets only: sglang/plugin.py install_tree_conv_hook)."""
+    if TREE_CONV == "sglang":
         return False
     return TREE_CONV == "ddtree" or verify_tokens > SGLANG_MAX_TOKENS
 

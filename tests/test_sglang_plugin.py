@@ -511,9 +511,18 @@ def test_tree_conv_hook_target_is_a_drop_in():
     assert ours[: len(theirs)] == theirs
 
 
-def test_tree_conv_hook_changes_nothing_unless_a_ddtree_worker_turned_it_on(monkeypatch):
+def test_tree_conv_hook_is_installed_by_the_hybrid_worker_only_and_routes_large_trees(monkeypatch):
+    """plugin.register (every SGLang server with the package installed) does not touch the gated-delta-net backend:
+    DDTreeWorker installs the conv hook on hybrid targets only. The hook routes a tree verify above 65 tokens to our
+    kernel (SGLANG_DDTREE_TREE_CONV=auto), anything else to SGLang's."""
+    import inspect
+
     from sglang_ddtree import tree_conv
 
+    assert "TREE_CONV_TARGET" not in inspect.getsource(plugin.register)
+    assert "TREE_CONV_TARGET" in inspect.getsource(plugin.install_tree_conv_hook)
+    worker_source = (ROOT / "sglang_ddtree" / "sglang" / "worker.py").read_text()  # imports sglang: read, not import
+    assert "install_tree_conv_hook()" in worker_source[worker_source.index("self.hybrid = True"):]
     calls = []
 
     def original(*args, **kwargs):
@@ -523,9 +532,6 @@ def test_tree_conv_hook_changes_nothing_unless_a_ddtree_worker_turned_it_on(monk
     monkeypatch.setattr(tree_conv, "causal_conv1d_tree_update", lambda *a, **k: calls.append("ours") or "ours")
     x = torch.zeros(1, 8, 129)
     links = {"retrieve_next_token": torch.zeros(1, 129), "retrieve_next_sibling": torch.zeros(1, 129)}
-    monkeypatch.setattr(tree_conv, "active", False)
-    assert plugin._around_tree_conv(original, x, None, None, **links) == "sglang"
-    monkeypatch.setattr(tree_conv, "active", True)
     assert plugin._around_tree_conv(original, x, None, None, **links) == "ours"
     assert plugin._around_tree_conv(original, x, None, None) == "sglang"  # not a tree verify
     assert plugin._around_tree_conv(original, torch.zeros(1, 8, 65), None, None, **links) == "sglang"
@@ -533,3 +539,4 @@ def test_tree_conv_hook_changes_nothing_unless_a_ddtree_worker_turned_it_on(monk
     assert plugin._around_tree_conv(original, torch.zeros(1, 8, 17), None, None, **links) == "ours"
     monkeypatch.setattr(tree_conv, "TREE_CONV", "sglang")
     assert plugin._around_tree_conv(original, x, None, None, **links) == "sglang"
+    assert calls == ["ours", "sglang", "sglang", "ours", "sglang"]

@@ -314,6 +314,16 @@ def _around_tree_conv(original, *args, **kwargs):
     return original(*args, **kwargs)
 
 
+def install_tree_conv_hook() -> None:
+    """Put _around_tree_conv on SGLang's gated-delta-net conv update. DDTreeWorker calls it on a hybrid target, in
+    its scheduler process, after the plugins' own hooks were applied: no other server imports that backend for it
+    or runs through the hook. The backend looks the name up at call time, so patching it now takes effect."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(TREE_CONV_TARGET, _around_tree_conv, HookType.AROUND)
+    HookRegistry.apply_hooks()  # applies the targets not patched yet: this one
+
+
 def register() -> None:
     """The `sglang.srt.plugins` entry point."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -331,7 +341,6 @@ def register() -> None:
     HookRegistry.register("sglang.srt.speculative.dflash_utils.validate_dflash_request", _after_validate_request,
                           HookType.AFTER)
     HookRegistry.register(SPEC_METRICS_TARGET, _after_spec_metrics, HookType.AFTER)
-    HookRegistry.register(TREE_CONV_TARGET, _around_tree_conv, HookType.AROUND)
     SpeculativeAlgorithm.register(
         ALGORITHM, supports_overlap=True, validate_server_args=_validate, spec_class=_make_spec_class()
     )(_worker_factory)

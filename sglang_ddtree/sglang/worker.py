@@ -193,8 +193,9 @@ class DDTreeWorker(DFlashWorkerV2):
                 )
             self.hybrid = True
             from sglang_ddtree import tree_conv
+            from sglang_ddtree.sglang.plugin import install_tree_conv_hook
 
-            tree_conv.active = True  # the conv hook (plugin.py) serves this process's tree verifies
+            install_tree_conv_hook()  # this process's tree verifies: ours above 65 tokens (tree_conv.use_ours)
             if self.ps.tp_rank == 0 and tree_conv.use_ours(self.num_nodes):
                 logger.warning("DDTREE: budget %d on a hybrid target: the %d-token tree verify's conv runs "
                                "sglang-ddtree's kernel (SGLANG_DDTREE_TREE_CONV=%s; SGLang's unrolls over the "
