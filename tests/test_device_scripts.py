@@ -656,3 +656,37 @@ def test_tree_kernel_auto_switches_at_the_min_width(monkeypatch):
     monkeypatch.setattr(kernels, "SMALL_TREE_KERNEL", "select")
     assert [kernels.tree_kernel_for(w, "auto") for w in (16, 128)] == ["select", "rank"]
     assert kernels.tree_kernel_for(1024, "sort") == "sort" and kernels.tree_kernel_for(16, "rank") == "rank"
+
+
+def test_split_chunk_parts_install_one_call_at_a_time(tmp_path):
+    """A chunk split by split_chunk.py installs from its part folders given one per call: nothing before the last
+    part, the whole chunk after it; a corrupted part is refused."""
+    src = tmp_path / "src" / "pkg"
+    src.mkdir(parents=True)
+    (src / "blob.bin").write_bytes(os.urandom(300_000))
+    chunk_dir = tmp_path / "cache" / "site-1"
+    chunk_dir.mkdir(parents=True)
+    with tarfile.open(chunk_dir / "site-1.tar.xz", "w:xz") as tf:
+        tf.add(src / "blob.bin", arcname="pkg/blob.bin")
+    (chunk_dir / "manifest.json").write_text("{}")
+    out = subprocess.run([sys.executable, str(DEVICE / "split_chunk.py"), str(chunk_dir), "--part-mb", "0.12"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    parts = [Path(p) for p in out]
+    assert len(parts) == 3 and all((p / "parts.json").exists() and (p / "manifest.json").exists() for p in parts)
+    site = tmp_path / "site"
+    for part in parts[:-1]:
+        res = run_install([part], site, "auto")
+        assert res.returncode == 0, res.stderr
+        assert "install the others" in res.stderr and not (site / "pkg").exists()
+    res = run_install([parts[-1]], site, "auto")
+    assert res.returncode == 0, res.stderr
+    assert (site / "pkg" / "blob.bin").read_bytes() == (src / "blob.bin").read_bytes()
+    assert (site / ".ddtree-chunks" / "site-1.sha256").exists()
+    # a corrupted part: the joined chunk's sha256 does not match, nothing is installed
+    bad_site = tmp_path / "bad"
+    victim = next(parts[1].glob("*.part-*"))
+    victim.write_bytes(b"x" + victim.read_bytes()[1:])
+    for part in parts[:-1]:
+        run_install([part], bad_site, "auto")
+    res = run_install([parts[-1]], bad_site, "auto")
+    assert res.returncode == 2 and "sha256" in res.stderr and not (bad_site / "pkg").exists()

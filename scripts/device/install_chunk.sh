@@ -3,6 +3,7 @@
 # GPU machine, one call per chunk, back to back (/tmp survives only while the machine stays warm).
 #
 #   bash scripts/device/install_chunk.sh .device-cache/site-1/site-1.tar.xz   # or the folder .device-cache/site-1
+#   bash scripts/device/install_chunk.sh .device-cache/site-1-part1            # a part (split_chunk.py), one a call
 #
 # Idempotent: $DDTREE_SITE/.ddtree-chunks/<chunk>.sha256 marks a chunk as in; the same bytes again are skipped.
 # A chunk whose bytes changed is unpacked over the old one (files it no longer has would stay: `rm -rf` the
@@ -22,8 +23,43 @@ mkdir -p "$marks"
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 
+# A part folder (scripts/device/split_chunk.py): keep the part under $site/.ddtree-parts; the call that brings the
+# last part joins them, checks the whole chunk's sha256 and installs it like any chunk.
+join_parts() {  # folder -> prints the joined chunk's path when complete, nothing otherwise
+    local dir=$1 meta name count want got
+    meta=$dir/parts.json
+    name=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["chunk"])' "$meta")
+    count=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["parts"])' "$meta")
+    want=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["sha256"])' "$meta")
+    mkdir -p "$site/.ddtree-parts"
+    cp "$dir"/"$name".tar.xz.part-*-of-"$count" "$site/.ddtree-parts/"
+    local have=0 i
+    for i in $(seq 1 "$count"); do
+        [ -f "$site/.ddtree-parts/$name.tar.xz.part-$i-of-$count" ] && have=$((have + 1))
+    done
+    if [ "$have" -lt "$count" ]; then
+        echo "install_chunk: $name: $have of $count parts kept in $site/.ddtree-parts; install the others" >&2
+        return 0
+    fi
+    for i in $(seq 1 "$count"); do cat "$site/.ddtree-parts/$name.tar.xz.part-$i-of-$count"; done \
+        >"$site/.ddtree-parts/$name.tar.xz"
+    got=$(sha256sum "$site/.ddtree-parts/$name.tar.xz" | cut -d' ' -f1)
+    if [ "$got" != "$want" ]; then
+        echo "install_chunk: $name: the joined parts' sha256 ${got:0:12} is not the chunk's ${want:0:12}" >&2
+        rm -f "$site/.ddtree-parts/$name.tar.xz"
+        return 3
+    fi
+    echo "$site/.ddtree-parts/$name.tar.xz"
+}
+
 chunks=()
 for arg in "$@"; do
+    if [ -d "$arg" ] && [ -f "$arg/parts.json" ]; then
+        [ -f "$arg/manifest.json" ] && cp "$arg/manifest.json" "$marks/manifest.json"
+        joined=$(join_parts "$arg") || exit 2
+        [ -n "$joined" ] && chunks+=("$joined")
+        continue
+    fi
     if [ -d "$arg" ]; then
         found=0
         for f in "$arg"/*.tar.xz; do
@@ -78,5 +114,5 @@ PY
     echo "install_chunk: $name ($((bytes / 1048576)) MiB) unpacked into $site with $method in ${secs}s"
 done
 
-installed=$(ls "$marks"/*.sha256 2>/dev/null | wc -l)
+installed=$(find "$marks" -maxdepth 1 -name '*.sha256' | wc -l)  # 0 is fine: a call that only kept a part
 echo "install_chunk: $installed chunk(s) in $site, $(du -sm "$site" | cut -f1) MiB"
