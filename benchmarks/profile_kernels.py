@@ -33,40 +33,13 @@ def topk_pieces(lp: torch.Tensor, k: int, repeats: int) -> dict:
     from sglang_ddtree.tree import exact_topk
 
     x = lp.contiguous()
-    rows, width = x.shape
-    chunk = min(4096, kernels._pow2(width))
-    chunks = -(-width // chunk)
-    group = kernels.TOPK_GROUP
-    groups = -(-width // group)
-    cap = min(width, group * (k - 1) + k)
-    dev = x.device
-    gmax = torch.empty((rows, groups), dtype=torch.int32, device=dev)
-    thresh = torch.empty(rows, dtype=torch.int64, device=dev)
-    counts = torch.empty((rows, chunks, 2), dtype=torch.int32, device=dev)
-    cand = torch.empty((rows, cap), dtype=torch.int32, device=dev)
-    kp = kernels._pow2(max(k, 2))
-    scratch = torch.empty((rows, kp), dtype=torch.int64, device=dev)
-    values = torch.empty((rows, k), dtype=torch.float32, device=dev)
-    ids = torch.empty((rows, k), dtype=torch.int64, device=dev)
-    gb = max(1, chunk // group)
-    gp = kernels._pow2(groups)
-    chp = kernels._pow2(chunks)
-    steps = {
-        "group_max": lambda: kernels._group_max_kernel[(rows, -(-groups // gb))](
-            x, gmax, x.stride(0), groups, V=width, GB=gb, S=group, num_warps=4),
-        "threshold": lambda: kernels._group_threshold_kernel[(rows,)](
-            gmax, thresh, groups, K=k if k <= groups else 0, GP=gp, num_warps=kernels._warps(gp)),
-        "count": lambda: kernels._threshold_count_kernel[(rows, chunks)](
-            x, thresh, counts, x.stride(0), chunks, V=width, CHUNK=chunk, num_warps=4),
-        "collect": lambda: kernels._threshold_collect_kernel[(rows, chunks)](
-            x, thresh, counts, cand, x.stride(0), chunks, cap, V=width, K=k, CHUNK=chunk, CHP=chp, num_warps=4),
-        "candidates_topk": lambda: kernels._candidate_topk_kernel[(rows,)](
-            x, counts, cand, scratch, values, ids, x.stride(0), chunks, cap, 0, K=k, KP=kp,
-            BLOCK=min(2048, kernels._pow2(cap)), CHP=chp, num_warps=4 if kp <= 256 else 8),
-    }
+    rows = x.shape[0]
+    values = torch.empty((rows, k), dtype=torch.float32, device=x.device)
+    ids = torch.empty((rows, k), dtype=torch.int64, device=x.device)
     out = {}
-    for name, fn in steps.items():  # in pipeline order: each step's inputs come from the previous ones
-        out[name] = timed(fn, repeats)
+    launches, counts = kernels.topk_launches(x, k, values, ids)
+    for name, launch in launches:  # in order: each reads the previous ones' output
+        out[name] = timed(launch, repeats)
     ref_values, ref_ids = kernels.topk_triton(x, k)
     assert torch.equal(ids, ref_ids) and torch.equal(values, ref_values)
     n = counts.sum(dim=1)

@@ -822,6 +822,20 @@ def topk_triton(x: torch.Tensor, k: int, *, id_offset: int = 0, block: int = 409
     if k > TOPK_TRITON_MAX_K:
         raise ValueError(f"topk_triton orders at most {TOPK_TRITON_MAX_K} keys a row, got k={k}; use tree.exact_topk.")
     x = x.float().contiguous()
+    values = torch.empty((rows, k), dtype=torch.float32, device=x.device)
+    ids = torch.empty((rows, k), dtype=torch.int64, device=x.device)
+    launches, _ = topk_launches(x, k, values, ids, id_offset=id_offset, block=block)
+    for _, launch in launches:
+        launch()
+    return values, ids
+
+
+def topk_launches(x: torch.Tensor, k: int, values: torch.Tensor, ids: torch.Tensor, *, id_offset: int = 0,
+                  block: int = 4096) -> tuple[list[tuple[str, object]], torch.Tensor]:
+    """topk_triton's five launches in order, as (name, callable) over their scratch buffers (x: float32, contiguous;
+    results into values / ids), and the per-chunk counts of keys above / at the threshold they fill (the candidates
+    per row: above + min(at, k)). topk_triton runs them back to back; benchmarks/profile_kernels.py times each."""
+    rows, width = x.shape
     device = x.device
     chunk = min(block, _pow2(width))
     chunks = triton.cdiv(width, chunk)
@@ -834,23 +848,24 @@ def topk_triton(x: torch.Tensor, k: int, *, id_offset: int = 0, block: int = 409
     cand = torch.empty((rows, cap), dtype=torch.int32, device=device)
     kp = _pow2(max(k, 2))
     scratch = torch.empty((rows, kp), dtype=torch.int64, device=device)
-    values = torch.empty((rows, k), dtype=torch.float32, device=device)
-    ids = torch.empty((rows, k), dtype=torch.int64, device=device)
     gb = max(1, chunk // group)
-    _group_max_kernel[(rows, triton.cdiv(groups, gb))](x, gmax, x.stride(0), groups, V=width, GB=gb, S=group,
-                                                       num_warps=4)
     gp = _pow2(groups)
-    _group_threshold_kernel[(rows,)](gmax, thresh, groups, K=k if k <= groups else 0, GP=gp,
-                                     num_warps=_warps(gp))
-    grid = (rows, chunks)
-    _threshold_count_kernel[grid](x, thresh, counts, x.stride(0), chunks, V=width, CHUNK=chunk, num_warps=4)
     chp = _pow2(chunks)
-    _threshold_collect_kernel[grid](x, thresh, counts, cand, x.stride(0), chunks, cap, V=width, K=k, CHUNK=chunk,
-                                    CHP=chp, num_warps=4)
-    _candidate_topk_kernel[(rows,)](x, counts, cand, scratch, values, ids, x.stride(0), chunks, cap, id_offset,
-                                    K=k, KP=kp, BLOCK=min(2048, _pow2(cap)), CHP=chp,
-                                    num_warps=4 if kp <= 256 else 8)
-    return values, ids
+    grid = (rows, chunks)
+    launches = [
+        ("group_max", lambda: _group_max_kernel[(rows, triton.cdiv(groups, gb))](
+            x, gmax, x.stride(0), groups, V=width, GB=gb, S=group, num_warps=4)),
+        ("threshold", lambda: _group_threshold_kernel[(rows,)](
+            gmax, thresh, groups, K=k if k <= groups else 0, GP=gp, num_warps=_warps(gp))),
+        ("count", lambda: _threshold_count_kernel[grid](
+            x, thresh, counts, x.stride(0), chunks, V=width, CHUNK=chunk, num_warps=4)),
+        ("collect", lambda: _threshold_collect_kernel[grid](
+            x, thresh, counts, cand, x.stride(0), chunks, cap, V=width, K=k, CHUNK=chunk, CHP=chp, num_warps=4)),
+        ("candidates_topk", lambda: _candidate_topk_kernel[(rows,)](
+            x, counts, cand, scratch, values, ids, x.stride(0), chunks, cap, id_offset, K=k, KP=kp,
+            BLOCK=min(2048, _pow2(cap)), CHP=chp, num_warps=4 if kp <= 256 else 8)),
+    ]
+    return launches, counts
 
 
 def move_path_kv(data_ptrs: torch.Tensor, strides: torch.Tensor, max_stride: int, tgt: torch.Tensor,

@@ -28,9 +28,8 @@ elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
 join_parts() {  # folder -> prints the joined chunk's path when complete, nothing otherwise
     local dir=$1 meta name count want got
     meta=$dir/parts.json
-    name=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["chunk"])' "$meta")
-    count=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["parts"])' "$meta")
-    want=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["sha256"])' "$meta")
+    read -r name count want < <(python3 -c \
+        'import json,sys; d = json.load(open(sys.argv[1])); print(d["chunk"], d["parts"], d["sha256"])' "$meta")
     mkdir -p "$site/.ddtree-parts"
     cp "$dir"/"$name".tar.xz.part-*-of-"$count" "$site/.ddtree-parts/"
     local have=0 i

@@ -18,9 +18,9 @@ path, more so for larger trees; a candidate never observed borrows the ratio of 
 and round_ms(bucket, c) the median of its last RECENT measured round times (the decayed mean until there are 3).
 Unmeasured cells are explored first (each candidate `explore` rounds per bucket, narrowest first) and the stalest
 candidate is re-measured every `probe_every` rounds, so the estimates follow context growth; both skip a candidate
-that cannot win (its estimated tokens over a floor of its round time, `_cost_floor`, do not beat the best rate). The chain (DFLASH's top-1 path,
-verified causally like DFLASH) is always a candidate: the choice can only be slower than the chain by estimation
-error, exploration and the per-round cost of the decision.
+that cannot win (its estimated tokens over a floor of its round time, `_cost_floor`, do not beat the best rate).
+The chain (DFLASH's top-1 path, verified causally like DFLASH) is always a candidate: the choice can only be slower
+than the chain by estimation error, exploration and the per-round cost of the decision.
 Lag: decisions use rounds that completed on the GPU, typically the ones one or two before the current round
 (overlap scheduling keeps the host a round ahead). The choice is per round for the whole batch (verify shapes are
 uniform across a batch).
@@ -206,12 +206,15 @@ class AutoBudgetPolicy:
     def _could_win(self, b: _Bucket, i: int, best_rate: float | None) -> bool:
         """Whether candidate i may beat the best measured rate: its estimated tokens over the floor of its round
         time (_cost_floor)."""
-        if best_rate is None:
+        best_case = self._best_case_rate(b, i)
+        if best_rate is None or best_case is None:
             return True
+        return best_case > best_rate * (1.0 + 1e-6)  # at best a tie (up to rounding) is not a win
+
+    def _best_case_rate(self, b: _Bucket, i: int) -> float | None:
+        """Candidate i's estimated tokens over the floor of its round time (None: either is unknown)."""
         tokens, floor = self.est_tokens(i), self._cost_floor(b, i)
-        if tokens is None or not floor:
-            return True
-        return tokens / floor > best_rate * (1.0 + 1e-6)  # at best a tie (up to rounding) is not a win
+        return tokens / floor if tokens is not None and floor else None
 
     def choose(self, bucket: int) -> int:
         """Index into candidates for the next round of a batch in this bucket. Exploration and probes skip a
@@ -250,15 +253,14 @@ class AutoBudgetPolicy:
     def sample_interval(self, bucket: int) -> int:
         """Rounds between sampled rounds (SAMPLE_EVERY_IDLE divides by SAMPLE_EVERY, so a round counter modulo
         either stays in step): SAMPLE_EVERY_IDLE only when the chain's rate is known and beats every tree
-        candidate's best case (estimated tokens over its cost floor, else its measured time) by more than CLOSE."""
+        candidate's best case (_best_case_rate) by more than CLOSE."""
         b = self._bucket(bucket)
         rates = self.rates(bucket)
         if rates[0] is None:
             return SAMPLE_EVERY
         for i in range(1, len(self.candidates)):
-            tokens = self.est_tokens(i)
-            floor = self._cost_floor(b, i) or b.round_ms[i].mean()
-            if tokens is None or not floor or tokens / floor >= (1.0 - CLOSE) * rates[0]:
+            best_case = self._best_case_rate(b, i)
+            if best_case is None or best_case >= (1.0 - CLOSE) * rates[0]:
                 return SAMPLE_EVERY
         return SAMPLE_EVERY_IDLE
 
