@@ -13,8 +13,10 @@ included) and as one captured CUDA graph replay (GPU time alone); the serving pa
 graphs per batch size (sglang_ddtree/graphs.py), so the graph numbers are the ones that matter there. Writes JSON rows (one per configuration) and
 prints a table. impls: torch, triton (sort tree kernel, one launch), triton_rank (rank tree kernel, L+1 launches),
 triton_select (radix-select tree kernel, one launch), triton_topk (the tree kernel that `auto` picks for the
-budget, and kernels.topk_triton for the top-K), triton_select_topk (select + topk_triton). Every impl's
-top-K and tree are checked against the torch reference before timing (a difference stops the run).
+budget, and kernels.topk_triton for the top-K), triton_select_topk (select + topk_triton), triton_fused (the picked
+tree kernel, and kernels.topk_logits_lse: the top-K and the logsumexp from the bf16 logits, without log_softmax).
+Every impl's top-K and tree are checked against the torch reference before timing (a difference stops the run;
+triton_fused's log-probs within 2e-5, its ids exact, its tree against the torch tree of its own top-K).
 
   python benchmarks/bench_tree.py --device cpu --out benchmarks/results/tree_cpu.json
   python benchmarks/bench_tree.py --device cuda --out $OUT/tree_h200.json
@@ -36,13 +38,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_ddtree.layout import ancestor_mask, retrieve_arrays, tree_positions  # noqa: E402
+from sglang_ddtree.tree import build_tree_from_topk  # noqa: E402
 from sglang_ddtree.walk import walk_choices  # noqa: E402
 
 
 PREFIX = 512  # committed tokens per request: sizes the FULL_MASK the verify reads
-# impl -> (tree kernel, None = what build_tree_triton picks for the budget; whether the top-K is kernels.topk_triton)
-TRITON_IMPLS = {"triton": ("sort", False), "triton_rank": ("rank", False), "triton_select": ("select", False),
-                "triton_topk": (None, True), "triton_select_topk": ("select", True)}
+# impl -> (tree kernel, None = what build_tree_triton picks for the budget; the top-K: "torch" = log_softmax +
+# torch.topk, "triton" = log_softmax + kernels.topk_triton, "fused" = kernels.topk_logits_lse on the bf16 logits)
+TRITON_IMPLS = {"triton": ("sort", "torch"), "triton_rank": ("rank", "torch"), "triton_select": ("select", "torch"),
+                "triton_topk": (None, "triton"), "triton_select_topk": ("select", "triton"),
+                "triton_fused": (None, "fused")}
 
 
 def make_stages(impl, draft_logits, budget, roots, start, choice):
@@ -61,15 +66,21 @@ def make_stages(impl, draft_logits, budget, roots, start, choice):
     if impl in TRITON_IMPLS:
         from sglang_ddtree import kernels
 
-        kernel, triton_topk_kernel = TRITON_IMPLS[impl]
+        kernel, topk_kind = TRITON_IMPLS[impl]
         kernel = kernel or kernels.tree_kernel_for(budget)
-        if triton_topk_kernel:
+        if topk_kind == "triton":
             def triton_topk():
                 lp = draft_logits.float().log_softmax(-1)
                 values, tokens = kernels.topk_triton(lp.view(-1, vocab), k)
                 return values.view(bs, -1, k), tokens.view(bs, -1, k)
 
             topk = triton_topk
+        elif topk_kind == "fused":
+            def fused_topk():  # what the serving path runs with SGLANG_DDTREE_DRAFT_LSE=triton
+                values, tokens, lse = kernels.topk_logits_lse(draft_logits.view(-1, vocab), k)
+                return (values - lse.unsqueeze(-1)).view(bs, -1, k), tokens.view(bs, -1, k)
+
+            topk = fused_topk
 
         def tree(values, tokens):
             return kernels.build_tree_triton(values, tokens, budget, roots, max_budget=budget, kernel=kernel)
@@ -163,8 +174,9 @@ def main(argv=None):
     budgets = [int(x) for x in args.budgets.split(",")]
     batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
     impls = args.impls.split(",") if args.impls else (["torch", "triton", "triton_rank"] if cuda else ["torch"])
-    if any(i.startswith("triton") for i in impls) and not cuda:
-        raise SystemExit("--impls triton needs --device cuda")
+    if any(i.startswith("triton") for i in impls) and not (cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        raise SystemExit("--impls triton needs --device cuda (or TRITON_INTERPRET=1, which checks but times nothing "
+                         "worth reading)")
     total = len(budgets) * len(batch_sizes)
     for bs in batch_sizes:
         draft_logits = (torch.randn(bs, args.depth, args.vocab, generator=gen) * 4).to(device, torch.bfloat16)
@@ -187,8 +199,17 @@ def main(argv=None):
                 topk_fn, tree_fn, layout_fn, walk_fn = make_stages(impl, draft_logits, budget, roots, start, choice)
                 t = tree_fn(values, tokens)
                 got_values, got_tokens = topk_fn()
-                if not (torch.equal(got_values, values) and torch.equal(got_tokens, tokens)
-                        and torch.equal(t.tokens, ref_tree.tokens) and torch.equal(t.parents, ref_tree.parents)):
+                # The fused top-K's logsumexp sums in another order than torch's log_softmax: its log-probs may
+                # differ in the last bits (ids must not), and its tree is checked against the torch tree of its own.
+                fused = TRITON_IMPLS.get(impl, (None, None))[1] == "fused"
+                same_values = (torch.allclose(got_values, values, rtol=0, atol=2e-5) if fused
+                               else torch.equal(got_values, values))
+                own_ref = (build_tree_from_topk(got_values, got_tokens, budget, roots, max_budget=budget) if fused
+                           else ref_tree)
+                own = tree_fn(got_values, got_tokens) if fused else t
+                if not (same_values and torch.equal(got_tokens, tokens)
+                        and torch.equal(t.tokens, ref_tree.tokens) and torch.equal(t.parents, ref_tree.parents)
+                        and torch.equal(own.tokens, own_ref.tokens) and torch.equal(own.parents, own_ref.parents)):
                     raise SystemExit(f"{impl} at bs={bs} B={budget}: top-K or tree differs from the torch reference")
 
                 def all_stages(topk_fn=topk_fn, tree_fn=tree_fn, layout_fn=layout_fn, walk_fn=walk_fn):

@@ -395,27 +395,59 @@ _PAIRS: dict = {}
 
 if triton is not None:
 
+    # ---- per-row statistics of the lm_head's output in its own dtype: max, first index of the max, logsumexp.
+    # Two stages, so that a row of 152k entries spreads over many programs: per (row, chunk of GB x S entries) a
+    # max and a sum of exp(x - max); then per row their combination. The top-K's first launch (_group_max_kernel)
+    # computes the chunk parts with the same helpers over the same chunks and its second combines them the same
+    # way: both give the same logsumexp bit for bit (an `auto` chain round's top-1 stays the top-K's first column).
+
     @triton.jit
-    def _row_max_lse_kernel(x_ptr, max_ptr, arg_ptr, lse_ptr, stride_x, V: tl.constexpr, BLOCK: tl.constexpr):
-        """One pass over a row (any float dtype, read as float32): its max, the first index holding it, and its
-        logsumexp (online: the running sum rescaled whenever the running max grows)."""
+    def _load_group_block(x_ptr, row, prog, stride_x, V: tl.constexpr, GB: tl.constexpr, S: tl.constexpr):
+        """Entries prog*GB*S .. (prog+1)*GB*S - 1 of a row as a [GB, S] float32 block (-inf past V) and their
+        indices."""
+        g = prog * GB + tl.arange(0, GB)
+        offs = g[:, None] * S + tl.arange(0, S)[None, :]
+        x = tl.load(x_ptr + row * stride_x + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        return offs, x
+
+    @triton.jit
+    def _block_max_sumexp(x):
+        """A [GB, S] block's max m and sum of exp(x - m) (0 for a block of -inf only)."""
+        m = tl.max(tl.max(x, 1), 0)
+        total = tl.sum(tl.sum(tl.exp(x - m), 1), 0)
+        return m, tl.where(m > float("-inf"), total, 0.0)
+
+    @triton.jit
+    def _combine_lse(pm, ps):
+        """logsumexp of a row from its chunks' (max, sum of exp(x - max)) (dead chunks: -inf, 0)."""
+        top = tl.max(pm, 0)
+        return top + tl.log(tl.sum(ps * tl.exp(pm - top), 0))
+
+    @triton.jit
+    def _row_stats_kernel(x_ptr, pm_ptr, parg_ptr, ps_ptr, stride_x, parts, V: tl.constexpr, GB: tl.constexpr,
+                          S: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
-        base = x_ptr + row * stride_x
-        m = tl.full([], float("-inf"), tl.float32)
-        total = tl.zeros([], dtype=tl.float32)
-        arg = tl.zeros([], dtype=tl.int64)
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            x = tl.load(base + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-            block_max = tl.max(x, 0)
-            block_arg = tl.argmax(x, 0, tie_break_left=True)
-            new_m = tl.maximum(m, block_max)
-            total = total * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), 0)
-            arg = tl.where(block_max > m, start + block_arg.to(tl.int64), arg)  # ties keep the earlier block
-            m = new_m
-        tl.store(max_ptr + row, m)
-        tl.store(arg_ptr + row, arg)
-        tl.store(lse_ptr + row, m + tl.log(total))
+        prog = tl.program_id(1)
+        offs, x = _load_group_block(x_ptr, row, prog, stride_x, V, GB, S)
+        m, total = _block_max_sumexp(x)
+        first = tl.min(tl.min(tl.where(x == m, offs, V), 1), 0)  # the first index holding the max
+        tl.store(pm_ptr + row * parts + prog, m)
+        tl.store(parg_ptr + row * parts + prog, first)
+        tl.store(ps_ptr + row * parts + prog, total)
+
+    @triton.jit
+    def _row_stats_combine_kernel(pm_ptr, parg_ptr, ps_ptr, max_ptr, arg_ptr, lse_ptr, parts, PP: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        c = tl.arange(0, PP)
+        live = c < parts
+        pm = tl.load(pm_ptr + row * parts + c, mask=live, other=float("-inf"))
+        ps = tl.load(ps_ptr + row * parts + c, mask=live, other=0.0)
+        parg = tl.load(parg_ptr + row * parts + c, mask=live, other=0)
+        top = tl.max(pm, 0)
+        first_chunk = tl.min(tl.where(live & (pm == top), c, PP), 0)  # ties keep the earlier chunk
+        tl.store(max_ptr + row, top)
+        tl.store(arg_ptr + row, tl.sum(tl.where(c == first_chunk, parg, 0), 0).to(tl.int64))
+        tl.store(lse_ptr + row, _combine_lse(pm, ps))
 
     # ---- exact top-K over the vocabulary (topk_triton): a threshold from group maxima, then a radix selection
     # among the few keys above it
@@ -424,22 +456,29 @@ if triton is not None:
     def _vocab_keys(x_ptr, row, chunk, stride_x, V: tl.constexpr, CHUNK: tl.constexpr):
         offs = chunk * CHUNK + tl.arange(0, CHUNK)
         inside = offs < V
-        x = tl.load(x_ptr + row * stride_x + offs, mask=inside, other=0.0)
+        x = tl.load(x_ptr + row * stride_x + offs, mask=inside, other=0.0).to(tl.float32)
         return offs, inside, _float_key(x).to(tl.int64) + 2147483648  # unsigned order in [0, 2^32)
 
     @triton.jit
-    def _group_max_kernel(x_ptr, gmax_ptr, stride_x, groups, V: tl.constexpr, GB: tl.constexpr, S: tl.constexpr):
-        """The largest key of each group of S consecutive entries (GB groups a program)."""
+    def _group_max_kernel(x_ptr, gmax_ptr, pm_ptr, ps_ptr, stride_x, groups, parts, V: tl.constexpr,
+                          GB: tl.constexpr, S: tl.constexpr, LSE: tl.constexpr):
+        """The largest key of each group of S consecutive entries (GB groups a program); LSE: also the program's
+        chunk parts of the row's logsumexp (as _row_stats_kernel)."""
         row = tl.program_id(0).to(tl.int64)
-        g = tl.program_id(1) * GB + tl.arange(0, GB)
-        offs = g[:, None] * S + tl.arange(0, S)[None, :]
-        x = tl.load(x_ptr + row * stride_x + offs, mask=offs < V, other=float("-inf"))
+        prog = tl.program_id(1)
+        offs, x = _load_group_block(x_ptr, row, prog, stride_x, V, GB, S)
+        g = prog * GB + tl.arange(0, GB)
         tl.store(gmax_ptr + row * groups + g, tl.max(_float_key(x), axis=1), mask=g < groups)
+        if LSE:
+            m, total = _block_max_sumexp(x)
+            tl.store(pm_ptr + row * parts + prog, m)
+            tl.store(ps_ptr + row * parts + prog, total)
 
     @triton.jit
-    def _group_threshold_kernel(gmax_ptr, thresh_ptr, groups, K: tl.constexpr, GP: tl.constexpr):
+    def _group_threshold_kernel(gmax_ptr, thresh_ptr, pm_ptr, ps_ptr, lse_ptr, groups, parts, K: tl.constexpr,
+                                GP: tl.constexpr, LSE: tl.constexpr, PP: tl.constexpr):
         """t = the K-th largest group maximum (K <= groups; 0 otherwise, which keeps every key). K groups hold a
-        key >= t, so the K-th largest key T >= t: the top K lie among the keys >= t."""
+        key >= t, so the K-th largest key T >= t: the top K lie among the keys >= t. LSE: the row's logsumexp."""
         row = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, GP)
         live = i < groups
@@ -449,6 +488,11 @@ if triton is not None:
         else:
             thresh = tl.zeros([], dtype=tl.int64)
         tl.store(thresh_ptr + row, thresh)
+        if LSE:
+            c = tl.arange(0, PP)
+            pm = tl.load(pm_ptr + row * parts + c, mask=c < parts, other=float("-inf"))
+            ps = tl.load(ps_ptr + row * parts + c, mask=c < parts, other=0.0)
+            tl.store(lse_ptr + row, _combine_lse(pm, ps))
 
     @triton.jit
     def _threshold_count_kernel(x_ptr, thresh_ptr, counts_ptr, stride_x, chunks, V: tl.constexpr,
@@ -513,7 +557,8 @@ if triton is not None:
                 pos = start + tl.arange(0, BLOCK)
                 live = pos < n
                 idx = tl.load(cand + pos, mask=live, other=0)
-                key = _float_key(tl.load(base + idx, mask=live, other=0.0)).to(tl.int64) + 2147483648
+                x = tl.load(base + idx, mask=live, other=0.0).to(tl.float32)
+                key = _float_key(x).to(tl.int64) + 2147483648
                 match = live & ((key >> (shift + 8)) == prefix)
                 hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
                 start += BLOCK
@@ -528,7 +573,8 @@ if triton is not None:
             pos = start + tl.arange(0, BLOCK)
             live = pos < n
             idx = tl.load(cand + pos, mask=live, other=0)
-            key = _float_key(tl.load(base + idx, mask=live, other=0.0)).to(tl.int64) + 2147483648
+            x = tl.load(base + idx, mask=live, other=0.0).to(tl.float32)
+            key = _float_key(x).to(tl.int64) + 2147483648
             gt = live & (key > prefix)
             eq = live & (key == prefix)
             tl.store(out_scratch + n_above + tl.cumsum(gt.to(tl.int32), 0) - 1, idx.to(tl.int64), mask=gt)
@@ -541,12 +587,13 @@ if triton is not None:
         slots = tl.arange(0, KP)
         ok = slots < K
         chosen = tl.load(out_scratch + slots, mask=ok, other=0)
-        values = tl.load(base + chosen, mask=ok, other=0.0)
+        values = tl.load(base + chosen, mask=ok, other=0.0).to(tl.float32)
         packed = (_float_key(values).to(tl.int64) << 32) | (4294967295 - chosen)
         packed = tl.sort(tl.where(ok, packed, -9223372036854775807 - 1), 0, descending=True)
         ids = 4294967295 - (packed & 4294967295)
         tl.store(out_ids_ptr + row * K + slots, ids + id_offset, mask=ok)
-        tl.store(out_values_ptr + row * K + slots, tl.load(base + ids, mask=ok, other=0.0), mask=ok)
+        tl.store(out_values_ptr + row * K + slots, tl.load(base + ids, mask=ok, other=0.0).to(tl.float32),
+                 mask=ok)
 
 
 def _pairs(width: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -775,27 +822,35 @@ def walk_triton(tree: DraftTree, target_choice: torch.Tensor):
 
 
 # How the draft's per-position logsumexp (and the top-1 of an `auto` chain round) is computed (sglang/ops.py):
-# "torch" (a float32 copy of the logits, torch.logsumexp, torch.max) or "triton" (row_max_lse: one read of the
-# lm_head's output). Lease 12's batch-16 profile at 8B shapes put the torch top-1 at ~0.3 ms of GPU work a round
-# (float copy 0.08, logsumexp's reductions and exp ~0.19, max 0.03) against DFLASH's bf16 argmax 0.05. Not the
-# default until a GPU run has timed it: the log-probs then differ from torch's in the last bits (the walk and the
-# output do not depend on them; the tree's node order can, at exact near-ties of node scores).
+# "torch" (a float32 copy of the logits, torch.logsumexp, torch.max / the top-K) or "triton" (one read of the
+# lm_head's output in its dtype: row_max_lse for the top-1, and with the Triton top-K, topk_logits_lse, which takes
+# the logsumexp in the top-K's first pass). Lease 12's batch-16 profile at 8B shapes put the torch top-1 at ~0.3 ms
+# of GPU work a round (float copy 0.08, logsumexp's reductions and exp ~0.19, max 0.03) against DFLASH's bf16
+# argmax 0.05, and the top-K's float copy and logsumexp at about as much. Not the default until a GPU run has timed
+# it: the log-probs then differ from torch's in the last bits (the walk and the output do not depend on them; the
+# tree's node order can, at exact near-ties of node scores).
 DRAFT_LSE = os.environ.get("SGLANG_DDTREE_DRAFT_LSE", "torch")
 if DRAFT_LSE not in ("torch", "triton"):
     raise ValueError(f"SGLANG_DDTREE_DRAFT_LSE must be torch or triton, got {DRAFT_LSE!r}.")
 
 
 def row_max_lse(x: torch.Tensor, block: int = 4096) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per row of x [rows, V] (any float dtype; -inf-free rows): (max float32, first index of the max int64,
-    logsumexp float32), in one read of x. The max and its index equal torch.max over x.float(); the logsumexp
-    equals torch.logsumexp up to float32 rounding (a different summation order)."""
+    """Per row of x [rows, V] (float32, bfloat16 or float16, read in its dtype; -inf-free rows): (max float32, first
+    index of the max int64, logsumexp float32), in one read of x spread over (row, chunk) programs. The max and its
+    index equal torch.max over x.float(); the logsumexp equals torch.logsumexp up to float32 rounding (a different
+    summation order) and topk_logits_lse's bit for bit (same chunks, same arithmetic)."""
+    x = _readable(x)
     rows, width = x.shape
-    x = x.contiguous()
+    group, gb, parts = _chunking(width, block)
+    pm = torch.empty((rows, parts), dtype=torch.float32, device=x.device)
+    parg = torch.empty((rows, parts), dtype=torch.int32, device=x.device)
+    ps = torch.empty((rows, parts), dtype=torch.float32, device=x.device)
     out_max = torch.empty(rows, dtype=torch.float32, device=x.device)
     out_arg = torch.empty(rows, dtype=torch.int64, device=x.device)
     out_lse = torch.empty(rows, dtype=torch.float32, device=x.device)
-    _row_max_lse_kernel[(rows,)](x, out_max, out_arg, out_lse, x.stride(0), V=width,
-                                 BLOCK=min(block, _pow2(width)), num_warps=8)
+    _row_stats_kernel[(rows, parts)](x, pm, parg, ps, x.stride(0), parts, V=width, GB=gb, S=group, num_warps=4)
+    _row_stats_combine_kernel[(rows,)](pm, parg, ps, out_max, out_arg, out_lse, parts, PP=_pow2(parts),
+                                       num_warps=1)
     return out_max, out_arg, out_lse
 
 
@@ -805,9 +860,25 @@ TOPK_TRITON_MAX_K = 4096
 TOPK_GROUP = 32
 
 
+def _readable(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernels read it: its own float dtype where Triton loads it (no float32 copy of a bf16 lm_head
+    output), rows contiguous."""
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        x = x.float()
+    return x.contiguous()
+
+
+def _chunking(width: int, block: int) -> tuple[int, int, int]:
+    """(entries per group S, groups per program GB, programs per row) of a row of `width` entries: programs read
+    GB * S = min(block, next power of two of width) consecutive entries."""
+    chunk = min(block, _pow2(width))
+    group = min(TOPK_GROUP, chunk)
+    return group, chunk // group, triton.cdiv(width, chunk)
+
+
 def topk_triton(x: torch.Tensor, k: int, *, id_offset: int = 0, block: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same result as tree.exact_topk(x, k, id_offset=id_offset) for a float32 [rows, V] tensor without NaN (bit
-    for bit: values, then ids, in the canonical order).
+    """Same result as tree.exact_topk(x.float(), k, id_offset=id_offset) for a [rows, V] tensor without NaN (bit
+    for bit: values as float32, then ids, in the canonical order); bfloat16 / float16 rows are read as they are.
 
     How: the maxima of groups of TOPK_GROUP entries give t = their K-th largest, a lower bound of the K-th largest
     entry (K groups hold an entry >= t); two passes over (row, chunk of `block`) programs count and collect the
@@ -816,30 +887,44 @@ def topk_triton(x: torch.Tensor, k: int, *, id_offset: int = 0, block: int = 409
     maxima. Why: torch.topk took 0.20 / 0.60 ms at batch 1 / 8 for K=256 on the H200 (lease 8), and a radix
     selection over the whole row (four histogram passes, lease 12) 0.15 / 0.67 ms: histograms of every entry cost
     more than the reads. Selected by SGLANG_DDTREE_TOPK_KERNEL=triton."""
+    values, ids, _ = _topk(x, k, id_offset, block, with_lse=False)
+    return values, ids
+
+
+def topk_logits_lse(x: torch.Tensor, k: int, *, id_offset: int = 0, block: int = 4096
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """topk_triton of raw logits plus each row's logsumexp (float32, = row_max_lse's bit for bit), computed in the
+    top-K's first pass: the draft's top-K log-probs are values - lse, without a float32 copy of the logits or a
+    separate logsumexp (lease 12's profile at 8B shapes, batch 16: those took ~0.27 ms a round)."""
+    return _topk(x, k, id_offset, block, with_lse=True)
+
+
+def _topk(x, k, id_offset, block, with_lse):
+    x = _readable(x)
     rows, width = x.shape
     if not 1 <= k <= width:
         raise ValueError(f"top-k needs 1 <= k <= {width}, got k={k}.")
     if k > TOPK_TRITON_MAX_K:
         raise ValueError(f"topk_triton orders at most {TOPK_TRITON_MAX_K} keys a row, got k={k}; use tree.exact_topk.")
-    x = x.float().contiguous()
     values = torch.empty((rows, k), dtype=torch.float32, device=x.device)
     ids = torch.empty((rows, k), dtype=torch.int64, device=x.device)
-    launches, _ = topk_launches(x, k, values, ids, id_offset=id_offset, block=block)
+    lse = torch.empty(rows, dtype=torch.float32, device=x.device) if with_lse else None
+    launches, _ = topk_launches(x, k, values, ids, id_offset=id_offset, block=block, lse=lse)
     for _, launch in launches:
         launch()
-    return values, ids
+    return values, ids, lse
 
 
 def topk_launches(x: torch.Tensor, k: int, values: torch.Tensor, ids: torch.Tensor, *, id_offset: int = 0,
-                  block: int = 4096) -> tuple[list[tuple[str, object]], torch.Tensor]:
-    """topk_triton's five launches in order, as (name, callable) over their scratch buffers (x: float32, contiguous;
-    results into values / ids), and the per-chunk counts of keys above / at the threshold they fill (the candidates
-    per row: above + min(at, k)). topk_triton runs them back to back; benchmarks/profile_kernels.py times each."""
+                  block: int = 4096, lse: torch.Tensor | None = None) -> tuple[list[tuple[str, object]], torch.Tensor]:
+    """topk_triton's five launches in order, as (name, callable) over their scratch buffers (x: as _readable gives
+    it; results into values / ids, and the rows' logsumexp into `lse` when given), and the per-chunk counts of keys
+    above / at the threshold they fill (the candidates per row: above + min(at, k)). topk_triton runs them back to
+    back; benchmarks/profile_kernels.py times each."""
     rows, width = x.shape
     device = x.device
-    chunk = min(block, _pow2(width))
-    chunks = triton.cdiv(width, chunk)
-    group = TOPK_GROUP
+    group, gb, chunks = _chunking(width, block)
+    chunk = gb * group
     groups = triton.cdiv(width, group)
     cap = min(width, group * (k - 1) + k)
     gmax = torch.empty((rows, groups), dtype=torch.int32, device=device)
@@ -848,15 +933,19 @@ def topk_launches(x: torch.Tensor, k: int, values: torch.Tensor, ids: torch.Tens
     cand = torch.empty((rows, cap), dtype=torch.int32, device=device)
     kp = _pow2(max(k, 2))
     scratch = torch.empty((rows, kp), dtype=torch.int64, device=device)
-    gb = max(1, chunk // group)
+    with_lse = lse is not None
+    pm = torch.empty((rows, chunks) if with_lse else 1, dtype=torch.float32, device=device)
+    ps = torch.empty((rows, chunks) if with_lse else 1, dtype=torch.float32, device=device)
+    lse_out = lse if with_lse else pm
     gp = _pow2(groups)
     chp = _pow2(chunks)
     grid = (rows, chunks)
     launches = [
-        ("group_max", lambda: _group_max_kernel[(rows, triton.cdiv(groups, gb))](
-            x, gmax, x.stride(0), groups, V=width, GB=gb, S=group, num_warps=4)),
+        ("group_max", lambda: _group_max_kernel[grid](
+            x, gmax, pm, ps, x.stride(0), groups, chunks, V=width, GB=gb, S=group, LSE=with_lse, num_warps=4)),
         ("threshold", lambda: _group_threshold_kernel[(rows,)](
-            gmax, thresh, groups, K=k if k <= groups else 0, GP=gp, num_warps=_warps(gp))),
+            gmax, thresh, pm, ps, lse_out, groups, chunks, K=k if k <= groups else 0, GP=gp, LSE=with_lse, PP=chp,
+            num_warps=_warps(gp))),
         ("count", lambda: _threshold_count_kernel[grid](
             x, thresh, counts, x.stride(0), chunks, V=width, CHUNK=chunk, num_warps=4)),
         ("collect", lambda: _threshold_collect_kernel[grid](

@@ -592,19 +592,22 @@ def test_interrupted_parallel_start_kills_the_servers_promptly(fake_sglang):
 
 
 def _bench_rows(times, topk=None):
-    """times: {budget: (sort, rank[, select])} batch-1 graph tree ms; topk: {batch size: (torch, triton)} at B=256."""
+    """times: {budget: (sort, rank[, select])} batch-1 graph tree ms; topk: {batch size: (torch, triton[, fused])}
+    at B=256."""
     rows = []
     for b, t in times.items():
         row = {"batch_size": 1, "budget": b, "triton_graph_tree_ms": t[0], "triton_rank_graph_tree_ms": t[1]}
         if len(t) > 2:
             row["triton_select_graph_tree_ms"] = t[2]
         rows.append(row)
-    for bs, (torch_ms, triton_ms) in (topk or {}).items():
+    for bs, topk_ms in (topk or {}).items():
         row = next((r for r in rows if r["batch_size"] == bs and r["budget"] == 256), None)
         if row is None:
             row = {"batch_size": bs, "budget": 256}
             rows.append(row)
-        row.update(triton_graph_topk_ms=torch_ms, triton_select_topk_graph_topk_ms=triton_ms)
+        row.update(triton_graph_topk_ms=topk_ms[0], triton_select_topk_graph_topk_ms=topk_ms[1])
+        if len(topk_ms) > 2:
+            row["triton_fused_graph_topk_ms"] = topk_ms[2]
     return {"rows": rows}
 
 
@@ -634,6 +637,14 @@ AUTO_SORT = ["SGLANG_DDTREE_TREE_KERNEL=auto", "SGLANG_DDTREE_RANK_MIN_WIDTH={}"
       256: (0.4768, 0.2507, 0.1708), 1024: (3.242, 1.8759, 0.58)}, None,
      [AUTO_SORT[0], AUTO_SORT[1].format(256), AUTO_SORT[2].format("sort"), AUTO_SORT[3].format("select"),
       "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
+    # the fused top-K (bf16 logits, logsumexp in its first pass) faster at both batch sizes: DRAFT_LSE=triton
+    ({16: (0.02, 0.12, 0.015), 256: (0.48, 0.25, 0.1)}, {1: (0.2, 0.12, 0.08), 8: (0.6, 0.4, 0.3)},
+     ["SGLANG_DDTREE_TREE_KERNEL=select", "SGLANG_DDTREE_TOPK_KERNEL=triton", "SGLANG_DDTREE_DRAFT_LSE=triton"]),
+    # ... slower at batch 8: torch; and never with torch's top-K picked
+    ({16: (0.02, 0.12, 0.015), 256: (0.48, 0.25, 0.1)}, {1: (0.2, 0.12, 0.08), 8: (0.6, 0.4, 0.45)},
+     ["SGLANG_DDTREE_TREE_KERNEL=select", "SGLANG_DDTREE_TOPK_KERNEL=triton", "SGLANG_DDTREE_DRAFT_LSE=torch"]),
+    ({16: (0.02, 0.12, 0.015), 256: (0.48, 0.25, 0.1)}, {1: (0.2, 0.25, 0.08)},
+     ["SGLANG_DDTREE_TREE_KERNEL=select", "SGLANG_DDTREE_TOPK_KERNEL=torch", "SGLANG_DDTREE_DRAFT_LSE=torch"]),
     # sort exactly as fast as auto: the single kernel (earlier in the list) wins the tie
     ({16: (0.02, 0.1), 64: (0.05, 0.05)}, None, ["SGLANG_DDTREE_TREE_KERNEL=sort", "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
 ])

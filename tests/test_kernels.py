@@ -94,6 +94,11 @@ TOPK_CHECK = textwrap.dedent(
         values, ids = kernels.topk_triton(x, k, id_offset=7, block=1024)
         assert torch.equal(ref_ids, ids), (rows, vocab, k, ties, ref_ids, ids)
         assert torch.equal(ref_values, values), (rows, vocab, k, ties)
+        # read in bf16 as it is (the lm_head's output): the same as the top-K of its float32 copy
+        xb = x.to(torch.bfloat16)
+        ref_values, ref_ids = exact_topk(xb.float(), k, id_offset=7)
+        values, ids = kernels.topk_triton(xb, k, id_offset=7, block=1024)
+        assert torch.equal(ref_ids, ids) and torch.equal(ref_values, values), (rows, vocab, k, ties, "bf16")
     try:
         kernels.topk_triton(torch.zeros(1, 5), 6)
     except ValueError as e:
@@ -167,16 +172,26 @@ LSE_CHECK = textwrap.dedent(
     import torch
     from sglang_ddtree import kernels
     from sglang_ddtree.sglang import ops
+    from sglang_ddtree.tree import exact_topk
 
     gen = torch.Generator().manual_seed(0)
     for rows, vocab, dtype in [(3, 300, torch.float32), (2, 5000, torch.bfloat16), (1, 4097, torch.float32)]:
         x = (torch.randn(rows, vocab, generator=gen) * 4).to(dtype)
         x[0, 7] = x[0, 4000 % vocab] = x[0].max() + 1  # a tie at the max: the first index wins
+        if rows > 1:  # chunks of -inf only
+            x[1] = float("-inf")
+            x[1, vocab - 3:] = 2.0
         m, arg, lse = kernels.row_max_lse(x, block=1024)
         ref_m, ref_arg = x.float().max(dim=-1)
         assert torch.equal(m, ref_m) and torch.equal(arg, ref_arg), (m, ref_m, arg, ref_arg)
         assert torch.allclose(lse, torch.logsumexp(x.float(), -1), rtol=1e-6, atol=1e-5)
-    # with the fused logsumexp on, the top-1 stage is still the top-K stage's first column, bit for bit
+        # the top-K's own logsumexp (its first pass) is row_max_lse's bit for bit, and its top-K exact
+        values, ids, lse_topk = kernels.topk_logits_lse(x, 20, id_offset=3, block=1024)
+        ref_values, ref_ids = exact_topk(x.float(), 20, id_offset=3)
+        assert torch.equal(lse_topk, lse) and torch.equal(ids, ref_ids) and torch.equal(values, ref_values)
+    # with the fused logsumexp on (the top-K stage then takes topk_logits_lse: TOPK_KERNEL is triton by default),
+    # the top-1 stage is still the top-K stage's first column, bit for bit
+    assert kernels.TOPK_KERNEL == "triton"
     torch.manual_seed(1)
     bs, block, hidden_size, vocab = 3, 16, 24, 300
     weight = torch.randn(vocab, hidden_size)
@@ -194,7 +209,8 @@ LSE_CHECK = textwrap.dedent(
 
 def test_fused_logsumexp_keeps_the_top1_equal_to_the_top_k_first_column():
     """kernels.row_max_lse (SGLANG_DDTREE_DRAFT_LSE=triton): max and its first index exact, logsumexp within float32
-    rounding of torch's; with it on, ops.draft_top1_stage still equals draft_topk_stage's first column bit for bit."""
+    rounding of torch's (also with chunks of -inf only) and equal bit for bit to the one topk_logits_lse takes in its
+    first pass; with it on, ops.draft_top1_stage still equals draft_topk_stage's first column bit for bit."""
     run_in_interpreter(LSE_CHECK, "LSE-OK", timeout=600)
 
 
@@ -218,3 +234,24 @@ def test_profile_kernels_script_runs_and_checks_its_kernels():
     one launch at a time (checking the result against topk_triton) and each tree kernel (checked against the torch
     tree) and writes its rows."""
     run_in_interpreter(PROFILE_CHECK, "PROFILE-OK", timeout=600)
+
+
+BENCH_CHECK = textwrap.dedent(
+    """
+    import json, subprocess, sys, tempfile, os
+    out = os.path.join(tempfile.mkdtemp(), "b.json")
+    subprocess.run([sys.executable, "benchmarks/bench_tree.py", "--device", "cpu", "--impls",
+                    "torch,triton_select_topk,triton_fused", "--budgets", "16", "--batch-sizes", "2", "--vocab",
+                    "1500", "--depth", "3", "--repeats", "1", "--out", out], check=True)
+    row = json.load(open(out))["rows"][0]
+    assert {"triton_fused_eager_topk_ms", "triton_select_topk_eager_all_ms"} <= set(row)
+    print("BENCH-OK")
+    """
+)
+
+
+def test_bench_tree_checks_every_impl_against_the_torch_reference():
+    """benchmarks/bench_tree.py in the interpreter: each Triton impl, incl. triton_fused (top-K and logsumexp from
+    the bf16 logits), passes its check against the torch reference before it is timed (a failed check exits
+    non-zero)."""
+    run_in_interpreter(BENCH_CHECK, "BENCH-OK", timeout=600)

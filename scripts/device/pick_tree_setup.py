@@ -14,6 +14,9 @@ Rules (written before the numbers were seen):
   left select's lead at 256 and 1024 unused; the large kernel became a choice after it.
 - Top-K: triton when triton_select_topk's graph top-K time is below the torch top-K's (the `triton` impl's) at
   B=256 (or the largest budget measured below it) at every batch size measured; torch otherwise.
+- Draft logsumexp (only when the bench ran triton_fused): SGLANG_DDTREE_DRAFT_LSE=triton when triton_fused's graph
+  top-K time (top-K and logsumexp from the bf16 logits) is below triton_select_topk's (log_softmax + the Triton
+  top-K) at B=256 (as above) at every batch size measured, and the Triton top-K was picked; torch otherwise.
 Graph times (GPU time alone) decide because at real size the GPU is busy with the draft pass while these launches
 are queued.
 """
@@ -49,14 +52,27 @@ def pick_tree_kernel(rows: list[dict]) -> tuple[dict, float]:
     return min(configs, key=lambda c: c[1])  # min keeps the first of equal scores
 
 
-def pick_topk_kernel(rows: list[dict]) -> str:
-    rows = [r for r in rows if "triton_select_topk_graph_topk_ms" in r and "triton_graph_topk_ms" in r]
+def _faster_everywhere(rows: list[dict], new: str, old: str) -> bool:
+    """Column `new` below column `old` (graph top-K ms) at B=256, or the largest budget measured below it, at every
+    batch size measured (False when nothing was measured)."""
+    rows = [r for r in rows if new in r and old in r]
     by_bs: dict[int, dict] = {}
     for r in sorted(rows, key=lambda r: r["budget"]):
         if r["budget"] <= 256 or r["batch_size"] not in by_bs:
             by_bs[r["batch_size"]] = r
-    faster = [r["triton_select_topk_graph_topk_ms"] < r["triton_graph_topk_ms"] for r in by_bs.values()]
-    return "triton" if faster and all(faster) else "torch"
+    faster = [r[new] < r[old] for r in by_bs.values()]
+    return bool(faster) and all(faster)
+
+
+def pick_topk_kernel(rows: list[dict]) -> str:
+    return "triton" if _faster_everywhere(rows, "triton_select_topk_graph_topk_ms", "triton_graph_topk_ms") else "torch"
+
+
+def pick_draft_lse(rows: list[dict]) -> str | None:
+    if not any("triton_fused_graph_topk_ms" in r for r in rows):
+        return None
+    faster = _faster_everywhere(rows, "triton_fused_graph_topk_ms", "triton_select_topk_graph_topk_ms")
+    return "triton" if faster and pick_topk_kernel(rows) == "triton" else "torch"
 
 
 def main(argv: list[str]) -> int:
@@ -74,6 +90,9 @@ def main(argv: list[str]) -> int:
     exports, score = pick_tree_kernel(rows)
     print(f"# tree-kernel score {score:.3f} (sum over budgets of time / best time; {len(rows)} is the least)")
     exports["SGLANG_DDTREE_TOPK_KERNEL"] = pick_topk_kernel(all_rows)
+    draft_lse = pick_draft_lse(all_rows)
+    if draft_lse is not None:
+        exports["SGLANG_DDTREE_DRAFT_LSE"] = draft_lse
     for name, value in exports.items():
         print(f"export {name}={value}")
     return 0

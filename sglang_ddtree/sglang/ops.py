@@ -31,12 +31,17 @@ def local_topk_logprobs(
     global ids int64 [n, k], logsumexp float32 [n]); ties resolved by the lower global id.
     """
     raw = hidden.to(weight.dtype) @ weight.T
+    k = min(k, raw.shape[-1])
+    if logit_scale is None:
+        from sglang_ddtree import kernels
+
+        if kernels.DRAFT_LSE == "triton" and kernels.TOPK_KERNEL == "triton" and kernels.available(raw.device):
+            return kernels.topk_logits_lse(raw, k, id_offset=vocab_start)  # no float32 copy, no second read
     logits = raw.float()
     if logit_scale is not None:
         logits = logits * logit_scale
     fused = _fused_lse(raw) if logit_scale is None else None
     lse = fused[2] if fused is not None else torch.logsumexp(logits, dim=-1)
-    k = min(k, logits.shape[-1])
     if logits.is_cuda:
         from sglang_ddtree import kernels
 
@@ -49,8 +54,8 @@ def local_topk_logprobs(
 
 def _fused_lse(raw: torch.Tensor):
     """kernels.row_max_lse of the lm_head's output when SGLANG_DDTREE_DRAFT_LSE=triton (and a Triton device), else
-    None. The top-K and the top-1 stages both take it from the raw logits, so the top-1's log-prob stays the top-K's
-    first column bit for bit."""
+    None. The top-1 stage takes it, and the top-K stage the same logsumexp (topk_logits_lse, or this with torch's
+    top-K), so the top-1's log-prob stays the top-K's first column bit for bit."""
     from sglang_ddtree import kernels
 
     if kernels.DRAFT_LSE == "triton" and kernels.available(raw.device):

@@ -108,6 +108,38 @@ def test_topk_kernel_equals_exact_topk_on_cuda(rows, k, ties):
     assert torch.equal(g_ids.cpu(), ref_ids) and torch.equal(g_values.cpu(), ref_values)
 
 
+@pytest.mark.parametrize("rows,k", [(15, 256), (240, 64), (15, 1024)])
+def test_topk_logits_lse_on_bf16_equals_the_float32_path_on_cuda(rows, k):
+    """kernels.topk_logits_lse (SGLANG_DDTREE_DRAFT_LSE=triton with the Triton top-K) reads the bf16 lm_head output
+    as it is: the same ids and values as tree.exact_topk of its float32 copy, a logsumexp equal to row_max_lse's bit
+    for bit and to torch.logsumexp's up to float32 rounding, also replayed in a CUDA graph."""
+    from sglang_ddtree.tree import exact_topk
+
+    gen = torch.Generator(device="cuda").manual_seed(rows + k)
+    static = (torch.randn(rows, 151936, device="cuda", generator=gen) * 4).to(torch.bfloat16)
+    static[0, 100:120] = static[0].max()  # a tie at the max
+    static[1] = float("-inf")
+    static[1, 150000:150005] = 3.0  # chunks of -inf only
+    for attempt in range(2):
+        if attempt == 0:
+            values, ids, lse = kernels.topk_logits_lse(static, k, id_offset=3)
+        else:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                g_out = kernels.topk_logits_lse(static, k, id_offset=3)
+            static.copy_((torch.randn(rows, 151936, device="cuda", generator=gen) * 4).to(torch.bfloat16))
+            graph.replay()
+            torch.cuda.synchronize()
+            values, ids, lse = g_out
+        ref_values, ref_ids = exact_topk(static.float(), k, id_offset=3)
+        assert torch.equal(ids, ref_ids) and torch.equal(values, ref_values)
+        m, arg, lse_rows = kernels.row_max_lse(static)
+        assert torch.equal(lse, lse_rows)
+        ref_m, ref_arg = static.float().max(dim=-1)
+        assert torch.equal(m, ref_m) and torch.equal(arg, ref_arg)
+        assert torch.allclose(lse, torch.logsumexp(static.float(), -1), rtol=1e-6, atol=1e-5)
+
+
 def test_path_kv_move_on_cuda_equals_in_order_copies():
     """kernels.move_path_kv on CUDA buffers laid out as SGLang's MHA pool (one per layer and K/V, [slots, heads,
     dim] bf16): equal to copying the accepted path's rows in order, for paths with branches and rows in place."""
