@@ -395,11 +395,12 @@ _PAIRS: dict = {}
 
 if triton is not None:
 
-    # ---- per-row statistics of the lm_head's output in its own dtype: max, first index of the max, logsumexp.
-    # Two stages, so that a row of 152k entries spreads over many programs: per (row, chunk of GB x S entries) a
-    # max and a sum of exp(x - max); then per row their combination. The top-K's first launch (_group_max_kernel)
-    # computes the chunk parts with the same helpers over the same chunks and its second combines them the same
-    # way: both give the same logsumexp bit for bit (an `auto` chain round's top-1 stays the top-K's first column).
+    # ---- per-row statistics of the lm_head's output in its own dtype: max, first index of the max, logsumexp,
+    # computed by the top-K's first two launches (below): per (row, chunk of GB x S entries) a max and a sum of
+    # exp(x - max), then per row their combination. row_max_lse runs the same two kernels with the same launch
+    # shapes, so both give the same logsumexp bit for bit (an `auto` chain round's top-1 must stay the top-K's first
+    # column): two separate kernels with the same source gave different bits on the H200 (lease 13; a sum's order
+    # follows the launch's warps).
 
     @triton.jit
     def _load_group_block(x_ptr, row, prog, stride_x, V: tl.constexpr, GB: tl.constexpr, S: tl.constexpr):
@@ -409,45 +410,6 @@ if triton is not None:
         offs = g[:, None] * S + tl.arange(0, S)[None, :]
         x = tl.load(x_ptr + row * stride_x + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
         return offs, x
-
-    @triton.jit
-    def _block_max_sumexp(x):
-        """A [GB, S] block's max m and sum of exp(x - m) (0 for a block of -inf only)."""
-        m = tl.max(tl.max(x, 1), 0)
-        total = tl.sum(tl.sum(tl.exp(x - m), 1), 0)
-        return m, tl.where(m > float("-inf"), total, 0.0)
-
-    @triton.jit
-    def _combine_lse(pm, ps):
-        """logsumexp of a row from its chunks' (max, sum of exp(x - max)) (dead chunks: -inf, 0)."""
-        top = tl.max(pm, 0)
-        return top + tl.log(tl.sum(ps * tl.exp(pm - top), 0))
-
-    @triton.jit
-    def _row_stats_kernel(x_ptr, pm_ptr, parg_ptr, ps_ptr, stride_x, parts, V: tl.constexpr, GB: tl.constexpr,
-                          S: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        prog = tl.program_id(1)
-        offs, x = _load_group_block(x_ptr, row, prog, stride_x, V, GB, S)
-        m, total = _block_max_sumexp(x)
-        first = tl.min(tl.min(tl.where(x == m, offs, V), 1), 0)  # the first index holding the max
-        tl.store(pm_ptr + row * parts + prog, m)
-        tl.store(parg_ptr + row * parts + prog, first)
-        tl.store(ps_ptr + row * parts + prog, total)
-
-    @triton.jit
-    def _row_stats_combine_kernel(pm_ptr, parg_ptr, ps_ptr, max_ptr, arg_ptr, lse_ptr, parts, PP: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        c = tl.arange(0, PP)
-        live = c < parts
-        pm = tl.load(pm_ptr + row * parts + c, mask=live, other=float("-inf"))
-        ps = tl.load(ps_ptr + row * parts + c, mask=live, other=0.0)
-        parg = tl.load(parg_ptr + row * parts + c, mask=live, other=0)
-        top = tl.max(pm, 0)
-        first_chunk = tl.min(tl.where(live & (pm == top), c, PP), 0)  # ties keep the earlier chunk
-        tl.store(max_ptr + row, top)
-        tl.store(arg_ptr + row, tl.sum(tl.where(c == first_chunk, parg, 0), 0).to(tl.int64))
-        tl.store(lse_ptr + row, _combine_lse(pm, ps))
 
     # ---- exact top-K over the vocabulary (topk_triton): a threshold from group maxima, then a radix selection
     # among the few keys above it
@@ -460,25 +422,28 @@ if triton is not None:
         return offs, inside, _float_key(x).to(tl.int64) + 2147483648  # unsigned order in [0, 2^32)
 
     @triton.jit
-    def _group_max_kernel(x_ptr, gmax_ptr, pm_ptr, ps_ptr, stride_x, groups, parts, V: tl.constexpr,
+    def _group_max_kernel(x_ptr, gmax_ptr, pm_ptr, ps_ptr, parg_ptr, stride_x, groups, parts, V: tl.constexpr,
                           GB: tl.constexpr, S: tl.constexpr, LSE: tl.constexpr):
         """The largest key of each group of S consecutive entries (GB groups a program); LSE: also the program's
-        chunk parts of the row's logsumexp (as _row_stats_kernel)."""
+        max, the first index holding it, and the sum of exp(x - max) (0 for a block of -inf only)."""
         row = tl.program_id(0).to(tl.int64)
         prog = tl.program_id(1)
         offs, x = _load_group_block(x_ptr, row, prog, stride_x, V, GB, S)
         g = prog * GB + tl.arange(0, GB)
         tl.store(gmax_ptr + row * groups + g, tl.max(_float_key(x), axis=1), mask=g < groups)
         if LSE:
-            m, total = _block_max_sumexp(x)
+            m = tl.max(tl.max(x, 1), 0)
+            total = tl.sum(tl.sum(tl.exp(x - m), 1), 0)
             tl.store(pm_ptr + row * parts + prog, m)
-            tl.store(ps_ptr + row * parts + prog, total)
+            tl.store(ps_ptr + row * parts + prog, tl.where(m > float("-inf"), total, 0.0))
+            tl.store(parg_ptr + row * parts + prog, tl.min(tl.min(tl.where(x == m, offs, V), 1), 0))
 
     @triton.jit
-    def _group_threshold_kernel(gmax_ptr, thresh_ptr, pm_ptr, ps_ptr, lse_ptr, groups, parts, K: tl.constexpr,
-                                GP: tl.constexpr, LSE: tl.constexpr, PP: tl.constexpr):
+    def _group_threshold_kernel(gmax_ptr, thresh_ptr, pm_ptr, ps_ptr, parg_ptr, lse_ptr, max_ptr, arg_ptr, groups,
+                                parts, K: tl.constexpr, GP: tl.constexpr, LSE: tl.constexpr, PP: tl.constexpr):
         """t = the K-th largest group maximum (K <= groups; 0 otherwise, which keeps every key). K groups hold a
-        key >= t, so the K-th largest key T >= t: the top K lie among the keys >= t. LSE: the row's logsumexp."""
+        key >= t, so the K-th largest key T >= t: the top K lie among the keys >= t. LSE: the row's logsumexp from
+        the chunks' parts, its max and the first index holding it (ties keep the earlier chunk)."""
         row = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, GP)
         live = i < groups
@@ -490,9 +455,15 @@ if triton is not None:
         tl.store(thresh_ptr + row, thresh)
         if LSE:
             c = tl.arange(0, PP)
-            pm = tl.load(pm_ptr + row * parts + c, mask=c < parts, other=float("-inf"))
-            ps = tl.load(ps_ptr + row * parts + c, mask=c < parts, other=0.0)
-            tl.store(lse_ptr + row, _combine_lse(pm, ps))
+            counted = c < parts
+            pm = tl.load(pm_ptr + row * parts + c, mask=counted, other=float("-inf"))
+            ps = tl.load(ps_ptr + row * parts + c, mask=counted, other=0.0)
+            top = tl.max(pm, 0)
+            tl.store(lse_ptr + row, top + tl.log(tl.sum(ps * tl.exp(pm - top), 0)))
+            first_chunk = tl.min(tl.where(counted & (pm == top), c, PP), 0)
+            parg = tl.load(parg_ptr + row * parts + c, mask=counted, other=0)
+            tl.store(max_ptr + row, top)
+            tl.store(arg_ptr + row, tl.sum(tl.where(c == first_chunk, parg, 0), 0).to(tl.int64))
 
     @triton.jit
     def _threshold_count_kernel(x_ptr, thresh_ptr, counts_ptr, stride_x, chunks, V: tl.constexpr,
@@ -836,21 +807,17 @@ if DRAFT_LSE not in ("torch", "triton"):
 
 def row_max_lse(x: torch.Tensor, block: int = 4096) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row of x [rows, V] (float32, bfloat16 or float16, read in its dtype; -inf-free rows): (max float32, first
-    index of the max int64, logsumexp float32), in one read of x spread over (row, chunk) programs. The max and its
-    index equal torch.max over x.float(); the logsumexp equals torch.logsumexp up to float32 rounding (a different
-    summation order) and topk_logits_lse's bit for bit (same chunks, same arithmetic)."""
+    index of the max int64, logsumexp float32), in one read of x spread over (row, chunk) programs: the top-K's
+    first two launches (topk_launches) with the same shapes. The max and its index equal torch.max over x.float();
+    the logsumexp equals torch.logsumexp up to float32 rounding (a different summation order) and topk_logits_lse's
+    bit for bit."""
     x = _readable(x)
-    rows, width = x.shape
-    group, gb, parts = _chunking(width, block)
-    pm = torch.empty((rows, parts), dtype=torch.float32, device=x.device)
-    parg = torch.empty((rows, parts), dtype=torch.int32, device=x.device)
-    ps = torch.empty((rows, parts), dtype=torch.float32, device=x.device)
-    out_max = torch.empty(rows, dtype=torch.float32, device=x.device)
-    out_arg = torch.empty(rows, dtype=torch.int64, device=x.device)
-    out_lse = torch.empty(rows, dtype=torch.float32, device=x.device)
-    _row_stats_kernel[(rows, parts)](x, pm, parg, ps, x.stride(0), parts, V=width, GB=gb, S=group, num_warps=4)
-    _row_stats_combine_kernel[(rows,)](pm, parg, ps, out_max, out_arg, out_lse, parts, PP=_pow2(parts),
-                                       num_warps=1)
+    out_max = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    out_arg = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+    out_lse = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
+    launches, _ = topk_launches(x, 1, None, None, block=block, lse=out_lse, row_max=(out_max, out_arg))
+    for _, launch in launches[:2]:
+        launch()
     return out_max, out_arg, out_lse
 
 
@@ -915,12 +882,15 @@ def _topk(x, k, id_offset, block, with_lse):
     return values, ids, lse
 
 
-def topk_launches(x: torch.Tensor, k: int, values: torch.Tensor, ids: torch.Tensor, *, id_offset: int = 0,
-                  block: int = 4096, lse: torch.Tensor | None = None) -> tuple[list[tuple[str, object]], torch.Tensor]:
+def topk_launches(x: torch.Tensor, k: int, values: torch.Tensor | None, ids: torch.Tensor | None, *,
+                  id_offset: int = 0, block: int = 4096, lse: torch.Tensor | None = None,
+                  row_max: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> tuple[list[tuple[str, object]], torch.Tensor]:
     """topk_triton's five launches in order, as (name, callable) over their scratch buffers (x: as _readable gives
-    it; results into values / ids, and the rows' logsumexp into `lse` when given), and the per-chunk counts of keys
-    above / at the threshold they fill (the candidates per row: above + min(at, k)). topk_triton runs them back to
-    back; benchmarks/profile_kernels.py times each."""
+    it; results into values / ids, the rows' logsumexp into `lse` when given, and their max and its first index into
+    `row_max` when given: row_max_lse runs the first two launches only), and the per-chunk counts of keys above / at
+    the threshold they fill (the candidates per row: above + min(at, k)). topk_triton runs them back to back;
+    benchmarks/profile_kernels.py times each."""
     rows, width = x.shape
     device = x.device
     group, gb, chunks = _chunking(width, block)
@@ -933,19 +903,30 @@ def topk_launches(x: torch.Tensor, k: int, values: torch.Tensor, ids: torch.Tens
     cand = torch.empty((rows, cap), dtype=torch.int32, device=device)
     kp = _pow2(max(k, 2))
     scratch = torch.empty((rows, kp), dtype=torch.int64, device=device)
+    # With the logsumexp, both launches also give each row's max and its index, for row_max_lse and topk_logits_lse
+    # alike: the two then run the same code with the same shapes (only K differs).
     with_lse = lse is not None
-    pm = torch.empty((rows, chunks) if with_lse else 1, dtype=torch.float32, device=device)
-    ps = torch.empty((rows, chunks) if with_lse else 1, dtype=torch.float32, device=device)
+    parts_shape = (rows, chunks) if with_lse else 1
+    pm = torch.empty(parts_shape, dtype=torch.float32, device=device)
+    ps = torch.empty(parts_shape, dtype=torch.float32, device=device)
+    parg = torch.empty(parts_shape, dtype=torch.int32, device=device)
     lse_out = lse if with_lse else pm
+    if row_max is not None:
+        max_out, arg_out = row_max
+    elif with_lse:
+        max_out = torch.empty(rows, dtype=torch.float32, device=device)
+        arg_out = torch.empty(rows, dtype=torch.int64, device=device)
+    else:
+        max_out, arg_out = pm, parg
     gp = _pow2(groups)
     chp = _pow2(chunks)
     grid = (rows, chunks)
     launches = [
         ("group_max", lambda: _group_max_kernel[grid](
-            x, gmax, pm, ps, x.stride(0), groups, chunks, V=width, GB=gb, S=group, LSE=with_lse, num_warps=4)),
+            x, gmax, pm, ps, parg, x.stride(0), groups, chunks, V=width, GB=gb, S=group, LSE=with_lse, num_warps=4)),
         ("threshold", lambda: _group_threshold_kernel[(rows,)](
-            gmax, thresh, pm, ps, lse_out, groups, chunks, K=k if k <= groups else 0, GP=gp, LSE=with_lse, PP=chp,
-            num_warps=_warps(gp))),
+            gmax, thresh, pm, ps, parg, lse_out, max_out, arg_out, groups, chunks, K=k if k <= groups else 0, GP=gp,
+            LSE=with_lse, PP=chp, num_warps=_warps(gp))),
         ("count", lambda: _threshold_count_kernel[grid](
             x, thresh, counts, x.stride(0), chunks, V=width, CHUNK=chunk, num_warps=4)),
         ("collect", lambda: _threshold_collect_kernel[grid](

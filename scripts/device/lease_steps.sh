@@ -9,8 +9,8 @@
 #        the same sweep with the round's stage graphs on (SGLANG_DDTREE_ROUND_GRAPHS=1) and off: side by side when
 #        the two GPUs differ (same host load for both), one after the other when they are the same
 #   bash scripts/device/lease_steps.sh parallel OUTDIR 'commands for GPU 0' 'commands for GPU 1'
-#   bash scripts/device/lease_steps.sh checks-and-hybrid OUTDIR COMMIT   # two GPUs, ~9 minutes (lease 13, below)
-#   bash scripts/device/lease_steps.sh auto-sweeps OUTDIR COMMIT         # two GPUs, ~9 minutes (lease 13, below)
+#   bash scripts/device/lease_steps.sh checks-and-bench OUTDIR COMMIT    # two GPUs, ~8 minutes (lease 13, below)
+#   bash scripts/device/lease_steps.sh tiny-auto-sweep OUTDIR COMMIT     # one GPU, ~8 minutes
 #        two independent jobs side by side (e.g. GPU tests next to a benchmark): each sees one GPU, logs to
 #        OUTDIR/gpu<N>.log; exit status 1 when either failed
 set -euo pipefail
@@ -125,58 +125,56 @@ parallel)
     tail -n 40 "$out/gpu0.log" "$out/gpu1.log"
     ! grep -q "exit [1-9]" <(tail -n 1 "$out/gpu0.log"; tail -n 1 "$out/gpu1.log")
     ;;
-checks-and-hybrid)
-    # GPU 1: the hybrid module at B=128 (graphs) and 256 (eager), which now take our tree conv (it restores the JIT
-    # cache first: GPU 0 waits 40 s so that nothing compiles while it unpacks). GPU 0: the core, kernel and tree-conv
-    # GPU tests, then the kernel bench (select, Triton top-K, fused top-K). Six files into OUTDIR.
-    out=${1:?outdir}
-    commit=${2:?commit}
-    mkdir -p "$out" /tmp/k /tmp/h
-    (CUDA_VISIBLE_DEVICES=1 DDTREE_HYBRID_CONFIGS=hybrid-ddtree-128,hybrid-ddtree-256-eager \
-        python3 scripts/device/run_gpu_suite.py tests/gpu/test_ddtree_hybrid.py --out /tmp/h --deadline-s 500 \
-        --jit-cache .device-cache/jit/jit-cache.tar.xz > /tmp/h/run.log 2>&1
-     echo "hybrid exit $?" >> /tmp/h/run.log) &
-    (sleep 40
-     CUDA_VISIBLE_DEVICES=0 python3 scripts/device/run_gpu_suite.py tests/gpu/test_core_cuda.py \
-        tests/gpu/test_kernels_cuda.py tests/gpu/test_tree_conv_cuda.py --out /tmp/k --deadline-s 260 \
-        > /tmp/k/run.log 2>&1
-     echo "gpu tests exit $?" >> /tmp/k/run.log
-     DDTREE_COMMIT=$commit DDTREE_BENCH_IMPLS=triton_select,triton_select_topk,triton_fused timeout 200 \
-        bash scripts/device/lease_steps.sh bench-tree 0 /tmp/k/bench >> /tmp/k/run.log 2>&1
-     echo "bench exit $?" >> /tmp/k/run.log) &
-    wait
-    cp /tmp/k/gpu_suite.json "$out/gpu_suite_kernels.json" || true
-    cp /tmp/k/bench/tree_kernels.json "$out/" || true
-    cp /tmp/k/run.log "$out/kernels_run.log"
-    cp /tmp/h/gpu_suite.json "$out/gpu_suite_hybrid.json" || true
-    cp /tmp/h/logs.tar.xz "$out/hybrid_logs.tar.xz" || true
-    cp /tmp/h/run.log "$out/hybrid_run.log"
-    tail -n 25 /tmp/k/run.log /tmp/h/run.log
-    ;;
-auto-sweeps)
-    # GPU 0: the tiny pair's auto sweep (issue 10's command of sweep_auto_tiny_lease12.jsonl). GPU 1: the 8B-shape
+checks-and-bench)
+    # GPU 0: the core / kernel GPU tests named in DDTREE_CHECK_K (pytest -k; all when empty), then the kernel bench
+    # of select, the Triton top-K and the fused top-K. GPU 1: tests/gpu/test_tree_conv_cuda.py, then the 8B-shape
     # A/B of the draft logsumexp: DFLASH and auto with SGLANG_DDTREE_DRAFT_LSE=torch, then =triton, one after the
-    # other on the same GPU. Three archives and two logs into OUTDIR.
+    # other on the same GPU. Set -e would end a subshell at its first failing command: each records its status.
     out=${1:?outdir}
     commit=${2:?commit}
-    mkdir -p "$out" /tmp/swt /tmp/ab
-    (CUDA_VISIBLE_DEVICES=0 timeout 560 python3 benchmarks/bench_budgets.py --setups tiny \
-        --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=16,32,64,128 --set tiny.batch_sizes=1,4,16,64 --set tiny.max_new_tokens=256 \
-        --set tiny.warmup_new_tokens=128 --repeats 3 --prompt-groups 4 \
-        --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes 7.3 --out /tmp/swt --log-dir /tmp/swt/logs \
-        --commit "$commit" > /tmp/swt/run.log 2>&1
-     echo "tiny exit $?" >> /tmp/swt/run.log) &
-    (for lse in torch triton; do
-        CUDA_VISIBLE_DEVICES=1 SGLANG_DDTREE_DRAFT_LSE=$lse timeout 275 python3 benchmarks/bench_budgets.py \
+    mkdir -p "$out" /tmp/k /tmp/ab
+    (rc=0; sleep 20
+     CUDA_VISIBLE_DEVICES=0 python3 scripts/device/run_gpu_suite.py tests/gpu/test_core_cuda.py \
+        tests/gpu/test_kernels_cuda.py --out /tmp/k/suite --deadline-s 200 ${DDTREE_CHECK_K:+-- -k "$DDTREE_CHECK_K"} \
+        > /tmp/k.log 2>&1 || rc=$?
+     echo "gpu tests exit $rc" >> /tmp/k.log
+     rc=0
+     DDTREE_COMMIT=$commit DDTREE_BENCH_IMPLS=triton_select,triton_select_topk,triton_fused timeout 300 \
+        bash scripts/device/lease_steps.sh bench-tree 0 /tmp/k/bench >> /tmp/k.log 2>&1 || rc=$?
+     echo "bench exit $rc" >> /tmp/k.log) &
+    (rc=0
+     CUDA_VISIBLE_DEVICES=1 python3 scripts/device/run_gpu_suite.py tests/gpu/test_tree_conv_cuda.py --out /tmp/ab/conv \
+        --deadline-s 120 --jit-cache .device-cache/jit/jit-cache.tar.xz > /tmp/ab/conv.log 2>&1 || rc=$?
+     echo "tree conv exit $rc" >> /tmp/ab/conv.log
+     for lse in torch triton; do
+        rc=0
+        CUDA_VISIBLE_DEVICES=1 SGLANG_DDTREE_DRAFT_LSE=$lse timeout 250 python3 benchmarks/bench_budgets.py \
             --setups 8b-dummy --set 8b-dummy.methods=dflash,auto --set 8b-dummy.batch_sizes=1,4,16 --repeats 3 \
-            --prompt-groups 4 --max-minutes 4 --out /tmp/ab/$lse --log-dir /tmp/ab/$lse/logs \
-            --commit "$commit+draft_lse=$lse" > /tmp/ab/$lse.log 2>&1
-        echo "8b $lse exit $?" >> /tmp/ab/$lse.log
+            --prompt-groups 4 --max-minutes 3.6 --out /tmp/ab/$lse --log-dir /tmp/ab/$lse/logs \
+            --commit "$commit+draft_lse=$lse" > /tmp/ab/$lse.log 2>&1 || rc=$?
+        echo "8b $lse exit $rc" >> /tmp/ab/$lse.log
      done) &
     wait
-    tar -cJf "$out/sweep_tiny.tar.xz" -C /tmp swt
+    cp /tmp/k/suite/gpu_suite.json "$out/gpu_suite_kernels.json" || true
+    cp /tmp/k/bench/tree_kernels.json "$out/" || true
+    cp /tmp/k.log "$out/kernels_run.log" || true
     tar -cJf "$out/ab_8b.tar.xz" -C /tmp ab
-    tail -n 12 /tmp/swt/run.log /tmp/ab/torch.log /tmp/ab/triton.log
+    tail -n 8 /tmp/k.log /tmp/ab/conv.log /tmp/ab/torch.log /tmp/ab/triton.log
+    ;;
+tiny-auto-sweep)
+    # The tiny pair's auto sweep alone on GPU 0 (issue 10's command of sweep_auto_tiny_lease12.jsonl); one archive.
+    out=${1:?outdir}
+    commit=${2:?commit}
+    mkdir -p "$out" /tmp/swt
+    rc=0
+    CUDA_VISIBLE_DEVICES=0 timeout 560 python3 benchmarks/bench_budgets.py --setups tiny \
+        --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=16,32,64,128 --set tiny.batch_sizes=1,4,16,64 \
+        --set tiny.max_new_tokens=256 --set tiny.warmup_new_tokens=128 --repeats 3 --prompt-groups 4 \
+        --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes 7.3 --out /tmp/swt --log-dir /tmp/swt/logs \
+        --commit "$commit" > /tmp/swt/run.log 2>&1 || rc=$?
+    echo "tiny exit $rc" >> /tmp/swt/run.log
+    tar -cJf "$out/sweep_tiny.tar.xz" -C /tmp swt
+    tail -n 12 /tmp/swt/run.log
     ;;
 *)
     echo "unknown step $step" >&2
