@@ -793,14 +793,15 @@ def walk_triton(tree: DraftTree, target_choice: torch.Tensor):
 
 
 # How the draft's per-position logsumexp (and the top-1 of an `auto` chain round) is computed (sglang/ops.py):
-# "torch" (a float32 copy of the logits, torch.logsumexp, torch.max / the top-K) or "triton" (one read of the
-# lm_head's output in its dtype: row_max_lse for the top-1, and with the Triton top-K, topk_logits_lse, which takes
-# the logsumexp in the top-K's first pass). Lease 12's batch-16 profile at 8B shapes put the torch top-1 at ~0.3 ms
-# of GPU work a round (float copy 0.08, logsumexp's reductions and exp ~0.19, max 0.03) against DFLASH's bf16
-# argmax 0.05, and the top-K's float copy and logsumexp at about as much. Not the default until a GPU run has timed
-# it: the log-probs then differ from torch's in the last bits (the walk and the output do not depend on them; the
-# tree's node order can, at exact near-ties of node scores).
-DRAFT_LSE = os.environ.get("SGLANG_DDTREE_DRAFT_LSE", "torch")
+# "triton" (one read of the lm_head's output in its dtype: topk_logits_lse takes the logsumexp in the Triton top-K's
+# first pass, row_max_lse runs the same two launches for the top-1) or "torch" (a float32 copy of the logits,
+# torch.logsumexp, torch.max / the top-K). Default triton since lease 13 (H200, benchmarks/results/
+# tree_kernels_h200_lease13.json): the top-K stage at B=256 in one graph replay 0.084 / 0.237 / 0.819 ms at batch
+# 1 / 8 / 32 against 0.123 / 0.399 / 1.361 for log_softmax + the Triton top-K; at 8B shapes `auto` reached 0.970 /
+# 0.961 / 0.964 of DFLASH at batch 1 / 4 / 16 against 0.82 / 0.89 / 0.94 with torch in the same call
+# (sweep_auto_8b_lease13_draft_lse.jsonl). Log-probs differ from torch's in the last bits (the walk and the output
+# do not depend on them; the tree's node order can, at exact near-ties of node scores).
+DRAFT_LSE = os.environ.get("SGLANG_DDTREE_DRAFT_LSE", "triton")
 if DRAFT_LSE not in ("torch", "triton"):
     raise ValueError(f"SGLANG_DDTREE_DRAFT_LSE must be torch or triton, got {DRAFT_LSE!r}.")
 
