@@ -199,7 +199,7 @@ class DDTreeWorker(DFlashWorkerV2):
             if self.ps.tp_rank == 0 and tree_conv.use_ours(self.num_nodes):
                 logger.warning("DDTREE: budget %d on a hybrid target: the %d-token tree verify's conv runs "
                                "sglang-ddtree's kernel (SGLANG_DDTREE_TREE_CONV=%s; SGLang's unrolls over the "
-                               "tokens and compiled for minutes above 64). Not yet run on a GPU.", self.budget,
+                               "tokens and compiled for minutes above 64).", self.budget,
                                self.num_nodes, tree_conv.TREE_CONV)
             elif self.budget > 64 and self.ps.tp_rank == 0:
                 # lease 10: verify-graph capture took 108 s at B=64; lease 12: > 7 min at 128 and 256
