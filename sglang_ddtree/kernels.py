@@ -799,7 +799,7 @@ def walk_triton(tree: DraftTree, target_choice: torch.Tensor):
 # tree_kernels_h200_lease13.json): the top-K stage at B=256 in one graph replay 0.084 / 0.237 / 0.819 ms at batch
 # 1 / 8 / 32 against 0.123 / 0.399 / 1.361 for log_softmax + the Triton top-K; at 8B shapes `auto` reached 0.970 /
 # 0.961 / 0.964 of DFLASH at batch 1 / 4 / 16 against 0.82 / 0.89 / 0.94 with torch in the same call
-# (sweep_auto_8b_lease13_draft_lse.jsonl). Log-probs differ from torch's in the last bits (the walk and the output
+# (sweep_auto_8b_lease13_draft_lse_*.jsonl). Log-probs differ from torch's in the last bits (the walk and the output
 # do not depend on them; the tree's node order can, at exact near-ties of node scores).
 DRAFT_LSE = os.environ.get("SGLANG_DDTREE_DRAFT_LSE", "triton")
 if DRAFT_LSE not in ("torch", "triton"):

@@ -125,3 +125,55 @@ def test_gather_path_rows_and_flat_inputs():
     ids, pos = ops.flat_tree_inputs(tree, torch.tensor([100, 3]))
     assert torch.equal(ids.view(2, -1), tree.tokens)
     assert torch.equal(pos.view(2, -1), torch.tensor([[100], [3]]) + tree.depth)
+
+
+@pytest.mark.parametrize("budget,width", [(30, 7), (5, 6), (40, 7)])
+def test_oracle_chain_reverify_commits_what_the_tree_walk_accepted(budget, width):
+    """`--speculative-ddtree-oracle`: the accepted path re-verified as a chain. When the chain verify's choices
+    equal the tree verify's at the path's nodes (same numbers), the chain walk commits exactly what the tree walk
+    did (tokens, bonus, branch counts, commit lengths); where the chain's choice differs at slot j, it commits the
+    first j drafts and its own choice as the bonus. The verify chain is a plain chain (links, positions)."""
+    from sglang_ddtree.sglang.stats import branch_counts
+
+    gen = torch.Generator().manual_seed(budget)
+    bs, depth, vocab = 6, width - 1, 5
+    lp = (torch.randn(bs, depth, vocab, generator=gen) * 0.3).log_softmax(-1)  # flat: deep branching trees
+    tree = build_tree(lp, budget, torch.arange(bs))
+    # the target picks a random child's token at each node (a non-first sibling often), rarely a token off the tree
+    n = tree.max_nodes
+    child_token = torch.full((bs, n), vocab + 1, dtype=torch.long)
+    for b in range(bs):
+        for i in range(n):
+            kids = [c for c in range(n) if bool(tree.valid[b, c]) and int(tree.parents[b, c]) == i]
+            if kids and torch.rand(1, generator=gen).item() < 0.9:
+                child_token[b, i] = tree.tokens[b, kids[int(torch.randint(len(kids), (1,), generator=gen))]]
+    walk = walk_choices(tree, child_token)
+    if budget >= 30:  # deep paths and branches really exercised (a 5-node flat tree is one level deep)
+        assert (walk.accept_len >= 2).any() and (branch_counts(tree, walk) > 0).any()
+
+    verify, chain = ops.accepted_path_chain(tree, walk.path, width)
+    nodes = torch.where(walk.path[:, :width] >= 0, walk.path[:, :width],
+                        walk.path.gather(1, walk.accept_len.unsqueeze(1)))
+    same = child_token.gather(1, nodes)  # the chain verify reproduces the tree verify's choices
+    chain_walk = walk_choices(chain, same)
+    assert torch.equal(chain_walk.accept_len, walk.accept_len)
+    assert torch.equal(chain_walk.bonus, walk.bonus)
+    assert torch.equal(chain_walk.out_tokens, walk.out_tokens[:, : chain_walk.out_tokens.shape[1]])
+    assert torch.equal(branch_counts(chain, chain_walk), branch_counts(tree, walk))
+
+    # a differing choice at slot 1 where two drafts were accepted: one draft, then the chain's own choice
+    deep = walk.accept_len >= 2
+    other = same.clone()
+    other[:, 1] = vocab + 2
+    diff = walk_choices(chain, other)
+    assert torch.equal(diff.accept_len[deep], torch.ones_like(diff.accept_len[deep]))
+    assert (diff.bonus[deep] == vocab + 2).all()
+
+    # the verify chain: slot j's parent is j - 1, positions follow the slot, links make one chain
+    assert verify.valid.all() and torch.equal(verify.parents[:, 1:], torch.arange(width - 1).expand(bs, -1))
+    next_token, next_sibling = ops.tree_links(verify)
+    assert torch.equal(next_token[:, :-1], torch.arange(1, width, dtype=torch.int32).expand(bs, -1))
+    assert (next_token[:, -1] == -1).all() and (next_sibling == -1).all()
+    ids, pos = ops.flat_tree_inputs(verify, torch.full((bs,), 50))
+    assert torch.equal(pos.view(bs, -1), 50 + torch.arange(width).expand(bs, -1))
+    assert torch.equal(ids.view(bs, -1)[chain.valid], chain.tokens[chain.valid])

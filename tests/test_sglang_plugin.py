@@ -32,6 +32,14 @@ def test_flags_parse_and_validate():
         with pytest.raises(ValueError, match="prune"):
             ddtree_args.parse_prune(bad)
     assert ddtree_args.parse_prune("0") is None and ddtree_args.parse_prune("off") is None
+    # the sequential oracle: a switch, fixed budgets only
+    assert ddtree_args.options_from(parser.parse_args(["--speculative-ddtree-oracle"])).oracle is True
+    assert ddtree_args.options_from(parser.parse_args([])).oracle is False
+    assert ddtree_args.parse_options(budget="64", oracle="true").oracle and not ddtree_args.parse_options(oracle=0).oracle
+    with pytest.raises(ValueError, match="oracle needs a fixed"):
+        ddtree_args.parse_options(budget="auto", oracle=True)
+    with pytest.raises(ValueError, match="takes no value"):
+        ddtree_args.parse_options(oracle="sometimes")
 
 
 def test_static_config_refusals():
@@ -93,11 +101,11 @@ def test_flag_values_reach_post_init_through_the_hooks():
         return construct(**{"model_path": ns_.model_path})
 
     obj = plugin._around_from_cli_args(original_from_cli, ns)
-    assert obj.seen == ("32", None, "/tmp/d.jsonl", None)
+    assert obj.seen == ("32", None, "/tmp/d.jsonl", None, None)
     assert ddtree_args.options_from(obj).budget == 32
     # Engine(**kwargs) path: our keys are removed from the dataclass kwargs and kept as attributes
     obj2 = construct(model_path="y", speculative_ddtree_budget=128)
-    assert obj2.seen == (128, None, None, None) and obj2.model_path == "y"
+    assert obj2.seen == (128, None, None, None, None) and obj2.model_path == "y"
     obj3 = construct(speculative_ddtree_budget="auto", speculative_ddtree_auto_candidates="16,64")
     assert ddtree_args.options_from(obj3).candidates == (0, 16, 64)
     # no DDTREE flags at all: attributes exist and default
@@ -435,6 +443,25 @@ def test_dflash_internals_the_worker_reuses_exist_in_the_pinned_sources():
     assert prepare == ["bonus_tokens", "prefix_lens", "req_pool_indices", "req_to_token", "block_ids_out",
                        "positions_out", "cache_loc_out", "mask_token_id"]
     assert "get_exec().graph.cuda_graph_config.decode.backend != Backend.DISABLED" in worker
+
+
+def test_hybrid_pool_members_the_oracle_uses_exist_in_the_pinned_sources():
+    """--speculative-ddtree-oracle on a hybrid target snapshots and restores the batch's live conv states
+    (worker._snapshot_conv): the hybrid req-to-token pool resolves slots as the backend does (get_mamba_indices,
+    translate_mamba_indices) and holds a MambaPool whose state lists conv tensors indexed [layers, slots, ...]; the
+    verify rolls the conv state in place (the kernel stores to it), while the SSM target verify does not update
+    its state (disable_state_update=True)."""
+    src = pinned_sglang_source()
+    pools = module_defs(src, "srt.mem_cache.memory_pool")
+    assert {"get_mamba_indices", "translate_mamba_indices"} <= set(pools["HybridReqToTokenPool"])
+    pool_text = (src / "srt" / "mem_cache" / "memory_pool.py").read_text()
+    assert "self.mamba_pool = self.mamba_pool_cls(" in pool_text and "conv: List[torch.Tensor]" in pool_text
+    assert "self.mamba_cache.conv[i][:, dst_indices]" in pool_text  # the [layers, slots, ...] indexing we use
+    backend = (src / "srt" / "layers" / "attention" / "hybrid_linear_attn_backend.py").read_text()
+    assert "self._translate_mamba_indices(mamba_cache_indices)" in backend
+    gdn_triton = (src / "srt" / "layers" / "attention" / "linear" / "kernels" / "gdn_triton.py").read_text()
+    verify = gdn_triton[gdn_triton.index("def target_verify"):]
+    assert "disable_state_update=True" in verify[:3000]
 
 
 def registered_hook_targets() -> list[str]:

@@ -9,10 +9,10 @@
 #        the same sweep with the round's stage graphs on (SGLANG_DDTREE_ROUND_GRAPHS=1) and off: side by side when
 #        the two GPUs differ (same host load for both), one after the other when they are the same
 #   bash scripts/device/lease_steps.sh parallel OUTDIR 'commands for GPU 0' 'commands for GPU 1'
-#   bash scripts/device/lease_steps.sh checks-and-bench OUTDIR COMMIT    # two GPUs, ~8 minutes (lease 13, below)
-#   bash scripts/device/lease_steps.sh tiny-auto-sweep OUTDIR COMMIT     # one GPU, ~8 minutes
 #        two independent jobs side by side (e.g. GPU tests next to a benchmark): each sees one GPU, logs to
 #        OUTDIR/gpu<N>.log; exit status 1 when either failed
+#   bash scripts/device/lease_steps.sh checks-and-bench OUTDIR COMMIT    # two GPUs, ~8 minutes (lease 13, below)
+#   bash scripts/device/lease_steps.sh tiny-auto-sweep OUTDIR COMMIT [bench_budgets args...]   # one GPU, ~8 min
 set -euo pipefail
 step=${1:?step}
 shift
@@ -43,7 +43,8 @@ bench-tree)
     # ${DDTREE_BENCH_IMPLS}: a shorter list when the call has no time for all (pick_tree_setup.py then only knows
     # the kernels measured)
     python3 benchmarks/bench_tree.py --device cuda \
-        --impls "${DDTREE_BENCH_IMPLS:-triton,triton_rank,triton_select,triton_select_topk,triton_fused}" --budgets 16,32,64,128,256,512,1024 --batch-sizes 1,8,32 --repeats 30 --out "$out/tree_kernels.json" \
+        --impls "${DDTREE_BENCH_IMPLS:-triton,triton_rank,triton_select,triton_select_topk,triton_fused}" \
+        --budgets 16,32,64,128,256,512,1024 --batch-sizes 1,8,32 --repeats 30 --out "$out/tree_kernels.json" \
         ${DDTREE_COMMIT:+--commit "$DDTREE_COMMIT"}
     python3 scripts/device/pick_tree_setup.py "$out/tree_kernels.json" | tee /tmp/picked.env "$out/picked.env"
     ;;
@@ -162,16 +163,18 @@ checks-and-bench)
     tail -n 8 /tmp/k.log /tmp/ab/conv.log /tmp/ab/torch.log /tmp/ab/triton.log
     ;;
 tiny-auto-sweep)
-    # The tiny pair's auto sweep alone on GPU 0 (issue 10's command of sweep_auto_tiny_lease12.jsonl); one archive.
+    # The tiny pair's auto sweep alone on GPU 0 (issue 10's command of sweep_auto_tiny_lease12.jsonl; more
+    # bench_budgets args after COMMIT override it, e.g. --prompt-groups 8 --max-parallel 1); one archive.
     out=${1:?outdir}
     commit=${2:?commit}
+    shift 2
     mkdir -p "$out" /tmp/swt
     rc=0
     CUDA_VISIBLE_DEVICES=0 timeout 560 python3 benchmarks/bench_budgets.py --setups tiny \
         --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=16,32,64,128 --set tiny.batch_sizes=1,4,16,64 \
         --set tiny.max_new_tokens=256 --set tiny.warmup_new_tokens=128 --repeats 3 --prompt-groups 4 \
         --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes 7.3 --out /tmp/swt --log-dir /tmp/swt/logs \
-        --commit "$commit" > /tmp/swt/run.log 2>&1 || rc=$?
+        --commit "$commit" "$@" > /tmp/swt/run.log 2>&1 || rc=$?
     echo "tiny exit $rc" >> /tmp/swt/run.log
     tar -cJf "$out/sweep_tiny.tar.xz" -C /tmp swt
     tail -n 12 /tmp/swt/run.log

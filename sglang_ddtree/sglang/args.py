@@ -8,6 +8,9 @@
   --speculative-ddtree-prune P      drop nodes whose prefix probability is below P (default: off)
   --speculative-ddtree-debug PATH   per-round JSONL dumps (tree, target choices, accepted path, timings);
                                     synchronises every round: for debugging, not for serving
+  --speculative-ddtree-oracle       the sequential oracle: every round verifies the accepted path once more as a
+                                    chain and commits what that chain verify accepts (two target passes a round;
+                                    for checking the tree path, and a fallback); fixed budgets only
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ FLAG_DEST = {
     "--speculative-ddtree-prune": "speculative_ddtree_prune",
     "--speculative-ddtree-debug": "speculative_ddtree_debug",
     "--speculative-ddtree-auto-candidates": "speculative_ddtree_auto_candidates",
+    "--speculative-ddtree-oracle": "speculative_ddtree_oracle",
 }
 
 
@@ -47,6 +51,7 @@ class DDTreeOptions:
     prune: float | None = None
     debug_path: str | None = None
     candidates: tuple[int, ...] | None = None  # `auto` only: sorted, 0 = the chain first
+    oracle: bool = False  # re-verify each round's accepted path as a chain and commit that (worker._oracle_round)
 
     @property
     def auto(self) -> bool:
@@ -69,6 +74,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                        help="With --speculative-ddtree-budget auto: the budgets a round chooses from, e.g. "
                             f"chain,16,64 ('chain' = DFLASH's top-1 path, always included; default "
                             f"{DEFAULT_AUTO_CANDIDATES}).")
+    group.add_argument("--speculative-ddtree-oracle", dest=FLAG_DEST["--speculative-ddtree-oracle"],
+                       action="store_true", default=None,
+                       help="Sequential oracle: verify each round's accepted path once more as a chain and commit "
+                            "what that chain verify accepts (two target passes a round: for checking the tree "
+                            "verify, e.g. on hybrid targets, or as a fallback). Fixed budgets only.")
 
 
 def parse_budget(value) -> int:
@@ -116,14 +126,29 @@ def parse_auto_candidates(value) -> tuple[int, ...]:
     return tuple(candidates)
 
 
-def parse_options(budget=None, prune=None, debug=None, auto_candidates=None) -> DDTreeOptions:
+def parse_switch(value, flag: str) -> bool:
+    """A boolean flag given on the command line (True / None) or as an Engine keyword (bool, 0/1, a word)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    raise ValueError(f"{flag} takes no value (or true / false as a keyword), got {value!r}.")
+
+
+def parse_options(budget=None, prune=None, debug=None, auto_candidates=None, oracle=None) -> DDTreeOptions:
+    oracle = parse_switch(oracle, "--speculative-ddtree-oracle")
     if is_auto(budget):
+        if oracle:
+            raise ValueError("--speculative-ddtree-oracle needs a fixed --speculative-ddtree-budget, not auto.")
         candidates = parse_auto_candidates(auto_candidates)
         return DDTreeOptions(budget=max(candidates), prune=parse_prune(prune), debug_path=debug or None,
                              candidates=candidates)
     if auto_candidates is not None:
         raise ValueError("--speculative-ddtree-auto-candidates needs --speculative-ddtree-budget auto.")
-    return DDTreeOptions(budget=parse_budget(budget), prune=parse_prune(prune), debug_path=debug or None)
+    return DDTreeOptions(budget=parse_budget(budget), prune=parse_prune(prune), debug_path=debug or None,
+                         oracle=oracle)
 
 
 def options_from(server_args) -> DDTreeOptions:

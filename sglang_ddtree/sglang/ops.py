@@ -305,6 +305,37 @@ def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tok
                       observed)
 
 
+def accepted_path_chain(tree: DraftTree, path: torch.Tensor, width: int) -> tuple[DraftTree, DraftTree]:
+    """The sequential oracle's chain (`--speculative-ddtree-oracle`): the nodes the tree walk accepted (path
+    [bs, L+1] node indices, path[:, 0] = 0, -1 past the accepted ones) as `width` chain slots, root first.
+
+    Returns (verify chain, walk chain). The verify chain links every slot to the one before (past the accepted
+    nodes it repeats the last accepted token: verified, never accepted), so the target sees a plain chain; the walk
+    chain is the same with those slots invalid, so the re-verify accepts at most what the tree walk accepted. Slot
+    j carries the tree's score and drafter rank of the accepted node at depth j (branch counts stay the tree's)."""
+    bs = path.shape[0]
+    device = path.device
+    nodes = path[:, :width]
+    accepted = nodes >= 0
+    last = nodes.gather(1, accepted.sum(dim=1, keepdim=True) - 1)
+    nodes = torch.where(accepted, nodes, last)
+    slot = torch.arange(width, device=device).expand(bs, width)
+    tokens = tree.tokens.gather(1, nodes)
+    scores = tree.scores.gather(1, nodes)
+    ranks = tree.ranks.gather(1, nodes)
+    verify = DraftTree(tokens, slot - 1, slot, scores, ranks, torch.ones_like(accepted), tree.depth_limit)
+    walk = DraftTree(
+        tokens=torch.where(accepted, tokens, 0),
+        parents=torch.where(accepted, slot - 1, -1),
+        depth=torch.where(accepted, slot, 0),
+        scores=torch.where(accepted, scores, float("-inf")),
+        ranks=torch.where(accepted, ranks, -1),
+        valid=accepted,
+        depth_limit=tree.depth_limit,
+    )
+    return verify, walk
+
+
 def tree_links(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
     """retrieve_next_token / retrieve_next_sibling as int32 [bs, N]: what SGLang's hybrid backend reads in a tree
     verify (speculative_eagle_topk > 1). Its conv kernel derives each node's parent in one pass over the slots

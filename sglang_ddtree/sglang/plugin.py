@@ -5,7 +5,7 @@ Entry point (pyproject `[project.entry-points."sglang.srt.plugins"] ddtree = ...
 
 What SGLang's plugin API reaches directly: the algorithm registry (`SpeculativeAlgorithm.register` with our
 `CustomSpecAlgo` subclass) and `HookRegistry` hooks. Hooks used, and why:
-  - ServerArgs.add_cli_args (AFTER): add the three --speculative-ddtree-* flags to the parser;
+  - ServerArgs.add_cli_args (AFTER): add the --speculative-ddtree-* flags (sglang_ddtree.sglang.args) to the parser;
   - ServerArgs.from_cli_args / ServerArgs.__init__ (AROUND): ServerArgs keeps only its dataclass fields, so the
     flag values are carried into the instance as plain attributes before __post_init__ resolves the algorithm
     (plain attributes survive the pickle to the scheduler processes);

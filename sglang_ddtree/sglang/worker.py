@@ -19,6 +19,8 @@ choices (argmax or sampling), SGLang's KV move and the drafter-KV append.
 With `--speculative-ddtree-budget auto` (sglang_ddtree.sglang.auto) each round first picks a candidate budget on
 the host; its tree and walk stages are the candidate's own, and the verify swaps in the target attention backend
 and verify graphs captured for that width (the chain's without the tree mask).
+With `--speculative-ddtree-oracle` (_oracle_round) the accepted path is verified once more as a chain and the round
+commits what that chain verify accepts: the sequential oracle the tree verify is checked against.
 Hybrid targets (gated-delta-net layers, e.g. Qwen3-Next): the plugin sets speculative_eagle_topk = 2 so SGLang's
 hybrid backend runs its tree verify (each node's conv window and SSM state from its parent's, stored per node); the
 verify input carries the tree's links (retrieve_next_token / retrieve_next_sibling), and after the walk the live
@@ -65,6 +67,8 @@ from sglang_ddtree.sglang.stats import DDTreeStats
 from sglang_ddtree.walk import sample_choices
 
 logger = logging.getLogger(__name__)
+# --speculative-ddtree-oracle: a log line (with a sync) every this many greedy request-rounds.
+ORACLE_LOG = 200
 
 
 @dataclass
@@ -164,6 +168,19 @@ class DDTreeWorker(DFlashWorkerV2):
                            SCRIPT_ENV)
         mark_active()  # before any capture below: the verify-mask hook keys on it
         self.auto = self._setup_auto() if self.options.auto else None
+        # --speculative-ddtree-oracle: the chain re-verify's width (the path's slots: root + at most L drafts, and
+        # no more than the slots the tree reserved), its attention backend and graphs (built at the first decode
+        # round, as auto's), and the fast path's disagreements with it (a device counter, read every ORACLE_LOG
+        # rounds: the oracle is a checking mode, its log line syncs).
+        self.oracle_width = min(self.block_size, self.num_nodes)
+        self._oracle_state = None
+        self._oracle_differ = None
+        self._oracle_checked = 0
+        self._last_verify_backend = None  # the attention backend of the round's last verify (_verify)
+        if self.options.oracle and self.ps.tp_rank == 0:
+            logger.warning("DDTREE oracle: every round verifies its accepted path once more as a chain (%d tokens, "
+                           "causal) and commits what that verify accepts: two target passes a round, for checking "
+                           "the tree verify, not for speed", self.oracle_width)
         if self.ps.tp_rank == 0 and self.auto is not None:
             logger.info("DDTREE auto: candidates %s (verify widths %s)", self.auto.policy.export()["candidates"],
                         self.auto.widths)
@@ -373,6 +390,7 @@ class DDTreeWorker(DFlashWorkerV2):
         timer.mark("tree")
 
         node_cache_loc = self._verify_slots(batch, prefix_lens, bs, width)
+        saved_conv = self._snapshot_conv(batch, bs) if self.options.oracle and self.hybrid else None
         logits_output, can_run_cuda_graph = self._verify(
             batch, verify_ids, verify_positions, mask, node_cache_loc, seq_lens_cpu_bound, seq_lens_sum_bound, width,
             causal, links=ops.tree_links(tree) if self.hybrid else None)
@@ -385,17 +403,23 @@ class DDTreeWorker(DFlashWorkerV2):
         choices = self._target_choices(batch, logits.view(bs, width, -1))
         plan = walk_stage(tree.tokens, tree.parents, tree.depth, tree.scores, tree.ranks, tree.valid,
                           choices, node_cache_loc, prefix_lens)
-        walk = plan.walk
-        timer.mark("walk")
+        walk, summary = plan.walk, plan.summary  # the tree's: what the stats record
+        if self.options.oracle:  # the round commits what the chain re-verify of the accepted path accepts
+            plan, logits_output, oracle_graph = self._oracle_round(
+                batch, tree, walk, node_cache_loc, prefix_lens, seq_lens_cpu_bound, seq_lens_sum_bound, bs,
+                saved_conv)
+            can_run_cuda_graph = can_run_cuda_graph and oracle_graph
+            width, causal = self.oracle_width, True
+        timer.mark("walk")  # with the oracle: its re-verify included
 
         # What leaves the round is copied out of the stage's graph memory (the next round's replay rewrites it).
-        leaving = (plan.commit_lens, plan.new_seq_lens, plan.out_tokens, walk.bonus, plan.branch_lens)
+        leaving = (plan.commit_lens, plan.new_seq_lens, plan.out_tokens, plan.walk.bonus, plan.branch_lens)
         commit_lens, new_seq_lens, out_tokens, bonus, branch_lens = (
             tuple(t.clone() for t in leaving) if self.round_graphs else leaving)
         if on_publish is not None:
             on_publish(new_seq_lens)
         if self.hybrid:
-            self._commit_recurrent_state(batch, walk, prefix_lens, bs)
+            self._commit_recurrent_state(batch, plan.walk, prefix_lens, bs)
         self._commit(plan, logits_output.hidden_states, commit_lens, bs, width, chain=causal)
         logits_output.hidden_states = None
         timer.mark("commit")
@@ -409,7 +433,7 @@ class DDTreeWorker(DFlashWorkerV2):
             self.auto.maybe_log(self.ps.tp_rank)
         # reqs/seq_lens are only read by the debug dump (after its sync): no host sync on the default path.
         self.stats.record_round(tree, walk, timer, batch_size=bs, reqs=getattr(batch, "reqs", None),
-                                seq_lens=prefix_lens, summary=plan.summary,
+                                seq_lens=prefix_lens, summary=summary,
                                 extra=None if self.auto is None else
                                 {"auto_candidate": candidate_label(self.auto.candidates[chosen])})
         if self.auto is not None and self.stats.debug is not None:
@@ -551,9 +575,11 @@ class DDTreeWorker(DFlashWorkerV2):
         batch.seq_lens_sum = seq_lens_sum_bound
         runner = self.target_worker.model_runner
         saved_state = (runner.attn_backend, runner.decode_cuda_graph_runner)
-        if (width, causal) != (self.num_nodes, False):  # `auto`: this verify's attention backend and graphs
-            runner.attn_backend, runner.decode_cuda_graph_runner = self.auto.verify_states[(width, causal)]
+        if (width, causal) != (self.num_nodes, False):  # `auto` / the oracle: this verify's backend and graphs
+            states = self.auto.verify_states if self.auto is not None else self._oracle_state
+            runner.attn_backend, runner.decode_cuda_graph_runner = states[(width, causal)]
         try:
+            self._last_verify_backend = runner.attn_backend
             forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
             out = self.target_worker.forward_batch_generation(
                 batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True)
@@ -577,6 +603,66 @@ class DDTreeWorker(DFlashWorkerV2):
             get_tp_group().broadcast(choice, src=0)
         return choice
 
+    def _oracle_round(self, batch, tree, walk, node_cache_loc, prefix_lens, seq_lens_cpu_bound, seq_lens_sum_bound,
+                      bs, saved_conv):
+        """`--speculative-ddtree-oracle`: verify the tree walk's accepted nodes once more as a chain (causal, width
+        oracle_width, from the same pre-round state: the target's KV of those positions is rewritten, a hybrid's conv
+        state restored from saved_conv, and its SSM state is not written by a verify) and walk that chain with the
+        target's own choices there. The round then commits what the chain verify accepts (tokens, KV, drafter
+        context, recurrent state), whatever the tree verify computed: the tree only proposes the path, so the output
+        is what a chain verify of the drafts would give, and the tree path is checked against it. At T = 0 the
+        request-rounds whose accepted drafts or bonus differ from the tree walk's are counted (a device counter,
+        logged with a sync every ORACLE_LOG rounds); at T > 0 both walks sample, so nothing is compared.
+        -> (the chain's commit plan, its logits output, whether its verify ran in a CUDA graph)."""
+        width = self.oracle_width
+        if self._oracle_state is None:  # at the first decode round: SGLang builds the target's backend after us
+            self._oracle_state = {(width, True): self._build_verify_state(width, True)}
+        verify_chain, walk_chain = ops.accepted_path_chain(tree, walk.path, width)
+        ids, positions = ops.flat_tree_inputs(verify_chain, prefix_lens)
+        slots = node_cache_loc[:, :width].contiguous()
+        if saved_conv is not None:
+            self._restore_conv(saved_conv)
+        logits_output, can_run_cuda_graph = self._verify(
+            batch, ids, positions, None, slots, seq_lens_cpu_bound, seq_lens_sum_bound, width, causal=True,
+            links=ops.tree_links(verify_chain) if self.hybrid else None)
+        logits = logits_output.next_token_logits
+        if batch.sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(
+                next_token_logits=logits, sampling_info=batch.sampling_info, draft_token_num=width)
+        choices = self._target_choices(batch, logits.view(bs, width, -1))
+        plan = ops.walk_commit_plan(self.block_size, self.use_kernels, False, walk_chain.tokens, walk_chain.parents,
+                                    walk_chain.depth, walk_chain.scores, walk_chain.ranks, walk_chain.valid, choices,
+                                    slots, prefix_lens)
+        info = batch.sampling_info
+        if info is None or info.is_all_greedy:
+            differ = ((walk.accept_len != plan.walk.accept_len) | (walk.bonus != plan.walk.bonus)).sum()
+            self._oracle_differ = differ if self._oracle_differ is None else self._oracle_differ + differ
+            self._oracle_checked += bs
+            crossed = self._oracle_checked // ORACLE_LOG != (self._oracle_checked - bs) // ORACLE_LOG
+            if crossed and self.ps.tp_rank == 0:
+                logger.info("DDTREE oracle: %d of %d greedy request-rounds differ from the tree verify's (accepted "
+                            "drafts or bonus)", int(self._oracle_differ), self._oracle_checked)
+        return plan, logits_output, can_run_cuda_graph
+
+    def _mamba_slots(self, batch, bs):
+        """The batch's recurrent-state slots, as the hybrid backend resolves them (virtual -> physical)."""
+        pool = self.target_worker.model_runner.req_to_token_pool
+        return pool.translate_mamba_indices(pool.get_mamba_indices(batch.req_pool_indices[:bs]))
+
+    def _snapshot_conv(self, batch, bs):
+        """The oracle on a hybrid target: a verify rolls each request's live conv state in place (SGLang's conv
+        update writes it; the commit then overwrites it from the accepted node's stored window), so the chain
+        re-verify starts from a copy taken before the tree verify (a few KB per request and layer)."""
+        slots = self._mamba_slots(batch, bs)
+        conv = self.target_worker.model_runner.req_to_token_pool.mamba_pool.mamba_cache.conv
+        return slots, [c[:, slots].clone() for c in conv]
+
+    def _restore_conv(self, saved):
+        slots, copies = saved
+        conv = self.target_worker.model_runner.req_to_token_pool.mamba_pool.mamba_cache.conv
+        for c, copy in zip(conv, copies):
+            c[:, slots] = copy
+
     def _commit_recurrent_state(self, batch, walk, prefix_lens, bs):
         """Hybrid targets: the verify stored every node's conv window and SSM state (its parent's, advanced by its
         token); the live state becomes the last accepted node's, and radix-cache tracking copies the node at the
@@ -587,7 +673,8 @@ class DDTreeWorker(DFlashWorkerV2):
         last, steps_to_track = ops.mamba_commit_steps(
             walk.path, walk.accept_len, prefix_lens, get_exec().mamba.mamba_track_interval if track else None)
         runner = self.target_worker.model_runner
-        runner.attn_backend.update_mamba_state_after_mtp_verify(
+        backend = self._last_verify_backend or runner.attn_backend  # its metadata is the verify's that just ran
+        backend.update_mamba_state_after_mtp_verify(
             last_correct_step_indices=last,
             mamba_track_indices=batch.mamba_track_indices,
             mamba_steps_to_track=steps_to_track,

@@ -7,8 +7,8 @@ sglang_ddtree/sglang/scripted.py): the target's greedy continuation (transformer
 rank 0 ("top"), rank 1 ("branch": the walk must take a non-first sibling) or left out ("miss") per output
 position. The reference is the model itself in float32 (transformers on the CPU): the bf16 servers, plain
 decoding included, approximate it (plain decoding's tokens were up to 1.03 nats below its choices in lease 11).
-The checks, at batch 1, 4 and 8, budgets 16 / 64 (CUDA graphs) and 16 eager (128 and
-256 eager on request, DDTREE_HYBRID_CONFIGS):
+The checks, at batch 1, 4 and 8, budgets 16 / 64 (CUDA graphs) and 16 eager (128, 256 eager and
+64 with --speculative-ddtree-oracle on request, DDTREE_HYBRID_CONFIGS):
   - output == plain decoding, except where the float32 model rates DDTREE's token at the first difference no
     worse than plain's (or within FP32_TOL_NATS of its best);
   - every DDTREE token teacher-forced on the float32 model is no further from its choice than plain decoding's
@@ -142,8 +142,10 @@ def fp32_gaps(exact, prompt, output):
 # verify-graph capture took 108 s at B=64 and had not finished after 5 minutes at B=256 (lease 10); 128 and 256
 # eager have not been tried.
 EAGER = "--disable-cuda-graph"
+ORACLE = "--speculative-ddtree-oracle"
 ALL_CONFIGS = {"hybrid-ddtree-16": (16,), "hybrid-ddtree-64": (64,), "hybrid-ddtree-16-eager": (16, EAGER),
-               "hybrid-ddtree-128": (128,), "hybrid-ddtree-256-eager": (256, EAGER)}
+               "hybrid-ddtree-128": (128,), "hybrid-ddtree-256-eager": (256, EAGER),
+               "hybrid-ddtree-64-oracle": (64, ORACLE)}
 DEFAULT_CONFIGS = "hybrid-ddtree-16,hybrid-ddtree-64,hybrid-ddtree-16-eager"
 CONFIGS = {n: ALL_CONFIGS[n] for n in os.environ.get("DDTREE_HYBRID_CONFIGS", DEFAULT_CONFIGS).split(",")}
 
@@ -281,3 +283,29 @@ def test_hybrid_ddtree_is_as_faithful_to_the_fp32_model_as_plain_decoding(name, 
                **report)
     assert all(w > bound for w in corrupted), f"the check would not catch a corrupted output: {corrupted} vs {bound}"
     assert not failures, f"{name}: further from the float32 model than plain decoding:\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if ORACLE in ALL_CONFIGS[n]])
+def test_hybrid_oracle_rechecks_every_round_against_a_chain_verify(name, servers, ddtree_outputs, gpu_record):
+    """--speculative-ddtree-oracle (on request, DDTREE_HYBRID_CONFIGS): each round's accepted path is verified
+    once more as a chain from the pre-round state (conv state restored) and the round commits what that chain
+    verify accepts; the server logs how many greedy request-rounds the tree verify's accepted drafts or bonus
+    differed from it. The output checks above apply to it as to every config; here: the oracle really ran on
+    enough rounds, and its disagreement count and its outputs against the fast config of the same budget are
+    recorded (bf16 near-ties can make the two verifies differ)."""
+    import re
+
+    from sglang_ddtree.sglang.worker import ORACLE_LOG
+
+    res = ddtree_outputs[name]
+    if not isinstance(res, dict):
+        pytest.fail(f"{name} did not start:\n{res}", pytrace=False)
+    found = re.findall(r"DDTREE oracle: (\d+) of (\d+) greedy request-rounds differ", servers[name].log_text())
+    assert found, f"{name}: no oracle line in the server log"
+    differ, checked = (int(x) for x in found[-1])
+    fast = ddtree_outputs.get(name.removesuffix("-oracle"))
+    same_as_fast = None
+    if isinstance(fast, dict):
+        same_as_fast = {m: sum(a["output_ids"] == b["output_ids"] for a, b in zip(res[m], fast[m])) for m in MODES}
+    gpu_record("hybrid_oracle", config=name, differ=differ, checked=checked, outputs_equal_to_fast=same_as_fast)
+    assert checked >= ORACLE_LOG, (checked, differ)
