@@ -147,6 +147,9 @@ def parse_args(argv):
                     "and all runs' tokens/s (host-bound rows vary from run to run)")
     ap.add_argument("--prompt-groups", type=int, default=1, help="batches per measured run, each of different "
                     "prompts, one after the other (a batch-1 row then averages that many prompts)")
+    ap.add_argument("--interleave", action="store_true", help="within a wave, measure the rows of one batch size a "
+                    "run at a time across the servers (A run 1, B run 1, ..., A run 2, ...), so slow phases of the "
+                    "host fall on all of them alike (host-bound comparisons, e.g. auto against fixed budgets)")
     ap.add_argument("--log-dir", default=None, help="server logs (default $GPU_SUITE_LOG_DIR, else <out>/logs)")
     ap.add_argument("--commit", default=None, help="commit to record (default: git here, else $DDTREE_COMMIT)")
     ap.add_argument("--extra-server-args", default="", help="appended to every launch_server command (shell words)")
@@ -219,7 +222,7 @@ def main(argv=None) -> int:
                            max_parallel=args.max_parallel, start_timeout_s=args.start_timeout,
                            request_timeout_s=args.request_timeout, retry_failed=args.retry_failed,
                            first_start_estimate_s=args.first_start_estimate, repeats=args.repeats,
-                           prompt_groups=args.prompt_groups)
+                           prompt_groups=args.prompt_groups, interleave=args.interleave)
     try:
         sweep = Sweep(plan, SubprocessLauncher(log_dir), prompts, options, run_facts(argv, args.commit))
         report = sweep.run()

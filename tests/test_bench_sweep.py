@@ -428,3 +428,48 @@ def test_last_auto_table_reads_the_newest_chooser_line(tmp_path):
     assert last_auto_table(tmp_path / "missing.log") is None
     (tmp_path / "plain.log").write_text("nothing here\n")
     assert last_auto_table(tmp_path / "plain.log") is None
+
+
+def test_interleave_measures_a_batch_size_one_run_at_a_time_across_servers(tmp_path):
+    """SweepOptions.interleave: within a wave, every server's row of one batch size warms up, then run 1 of each
+    server in turn, then run 2, ...; each row still reports its median run and every run. A server that dies fails
+    its rows from there on while the others finish theirs."""
+    setup = dataclasses.replace(TINY, budgets=(16, 64), batch_sizes=(1, 4), methods=("dflash", "ddtree"))
+    plan = make_plan(setup)
+    clock = Clock()
+    launcher = FakeLauncher(clock)
+    report = sweep(tmp_path, plan, launcher, clock, repeats=3, interleave=True).run()
+    assert report.exit_code == 0 and sorted(report.done) == sorted(r.key for r in plan.rows)
+    names = [s.name for s in plan.servers]
+    order = [name for kind, name in launcher.events if kind == "generate"]
+    warm = setup.warmup_new_tokens > 0
+    # batch 1: (warm-ups,) then runs 1, 2, 3 of every server in turn, one request each
+    first = order[: len(names) * (3 + warm)]
+    runs = first[len(names) * warm:]
+    assert [runs[i * len(names):(i + 1) * len(names)] for i in range(3)] == [names] * 3
+    got = results(tmp_path)
+    for row in plan.rows:
+        r = got[row.key]
+        assert r["status"] == "ok" and r["repeats"] == 3 and r["interleaved"] is True
+        assert len(r["decode_tokens_per_s_runs"]) == 3
+
+    # one server dies in batch 4's runs: its batch-4 row fails, the others' rows are measured
+    clock2 = Clock()
+    dying = FakeLauncher(clock2, die_after={"tiny-dflash": (1 + warm) * 3 + 4 * warm + 4})
+    report2 = sweep(tmp_path / "b", make_plan(setup), dying, clock2, repeats=3, interleave=True).run()
+    got2 = latest_results(read_rows(tmp_path / "b" / "results.jsonl"))
+    assert got2[P.row_key("tiny", "dflash", None, 1)]["status"] == "ok"
+    assert got2[P.row_key("tiny", "dflash", None, 4)]["status"] == "failed"
+    assert all(got2[P.row_key("tiny", "ddtree", b, bs)]["status"] == "ok" for b in (16, 64) for bs in (1, 4))
+    assert report2.exit_code == 1 and all(s.stopped for s in dying.created.values())
+
+
+def test_interleave_keeps_to_the_deadline(tmp_path):
+    """Interleaved rows of one batch size start only with time for all their runs; what does not fit is left
+    pending, every server stopped."""
+    clock = Clock()
+    launcher = FakeLauncher(clock, row_seconds=20.0)
+    report = sweep(tmp_path, make_plan(TINY), launcher, clock, max_minutes=2.0, interleave=True).run()
+    assert report.exit_code == 0 and not report.failed and report.pending
+    assert clock() <= 120.0 + 1e-9
+    assert all(s.stopped for s in launcher.created.values())

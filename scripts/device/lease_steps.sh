@@ -163,8 +163,9 @@ checks-and-bench)
     tail -n 8 /tmp/k.log /tmp/ab/conv.log /tmp/ab/torch.log /tmp/ab/triton.log
     ;;
 tiny-auto-sweep)
-    # The tiny pair's auto sweep alone on GPU 0 (issue 10's command of sweep_auto_tiny_lease12.jsonl; more
-    # bench_budgets args after COMMIT override it, e.g. --prompt-groups 8 --max-parallel 1); one archive.
+    # The tiny pair's auto sweep alone on GPU 0 (issue 10's command of sweep_auto_tiny_lease12.jsonl, now with the
+    # runs of a batch size interleaved across the servers; more bench_budgets args after COMMIT override it, e.g.
+    # --prompt-groups 8); one archive.
     out=${1:?outdir}
     commit=${2:?commit}
     shift 2
@@ -172,7 +173,7 @@ tiny-auto-sweep)
     rc=0
     CUDA_VISIBLE_DEVICES=0 timeout 560 python3 benchmarks/bench_budgets.py --setups tiny \
         --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=16,32,64,128 --set tiny.batch_sizes=1,4,16,64 \
-        --set tiny.max_new_tokens=256 --set tiny.warmup_new_tokens=128 --repeats 3 --prompt-groups 4 \
+        --set tiny.max_new_tokens=256 --set tiny.warmup_new_tokens=128 --repeats 3 --prompt-groups 4 --interleave \
         --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes 7.3 --out /tmp/swt --log-dir /tmp/swt/logs \
         --commit "$commit" "$@" > /tmp/swt/run.log 2>&1 || rc=$?
     echo "tiny exit $rc" >> /tmp/swt/run.log

@@ -54,6 +54,12 @@ class SweepOptions:
     # Batches per measured run, each of batch-size different prompts, one after the other: a batch-1 row then
     # averages G prompts instead of timing one (lease 9: one 256-token request is ~35 rounds).
     prompt_groups: int = 1
+    # Within a wave, the rows of one batch size are measured a run at a time across its servers (server A's run 1,
+    # B's run 1, ..., A's run 2, ...) instead of server by server: a slow phase of the host (another process, the
+    # clock) then falls on every server alike, not on whichever is measured at that moment. Lease 13's tiny sweep
+    # (host-bound rows, one server after the other): runs of one row spread by up to 30%, and the fixed budgets did
+    # not order consistently (B=64 slower than 32 and 128 at batch 1).
+    interleave: bool = False
     first_start_estimate_s: float = 150.0  # before any wave has started: a fresh-ish machine, a dozen servers
     stop_reserve_s: float = 15.0  # kept free at the end to stop the servers
 
@@ -85,6 +91,23 @@ class SweepReport:
         return 130 if self.interrupted else (1 if self.failed else 0)
 
 
+@dataclass
+class _RowRun:
+    """A row being measured: its server, client, payloads, the counters before its runs, the runs so far and the
+    first error (which ends its runs)."""
+
+    handle: ServerHandle
+    server: ServerPlan
+    row: Row
+    client: object
+    t_row: float
+    payloads: list = field(default_factory=list)
+    before: object = None
+    runs: list = field(default_factory=list)
+    seconds: float = 0.0
+    error: BaseException | None = None
+
+
 class Sweep:
     def __init__(self, plan: Plan, launcher: Launcher, prompts: dict[str, list[dict]], options: SweepOptions,
                  run_info: dict | None = None, clock=time.monotonic, sleep=time.sleep, log=None):
@@ -105,6 +128,7 @@ class Sweep:
         self.deadline = self._t0 + options.max_minutes * 60
         self._live: dict[str, ServerHandle] = {}
         self._stoppers: list[threading.Thread] = []
+        self._last_run_s = 0.0  # the duration of the last measured run (interleaved deadline checks)
 
     # ----------------------------------------------------------------------------------------------- helpers
 
@@ -272,34 +296,98 @@ class Sweep:
             pool = info.get("max_total_num_tokens") if isinstance(info, dict) else None
             if isinstance(pool, int) and pool < server.memory.kv_pool_tokens:
                 self.log(f"  WARNING {server.name}: KV pool {pool} < the {server.memory.kv_pool_tokens} tokens asked")
+        measured = (self._measure_interleaved(wave, handles, todo_of, writer, report) if self.opt.interleave
+                    else self._measure_serially(wave, handles, todo_of, writer, report))
+        if not measured:
+            return False
+        for t in self._stoppers:
+            t.join(timeout=30)
+        self._stoppers.clear()
+        return True
+
+    def _measure_serially(self, wave, handles, todo_of, writer, report) -> bool:
+        """Every row of a server, all its runs, then the next server. False when the deadline or an interrupt
+        ended the sweep."""
+        for server in wave:
+            if server.name not in self._live:
+                continue
+            handle = handles[server.name]
             for row in todo_of[server.name]:
                 est = server.est_row_seconds(row) * self.opt.repeats * self.opt.prompt_groups
                 if self.left() < est + self.opt.stop_reserve_s:
                     self.log(f"deadline: {self.left():.0f} s left, {row.key} needs ~{est:.0f} s; stopping here")
                     self._stop(server.name)
                     return False
-                result = self._measure(handle, server, row)
-                writer.write(result)
-                self._log_row(result)
-                if result["status"] == "ok":
-                    report.done.append(row.key)
-                elif result["status"] == "failed":
-                    report.failed.append(row.key)
-                if result["status"] == "interrupted":
+                if not self._record(self._measure(handle, server, row), writer, report):
                     self._stop(server.name)
                     return False
                 if not handle.alive():
-                    rest = todo_of[server.name][todo_of[server.name].index(row) + 1:]
-                    tail = log_tail(getattr(handle, "log_path", None), 20)
-                    for later in rest:
-                        writer.write(self._result(server, later, "failed", reason=f"server died; log tail:\n{tail}"))
-                        report.failed.append(later.key)
+                    self._fail_rest(server, handle, todo_of[server.name][todo_of[server.name].index(row) + 1:],
+                                    writer, report)
                     break
             self._stop(server.name)
-        for t in self._stoppers:
-            t.join(timeout=30)
-        self._stoppers.clear()
         return True
+
+    def _measure_interleaved(self, wave, handles, todo_of, writer, report) -> bool:
+        """SweepOptions.interleave: per batch size, every live server's row warms up, then run r of each in turn,
+        r = 1..repeats; the rows are written once all their runs are in. False when the deadline or an interrupt
+        ended the sweep."""
+        for bs in sorted({row.batch_size for server in wave for row in todo_of[server.name]}):
+            group = [(server, row) for server in wave if server.name in self._live
+                     for row in todo_of[server.name] if row.batch_size == bs]
+            if not group:
+                continue
+            # A group holds len(group) x repeats runs where a serial row holds `repeats`: the plan's estimate is
+            # checked against the last measured run too, and every round of runs against the round before it.
+            per_round = max(sum(s.est_row_seconds(r) for s, r in group) * self.opt.prompt_groups,
+                            len(group) * self._last_run_s)
+            if self.left() < per_round * self.opt.repeats + self.opt.stop_reserve_s:
+                self.log(f"deadline: {self.left():.0f} s left, the batch-{bs} rows of {len(group)} servers need "
+                         f"~{per_round * self.opt.repeats:.0f} s; stopping here")
+                for server in wave:
+                    self._stop(server.name)
+                return False
+            runs = [self._begin(handles[s.name], s, r) for s, r in group]
+            for i in range(self.opt.repeats):
+                if i > 0 and self.left() < per_round + self.opt.stop_reserve_s:
+                    self.log(f"deadline: {self.left():.0f} s left, a round of the batch-{bs} runs takes "
+                             f"~{per_round:.0f} s; stopping here (these rows stay pending)")
+                    for server in wave:
+                        self._stop(server.name)
+                    return False
+                t = self.clock()
+                for run in runs:
+                    self._one_run(run)
+                per_round = max(per_round, self.clock() - t)
+            for run in runs:
+                server, handle = run.server, run.handle
+                if not self._record(self._finish(run), writer, report):
+                    for s in wave:
+                        self._stop(s.name)
+                    return False
+                if not handle.alive() and server.name in self._live:
+                    rest = [r for r in todo_of[server.name] if r.batch_size > bs]
+                    self._fail_rest(server, handle, rest, writer, report)
+                    self._stop(server.name)
+        for server in wave:
+            self._stop(server.name)
+        return True
+
+    def _record(self, result: dict, writer, report) -> bool:
+        """Write a measured row and count it; False when it was interrupted (the sweep stops)."""
+        writer.write(result)
+        self._log_row(result)
+        if result["status"] == "ok":
+            report.done.append(result["key"])
+        elif result["status"] == "failed":
+            report.failed.append(result["key"])
+        return result["status"] != "interrupted"
+
+    def _fail_rest(self, server, handle, rows, writer, report) -> None:
+        tail = log_tail(getattr(handle, "log_path", None), 20)
+        for later in rows:
+            writer.write(self._result(server, later, "failed", reason=f"server died; log tail:\n{tail}"))
+            report.failed.append(later.key)
 
     def _server_info(self, handle: ServerHandle) -> dict:
         try:
@@ -319,46 +407,70 @@ class Sweep:
             return None
 
     def _measure(self, handle: ServerHandle, server: ServerPlan, row: Row) -> dict:
+        """One row: warm-up, `repeats` runs of the prompt groups, the result (the median run)."""
+        run = self._begin(handle, server, row)
+        for _ in range(self.opt.repeats):
+            self._one_run(run)
+        return self._finish(run)
+
+    def _timeout(self) -> float:
+        return max(5.0, min(self.opt.request_timeout_s, self.left() - self.opt.stop_reserve_s))
+
+    def _begin(self, handle: ServerHandle, server: ServerPlan, row: Row) -> "_RowRun":
+        """A row's warm-up and the Prometheus counters before its runs."""
         setup = server.setup
-        client = handle.client()
+        run = _RowRun(handle, server, row, handle.client(), t_row=self.clock())
         groups = [prompt_group(self.prompts[setup.name], row.batch_size, g) for g in range(self.opt.prompt_groups)]
-        inputs = groups[0]
-        t_row = self.clock()
-        timeout = max(5.0, min(self.opt.request_timeout_s, self.left() - self.opt.stop_reserve_s))
         try:
             if setup.warmup_new_tokens > 0:
-                warm = [{**x, "sampling_params": sampling_params(setup, setup.warmup_new_tokens)} for x in inputs]
-                errors = [r.error for r in run_batch(client, warm, timeout) if r.error]
+                warm = [{**x, "sampling_params": sampling_params(setup, setup.warmup_new_tokens)} for x in groups[0]]
+                errors = [r.error for r in run_batch(run.client, warm, self._timeout()) if r.error]
                 if errors:
                     raise RuntimeError(f"warmup: {len(errors)} requests failed; first: {errors[0]}")
-            payloads = [[{**x, "sampling_params": sampling_params(setup)} for x in group] for group in groups]
-            before = self._scrape(client)
-            t = self.clock()
-            runs = []
-            for _ in range(self.opt.repeats):
-                client.flush_cache()
-                results = []
-                for group in payloads:  # one batch after the other
-                    results += run_batch(client, group, timeout)
-                runs.append(summarize(results, method=server.method, max_new_tokens=setup.max_new_tokens,
-                                      groups=len(payloads)))
-            wall = self.clock() - t
-            after = self._scrape(client)
-            numbers = median_run(runs)
+            run.payloads = [[{**x, "sampling_params": sampling_params(setup)} for x in group] for group in groups]
+            run.before = self._scrape(run.client)
         except Exception as exc:
+            run.error = exc
+        return run
+
+    def _one_run(self, run: "_RowRun") -> None:
+        """One measured run of a row: the cache flushed, its prompt groups one batch after the other."""
+        if run.error is not None:
+            return
+        t = self.clock()
+        try:
+            run.client.flush_cache()
+            results = []
+            for group in run.payloads:
+                results += run_batch(run.client, group, self._timeout())
+            run.runs.append(summarize(results, method=run.server.method,
+                                      max_new_tokens=run.server.setup.max_new_tokens, groups=len(run.payloads)))
+        except Exception as exc:
+            run.error = exc
+        run.seconds += self.clock() - t
+        self._last_run_s = self.clock() - t
+
+    def _finish(self, run: "_RowRun") -> dict:
+        server, row, handle = run.server, run.row, run.handle
+        if run.error is not None:
+            exc = run.error
             late = self.left() <= self.opt.stop_reserve_s + 1
             return self._result(server, row, "interrupted" if late else "failed",
                                 reason=f"{type(exc).__name__}: {exc}"[:2000] + ("" if handle.alive() else
                                 " (server died; log tail: " + log_tail(getattr(handle, 'log_path', None), 15) + ")"))
+        after = self._scrape(run.client)
+        numbers = median_run(run.runs)
+        before = run.before
         stages = None
         if server.method in ("ddtree", "auto") and before is not None and after is not None:
             stages = prom.ddtree_summary(prom.diff(after, before), "auto" if server.method == "auto" else server.budget)
             if stages is not None and server.method == "auto":
                 stages["auto_rounds"] = prom.auto_rounds(prom.diff(after, before))
                 stages["auto_chooser_last"] = last_auto_table(getattr(handle, "log_path", None))
-        return self._result(server, row, "ok", wall_s=round(wall, 3), row_s=round(self.clock() - t_row, 3),
+        return self._result(server, row, "ok", wall_s=round(run.seconds, 3), row_s=round(self.clock() - run.t_row, 3),
                             **numbers, stage_ms=(stages or {}).get("stage_ms"), ddtree_metrics=stages,
-                            metrics_scraped=before is not None and after is not None)
+                            metrics_scraped=before is not None and after is not None,
+                            **({"interleaved": True} if self.opt.interleave else {}))
 
     def _log_row(self, r: dict) -> None:
         if r["status"] != "ok":
