@@ -353,6 +353,10 @@ class DDTreeWorker(DFlashWorkerV2):
         prefix_lens = batch.seq_lens
         seq_lens_cpu_bound, seq_lens_sum_bound = self._host_seq_len_bound(batch, draft_input)
 
+        if self.options.oracle and self._oracle_state is None:
+            # the oracle's chain verify state, at the first decode round (SGLang builds the target's attention
+            # backend after this worker) and before the round's first verify, as `auto` builds its own
+            self._oracle_state = {(self.oracle_width, True): self._build_verify_state(self.oracle_width, True)}
         if self.auto is not None:  # chosen before the draft: a chain round that samples nothing needs only top-1
             built = self._ensure_auto_verify_states()
             self.auto.feedback.drain()
@@ -615,8 +619,6 @@ class DDTreeWorker(DFlashWorkerV2):
         logged with a sync every ORACLE_LOG rounds); at T > 0 both walks sample, so nothing is compared.
         -> (the chain's commit plan, its logits output, whether its verify ran in a CUDA graph)."""
         width = self.oracle_width
-        if self._oracle_state is None:  # at the first decode round: SGLang builds the target's backend after us
-            self._oracle_state = {(width, True): self._build_verify_state(width, True)}
         verify_chain, walk_chain = ops.accepted_path_chain(tree, walk.path, width)
         ids, positions = ops.flat_tree_inputs(verify_chain, prefix_lens)
         slots = node_cache_loc[:, :width].contiguous()
