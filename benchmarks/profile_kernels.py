@@ -1,6 +1,8 @@
 """Where the core stages' GPU time goes, kernel by kernel: the Triton top-K (`kernels.topk_triton`) and the tree
 build kernels at batch 1, timed one launch at a time with CUDA events (GPU time of each launch; graph replay hides
-launch gaps, so the sum can exceed bench_tree.py's graph number), and the tree kernel under a few warp counts.
+launch gaps, so the sum can exceed bench_tree.py's graph number), the tree kernel under a few warp counts, and the
+select kernel with its radix passes or its sorts of W keys left out (kernels.ABLATE_*: timing only) to split its
+time.
 
     python benchmarks/profile_kernels.py --out $OUT/profile_kernels.json
 
@@ -81,6 +83,19 @@ def main(argv=None) -> int:
                 assert torch.equal(got.tokens, ref.tokens) and torch.equal(got.parents, ref.parents)
                 row[f"tree_{kernel}_warps{warps or 'default'}_ms"] = timed(fn, args.repeats)
         kernels._TREE_WARPS = 0
+        # Where the select kernel's time goes: the same launch with its radix passes, its sorts of W keys, or both
+        # left out (wrong trees, timing only); the differences to the full kernel are their costs.
+        full = row["tree_select_warps" + (args.warps.split(",")[0] if args.warps else "default") + "_ms"]
+        for name, ablate in (("no_radix", kernels.ABLATE_RADIX), ("no_sort", kernels.ABLATE_SORT),
+                             ("no_radix_no_sort", kernels.ABLATE_BOTH)):
+            kernels._TREE_WARPS = int(args.warps.split(",")[0]) if args.warps else 0
+            fn = lambda: kernels.build_tree_triton_sort(values, tokens, budget, roots, max_budget=budget,  # noqa
+                                                        radix=True, ablate=ablate)
+            fn()
+            row[f"tree_select_{name}_ms"] = timed(fn, args.repeats)
+            kernels._TREE_WARPS = 0
+        row["tree_select_radix_share"] = round(1 - row["tree_select_no_radix_ms"] / full, 3) if full else None
+        row["tree_select_sort_share"] = round(1 - row["tree_select_no_sort_ms"] / full, 3) if full else None
         rows.append(row)
         print(json.dumps(row), flush=True)
     meta = {"commit": args.commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

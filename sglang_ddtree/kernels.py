@@ -94,13 +94,17 @@ if triton is not None:
         return prefix, k_left
 
     @triton.jit
-    def _top_w_sorted(key, live, scratch, offs_w, W: tl.constexpr):
+    def _top_w_sorted(key, live, scratch, offs_w, W: tl.constexpr, ABLATE: tl.constexpr):
         """The W largest live int64 keys, sorted descending, as a [WP] block (int64 min past W). The high word is
         an order-preserving float key; among equal high words the lower position has the larger low word, so the
         ties at the threshold are taken lowest position first (a cumsum in position order), as a full sort would.
         Why: a full sort of ~W ln W keys per depth dominated the tree build (B=1024: 3.2 ms on an H200)."""
         ukey = (key >> 32) + 2147483648
-        thresh, k_left = _radix_select(ukey, live, W)
+        if ABLATE % 2 == 1:  # profiling only (ABLATE_*): no selection, the first W live keys pass
+            thresh = tl.zeros([], dtype=tl.int64)
+            k_left = tl.zeros([], dtype=tl.int32) + W
+        else:
+            thresh, k_left = _radix_select(ukey, live, W)
         gt = live & (ukey > thresh)
         eq = live & (ukey == thresh)
         # one scan for both running counts (each < 2^16: at most 16384 keys)
@@ -109,18 +113,22 @@ if triton is not None:
         eq_upto = both >> 16
         sel = gt | (eq & (eq_upto <= k_left))
         slot = gt_upto + tl.minimum(eq_upto, k_left) - 1
+        if ABLATE % 2 == 1:  # every live key passed the zero threshold: keep the first W slots
+            sel = sel & (slot < W)
         tl.debug_barrier()
         tl.store(scratch + slot, key, mask=sel)
         tl.debug_barrier()
         top = tl.load(scratch + offs_w, mask=offs_w < W, other=-9223372036854775807 - 1)
+        if ABLATE >= 2:  # profiling only: unsorted
+            return top
         return tl.sort(top, 0, descending=True)
 
     @triton.jit
-    def _best_w(key, live, scratch, offs, offs_w, W: tl.constexpr, RADIX: tl.constexpr):
+    def _best_w(key, live, scratch, offs, offs_w, W: tl.constexpr, RADIX: tl.constexpr, ABLATE: tl.constexpr):
         """The W largest keys, descending, as a [WP] block: radix selection and a sort of W keys (RADIX), or a
         sort of all of them (dead entries must then hold the int64 minimum)."""
         if RADIX:
-            top = _top_w_sorted(key, live, scratch, offs_w, W)
+            top = _top_w_sorted(key, live, scratch, offs_w, W, ABLATE)
         else:
             ordered = tl.sort(key, descending=True)
             tl.debug_barrier()
@@ -135,7 +143,7 @@ if triton is not None:
         scratch_ptr, lvl_key_ptr, lvl_parent_ptr, lvl_rank_ptr, inv_ptr,
         out_tokens_ptr, out_parents_ptr, out_depth_ptr, out_scores_ptr, out_ranks_ptr, out_valid_ptr,
         L: tl.constexpr, K: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, CP: tl.constexpr,
-        SP: tl.constexpr, GP: tl.constexpr, RADIX: tl.constexpr,
+        SP: tl.constexpr, GP: tl.constexpr, RADIX: tl.constexpr, ABLATE: tl.constexpr,
     ):
         """RADIX = False: each depth's W best pairs and the global top-W by full sorts (CP and GP keys);
         RADIX = True: by radix selection (_top_w_sorted), so only W keys are sorted each time."""
@@ -160,7 +168,7 @@ if triton is not None:
         for d in range(1, L):
             cand = tl.gather(prev, pp, 0) + tl.load(vals + d * K + pr, mask=pr < K, other=NEG_INF)
             key = (_float_key(cand).to(tl.int64) << 32) | (CP - 1 - offs_c).to(tl.int64)
-            top = _best_w(key, offs_c >= 0, scratch, offs_c, offs_w, W, RADIX)
+            top = _best_w(key, offs_c >= 0, scratch, offs_c, offs_w, W, RADIX, ABLATE)
             pick = (CP - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
             prev = tl.where(offs_w < W, _key_float((top >> 32).to(tl.int32)), NEG_INF)
             tl.store(lvl_parent + d * WP + offs_w, tl.gather(pp, pick, 0))
@@ -173,7 +181,7 @@ if triton is not None:
         tl.debug_barrier()
         offs_g = tl.arange(0, GP)
         everything = tl.load(lvl_key + offs_g, mask=offs_g < L * WP, other=-(2**63))
-        glob = _best_w(everything, offs_g < L * WP, scratch, offs_g, offs_w, W, RADIX)
+        glob = _best_w(everything, offs_g < L * WP, scratch, offs_g, offs_w, W, RADIX, ABLATE)
         entry = (L * WP - 1 - (glob & 0xFFFFFFFF)).to(tl.int32)
         depth0 = entry // WP
         score = _key_float((glob >> 32).to(tl.int32))
@@ -712,11 +720,15 @@ def build_tree_triton_rank(topk_values: torch.Tensor, topk_tokens: torch.Tensor,
 
 
 def build_tree_triton_sort(topk_values: torch.Tensor, topk_tokens: torch.Tensor, budget, root_tokens: torch.Tensor,
-                           *, prune: float | None = None, max_budget: int | None = None, radix: bool = False
-                           ) -> DraftTree:
+                           *, prune: float | None = None, max_budget: int | None = None, radix: bool = False,
+                           ablate: int = 0) -> DraftTree:
     """Same result as tree.build_tree_from_topk (bit for bit), one kernel launch, one program per request.
     radix=False ("sort"): full sorts of each depth's pairs; radix=True ("select"): radix selection of the best W,
-    then a sort of W keys."""
+    then a sort of W keys. ablate (profiling only, WRONG trees): with radix, ABLATE_RADIX skips the radix passes,
+    ABLATE_SORT the sort of the W selected keys, ABLATE_BOTH both (benchmarks/profile_kernels.py times the
+    differences)."""
+    if ablate not in (0, ABLATE_RADIX, ABLATE_SORT, ABLATE_BOTH) or (ablate and not radix):
+        raise ValueError(f"ablate must be 0 or one of ABLATE_* with radix=True, got {ablate} (radix={radix}).")
     import math
 
     bs, depth_limit, k = topk_values.shape
@@ -739,11 +751,16 @@ def build_tree_triton_sort(topk_values: torch.Tensor, topk_tokens: torch.Tensor,
         budget_t, root_tokens.to(device=device, dtype=torch.int64).contiguous(), log_prune,
         scratch, lvl_key, lvl_parent, lvl_rank, inv,
         out["tokens"], out["parents"], out["depth"], out["scores"], out["ranks"], out["valid"],
-        L=depth_limit, K=k, W=width, WP=wp, CP=cp, SP=sp, GP=gp, RADIX=radix, num_warps=_warps(max(cp, gp)),
+        L=depth_limit, K=k, W=width, WP=wp, CP=cp, SP=sp, GP=gp, RADIX=radix, ABLATE=ablate,
+        num_warps=_warps(max(cp, gp)),
     )
     return DraftTree(out["tokens"], out["parents"], out["depth"], out["scores"], out["ranks"],
                      out["valid"].bool(), depth_limit)
 
+
+# Profiling variants of the select kernel (build_tree_triton_sort(..., ablate=...)): they build WRONG trees and
+# exist only so that the time of a part can be read as a difference (no profiler sees inside one program).
+ABLATE_RADIX, ABLATE_SORT, ABLATE_BOTH = 1, 2, 3
 
 # Warps of the tree-build program (one program per request sorts up to a few thousand keys): 0 = by size (below).
 # SGLANG_DDTREE_TREE_WARPS exists to measure other choices on a GPU (benchmarks/bench_tree.py), read once.

@@ -224,6 +224,18 @@ PROFILE_CHECK = textwrap.dedent(
     assert set(row["topk"]) >= {"group_max", "threshold", "count", "collect", "candidates_topk", "triton_topk_total"}
     assert row["topk"]["candidates_per_row_max"] >= 16
     assert {"tree_sort_warpsdefault_ms", "tree_select_warps4_ms"} <= set(row)
+    assert {"tree_select_no_radix_ms", "tree_select_no_sort_ms", "tree_select_no_radix_no_sort_ms",
+            "tree_select_radix_share", "tree_select_sort_share"} <= set(row)
+    # the ablated variants are for timing only; the real kernel refuses an ablation without the radix path
+    import torch
+    from sglang_ddtree import kernels
+    try:
+        kernels.build_tree_triton_sort(torch.zeros(1, 2, 4), torch.zeros(1, 2, 4, dtype=torch.long), 4,
+                                       torch.zeros(1, dtype=torch.long), ablate=kernels.ABLATE_SORT)
+    except ValueError as e:
+        assert "radix" in str(e)
+    else:
+        raise AssertionError("ablate without radix accepted")
     print("PROFILE-OK")
     """
 )
