@@ -119,9 +119,9 @@ if triton is not None:
         tl.store(scratch + slot, key, mask=sel)
         tl.debug_barrier()
         top = tl.load(scratch + offs_w, mask=offs_w < W, other=-9223372036854775807 - 1)
-        if ABLATE >= 2:  # profiling only: unsorted
-            return top
-        return tl.sort(top, 0, descending=True)
+        if ABLATE < 2:  # (profiling only: ABLATE_SORT / ABLATE_BOTH leave the W keys unsorted)
+            top = tl.sort(top, 0, descending=True)
+        return top
 
     @triton.jit
     def _best_w(key, live, scratch, offs, offs_w, W: tl.constexpr, RADIX: tl.constexpr, ABLATE: tl.constexpr):
