@@ -47,7 +47,7 @@ from typing import Sequence
 
 import torch
 
-from sglang_ddtree.tree import DraftTree, _key_with_tiebreak
+from sglang_ddtree.tree import DraftTree, _key_with_tiebreak, blank_invalid
 
 CHAIN = 0  # candidate "budget" meaning the drafter's top-1 chain of L nodes (the DFLASH chain), verified as is
 DEFAULT_CANDIDATES = (CHAIN, 16, 32, 64, 128, 256)
@@ -220,15 +220,8 @@ def select_by_probs(tree: DraftTree, probs: torch.Tensor, budget: int) -> DraftT
     old_parents = take(tree.parents)
     parents = torch.where(old_parents >= 0, new_of_old.gather(1, old_parents.clamp(min=0)), -1)
     valid = valid & ((parents >= 0) | (torch.arange(budget + 1, device=device) == 0))
-    return DraftTree(
-        tokens=torch.where(valid, take(tree.tokens), 0),
-        parents=torch.where(valid, parents, -1),
-        depth=torch.where(valid, take(tree.depth), 0),
-        scores=torch.where(valid, take(tree.scores), float("-inf")),
-        ranks=torch.where(valid, take(tree.ranks), -1),
-        valid=valid,
-        depth_limit=tree.depth_limit,
-    )
+    return blank_invalid(take(tree.tokens), parents, take(tree.depth), take(tree.scores), take(tree.ranks), valid,
+                         tree.depth_limit)
 
 
 def first_slots(tree: DraftTree, budget: int) -> DraftTree:

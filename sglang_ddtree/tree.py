@@ -282,6 +282,20 @@ def build_tree_from_topk(
                      depth_limit)
 
 
+def blank_invalid(tokens, parents, depth, scores, ranks, valid, depth_limit) -> DraftTree:
+    """A DraftTree whose invalid slots hold the placeholders DraftTree documents (token 0, parent -1, depth 0,
+    score -inf, rank -1), whatever the inputs held there."""
+    return DraftTree(
+        tokens=torch.where(valid, tokens, 0),
+        parents=torch.where(valid, parents, -1),
+        depth=torch.where(valid, depth, 0),
+        scores=torch.where(valid, scores, float("-inf")),
+        ranks=torch.where(valid, ranks, -1),
+        valid=valid,
+        depth_limit=depth_limit,
+    )
+
+
 def _assemble(root_tokens, tokens, parents, depth, scores, ranks, valid, depth_limit) -> DraftTree:
     """Prepend the root and blank out invalid slots."""
     bs = tokens.shape[0]
@@ -293,15 +307,7 @@ def _assemble(root_tokens, tokens, parents, depth, scores, ranks, valid, depth_l
     depth = torch.cat([torch.zeros((bs, 1), dtype=torch.int64, device=device), depth], dim=1)
     scores = torch.cat([torch.zeros((bs, 1), device=device), scores.float()], dim=1)
     ranks = torch.cat([torch.zeros((bs, 1), dtype=torch.int64, device=device), ranks], dim=1)
-    return DraftTree(
-        tokens=torch.where(valid, tokens, 0),
-        parents=torch.where(valid, parents, -1),
-        depth=torch.where(valid, depth, 0),
-        scores=torch.where(valid, scores, float("-inf")),
-        ranks=torch.where(valid, ranks, -1),
-        valid=valid,
-        depth_limit=depth_limit,
-    )
+    return blank_invalid(tokens, parents, depth, scores, ranks, valid, depth_limit)
 
 
 def build_tree(

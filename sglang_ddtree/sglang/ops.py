@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from sglang_ddtree.tree import DraftTree, _key_with_tiebreak, exact_topk
+from sglang_ddtree.tree import DraftTree, _key_with_tiebreak, blank_invalid, exact_topk
 
 
 def local_topk_logprobs(
@@ -324,16 +324,7 @@ def accepted_path_chain(tree: DraftTree, path: torch.Tensor, width: int) -> tupl
     scores = tree.scores.gather(1, nodes)
     ranks = tree.ranks.gather(1, nodes)
     verify = DraftTree(tokens, slot - 1, slot, scores, ranks, torch.ones_like(accepted), tree.depth_limit)
-    walk = DraftTree(
-        tokens=torch.where(accepted, tokens, 0),
-        parents=torch.where(accepted, slot - 1, -1),
-        depth=torch.where(accepted, slot, 0),
-        scores=torch.where(accepted, scores, float("-inf")),
-        ranks=torch.where(accepted, ranks, -1),
-        valid=accepted,
-        depth_limit=tree.depth_limit,
-    )
-    return verify, walk
+    return verify, blank_invalid(tokens, slot - 1, slot, scores, ranks, accepted, tree.depth_limit)
 
 
 def tree_links(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:

@@ -646,22 +646,19 @@ class DDTreeWorker(DFlashWorkerV2):
                             "drafts or bonus)", int(self._oracle_differ), self._oracle_checked)
         return plan, logits_output, can_run_cuda_graph
 
-    def _mamba_slots(self, batch, bs):
-        """The batch's recurrent-state slots, as the hybrid backend resolves them (virtual -> physical)."""
-        pool = self.target_worker.model_runner.req_to_token_pool
-        return pool.translate_mamba_indices(pool.get_mamba_indices(batch.req_pool_indices[:bs]))
-
     def _snapshot_conv(self, batch, bs):
         """The oracle on a hybrid target: a verify rolls each request's live conv state in place (SGLang's conv
         update writes it; the commit then overwrites it from the accepted node's stored window), so the chain
-        re-verify starts from a copy taken before the tree verify (a few KB per request and layer)."""
-        slots = self._mamba_slots(batch, bs)
-        conv = self.target_worker.model_runner.req_to_token_pool.mamba_pool.mamba_cache.conv
-        return slots, [c[:, slots].clone() for c in conv]
+        re-verify starts from a copy taken before the tree verify (a few KB per request and layer). The slots are
+        resolved as the hybrid backend resolves them (virtual -> physical)."""
+        pool = self.target_worker.model_runner.req_to_token_pool
+        slots = pool.translate_mamba_indices(pool.get_mamba_indices(batch.req_pool_indices[:bs]))
+        conv = pool.mamba_pool.mamba_cache.conv
+        return conv, slots, [c[:, slots].clone() for c in conv]
 
-    def _restore_conv(self, saved):
-        slots, copies = saved
-        conv = self.target_worker.model_runner.req_to_token_pool.mamba_pool.mamba_cache.conv
+    @staticmethod
+    def _restore_conv(saved):
+        conv, slots, copies = saved
         for c, copy in zip(conv, copies):
             c[:, slots] = copy
 
