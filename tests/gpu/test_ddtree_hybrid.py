@@ -7,8 +7,8 @@ sglang_ddtree/sglang/scripted.py): the target's greedy continuation (transformer
 rank 0 ("top"), rank 1 ("branch": the walk must take a non-first sibling) or left out ("miss") per output
 position. The reference is the model itself in float32 (transformers on the CPU): the bf16 servers, plain
 decoding included, approximate it (plain decoding's tokens were up to 1.03 nats below its choices in lease 11).
-The checks, at batch 1, 4 and 8, budgets 16 / 64 (CUDA graphs) and 16 eager (128, 256 eager and
-64 with --speculative-ddtree-oracle on request, DDTREE_HYBRID_CONFIGS):
+The checks, at batch 1, 4 and 8, budgets 16 / 64 (CUDA graphs) and 16 eager (any
+hybrid-ddtree-<budget>[-eager][-oracle] on request, DDTREE_HYBRID_CONFIGS):
   - output == plain decoding, except where the float32 model rates DDTREE's token at the first difference no
     worse than plain's (or within FP32_TOL_NATS of its best);
   - every DDTREE token teacher-forced on the float32 model is no further from its choice than plain decoding's
@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import time
 
 import pytest
@@ -139,15 +140,23 @@ def fp32_gaps(exact, prompt, output):
 
 
 # Budgets above 64 only on request: SGLang's tree conv kernel unrolls over the B+1 nodes (tl.static_range), and its
-# verify-graph capture took 108 s at B=64 and had not finished after 5 minutes at B=256 (lease 10); 128 and 256
-# eager have not been tried.
+# verify-graph capture took 108 s at B=64 and had not finished after 5 minutes at B=256 (lease 10); with our tree
+# conv (sglang_ddtree/tree_conv.py, lease 13) 128 with graphs and 256 eager start in ~2 minutes.
 EAGER = "--disable-cuda-graph"
 ORACLE = "--speculative-ddtree-oracle"
-ALL_CONFIGS = {"hybrid-ddtree-16": (16,), "hybrid-ddtree-64": (64,), "hybrid-ddtree-16-eager": (16, EAGER),
-               "hybrid-ddtree-128": (128,), "hybrid-ddtree-256-eager": (256, EAGER),
-               "hybrid-ddtree-64-oracle": (64, ORACLE)}
 DEFAULT_CONFIGS = "hybrid-ddtree-16,hybrid-ddtree-64,hybrid-ddtree-16-eager"
-CONFIGS = {n: ALL_CONFIGS[n] for n in os.environ.get("DDTREE_HYBRID_CONFIGS", DEFAULT_CONFIGS).split(",")}
+CONFIG_NAME = re.compile(r"hybrid-ddtree-(\d+)(-eager)?(-oracle)?")
+
+
+def config_args(name: str) -> tuple:
+    """hybrid-ddtree-<budget>[-eager][-oracle] -> (budget, extra server args...)."""
+    m = CONFIG_NAME.fullmatch(name)
+    if m is None:
+        raise ValueError(f"DDTREE_HYBRID_CONFIGS: {name!r} is not hybrid-ddtree-<budget>[-eager][-oracle]")
+    return (int(m[1]),) + ((EAGER,) if m[2] else ()) + ((ORACLE,) if m[3] else ())
+
+
+CONFIGS = {n: config_args(n) for n in os.environ.get("DDTREE_HYBRID_CONFIGS", DEFAULT_CONFIGS).split(",")}
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +294,7 @@ def test_hybrid_ddtree_is_as_faithful_to_the_fp32_model_as_plain_decoding(name, 
     assert not failures, f"{name}: further from the float32 model than plain decoding:\n" + "\n".join(failures)
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS if ORACLE in ALL_CONFIGS[n]])
+@pytest.mark.parametrize("name", [n for n in CONFIGS if ORACLE in CONFIGS[n]])
 def test_hybrid_oracle_rechecks_every_round_against_a_chain_verify(name, servers, ddtree_outputs, gpu_record):
     """--speculative-ddtree-oracle (on request, DDTREE_HYBRID_CONFIGS): each round's accepted path is verified
     once more as a chain from the pre-round state (conv state restored) and the round commits what that chain
@@ -293,8 +302,6 @@ def test_hybrid_oracle_rechecks_every_round_against_a_chain_verify(name, servers
     differed from it. The output checks above apply to it as to every config; here: the oracle really ran on
     enough rounds, and its disagreement count and its outputs against the fast config of the same budget are
     recorded (bf16 near-ties can make the two verifies differ)."""
-    import re
-
     from sglang_ddtree.sglang.worker import ORACLE_LOG
 
     res = ddtree_outputs[name]
@@ -309,3 +316,8 @@ def test_hybrid_oracle_rechecks_every_round_against_a_chain_verify(name, servers
         same_as_fast = {m: sum(a["output_ids"] == b["output_ids"] for a, b in zip(res[m], fast[m])) for m in MODES}
     gpu_record("hybrid_oracle", config=name, differ=differ, checked=checked, outputs_equal_to_fast=same_as_fast)
     assert checked >= ORACLE_LOG, (checked, differ)
+    # A tree path that committed a wrong state or misread a branch would differ on most rounds that accept one (the
+    # scripted drafts put every third accepted token on a non-first sibling). bf16 near-ties explain a few: plain
+    # and DDTREE outputs first differed at such ties about once per 70 tokens in leases 11-13, so one request-round
+    # in 20 is a generous bound for numerics and far below what a wrong path would give.
+    assert differ <= max(2, checked // 20), f"{name}: {differ} of {checked} request-rounds differ from the chain"
