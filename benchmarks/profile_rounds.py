@@ -44,6 +44,9 @@ def parse_args(argv):
     p.add_argument("--warmup-batches", type=int, default=2,
                    help="batches of 64-token requests before recording (`auto` explores per batch-size bucket and "
                         "captures graphs on first use: lease 11's 2 left captures inside the recorded steps)")
+    p.add_argument("--start-at-tokens", type=int, default=64,
+                   help="start recording once the first request has this many output tokens (same context length "
+                        "for every server)")
     p.add_argument("--prompts-file", default=None, help="text prompts for text setups (bench_budgets.py format)")
     p.add_argument("--start-timeout-s", type=float, default=420.0)
     p.add_argument("--commit", default=None)
@@ -75,19 +78,33 @@ def post(client: HttpClient, path: str, body: dict, timeout_s: float) -> str:
         return resp.read().decode(errors="replace")
 
 
-def profile_one(server, handle, prompts: list[dict], steps: int, trace_dir: Path, warmup_batches: int = 2) -> dict:
-    """prompts: one per concurrent request (the batch size)."""
+def profile_one(server, handle, prompts: list[dict], steps: int, trace_dir: Path, warmup_batches: int = 2,
+                start_at_tokens: int = 64) -> dict:
+    """prompts: one per concurrent request (the batch size). Recording starts once the first request has
+    `start_at_tokens` output tokens, so servers are compared at about the same context length (attention cost grows
+    with it: in lease 14 a one-second sleep instead left it to chance, and the attention kernels of two servers
+    differed by 10%); the request's length at the start and the end of the recording is reported."""
     client = handle.client()
     sampling = {"temperature": 0.0, "ignore_eos": True}
-    long_tokens = min(16 * (steps + 30), 2048)
+    long_tokens = min(16 * (steps + 30) + start_at_tokens, 2048)
     results: dict = {}
+    reached = threading.Event()
+    lengths: dict[str, int] = {}
 
-    def generate(i: int, tokens: int, timeout_s: float):
+    def progress(result):
+        n = len(result.output_ids or [])
+        if n >= start_at_tokens:
+            reached.set()
+        lengths["last"] = n
+
+    def generate(i: int, tokens: int, timeout_s: float, on_chunk=None):
         results[i] = client.generate_stream({**prompts[i], "sampling_params": {**sampling,
-                                                                               "max_new_tokens": tokens}}, timeout_s)
+                                                                               "max_new_tokens": tokens}},
+                                            timeout_s, on_chunk=on_chunk)
 
-    def start_all(tokens: int, timeout_s: float) -> list[threading.Thread]:
-        threads = [threading.Thread(target=generate, args=(i, tokens, timeout_s), daemon=True)
+    def start_all(tokens: int, timeout_s: float, watch: bool = False) -> list[threading.Thread]:
+        threads = [threading.Thread(target=generate, args=(i, tokens, timeout_s, progress if watch and i == 0
+                                                           else None), daemon=True)
                    for i in range(len(prompts))]
         for t in threads:
             t.start()
@@ -100,8 +117,10 @@ def profile_one(server, handle, prompts: list[dict], steps: int, trace_dir: Path
         if errors:
             raise RuntimeError(f"warm-up request failed: {errors[0]}")
     results.clear()
-    workers = start_all(long_tokens, 600)
-    time.sleep(1.0)  # decoding has started
+    workers = start_all(long_tokens, 600, watch=True)
+    if not reached.wait(120):
+        raise RuntimeError(f"the profiled request did not reach {start_at_tokens} tokens in 120 s")
+    at_start = lengths.get("last", 0)
     out_dir = trace_dir / f"raw-{server.name}"
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -114,6 +133,7 @@ def profile_one(server, handle, prompts: list[dict], steps: int, trace_dir: Path
         if files:
             break
         time.sleep(1.0)
+    at_end = lengths.get("last", 0)
     if not files:
         raise RuntimeError(f"no trace written under {out_dir} (start_profile said: {reply.strip()[:200]})")
     time.sleep(2.0)  # export finishing
@@ -128,6 +148,8 @@ def profile_one(server, handle, prompts: list[dict], steps: int, trace_dir: Path
     shutil.rmtree(out_dir, ignore_errors=True)
     analysis = trace.analyze(trace.load(dest), steps)
     return {"trace": dest.name, "batch_size": len(prompts), "profiled_request_tokens": len(gen.output_ids or []),
+            "request_tokens_at_profile_start": at_start, "request_tokens_when_trace_written": at_end,
+            "prompt_tokens": len(prompts[0].get("input_ids") or []) or None,
             "tokens_per_round_in_request": (gen.meta or {}).get("spec_accept_length"), **analysis}
 
 
@@ -161,7 +183,7 @@ def main(argv=None) -> int:
                            if setup.prompt_kind == "ids" else text_prompts(args.batch_size, args.prompts_file))
                 try:
                     entry.update(profile_one(server, handles[server.name], prompts, args.steps, trace_dir,
-                                             args.warmup_batches))
+                                             args.warmup_batches, args.start_at_tokens))
                     print(f"[profile] {server.name}: wall {entry['wall_ms']:.3f} ms/step, GPU busy "
                           f"{entry['gpu_busy_ms']:.3f}, idle {entry['gpu_idle_ms']:.3f}; ranges "
                           + ", ".join(f"{k} host {v['host_ms']:.3f}/gpu {v['gpu_ms']:.3f}"

@@ -126,3 +126,60 @@ def test_profile_rounds_at_a_batch_size_with_auto():
     assert int(auto[auto.index("--max-running-requests") + 1]) >= 16
     with pytest.raises(SystemExit):
         mod.parse_args(["--out", "/tmp/x", "--batch-size", "0"])
+
+
+def test_profile_one_starts_recording_at_a_token_count(tmp_path, monkeypatch):
+    """profile_one waits until the first request has --start-at-tokens output tokens before /start_profile (lease
+    14: a fixed sleep left the context length, and so the attention cost, to chance), and reports the request's
+    length then and when the trace appeared. A fake server streams one token every millisecond."""
+    import json
+    import threading
+    import time
+
+    from sglang_ddtree.bench.measure import RequestResult
+
+    mod = profile_rounds_module()
+    state = {"tokens_at_start_profile": None, "streamed": 0}
+    lock = threading.Lock()
+
+    class FakeClient:
+        def generate_stream(self, payload, timeout_s, index=0, on_chunk=None):
+            result = RequestResult(index=index, t_send=0.0)
+            for n in range(1, payload["sampling_params"]["max_new_tokens"] + 1):
+                time.sleep(0.001)
+                result.output_ids = list(range(n))
+                with lock:
+                    state["streamed"] = max(state["streamed"], n)
+                if on_chunk is not None:
+                    on_chunk(result)
+            result.meta = {"spec_accept_length": 1.0}
+            return result
+
+        def _open(self, path, body, timeout_s):
+            import contextlib
+            import io
+
+            assert path == "/start_profile"
+            with lock:
+                state["tokens_at_start_profile"] = state["streamed"]
+            out = tmp_path / "traces" / "raw-fake"
+            (out / "x.trace.json.gz").write_bytes(b"")
+            return contextlib.closing(io.BytesIO(b"ok"))
+
+    class Handle:
+        def client(self):
+            return FakeClient()
+
+    class Server:
+        name = "fake"
+
+    trace_dir = tmp_path / "traces"
+    trace_dir.mkdir()
+    monkeypatch.setattr(mod.trace, "load", lambda path: {"path": str(path)})
+    monkeypatch.setattr(mod.trace, "analyze", lambda tr, steps: {"wall_ms": 1.0, "steps": steps})
+    got = mod.profile_one(Server(), Handle(), [{"input_ids": [1, 2, 3]}], steps=2, trace_dir=trace_dir,
+                          warmup_batches=1, start_at_tokens=40)
+    assert state["tokens_at_start_profile"] >= 40
+    assert 40 <= got["request_tokens_at_profile_start"] <= got["request_tokens_when_trace_written"]
+    assert got["prompt_tokens"] == 3 and got["wall_ms"] == 1.0
+    assert json.dumps(got)  # the report stays plain JSON

@@ -69,7 +69,8 @@ class HttpClient:
                                      headers={"Content-Type": "application/json"} if data else {})
         return self._opener.open(req, timeout=timeout_s)
 
-    def generate_stream(self, payload: dict, timeout_s: float, index: int = 0) -> RequestResult:
+    def generate_stream(self, payload: dict, timeout_s: float, index: int = 0, on_chunk=None) -> RequestResult:
+        """on_chunk(result): called after each streamed chunk (e.g. to act once a request reached some length)."""
         result = RequestResult(index=index, t_send=self.clock())
         try:
             with self._open("/generate", {**payload, "stream": True}, timeout_s) as resp:
@@ -93,6 +94,8 @@ class HttpClient:
                     result.meta = meta
                     if chunk.get("output_ids") is not None:
                         result.output_ids = chunk["output_ids"]
+                    if on_chunk is not None:
+                        on_chunk(result)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             detail = exc.read().decode(errors="replace")[:500] if isinstance(exc, urllib.error.HTTPError) else ""
             result.error = f"{type(exc).__name__}: {exc} {detail}".strip()
