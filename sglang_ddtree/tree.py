@@ -399,13 +399,32 @@ def chain_tree(draft_logprobs: torch.Tensor, root_tokens: torch.Tensor) -> Draft
     return chain_tree_from_topk(*topk_draft(draft_logprobs, 1), root_tokens)
 
 
+# (bs, L, device) -> the chain's parents, depth, ranks and valid [bs, L+1]: the same for every chain of that shape.
+# Made once (outside any CUDA-graph capture: a graphed stage's eager warm-up call makes them), so a chain round's
+# graph replays no kernels for them. Read-only: no DraftTree consumer writes a tree's tensors.
+_CHAIN_SLOTS: dict[tuple, tuple[torch.Tensor, ...]] = {}
+
+
+def _chain_slots(bs: int, depth_limit: int, device) -> tuple[torch.Tensor, ...]:
+    key = (bs, depth_limit, str(device))
+    slots = _CHAIN_SLOTS.get(key)
+    if slots is None:
+        depth = torch.arange(depth_limit + 1, device=device).expand(bs, depth_limit + 1).contiguous()
+        slots = (depth - 1, depth, torch.zeros_like(depth), torch.ones_like(depth, dtype=torch.bool),
+                 torch.zeros((bs, 1), dtype=torch.float32, device=device))
+        if len(_CHAIN_SLOTS) > 256:  # bounded: batch sizes x devices of one process
+            _CHAIN_SLOTS.clear()
+        _CHAIN_SLOTS[key] = slots
+    return slots
+
+
 def chain_tree_from_topk(values: torch.Tensor, tokens: torch.Tensor, root_tokens: torch.Tensor) -> DraftTree:
-    """chain_tree from top-K draft log-probs and ids [bs, L, K] (column 0 = the top-1, as topk_draft returns)."""
+    """chain_tree from top-K draft log-probs and ids [bs, L, K] (column 0 = the top-1, as topk_draft returns).
+    Every slot is valid: node d (depth d) is the top-1 at depth d, child of node d-1. Two kernels (tokens, scores):
+    the chain is `auto`'s most frequent round at large batch sizes, where each small kernel costs."""
     bs, depth_limit, _ = values.shape
     device = values.device
-    scores = values[:, :, 0].cumsum(dim=1)
-    depth = torch.arange(1, depth_limit + 1, device=device).expand(bs, depth_limit)
-    parents = torch.arange(0, depth_limit, device=device).expand(bs, depth_limit)
-    ranks = torch.zeros((bs, depth_limit), dtype=torch.int64, device=device)
-    valid = torch.ones((bs, depth_limit), dtype=torch.bool, device=device)
-    return _assemble(root_tokens, tokens[:, :, 0], parents, depth, scores, ranks, valid, depth_limit)
+    parents, depth, ranks, valid, zero = _chain_slots(bs, depth_limit, device)
+    scores = torch.cat([zero, values[:, :, 0].cumsum(dim=1).float()], dim=1)
+    ids = torch.cat([root_tokens.to(device=device, dtype=torch.int64).view(bs, 1), tokens[:, :, 0].long()], dim=1)
+    return DraftTree(ids, parents, depth, scores, ranks, valid, depth_limit)

@@ -74,3 +74,37 @@ def test_draft_top1_stage_is_the_first_column_of_the_top_k():
     assert torch.equal(top1_tokens, tokens[:, :, :1])
     assert torch.equal(top1_values, values[:, :, :1])
     assert (top1_tokens == 1005).sum() > 0 and (top1_tokens == 1017).sum() == 0  # the tie really occurs
+
+
+def test_top1_chain_plan_equals_the_general_plan_of_a_chain():
+    """walk_commit_plan(top1_chain=True) (auto's chain candidate) leaves out the KV moves and the branch counts; on
+    a top-1 chain the general plan's moves are all self-copies and its branch counts zeros, and every other output
+    is the same. Choices that follow the chain to different depths (none, some, all)."""
+    from sglang_ddtree.tree import chain_tree_from_topk
+
+    torch.manual_seed(2)
+    bs, block = 3, 16
+    values, tokens = torch.randn(bs, block - 1, 4).log_softmax(-1).sort(-1, descending=True)[0], \
+        torch.randint(0, 50, (bs, block - 1, 4))
+    roots = torch.randint(0, 50, (bs,))
+    prefix = torch.tensor([5, 40, 11])
+    chain = chain_tree_from_topk(values, tokens, roots)
+    choice = torch.roll(chain.tokens, -1, dims=1)  # the chain's own next token everywhere: all accepted
+    choice[1, 4] = (choice[1, 4] + 1) % 50  # request 1 stops after 4 drafts
+    choice[2, 0] = (choice[2, 0] + 1) % 50  # request 2 accepts none
+    slots = torch.arange(bs * block).view(bs, block) * 3 + 100
+    summary = torch.tensor([True, False])
+    for with_summary in summary.tolist():
+        args = (block, False, with_summary, chain.tokens, chain.parents, chain.depth, chain.scores, chain.ranks,
+                chain.valid, choice, slots, prefix)
+        fast = ops.walk_commit_plan(*args, auto=((0, 16), 0), top1_chain=True)
+        full = ops.walk_commit_plan(*args, auto=((0, 16), 0))
+        assert fast.walk.accept_len.tolist() == [15, 4, 0]
+        assert fast.kv_dest is None and fast.kv_src is None
+        assert torch.equal(full.kv_dest, full.kv_src)  # a chain's accepted KV is already in place
+        assert torch.equal(fast.branch_lens, full.branch_lens) and int(full.branch_lens.sum()) == 0
+        for name in ("commit_lens", "new_seq_lens", "draft_cache_loc", "draft_positions", "out_tokens", "observed"):
+            assert torch.equal(getattr(fast, name), getattr(full, name)), name
+        assert (fast.summary is None) == (not with_summary)
+        if with_summary:
+            assert torch.equal(fast.summary, full.summary)

@@ -275,24 +275,59 @@ def test_observed_tokens_equal_walking_each_smaller_tree():
         float((chain_walk.accept_len + 1).sum()), 0.0, 0.0, 0.0]
 
 
-def test_sampling_backs_off_only_while_the_chain_leads_every_tree_by_far():
-    """Sampled rounds (top-K and tree at the largest budget) every SAMPLE_EVERY rounds while a tree could win or
-    nothing is known; every SAMPLE_EVERY_IDLE rounds once the chain's rate beats every tree's best case by more
-    than CLOSE; back to SAMPLE_EVERY when the trees catch up."""
-    from sglang_ddtree.sglang.auto import CLOSE, SAMPLE_EVERY, SAMPLE_EVERY_IDLE
+def test_sampling_backs_off_while_the_chain_leads_or_runs():
+    """Sampled rounds (top-K and tree at the largest budget) every SAMPLE_EVERY rounds while nothing is known or a
+    tree is being chosen; every SAMPLE_EVERY_IDLE rounds once the chain's rate beats every tree's best case by more
+    than CLOSE, or once the chain has been chosen in all but CHAIN_RUN_OTHERS of the bucket's last CHAIN_RUN rounds
+    (trees close in their best case but never winning: lease 14's dummy 8B drafter); back to SAMPLE_EVERY when a
+    tree wins rounds again."""
+    from sglang_ddtree.sglang.auto import CHAIN_RUN, CLOSE, SAMPLE_EVERY, SAMPLE_EVERY_IDLE
 
     assert SAMPLE_EVERY_IDLE % SAMPLE_EVERY == 0 and SAMPLE_EVERY_IDLE > SAMPLE_EVERY
     policy = AutoBudgetPolicy([CHAIN, 16, 32], explore=2, probe_every=1000)
     assert policy.sample_interval(1) == SAMPLE_EVERY  # nothing measured
     # chain 0.2 tokens/ms; the 16-tree at best 2.05 / (20 x 0.9) = 0.114 < (1 - CLOSE) x 0.2; the 32-tree unexplored,
     # bounded by the narrower ones' dearest time
-    run_policy(policy, 1, [2.0, 2.05, 2.1], [10.0, 20.0, 30.0], rounds=60)
+    picks = run_policy(policy, 1, [2.0, 2.05, 2.1], [10.0, 20.0, 30.0], rounds=20)
     assert 2.05 / (20.0 * 0.9) < (1 - CLOSE) * 0.2
-    assert policy.sample_interval(1) == SAMPLE_EVERY_IDLE
+    assert len(picks) < CHAIN_RUN and policy.sample_interval(1) == SAMPLE_EVERY_IDLE  # by CLOSE, before any run
     assert policy.sample_interval(8) == SAMPLE_EVERY  # another batch-size bucket knows nothing yet
-    # the trees become worth it: their tokens rise, the chain's stay
-    run_policy(policy, 1, [2.0, 3.5, 4.0], [10.0, 20.0, 30.0], rounds=400)
+    # the trees win: the 16-tree's rate 5 / 20 = 0.25 beats the chain's, it is chosen, sampling resumes
+    picks = run_policy(policy, 1, [2.0, 5.0, 5.5], [10.0, 20.0, 30.0], rounds=400)
+    assert picks[-1] == 1 and policy.sample_interval(1) == SAMPLE_EVERY
+
+    # Trees close in their best case, never chosen: 3.5 / (20 x 0.9) = 0.194 >= (1 - CLOSE) x 0.2, so CLOSE alone
+    # keeps sampling often; the chain's run backs it off once CHAIN_RUN rounds were (nearly) all the chain.
+    policy = AutoBudgetPolicy([CHAIN, 16, 32], explore=2, probe_every=1000)
+    picks = run_policy(policy, 1, [2.0, 3.5, 4.0], [10.0, 20.0, 30.0], rounds=8)
+    assert 3.5 / (20.0 * 0.9) >= (1 - CLOSE) * 0.2 and 1 in picks  # explored, lost
     assert policy.sample_interval(1) == SAMPLE_EVERY
+    picks = run_policy(policy, 1, [2.0, 3.5, 4.0], [10.0, 20.0, 30.0], rounds=CHAIN_RUN)
+    assert set(picks) == {0} and policy.sample_interval(1) == SAMPLE_EVERY_IDLE
+
+
+def test_a_sparse_sample_weighs_as_the_samples_it_stands_for():
+    """Expectations come from sampled rounds only; one sampled round after n rounds moves the decayed means as
+    n / SAMPLE_EVERY samples would, so backing off to SAMPLE_EVERY_IDLE does not slow how fast they follow the
+    drafter (in rounds)."""
+    from sglang_ddtree.sglang.auto import SAMPLE_EVERY, SAMPLE_EVERY_IDLE
+
+    def after(every, rounds):
+        policy = AutoBudgetPolicy([CHAIN, 16], half_life_rounds=20.0)
+        for r in range(rounds):
+            sampled = r % every == 0
+            value = 1.0 if r < rounds // 2 else 3.0  # the drafter changes half way
+            policy.observe(1, 0, 1, 5.0, [value, value] if sampled else None, [value, None] if sampled else None)
+        return policy.expected[1].mean()
+
+    dense, sparse = after(SAMPLE_EVERY, 320), after(SAMPLE_EVERY_IDLE, 320)
+    assert 2.0 < dense < 3.0 and 2.0 < sparse < 3.0
+    assert sparse == pytest.approx(dense, abs=0.15)
+    # unweighted, the sparse means would lag far behind: 10 samples of 1.0 then 10 of 3.0 at the same decay
+    slow = AutoBudgetPolicy([CHAIN, 16], half_life_rounds=20.0)
+    for value in [1.0] * 10 + [3.0] * 10:
+        slow.expected[1].add(value, 1.0, slow.keep)
+    assert slow.expected[1].mean() < sparse - 0.2
 
 
 def run_noisy(seed, base, tokens, expected, rounds, batch, noise, outlier, lag=2):

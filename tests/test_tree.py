@@ -232,6 +232,16 @@ def test_chain_tree_is_the_top1_path():
     assert chain.parents[0].tolist() == [-1] + list(range(15))
     one = build_tree(lp, 1, torch.tensor([4, 5]))  # budget 1 = the first chain node only
     assert torch.equal(one.tokens, chain.tokens[:, :2])
+    assert torch.equal(chain.tokens[:, 0], torch.tensor([4, 5]))
+    assert torch.equal(chain.depth, torch.arange(16).expand(2, 16))
+    assert torch.equal(chain.ranks, torch.zeros(2, 16, dtype=torch.int64)) and bool(chain.valid.all())
+    expected = torch.cat([torch.zeros(2, 1), lp.max(-1).values.cumsum(1)], dim=1)
+    assert torch.allclose(chain.scores, expected) and chain.scores.dtype == torch.float32
+    # the slot tensors are shared by chains of one shape (made once); tokens and scores are each chain's own
+    other = chain_tree(random_logprobs(gen, 2, 15, 11), torch.tensor([7, 8]))
+    assert other.parents is chain.parents and other.depth is chain.depth
+    assert torch.equal(chain.tokens[:, 0], torch.tensor([4, 5])) and torch.equal(other.tokens[:, 0], torch.tensor([7, 8]))
+    assert not torch.equal(other.scores, chain.scores)
 
 
 def test_bad_input_is_refused_with_value_errors():

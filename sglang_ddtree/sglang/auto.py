@@ -1,8 +1,8 @@
 """`--speculative-ddtree-budget auto` in the SGLang worker: one candidate budget per round, chosen on the host
 without a host sync.
 
-What the GPU gives (DDTreeWorker): on a sampled round (one in SAMPLE_EVERY) the tree is built at the largest
-candidate budget and `adaptive.expected_acceptance` gives every candidate's expected committed tokens (summed over
+What the GPU gives (DDTreeWorker): on a sampled round (one in SAMPLE_EVERY; one in SAMPLE_EVERY_IDLE while the
+chain leads or runs) the tree is built at the largest candidate budget and `adaptive.expected_acceptance` gives every candidate's expected committed tokens (summed over
 the batch, the drafter's raw scores); after the walk, the committed tokens of the chosen candidate and of every
 smaller tree candidate (`adaptive.subtree_accept_lengths`: exact, the target's choice at a node does not depend on
 which other nodes were verified). Every round gives its chained CUDA-event times (sum = GPU ms per round, host gaps
@@ -47,6 +47,13 @@ from sglang_ddtree.adaptive import CHAIN, candidate_label
 SAMPLE_EVERY = 4
 SAMPLE_EVERY_IDLE = 16
 CLOSE = 0.25
+# ... and also while the chain has been chosen in all but CHAIN_RUN_OTHERS of the bucket's last CHAIN_RUN rounds
+# (probes and exploration aside). A drafter that is never right (dummy weights) keeps the 16-tree's best case near
+# the chain's rate at batch 1-16 (its verify costs barely more, its expectation is the chain's), so the CLOSE test
+# alone kept sampling one round in 4 there: lease 14's 8B batch-16 profile, 8 sampled rounds of 30, each building
+# the top-K and tree at B = 128. Expected saving at 8B shapes, batch 16: ~0.06 ms a round.
+CHAIN_RUN = 32
+CHAIN_RUN_OTHERS = 2
 
 # Relative timing noise the chooser allows for when it bounds a candidate's round time (_cost_floor). An allowance,
 # not a measurement: whole runs of one tiny-pair configuration moved 10-20% in lease 10 (sweep_auto_lease10.jsonl);
@@ -90,6 +97,7 @@ class _Bucket:
     waited: list[int]  # rounds exploration waited for the candidate's first timed round
     recent: list[collections.deque]  # the last RECENT measured round ms per candidate
     rounds: int = 0
+    last_choices: collections.deque = field(default_factory=lambda: collections.deque(maxlen=CHAIN_RUN))
 
 
 @dataclass
@@ -105,6 +113,7 @@ class AutoBudgetPolicy:
     buckets: dict[int, _Bucket] = field(default_factory=dict)
     chosen_total: list[int] = field(default_factory=list)
     rounds_observed: int = 0
+    _last_sampled: int = 0  # rounds_observed at the last round that carried expectations
 
     def __post_init__(self):
         self.candidates = [int(c) for c in self.candidates]
@@ -247,14 +256,19 @@ class AutoBudgetPolicy:
         if choice is None:
             choice = best if best is not None else 0
         b.tried[choice] += 1
+        b.last_choices.append(choice)
         self.chosen_total[choice] += 1
         return choice
 
     def sample_interval(self, bucket: int) -> int:
         """Rounds between sampled rounds (SAMPLE_EVERY_IDLE divides by SAMPLE_EVERY, so a round counter modulo
-        either stays in step): SAMPLE_EVERY_IDLE only when the chain's rate is known and beats every tree
-        candidate's best case (_best_case_rate) by more than CLOSE."""
+        either stays in step): SAMPLE_EVERY_IDLE when the bucket's last CHAIN_RUN choices were the chain but for at
+        most CHAIN_RUN_OTHERS, or when the chain's rate is known and beats every tree candidate's best case
+        (_best_case_rate) by more than CLOSE."""
         b = self._bucket(bucket)
+        if (len(b.last_choices) == CHAIN_RUN
+                and sum(c != 0 for c in b.last_choices) <= CHAIN_RUN_OTHERS):  # index 0 is the chain
+            return SAMPLE_EVERY_IDLE
         rates = self.rates(bucket)
         if rates[0] is None:
             return SAMPLE_EVERY
@@ -278,13 +292,20 @@ class AutoBudgetPolicy:
             b.recent[chosen].append(round_ms)
             b.measured[chosen] += 1
             b.last_measured[chosen] = b.rounds
-        for i, e in enumerate(expected_sum or []):
-            self.expected[i].add(e / batch_size, 1.0, keep)
-            o = observed_sum[i]
-            if o is not None:
-                self.observed[i].add(o / batch_size, 1.0, keep)
-                self.observed_expected[i].add(e / batch_size, 1.0, keep)
         self.rounds_observed += 1
+        if expected_sum:
+            # One sampled round stands for the SAMPLE_EVERY-round stretches since the last one, so the decayed
+            # means follow the drafter at the same pace in rounds whether sampling is at SAMPLE_EVERY or
+            # SAMPLE_EVERY_IDLE (weight k and keep^k: k identical samples).
+            k = max(1.0, (self.rounds_observed - self._last_sampled) / SAMPLE_EVERY)
+            self._last_sampled = self.rounds_observed
+            keep_k = keep ** k
+            for i, e in enumerate(expected_sum):
+                self.expected[i].add(e / batch_size, k, keep_k)
+                o = observed_sum[i]
+                if o is not None:
+                    self.observed[i].add(o / batch_size, k, keep_k)
+                    self.observed_expected[i].add(e / batch_size, k, keep_k)
 
     def export(self) -> dict:
         """The chooser's state, for logs and the debug dump."""

@@ -271,8 +271,8 @@ class CommitPlan:
     walk: object  # walk.WalkResult
     commit_lens: torch.Tensor  # [bs] int32: accepted draft tokens + the bonus
     new_seq_lens: torch.Tensor  # [bs] committed lengths after the round (prefix_lens' dtype)
-    kv_dest: torch.Tensor  # flat slots the accepted path's KV moves to (accepted_kv_moves)
-    kv_src: torch.Tensor
+    kv_dest: torch.Tensor | None  # flat slots the accepted path's KV moves to (accepted_kv_moves); None: a chain
+    kv_src: torch.Tensor | None
     draft_cache_loc: torch.Tensor  # [bs, P] slots of positions prefix .. prefix+P-1, P = min(block, N)
     draft_positions: torch.Tensor  # [bs * P] those positions
     out_tokens: torch.Tensor  # [bs, block] accepted tokens then the bonus, -1 padding clamped to 0
@@ -282,9 +282,14 @@ class CommitPlan:
 
 
 def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tokens, parents, depth, scores, ranks,
-                     valid, choices, node_cache_loc, prefix_lens, auto: tuple | None = None) -> CommitPlan:
+                     valid, choices, node_cache_loc, prefix_lens, auto: tuple | None = None,
+                     top1_chain: bool = False) -> CommitPlan:
     """The walk (target choices -> accepted path) and the commit's slot and position arithmetic.
-    auto: (candidates, chosen budget) of an `auto` round, for the observed tokens of the candidates."""
+    auto: (candidates, chosen budget) of an `auto` round, for the observed tokens of the candidates.
+    top1_chain: the tree is the drafter's top-1 chain (`auto`'s chain candidate, tree.chain_tree_from_topk): its
+    accepted nodes already sit at consecutive slots (no KV moves: kv_dest / kv_src None) and none is off the top-1
+    (branch_lens zeros), so the ~17 small kernels computing those are left out of the round (lease 14: at 8B shapes,
+    batch 16, auto's chain round ran ~100 kernels more than DFLASH's)."""
     from sglang_ddtree import kernels
     from sglang_ddtree.walk import walk_choices
 
@@ -292,12 +297,12 @@ def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tok
     walk = kernels.walk_triton(tree, choices) if use_kernels else walk_choices(tree, choices)
     commit_lens = (walk.accept_len + 1).to(torch.int32)
     new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
-    dest, src = accepted_kv_moves(walk.path, node_cache_loc)
+    dest, src = (None, None) if top1_chain else accepted_kv_moves(walk.path, node_cache_loc)
     path_len = min(block_size, node_cache_loc.shape[1])
     positions = prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(path_len, device=prefix_lens.device)
     from sglang_ddtree.sglang.stats import branch_counts, round_summary_vector
 
-    branch_lens = branch_counts(tree, walk)
+    branch_lens = (torch.zeros_like(commit_lens) if top1_chain else branch_counts(tree, walk))
     summary = round_summary_vector(tree, walk, branch_lens) if with_summary else None
     observed = observed_tokens(auto[0], auto[1], tree, walk) if auto is not None else None
     return CommitPlan(walk, commit_lens, new_seq_lens, dest, src, node_cache_loc[:, :path_len].contiguous(),

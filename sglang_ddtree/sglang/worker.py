@@ -274,7 +274,7 @@ class DDTreeWorker(DFlashWorkerV2):
             # one walk stage per tree stage: a stage borrows its inputs from exactly one producer (graphs.py)
             walk_stages.append({sampled: GraphedStage(
                 partial(ops.walk_commit_plan, self.block_size, self.use_kernels, self.stats.prometheus is not None,
-                        auto=(candidates, c)),
+                        auto=(candidates, c), top1_chain=c == CHAIN),
                 name=f"auto walk {candidate_label(c)}{' sampled' if sampled else ''}", enabled=self.round_graphs,
                 borrow=(0, 1, 2, 3, 4, 5)) for sampled in (True, False)})
         policy = AutoBudgetPolicy(list(candidates), widths=widths)
@@ -711,7 +711,8 @@ class DDTreeWorker(DFlashWorkerV2):
         # Rows 0..P-1, P = min(16, B+1): at most that many KV entries can be committed in a round.
         path_len = plan.draft_cache_loc.shape[1]
         hidden = target_hidden.view(bs, width, -1)
-        path_hidden = ops.gather_path_rows(hidden, plan.walk.path)[:, :path_len]
+        # A chain's accepted rows are its first ones, as DFLASH reads them (rows past commit_lens are not written)
+        path_hidden = hidden[:, :path_len] if chain else ops.gather_path_rows(hidden, plan.walk.path)[:, :path_len]
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=path_hidden.reshape(bs * path_len, -1),
             cache_loc=plan.draft_cache_loc.reshape(-1),
