@@ -1,13 +1,14 @@
 """`--speculative-ddtree-budget auto` in the SGLang worker: one candidate budget per round, chosen on the host
 without a host sync.
 
-What the GPU gives (DDTreeWorker): on a sampled round (one in SAMPLE_EVERY; one in SAMPLE_EVERY_IDLE while the
-chain leads or runs) the tree is built at the largest candidate budget and `adaptive.expected_acceptance` gives
-every candidate's expected committed tokens (summed over the batch, the drafter's raw scores); after the walk, the
-committed tokens of the chosen candidate and of every smaller tree candidate (`adaptive.subtree_accept_lengths`: exact, the target's choice at a node does not depend on
-which other nodes were verified). Every round gives its chained CUDA-event times (sum = GPU ms per round, host gaps
-included as `between`), except rounds that did one-time work (graph captures), whose time is dropped. All of it
-reaches the host through pinned buffers and events (`AutoFeedback`), a round or two late.
+What the GPU gives (DDTreeWorker): on a sampled round (one in SAMPLE_EVERY; one in SAMPLE_EVERY_IDLE while the chain
+leads or runs) the tree is built at the largest candidate budget and `adaptive.expected_acceptance` gives every
+candidate's expected committed tokens (summed over the batch, the drafter's raw scores); after the walk, the
+committed tokens of the chosen candidate and of every smaller tree candidate (`adaptive.subtree_accept_lengths`:
+exact, the target's choice at a node does not depend on which other nodes were verified). Every round gives its
+chained CUDA-event times (sum = GPU ms per round, host gaps included as `between`), except rounds that did one-time
+work (graph captures), whose time is dropped. All of it reaches the host through pinned buffers and events
+(`AutoFeedback`), a round or two late.
 
 What the host decides (`AutoBudgetPolicy.choose`), per batch-size bucket (the CUDA-graph batch size the round
 pads to, since verify cost follows it):
