@@ -154,6 +154,11 @@ def main(argv=None):
     ap.add_argument("--batch-sizes", default="1,8,32")
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--depth", type=int, default=15)
+    ap.add_argument("--draft-scale", type=float, default=4.0,
+                    help="the drafter's logits are randn x this: 4 = an unsure drafter (top-1 p ~0.24, trees about "
+                         "4 deep at B = 256), 12 = a confident one (top-1 p ~0.72, trees 15 deep at B = 256 and "
+                         "1024). The tree kernels stop at the last depth that can enter the tree, so their time "
+                         "depends on it; rows record the tree's depth")
     ap.add_argument("--repeats", type=int, default=0, help="timed repetitions (default 50 on CUDA, 5 on CPU)")
     ap.add_argument("--choice-mem-limit-gb", type=float, default=0.0,
                     help="time the target argmax (`choice`) only when its logits fit (default 8 on CUDA, 0 on CPU)")
@@ -178,8 +183,27 @@ def main(argv=None):
         raise SystemExit("--impls triton needs --device cuda (or TRITON_INTERPRET=1, which checks but times nothing "
                          "worth reading)")
     total = len(budgets) * len(batch_sizes)
+    meta = {
+        "command": " ".join(["python", "benchmarks/bench_tree.py"] + (argv if argv is not None else sys.argv[1:])),
+        "commit": args.commit or git_commit(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "device_name": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "repeats": repeats,
+        "draft_scale": args.draft_scale,
+        "tree_warps_override": os.environ.get("SGLANG_DDTREE_TREE_WARPS"),
+        "timing": "median of repeats; CUDA: events, eager and one CUDA-graph replay; CPU: perf_counter",
+    }
+
+    def write(complete: bool) -> None:
+        """The rows so far (after every row: a run cut short by a time limit keeps what it measured)."""
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"meta": {**meta, "complete": complete}, "rows": rows}, indent=1))
+
     for bs in batch_sizes:
-        draft_logits = (torch.randn(bs, args.depth, args.vocab, generator=gen) * 4).to(device, torch.bfloat16)
+        draft_logits = (torch.randn(bs, args.depth, args.vocab, generator=gen) * args.draft_scale).to(
+            device, torch.bfloat16)
         roots = torch.randint(0, args.vocab, (bs,), generator=gen).to(device)
         start = torch.full((bs,), PREFIX, dtype=torch.long, device=device)
         for budget in budgets:
@@ -190,7 +214,8 @@ def main(argv=None):
             first_child = retrieve_arrays(ref_tree)[1]
             choice = torch.where(first_child >= 0, ref_tree.tokens.gather(1, first_child.clamp(min=0)), 0)
             row = {"device": str(device), "batch_size": bs, "budget": budget, "vocab": args.vocab,
-                   "depth": args.depth, "prefix": PREFIX}
+                   "depth": args.depth, "prefix": PREFIX, "draft_scale": args.draft_scale,
+                   "tree_depth_max": int(ref_tree.depth.max())}
             values, tokens = topk()
             timers = {"eager": time_cuda if cuda else time_cpu}
             if cuda:
@@ -230,6 +255,7 @@ def main(argv=None):
                 row["choice_ms"] = (time_cuda if cuda else time_cpu)(lambda: target_logits.argmax(-1), repeats)
                 del target_logits
             rows.append(row)
+            write(complete=False)
             key = f"{impls[-1]}_graph" if cuda else "torch_eager"
             print(f"[{len(rows)}/{total}] bs={bs:3d} B={budget:5d}  {key}: all={row[key + '_all_ms']:.3f} ms "
                   f"(topk {row[key + '_topk_ms']:.3f}, tree {row[key + '_tree_ms']:.3f}, "
@@ -240,19 +266,8 @@ def main(argv=None):
         if cuda:
             torch.cuda.empty_cache()
 
-    meta = {
-        "command": " ".join(["python", "benchmarks/bench_tree.py"] + (argv if argv is not None else sys.argv[1:])),
-        "commit": args.commit or git_commit(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "device_name": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "repeats": repeats,
-        "tree_warps_override": os.environ.get("SGLANG_DDTREE_TREE_WARPS"),
-        "timing": "median of repeats; CUDA: events, eager and one CUDA-graph replay; CPU: perf_counter",
-    }
+    write(complete=True)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         print(f"wrote {args.out}")
 
 

@@ -6,7 +6,9 @@ time.
 
     python benchmarks/profile_kernels.py --out $OUT/profile_kernels.json
 
-Same inputs as benchmarks/bench_tree.py (bf16 logits, randn x 4, V = 151936, L = 15).
+Inputs as in benchmarks/bench_tree.py (bf16 logits, randn x --draft-scale, V = 151936, L = 15), but by default
+the confident drafter (scale 12: trees 15 deep), where the tree kernels select at every depth: with an unsure one
+they stop after a few depths, and the ablated variants (which never stop early) would not compare.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warps", default="4,8,16")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--draft-scale", type=float, default=12.0, help="the drafter's logits are randn x this")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -66,7 +69,7 @@ def main(argv=None) -> int:
 
     gen = torch.Generator().manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    logits = (torch.randn(1, 15, args.vocab, generator=gen) * 4).to(device, torch.bfloat16)
+    logits = (torch.randn(1, 15, args.vocab, generator=gen) * args.draft_scale).to(device, torch.bfloat16)
     lp = logits.float().log_softmax(-1)
     roots = torch.zeros(1, dtype=torch.long, device=device)
     rows = []
@@ -74,6 +77,7 @@ def main(argv=None) -> int:
         row = {"budget": budget, "batch_size": 1, "topk": topk_pieces(lp.view(15, -1), budget, args.repeats)}
         values, tokens = topk_draft(lp, budget)
         ref = build_tree_from_topk(values, tokens, budget, roots, max_budget=budget)
+        row["tree_depth_max"] = int(ref.depth.max())
         for kernel in ("sort", "select"):
             for warps in ([int(w) for w in args.warps.split(",")] if kernel == "select" else [0]):
                 kernels._TREE_WARPS = warps
@@ -100,7 +104,7 @@ def main(argv=None) -> int:
         print(json.dumps(row), flush=True)
     meta = {"commit": args.commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)",
-            "torch": torch.__version__, "vocab": args.vocab,
+            "torch": torch.__version__, "vocab": args.vocab, "draft_scale": args.draft_scale,
             "timing": "median of repeats, CUDA events around one eager launch (GPU time incl. launch latency)"}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -69,6 +69,59 @@ def test_triton_kernels_match_torch_reference():
     run_in_interpreter(CHECK, "KERNELS-OK", timeout=900)
 
 
+EARLY_EXIT_CHECK = textwrap.dedent(
+    """
+    import torch
+    from sglang_ddtree import kernels
+    from sglang_ddtree.tree import build_tree_from_topk, topk_draft
+
+    FIELDS = ("tokens", "parents", "depth", "scores", "ranks", "valid")
+    gen = torch.Generator().manual_seed(1)
+    depths = set()
+    # the one-program kernels stop selecting once no deeper node can enter the top W: trees from shallow (flat
+    # drafts) to deep (peaked), ties, pruning, and a draft whose bound equals the threshold exactly
+    for bs, depth, vocab, budget, scale, prune in [(2, 15, 300, 64, 1.0, None), (2, 15, 300, 64, 3.0, None),
+                                                   (2, 15, 300, 64, 8.0, None), (2, 15, 200, 33, 5.0, 0.001)]:
+        for ties in (False, True):
+            lp = (torch.randn(bs, depth, vocab, generator=gen) * scale).log_softmax(-1)
+            if ties:
+                lp = (lp * 2).round() / 2
+            values, tokens = topk_draft(lp, min(budget, vocab))
+            roots = torch.randint(0, vocab, (bs,), generator=gen)
+            ref = build_tree_from_topk(values, tokens, budget, roots, prune=prune, max_budget=budget)
+            depths.add(int(ref.depth.max()))
+            for kernel in ("sort", "select"):
+                got = kernels.build_tree_triton(values, tokens, budget, roots, prune=prune, max_budget=budget,
+                                                kernel=kernel)
+                for f in FIELDS:
+                    assert torch.equal(getattr(ref, f), getattr(got, f)), (depth, scale, ties, kernel, f)
+    assert min(depths) <= 4 and max(depths) >= 10, depths  # both shallow and deep trees were built
+    # depth 1: four ties at -1 (lb = -1); depth 2: a certain token (log-prob 0), so the bound is -1 = lb: a depth-2
+    # node scoring -1 comes after the four depth-1 nodes, and the tree of 4 is depth 1 only
+    values = torch.tensor([[[-1.0, -1.0, -1.0, -1.0], [0.0, -30.0, -30.0, -30.0], [0.0, -30.0, -30.0, -30.0]]])
+    tokens = torch.arange(12).view(1, 3, 4)
+    ref = build_tree_from_topk(values, tokens, 4, torch.tensor([0]), max_budget=4)
+    assert ref.depth.tolist() == [[0, 1, 1, 1, 1]]
+    for kernel in ("sort", "select"):
+        got = kernels.build_tree_triton(values, tokens, 4, torch.tensor([0]), max_budget=4, kernel=kernel)
+        for f in FIELDS:
+            assert torch.equal(getattr(ref, f), getattr(got, f)), ("boundary", kernel, f)
+    # the same with budget 5: the depth-2 node is the fifth
+    ref = build_tree_from_topk(values, tokens, 5, torch.tensor([0]), max_budget=5)
+    assert sorted(ref.depth[0].tolist()) == [0, 1, 1, 1, 1, 2]
+    for kernel in ("sort", "select"):
+        got = kernels.build_tree_triton(values, tokens, 5, torch.tensor([0]), max_budget=5, kernel=kernel)
+        for f in FIELDS:
+            assert torch.equal(getattr(ref, f), getattr(got, f)), ("boundary5", kernel, f)
+    print("EARLY-EXIT-OK")
+    """
+)
+
+
+def test_tree_kernels_stop_at_the_last_depth_that_can_matter():
+    run_in_interpreter(EARLY_EXIT_CHECK, "EARLY-EXIT-OK", timeout=900)
+
+
 TOPK_CHECK = textwrap.dedent(
     """
     import torch

@@ -13,6 +13,12 @@
 #        OUTDIR/gpu<N>.log; exit status 1 when either failed
 #   bash scripts/device/lease_steps.sh checks-and-bench OUTDIR COMMIT    # two GPUs, ~8 minutes (lease 13, below)
 #   bash scripts/device/lease_steps.sh tiny-auto-sweep OUTDIR COMMIT [bench_budgets args...]   # one GPU, ~8 min
+#   bash scripts/device/lease_steps.sh kernel-checks OUTDIR COMMIT [WAIT_S]   # one GPU, ~8 min: core + kernel GPU
+#        tests, then bench_tree's production stages (triton_fused) with an unsure and a confident drafter
+#   bash scripts/device/lease_steps.sh hybrid-oracle OUTDIR      # one GPU, ~7 min: the hybrid module, fast and
+#        oracle servers at B = 16, 64 and 256 eager
+#   bash scripts/device/lease_steps.sh server-and-8b OUTDIR COMMIT   # one GPU, ~7 min: the DDTREE server module,
+#        then DFLASH and auto at 8B shapes, batch 1 / 4 / 16
 set -euo pipefail
 step=${1:?step}
 shift
@@ -125,6 +131,55 @@ parallel)
     wait
     tail -n 40 "$out/gpu0.log" "$out/gpu1.log"
     ! grep -q "exit [1-9]" <(tail -n 1 "$out/gpu0.log"; tail -n 1 "$out/gpu1.log")
+    ;;
+kernel-checks)
+    # WAIT_S: let a job on the other GPU restore the JIT cache first (restoring while this compiles crashed a
+    # compile in lease 12). Each part records its exit status; one archive.
+    out=${1:?outdir}
+    commit=${2:?commit}
+    sleep "${3:-0}"
+    mkdir -p "$out" /tmp/kc
+    rc=0
+    timeout 330 python3 scripts/device/run_gpu_suite.py tests/gpu/test_core_cuda.py tests/gpu/test_kernels_cuda.py \
+        --out /tmp/kc/suite --deadline-s 300 > /tmp/kc/tests.log 2>&1 || rc=$?
+    echo "gpu tests exit $rc" >> /tmp/kc/tests.log
+    for scale in 4 12; do
+        rc=0
+        timeout 150 python3 benchmarks/bench_tree.py --device cuda --impls triton_fused \
+            --budgets 16,32,64,128,256,512,1024 --batch-sizes 1,8,32 --repeats 30 --draft-scale "$scale" \
+            --out "/tmp/kc/tree_kernels_scale$scale.json" --commit "$commit" > "/tmp/kc/bench$scale.log" 2>&1 || rc=$?
+        echo "bench scale $scale exit $rc" >> "/tmp/kc/bench$scale.log"
+    done
+    tar -cJf "$out/kernel_checks.tar.xz" -C /tmp kc
+    tail -n 4 /tmp/kc/tests.log /tmp/kc/bench4.log /tmp/kc/bench12.log
+    ;;
+hybrid-oracle)
+    out=${1:?outdir}
+    mkdir -p "$out"
+    rc=0
+    DDTREE_HYBRID_CONFIGS=hybrid-ddtree-16,hybrid-ddtree-16-oracle,hybrid-ddtree-64,hybrid-ddtree-64-oracle,hybrid-ddtree-256-eager,hybrid-ddtree-256-eager-oracle \
+        python3 scripts/device/run_gpu_suite.py tests/gpu/test_ddtree_hybrid.py --out /tmp/hy --deadline-s 520 \
+        --jit-cache .device-cache/jit/jit-cache.tar.xz > /tmp/hy.log 2>&1 || rc=$?
+    echo "hybrid exit $rc" >> /tmp/hy.log
+    cp /tmp/hy/gpu_suite.json "$out/gpu_suite_hybrid.json" || true
+    tail -n 30 /tmp/hy.log
+    ;;
+server-and-8b)
+    out=${1:?outdir}
+    commit=${2:?commit}
+    mkdir -p "$out" /tmp/s8
+    rc=0
+    python3 scripts/device/run_gpu_suite.py tests/gpu/test_ddtree_server.py --out /tmp/s8/server --deadline-s 240 \
+        > /tmp/s8/server.log 2>&1 || rc=$?
+    echo "server module exit $rc" >> /tmp/s8/server.log
+    rc=0
+    timeout 270 python3 benchmarks/bench_budgets.py --setups 8b-dummy --set 8b-dummy.methods=dflash,auto \
+        --set 8b-dummy.batch_sizes=1,4,16 --repeats 3 --prompt-groups 4 --max-minutes 4.2 --out /tmp/s8/sweep \
+        --log-dir /tmp/s8/sweep/logs --commit "$commit" > /tmp/s8/sweep.log 2>&1 || rc=$?
+    echo "8b sweep exit $rc" >> /tmp/s8/sweep.log
+    cp /tmp/s8/server/gpu_suite.json "$out/gpu_suite_server.json" || true
+    tar -cJf "$out/server_and_8b.tar.xz" -C /tmp s8
+    tail -n 6 /tmp/s8/server.log /tmp/s8/sweep.log
     ;;
 checks-and-bench)
     # GPU 0: the core / kernel GPU tests named in DDTREE_CHECK_K (pytest -k; all when empty), then the kernel bench

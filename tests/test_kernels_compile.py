@@ -1,0 +1,65 @@
+"""The tree-build Triton kernel compiles for the H200 (sm_90) on this CPU machine: Triton's front end and the
+bundled ptxas need no GPU. The interpreter (tests/test_kernels.py) checks what the kernels compute but accepts code
+the compiler refuses (e.g. a loop-carried value whose type changes in the loop), and such an error would otherwise
+first show on a GPU lease."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+
+def _ptxas_available() -> bool:
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    return bundled.exists() or shutil.which("ptxas") is not None
+
+
+pytestmark = pytest.mark.skipif(not _ptxas_available(), reason="no ptxas for an ahead-of-time sm_90 compile")
+
+SIGNATURE = {"values_ptr": "*fp32", "tokens_ptr": "*i64", "pair_parent_ptr": "*i32", "pair_rank_ptr": "*i32",
+             "budget_ptr": "*i64", "root_ptr": "*i64", "log_prune": "fp32", "scratch_ptr": "*i64",
+             "lvl_key_ptr": "*i64", "lvl_parent_ptr": "*i32", "lvl_rank_ptr": "*i32", "inv_ptr": "*i32",
+             "out_tokens_ptr": "*i64", "out_parents_ptr": "*i64", "out_depth_ptr": "*i64",
+             "out_scores_ptr": "*fp32", "out_ranks_ptr": "*i64", "out_valid_ptr": "*i8"}
+
+
+@pytest.mark.parametrize("width,radix,ablate", [(64, False, 0), (256, True, 0), (256, True, 3)])
+def test_tree_build_kernel_compiles_for_sm90(width, radix, ablate):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from sglang_ddtree import kernels
+
+    kernel = kernels._tree_build_kernel
+    wp, cp = kernels._pow2(width), kernels._pairs(width, width, "cpu")[2]
+    gp = kernels._pow2(15 * wp)
+    consts = dict(L=15, K=width, W=width, WP=wp, CP=cp, SP=wp if radix else max(cp, gp), GP=gp, RADIX=radix,
+                  ABLATE=ablate, LP=16)
+    names = kernel.arg_names
+    assert set(names) == set(SIGNATURE) | set(consts), "the kernel's arguments changed: update this test"
+    source = ASTSource(fn=kernel, signature={n: SIGNATURE.get(n, "constexpr") for n in names},
+                       constexprs={(names.index(n),): v for n, v in consts.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": kernels._warps(max(cp, gp))})
+    assert len(compiled.asm["cubin"]) > 10_000
+
+
+def test_the_ahead_of_time_compile_catches_what_the_interpreter_runs():
+    """The check can fail: a loop-carried variable whose type changes in the loop (int32 -> fp32) runs in the
+    interpreter and is refused here."""
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    @triton.jit
+    def retypes_a_carried_value(ptr, N: tl.constexpr):
+        x = tl.full([], 0, tl.int32)
+        for i in range(N):
+            x = x + tl.load(ptr + i).to(tl.float32)
+        tl.store(ptr, x)
+
+    source = ASTSource(fn=retypes_a_carried_value, signature={"ptr": "*i32", "N": "constexpr"}, constexprs={(1,): 4})
+    with pytest.raises(triton.compiler.errors.CompilationError, match="Loop-carried variable"):
+        triton.compile(source, target=GPUTarget("cuda", 90, 32))
