@@ -13,13 +13,16 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 FIELDS = ("tokens", "parents", "depth", "scores", "ranks", "valid")
 
 
-@pytest.mark.parametrize("budget,bs,vocab,ties", [(16, 4, 151936, False), (256, 3, 151936, False),
-                                                  (1024, 2, 151936, False), (64, 8, 4096, True),
-                                                  (1024, 2, 4096, True), (7, 5, 5, True)])
+# scale: the drafter's logits are randn x scale: 3 gives shallow trees (the one-program kernels stop selecting after
+# a few depths), 12 trees 15 deep (they select at every depth)
+@pytest.mark.parametrize("budget,bs,vocab,ties,scale", [(16, 4, 151936, False, 3), (256, 3, 151936, False, 3),
+                                                        (1024, 2, 151936, False, 3), (64, 8, 4096, True, 3),
+                                                        (1024, 2, 4096, True, 3), (7, 5, 5, True, 3),
+                                                        (256, 3, 151936, False, 12), (1024, 2, 151936, False, 12)])
 @pytest.mark.parametrize("kernel", ["sort", "select", "rank"])
-def test_kernels_equal_torch_on_cuda(budget, bs, vocab, ties, kernel):
+def test_kernels_equal_torch_on_cuda(budget, bs, vocab, ties, scale, kernel):
     gen = torch.Generator().manual_seed(budget + bs)
-    lp = (torch.randn(bs, 15, vocab, generator=gen) * 3).log_softmax(-1)
+    lp = (torch.randn(bs, 15, vocab, generator=gen) * scale).log_softmax(-1)
     if ties:
         lp = (lp * 2).round() / 2
     lp = lp.cuda()
