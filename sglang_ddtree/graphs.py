@@ -25,6 +25,7 @@ replays. Every graph of a GraphedStage shares one memory pool. On CPU, or when d
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Callable
 
 import torch
@@ -36,51 +37,115 @@ def _signature(inputs: tuple[torch.Tensor, ...]) -> tuple:
     return tuple((tuple(x.shape), x.dtype, x.device) for x in inputs)
 
 
+def _padded_shape(x: torch.Tensor, rows: int, bucket: int) -> tuple:
+    """x's shape with its requests padded from `rows` to `bucket` (dim 0 holds rows x per-request entries)."""
+    if x.shape[0] % rows:
+        raise ValueError(f"GraphedStage padding: dim 0 of {tuple(x.shape)} is not a multiple of {rows} requests.")
+    return (x.shape[0] // rows * bucket, *x.shape[1:])
+
+
+def pad_rows(x: torch.Tensor, rows: int, bucket: int) -> torch.Tensor:
+    """A new tensor of `bucket` requests: x's `rows` requests, then copies of its last one (real data, so a padding
+    request never feeds a kernel values it would not meet in a real round)."""
+    per = x.shape[0] // rows
+    out = x.new_empty(_padded_shape(x, rows, bucket))
+    out[: per * rows] = x
+    if bucket > rows:
+        out.view(bucket, per, *x.shape[1:])[rows:] = x.reshape(rows, per, *x.shape[1:])[-1:]
+    return out
+
+
 class GraphedStage:
     def __init__(self, fn: Callable, *, name: str, enabled: bool = True, max_graphs: int = 64,
-                 borrow: tuple[int, ...] = ()):
+                 borrow: tuple[int, ...] = (), bucket_of: Callable[[int], int] | None = None,
+                 unpad: Callable[[Any, int], Any] | None = None, rows_arg: bool = False):
+        """bucket_of: requests -> the batch size the stage runs at (>= requests; SGLang's CUDA-graph sizes), so one
+        graph serves every batch size up to its bucket instead of one capture per size (lease 15: 480 stage captures
+        in one `auto` server of the tiny sweep, one per batch size met as requests finished); needs `unpad`
+        (outputs, requests) -> the first `requests` requests' outputs, and a call with rows=requests.
+        rows_arg: fn takes a trailing 0-dim int64 tensor, the number of real requests, so that its sums over the
+        batch leave padding requests out."""
+        if bucket_of is not None and unpad is None:
+            raise ValueError("GraphedStage: bucket_of needs unpad.")
         self.fn = fn
         self.borrow = frozenset(borrow)
         self.name = name
         self.enabled = enabled
         self.max_graphs = max_graphs
-        self._graphs: dict[tuple, tuple[list[torch.Tensor], torch.cuda.CUDAGraph, Any]] = {}
+        self.bucket_of = bucket_of
+        self.unpad = unpad
+        self.rows_arg = rows_arg
+        self.pad_eagerly = False  # tests: pad and unpad without graphs too (the CPU runs the same arithmetic)
+        self._graphs: dict[tuple, tuple[list[torch.Tensor], torch.cuda.CUDAGraph, Any, torch.Tensor | None]] = {}
         self._pool = None
         self.captures = 0
         self.replays = 0
 
-    def __call__(self, *inputs: torch.Tensor):
-        if not self.enabled or not inputs or not inputs[0].is_cuda:
-            return self.fn(*inputs)
-        key = _signature(inputs)
+    def __call__(self, *inputs: torch.Tensor, rows: int | None = None):
+        if self.rows_arg and rows is None:
+            raise ValueError(f"GraphedStage {self.name}: this stage needs rows= (the number of real requests).")
+        graphed = self.enabled and bool(inputs) and inputs[0].is_cuda
+        pad = self.bucket_of is not None and rows is not None and (graphed or self.pad_eagerly)
+        bucket = max(self.bucket_of(rows), rows) if pad else rows
+        if not graphed:
+            if pad and bucket != rows:
+                padded = [pad_rows(x, rows, bucket) for x in inputs]
+                return self.unpad(self.fn(*padded, *self._rows(rows, padded[0].device)), rows)
+            return self.fn(*inputs, *self._rows(rows, inputs[0].device if inputs else None))
+        shapes = [_padded_shape(x, rows, bucket) if pad else tuple(x.shape) for x in inputs]
+        key = tuple((shape, x.dtype, x.device) for shape, x in zip(shapes, inputs))
         entry = self._graphs.get(key)
         if entry is None:
             if len(self._graphs) >= self.max_graphs:  # unbounded signatures would mean unbounded memory
-                return self.fn(*inputs)
-            entry = self._capture(inputs)
+                out = self.fn(*inputs, *self._rows(rows, inputs[0].device))
+                return out
+            entry = self._capture(inputs, shapes, rows, bucket if pad else None)
             self._graphs[key] = entry
-        static_inputs, graph, outputs = entry
+        static_inputs, graph, outputs, rows_t = entry
         for static, x in zip(static_inputs, inputs):
             if x.data_ptr() != static.data_ptr() or x.stride() != static.stride():
-                static.copy_(x)
+                static[: x.shape[0]].copy_(x)
+        if rows_t is not None:
+            rows_t.fill_(rows)
         graph.replay()
         self.replays += 1
-        return outputs
+        return self.unpad(outputs, rows) if pad else outputs
 
-    def _capture(self, inputs):
+    def _rows(self, rows, device) -> tuple:
+        return (torch.tensor(rows, dtype=torch.int64, device=device),) if self.rows_arg else ()
+
+    def _static_input(self, i: int, x: torch.Tensor, shape: tuple, rows: int, bucket: int | None) -> torch.Tensor:
+        """The graph's buffer for input i. A borrowed input is another stage's output (rows of its padded buffer
+        when both pad): the buffer is that memory itself, all `shape` of it; anything else is a private copy."""
+        if i in self.borrow:
+            if bucket is None:
+                return x.detach()
+            # x is the first requests of its producer's padded output (a view from the producer's unpad) when that
+            # output starts where x does and holds all `shape`; else (an unpadded producer) a private copy
+            base = x._base if x._base is not None else x
+            numel = math.prod(shape)
+            if x.is_contiguous() and base.data_ptr() == x.data_ptr() and base.numel() == numel:
+                return base.detach().view(shape)
+        if bucket is None:
+            return x.detach().clone()
+        return pad_rows(x.detach(), rows, bucket)
+
+    def _capture(self, inputs, shapes, rows, bucket):
         # kept alive here: the graph reads these addresses
-        static_inputs = [x.detach() if i in self.borrow else x.detach().clone() for i, x in enumerate(inputs)]
+        static_inputs = [self._static_input(i, x, shape, rows, bucket)
+                         for i, (x, shape) in enumerate(zip(inputs, shapes))]
+        rows_t = torch.full((), rows, dtype=torch.int64, device=inputs[0].device) if self.rows_arg else None
+        extra = (rows_t,) if rows_t is not None else ()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.no_grad(), torch.cuda.stream(side):
-            self.fn(*static_inputs)  # warm-up: compiles and lazily cached tensors happen outside the capture
+            self.fn(*static_inputs, *extra)  # warm-up: compiles and lazily cached tensors happen outside the capture
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA calls (none expected in SGLang's scheduler) cannot break the capture
         with torch.no_grad(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            outputs = self.fn(*static_inputs)
+            outputs = self.fn(*static_inputs, *extra)
         self._pool = graph.pool()
         self.captures += 1
-        logger.info("DDTREE: captured the %s stage for inputs %s", self.name,
-                    [tuple(x.shape) for x in inputs])
-        return static_inputs, graph, outputs
+        logger.info("DDTREE: captured the %s stage for inputs %s", self.name, [tuple(s) for s in shapes])
+        return static_inputs, graph, outputs, rows_t

@@ -1,5 +1,6 @@
 """sglang_ddtree.graphs on CPU (eager fallback) and the round's stage functions' plumbing (sglang/ops.py)."""
 
+import pytest
 import torch
 
 from sglang_ddtree.graphs import GraphedStage
@@ -108,3 +109,91 @@ def test_top1_chain_plan_equals_the_general_plan_of_a_chain():
         assert (fast.summary is None) == (not with_summary)
         if with_summary:
             assert torch.equal(fast.summary, full.summary)
+
+
+def test_pad_rows_repeats_the_last_request():
+    from sglang_ddtree.graphs import pad_rows
+
+    x = torch.arange(12).view(6, 2)  # 3 requests of 2 rows each
+    got = pad_rows(x, 3, 5)
+    assert got.shape == (10, 2)
+    assert torch.equal(got[:6], x) and torch.equal(got[6:8], x[4:6]) and torch.equal(got[8:10], x[4:6])
+    assert torch.equal(pad_rows(x, 3, 3), x)
+
+
+def test_padded_stage_returns_the_unpadded_result():
+    """A stage run padded to a bucket (here eagerly on the CPU, the same arithmetic its graph replays) returns,
+    after unpad, what the unpadded call returns; its batch sums (rows_arg) leave the padding out."""
+    def fn(x, rows):
+        live = (torch.arange(x.shape[0]) < rows).float()
+        return x * 2, (x.sum(dim=1) * live).sum()
+
+    stage = GraphedStage(fn, name="t", bucket_of=lambda bs: 8, unpad=lambda out, bs: (out[0][:bs], out[1]),
+                         rows_arg=True)
+    stage.pad_eagerly = True
+    x = torch.randn(3, 4)
+    doubled, total = stage(x, rows=3)
+    assert doubled.shape == (3, 4) and torch.equal(doubled, x * 2)
+    assert torch.allclose(total, x.sum())
+    with pytest.raises(ValueError, match="rows="):
+        stage(x)
+    with pytest.raises(ValueError, match="unpad"):
+        GraphedStage(fn, name="t", bucket_of=lambda bs: 8)
+
+
+@pytest.mark.parametrize("chosen", [0, 16, 32])
+@pytest.mark.parametrize("sampled", [True, False])
+def test_padded_round_stages_equal_the_unpadded_ones(chosen, sampled):
+    """The round's stages (draft top-K, `auto`'s tree stage, walk + commit plan with summary and observed tokens)
+    run padded from 3 requests to 8, as the worker runs them with SGLANG_DDTREE_PAD_STAGES=1, then unpadded: every
+    output equals the unpadded run's, the batch sums included, and no KV move of a padding request survives."""
+    from functools import partial
+
+    torch.manual_seed(3)
+    candidates = (0, 16, 32)
+    bs, block, hidden_size, vocab, width = 3, 16, 32, 200, 32
+    weight = torch.randn(vocab, hidden_size)
+    hidden = torch.randn(bs * block, hidden_size) * 3
+    roots = torch.randint(0, vocab, (bs,))
+    prefix = torch.tensor([7, 30, 2])
+
+    def stages(pad: bool):
+        opts = dict(bucket_of=lambda b: 8) if pad else {}
+        topk = GraphedStage(partial(ops.draft_topk_stage, block, width, 0, weight), name="topk",
+                            unpad=ops.unpad_requests, **opts)
+        tree = GraphedStage(partial(ops.auto_tree_stage, width, chosen, candidates, None, False, sampled),
+                            name="tree", borrow=(0, 1), unpad=ops.unpad_tree_stage, rows_arg=pad, **opts)
+        walk = GraphedStage(partial(ops.walk_commit_plan, block, False, True, auto=(candidates, chosen),
+                                    top1_chain=chosen == 0),
+                            name="walk", borrow=tuple(range(6)), unpad=ops.unpad_commit_plan, rows_arg=pad, **opts)
+        for s in (topk, tree, walk):
+            s.pad_eagerly = pad
+        return topk, tree, walk
+
+    def run(pad: bool):
+        topk, tree_stage, walk_stage = stages(pad)
+        values, tokens = topk(hidden, rows=bs)
+        tree, ids, pos, expected = tree_stage(values, tokens, roots, prefix, rows=bs)
+        choice = torch.roll(tree.tokens, -1, dims=1)  # follows first children for a while
+        slots = torch.arange(bs * tree.max_nodes).view(bs, -1) * 2 + 1000
+        plan = walk_stage(tree.tokens, tree.parents, tree.depth, tree.scores, tree.ranks, tree.valid, choice, slots,
+                          prefix, rows=bs)
+        return values, tokens, tree, ids, pos, expected, plan
+
+    ref, got = run(False), run(True)
+    for a, b in zip(ref[:2], got[:2]):
+        assert torch.equal(a, b)
+    for f in ("tokens", "parents", "depth", "scores", "ranks", "valid"):
+        assert torch.equal(getattr(ref[2], f), getattr(got[2], f)), f
+    for a, b in zip(ref[3:6], got[3:6]):
+        assert torch.equal(a, b)
+    p, q = ref[6], got[6]
+    assert int(p.walk.accept_len.max()) >= 1  # something is accepted
+    for f in ("path", "accept_len", "bonus", "out_tokens", "target_choice"):
+        assert torch.equal(getattr(p.walk, f), getattr(q.walk, f)), f
+    for f in ("commit_lens", "new_seq_lens", "kv_dest", "kv_src", "draft_cache_loc", "draft_positions", "out_tokens",
+              "branch_lens", "summary", "observed"):
+        a, b = getattr(p, f), getattr(q, f)
+        assert (a is None and b is None) or torch.equal(a, b), f
+    if sampled:
+        assert float(ref[5].sum()) > 0  # the expectations were computed (and summed over 3 requests, not 8)

@@ -216,11 +216,12 @@ def tree_stage(budget: int, prune: float | None, use_kernels: bool, topk_values:
 
 def auto_tree_stage(max_budget: int, chosen: int, candidates: tuple[int, ...], prune: float | None,
                     use_kernels: bool, sampled: bool, topk_values: torch.Tensor, topk_tokens: torch.Tensor,
-                    roots: torch.Tensor, prefix_lens: torch.Tensor):
+                    roots: torch.Tensor, prefix_lens: torch.Tensor, rows: torch.Tensor | None = None):
     """`auto` (sglang_ddtree.sglang.auto): the round verifies the chosen candidate's tree (CHAIN: the drafter's
     top-1 path). On a sampled round the tree is built at the largest candidate budget, whose first b draft slots
     are the best-b tree (tree.py's canonical order), and gives every candidate's expected committed tokens, summed
-    over the batch [C] (raw scores); other rounds build only the chosen tree (expected: zeros).
+    over the batch [C] (raw scores); other rounds build only the chosen tree (expected: zeros). rows: the real
+    requests (0-dim tensor) when the batch is padded (graphs.GraphedStage): the sum leaves the others out.
     -> (chosen tree, verify ids, verify positions, expected)."""
     from sglang_ddtree import adaptive, kernels
     from sglang_ddtree.tree import build_tree_from_topk, chain_tree_from_topk
@@ -228,7 +229,9 @@ def auto_tree_stage(max_budget: int, chosen: int, candidates: tuple[int, ...], p
     build = kernels.build_tree_triton if use_kernels else build_tree_from_topk
     if sampled:
         big = build(topk_values, topk_tokens, max_budget, roots, prune=prune, max_budget=max_budget)
-        expected = adaptive.expected_acceptance(big, candidates, topk_values[:, :, 0]).sum(dim=0)
+        per_request = adaptive.expected_acceptance(big, candidates, topk_values[:, :, 0])
+        live = live_rows(per_request.shape[0], rows, per_request.device)
+        expected = torch.where(live, per_request, 0.0).sum(dim=0)
     else:
         big = None
         expected = torch.zeros(len(candidates), dtype=torch.float32, device=topk_values.device)
@@ -246,19 +249,29 @@ def auto_tree_stage(max_budget: int, chosen: int, candidates: tuple[int, ...], p
     return tree, ids, positions, expected
 
 
-def observed_tokens(candidates: tuple[int, ...], chosen: int, tree: DraftTree, walk) -> torch.Tensor:
+def live_rows(bs: int, rows: torch.Tensor | None, device) -> torch.Tensor:
+    """[bs, 1] bool: the real requests of a batch padded to bs (the first `rows`); all when rows is None (an
+    unpadded batch). Sums select with it (torch.where), so whatever a padding request computed cannot leak in."""
+    if rows is None:
+        return torch.ones((bs, 1), dtype=torch.bool, device=device)
+    return (torch.arange(bs, device=device) < rows).unsqueeze(1)
+
+
+def observed_tokens(candidates: tuple[int, ...], chosen: int, tree: DraftTree, walk,
+                    rows: torch.Tensor | None = None) -> torch.Tensor:
     """[C] committed tokens summed over the batch that each candidate would have had this round, for the candidates
-    this round observes exactly (auto.observed_candidates), 0 elsewhere."""
+    this round observes exactly (auto.observed_candidates), 0 elsewhere. rows: see live_rows."""
     from sglang_ddtree import adaptive
     from sglang_ddtree.sglang.auto import observed_candidates
 
     seen = observed_candidates(list(candidates), candidates.index(chosen))
     out = torch.zeros(len(candidates), dtype=torch.float32, device=walk.path.device)
+    live = live_rows(walk.path.shape[0], rows, walk.path.device)
     if chosen == adaptive.CHAIN:  # the chain observes itself only
-        out[candidates.index(chosen)] = (walk.accept_len + 1).sum().float()
+        out[candidates.index(chosen)] = torch.where(live[:, 0], walk.accept_len + 1, 0).sum().float()
         return out
     budgets = [b for b, ok in zip(candidates, seen) if ok]  # the chosen tree and the smaller ones
-    lens = adaptive.subtree_accept_lengths(tree, walk.path, budgets).sum(dim=0).float()
+    lens = torch.where(live, adaptive.subtree_accept_lengths(tree, walk.path, budgets), 0).sum(dim=0).float()
     for j, b in enumerate(budgets):  # device copies only (no host tensor): this runs inside a CUDA graph
         out[candidates.index(b)] = lens[j]
     return out
@@ -282,14 +295,15 @@ class CommitPlan:
 
 
 def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tokens, parents, depth, scores, ranks,
-                     valid, choices, node_cache_loc, prefix_lens, auto: tuple | None = None,
-                     top1_chain: bool = False) -> CommitPlan:
+                     valid, choices, node_cache_loc, prefix_lens, rows: torch.Tensor | None = None,
+                     auto: tuple | None = None, top1_chain: bool = False) -> CommitPlan:
     """The walk (target choices -> accepted path) and the commit's slot and position arithmetic.
     auto: (candidates, chosen budget) of an `auto` round, for the observed tokens of the candidates.
     top1_chain: the tree is the drafter's top-1 chain (`auto`'s chain candidate, tree.chain_tree_from_topk): its
     accepted nodes already sit at consecutive slots (no KV moves: kv_dest / kv_src None) and none is off the top-1
     (branch_lens zeros), so the ~17 small kernels computing those are left out of the round (lease 14: at 8B shapes,
-    batch 16, auto's chain round ran ~100 kernels more than DFLASH's)."""
+    batch 16, auto's chain round ran ~100 kernels more than DFLASH's).
+    rows: the real requests when the batch is padded (graphs.GraphedStage): the batch sums leave the others out."""
     from sglang_ddtree import kernels
     from sglang_ddtree.walk import walk_choices
 
@@ -303,11 +317,46 @@ def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tok
     from sglang_ddtree.sglang.stats import branch_counts, round_summary_vector
 
     branch_lens = (torch.zeros_like(commit_lens) if top1_chain else branch_counts(tree, walk))
-    summary = round_summary_vector(tree, walk, branch_lens) if with_summary else None
-    observed = observed_tokens(auto[0], auto[1], tree, walk) if auto is not None else None
+    summary = round_summary_vector(tree, walk, branch_lens, rows) if with_summary else None
+    observed = observed_tokens(auto[0], auto[1], tree, walk, rows) if auto is not None else None
     return CommitPlan(walk, commit_lens, new_seq_lens, dest, src, node_cache_loc[:, :path_len].contiguous(),
                       positions.reshape(-1), walk.out_tokens[:, :block_size].clamp(min=0), branch_lens, summary,
                       observed)
+
+
+# What a stage padded to a graph bucket returns for its first `bs` requests (graphs.GraphedStage's unpad): views
+# of the padded outputs, no copies. Flat per-request tensors hold their requests one after the other.
+
+def unpad_requests(outputs: tuple, bs: int) -> tuple:
+    """(values [B, ...], tokens [B, ...]) or any tuple of per-request tensors -> their first bs requests."""
+    return tuple(x[:bs] for x in outputs)
+
+
+def _first_requests_flat(x: torch.Tensor | None, bs: int, total: int) -> torch.Tensor | None:
+    return None if x is None else x[: x.shape[0] // total * bs]
+
+
+def unpad_tree_stage(outputs: tuple, bs: int) -> tuple:
+    """(tree, verify ids, verify positions[, expected]) of a padded batch -> of its first bs requests (expected is
+    a batch sum, already over the real requests)."""
+    tree, ids, positions, *rest = outputs
+    total = tree.batch_size
+    return (tree.select(slice(0, bs)), _first_requests_flat(ids, bs, total),
+            _first_requests_flat(positions, bs, total), *rest)
+
+
+def unpad_commit_plan(plan: CommitPlan, bs: int) -> CommitPlan:
+    """A padded batch's CommitPlan -> its first bs requests' (the KV moves of padding requests are dropped: their
+    slots are stale values of earlier rounds). summary and observed are batch sums over the real requests."""
+    from sglang_ddtree.walk import WalkResult
+
+    total = plan.commit_lens.shape[0]
+    w = plan.walk
+    walk = WalkResult(w.path[:bs], w.accept_len[:bs], w.bonus[:bs], w.out_tokens[:bs], w.target_choice[:bs])
+    return CommitPlan(walk, plan.commit_lens[:bs], plan.new_seq_lens[:bs],
+                      _first_requests_flat(plan.kv_dest, bs, total), _first_requests_flat(plan.kv_src, bs, total),
+                      plan.draft_cache_loc[:bs], _first_requests_flat(plan.draft_positions, bs, total),
+                      plan.out_tokens[:bs], plan.branch_lens[:bs], plan.summary, plan.observed)
 
 
 def accepted_path_chain(tree: DraftTree, path: torch.Tensor, width: int) -> tuple[DraftTree, DraftTree]:

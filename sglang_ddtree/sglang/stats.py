@@ -183,20 +183,25 @@ def branch_counts(tree, walk) -> torch.Tensor:
     return ((ranks_on_path > 0) & (walk.path[:, 1:] >= 0)).sum(dim=1).to(torch.int32)
 
 
-def round_summary_vector(tree, walk, branch_lens: torch.Tensor | None = None) -> torch.Tensor:
+def round_summary_vector(tree, walk, branch_lens: torch.Tensor | None = None,
+                         rows: torch.Tensor | None = None) -> torch.Tensor:
     """A round's numbers summed over the batch, on the tree's device, with no host sync (tests/gpu checks it):
     request-rounds by accepted draft tokens 0..L, then branches, draft nodes, expected tokens, requests.
-    branch_lens: branch_counts(tree, walk) when the caller has it already."""
+    branch_lens: branch_counts(tree, walk) when the caller has it already. rows: the real requests (0-dim tensor)
+    of a batch padded past them (graphs.GraphedStage); None: every request is real."""
     n = tree.depth_limit
-    branches = (branch_counts(tree, walk) if branch_lens is None else branch_lens).sum()
+    bs = tree.batch_size
+    live = (torch.ones(bs, dtype=torch.bool, device=tree.valid.device) if rows is None
+            else torch.arange(bs, device=tree.valid.device) < rows)
+    branches = torch.where(live, branch_counts(tree, walk) if branch_lens is None else branch_lens, 0).sum()
     draft_valid = tree.valid.clone()
     draft_valid[:, 0] = False
-    expected = (1.0 + torch.where(draft_valid, tree.scores.exp(), 0.0).sum(dim=1)).sum()
+    expected = torch.where(live, 1.0 + torch.where(draft_valid, tree.scores.exp(), 0.0).sum(dim=1), 0.0).sum()
     # not torch.bincount: on CUDA it reads the input's max back to size its output, a host sync every round
     by_accepted = torch.zeros(n + 1, dtype=torch.float32, device=walk.accept_len.device).scatter_add_(
-        0, walk.accept_len.clamp(0, n), torch.ones_like(walk.accept_len, dtype=torch.float32))
-    extra = torch.stack([branches.float(), (tree.num_nodes - 1).sum().float(), expected,
-                         expected.new_full((), float(tree.batch_size))])
+        0, walk.accept_len.clamp(0, n), live.to(torch.float32))
+    extra = torch.stack([branches.float(), torch.where(live, tree.num_nodes - 1, 0).sum().float(), expected,
+                         live.sum().float()])
     return torch.cat([by_accepted, extra])
 
 

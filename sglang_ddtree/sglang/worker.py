@@ -141,15 +141,22 @@ class DDTreeWorker(DFlashWorkerV2):
         decode_graphs = get_exec().graph.cuda_graph_config.decode.backend != Backend.DISABLED
         self.round_graphs = (self.use_kernels and decode_graphs
                              and os.environ.get("SGLANG_DDTREE_ROUND_GRAPHS", "1") != "0")
+        # SGLANG_DDTREE_PAD_STAGES=1: the stage graphs run at SGLang's CUDA-graph batch sizes (the verify's own),
+        # padded, instead of one capture per batch size met (lease 15: 480 captures in one `auto` server of the
+        # tiny sweep, ~160 in each fixed-budget one, as requests finished one by one; DFLASH captures none). Off by
+        # default until a GPU lease has run it (written after lease 15, CPU-tested).
+        self.pad_stages = self.round_graphs and os.environ.get("SGLANG_DDTREE_PAD_STAGES", "0") == "1"
+        pad = dict(bucket_of=self._graph_bucket) if self.pad_stages else {}
         shard = self._lm_head_shard
         self._topk_stage = GraphedStage(
             partial(ops.draft_topk_stage, self.block_size, self.topk, shard["start"], shard["weight"][: shard["rows"]]),
-            name="draft top-K", enabled=self.round_graphs)
+            name="draft top-K", enabled=self.round_graphs, unpad=ops.unpad_requests, **pad)
         self._top1_stage = GraphedStage(
             partial(ops.draft_top1_stage, self.block_size, shard["start"], shard["weight"][: shard["rows"]]),
-            name="draft top-1", enabled=self.round_graphs)
+            name="draft top-1", enabled=self.round_graphs, unpad=ops.unpad_requests, **pad)
         self._tree_stage = GraphedStage(partial(ops.tree_stage, self.budget, self.options.prune, self.use_kernels),
-                                        name="tree", enabled=self.round_graphs, borrow=(0, 1))
+                                        name="tree", enabled=self.round_graphs, borrow=(0, 1),
+                                        unpad=ops.unpad_tree_stage, **pad)
         self.stats = DDTreeStats(
             enable_metrics=bool(getattr(server_args, "enable_metrics", False)) and self.ps.tp_rank == 0,
             debug_path=self.options.debug_path if self.ps.tp_rank == 0 else None,
@@ -160,7 +167,8 @@ class DDTreeWorker(DFlashWorkerV2):
         )
         self._walk_stage = GraphedStage(
             partial(ops.walk_commit_plan, self.block_size, self.use_kernels, self.stats.prometheus is not None),
-            name="walk + commit plan", enabled=self.round_graphs, borrow=(0, 1, 2, 3, 4, 5))
+            name="walk + commit plan", enabled=self.round_graphs, borrow=(0, 1, 2, 3, 4, 5),
+            unpad=ops.unpad_commit_plan, rows_arg=self.pad_stages, **pad)
         script = os.environ.get(SCRIPT_ENV)
         self.scripted = ScriptedDrafts(script, self._lm_head_shard["vocab_size"]) if script else None
         if self.scripted is not None and self.ps.tp_rank == 0:
@@ -265,18 +273,21 @@ class DDTreeWorker(DFlashWorkerV2):
             raise ValueError(f"DDTREE auto: the largest verify width {max(widths)} must be the server's "
                              f"{self.num_nodes} (the drafter block is {self.block_size}).")
         tree_stages, walk_stages = [], []
+        pad = dict(bucket_of=self._graph_bucket) if self.pad_stages else {}
         for c in candidates:
             tree_stages.append({sampled: GraphedStage(
                 partial(ops.auto_tree_stage, self.budget, c, candidates, self.options.prune, self.use_kernels,
                         sampled),
                 name=f"auto tree {candidate_label(c)}{' sampled' if sampled else ''}", enabled=self.round_graphs,
-                borrow=(0, 1)) for sampled in (True, False)})
+                borrow=(0, 1), unpad=ops.unpad_tree_stage, rows_arg=self.pad_stages, **pad)
+                for sampled in (True, False)})
             # one walk stage per tree stage: a stage borrows its inputs from exactly one producer (graphs.py)
             walk_stages.append({sampled: GraphedStage(
                 partial(ops.walk_commit_plan, self.block_size, self.use_kernels, self.stats.prometheus is not None,
                         auto=(candidates, c), top1_chain=c == CHAIN),
                 name=f"auto walk {candidate_label(c)}{' sampled' if sampled else ''}", enabled=self.round_graphs,
-                borrow=(0, 1, 2, 3, 4, 5)) for sampled in (True, False)})
+                borrow=(0, 1, 2, 3, 4, 5), unpad=ops.unpad_commit_plan, rows_arg=self.pad_stages, **pad)
+                for sampled in (True, False)})
         policy = AutoBudgetPolicy(list(candidates), widths=widths)
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
@@ -376,13 +387,14 @@ class DDTreeWorker(DFlashWorkerV2):
         roots = draft_input.bonus_tokens.view(-1)
         if self.auto is None:
             width, walk_stage = self.num_nodes, self._walk_stage
-            tree, verify_ids, verify_positions = self._tree_stage(topk_values, topk_tokens, roots, prefix_lens)
+            tree, verify_ids, verify_positions = self._tree_stage(topk_values, topk_tokens, roots, prefix_lens,
+                                                                 rows=bs)
         else:
             if self.stats.prometheus is not None:
                 self.stats.prometheus.auto_round(candidate_label(self.auto.candidates[chosen]))
             width, walk_stage = self.auto.widths[chosen], self.auto.walk_stages[chosen][sampled]
             tree, verify_ids, verify_positions, expected = self.auto.tree_stages[chosen][sampled](
-                topk_values, topk_tokens, roots, prefix_lens)
+                topk_values, topk_tokens, roots, prefix_lens, rows=bs)
         causal = self.auto is not None and self.auto.candidates[chosen] == CHAIN  # a chain needs no tree mask
         mask_numel = ops.verify_mask_numel(width, seq_lens_sum_bound, bs)
         if causal:
@@ -406,7 +418,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 next_token_logits=logits, sampling_info=batch.sampling_info, draft_token_num=width)
         choices = self._target_choices(batch, logits.view(bs, width, -1))
         plan = walk_stage(tree.tokens, tree.parents, tree.depth, tree.scores, tree.ranks, tree.valid,
-                          choices, node_cache_loc, prefix_lens)
+                          choices, node_cache_loc, prefix_lens, rows=bs)
         walk, summary = plan.walk, plan.summary  # the tree's: what the stats record
         if self.options.oracle:  # the round commits what the chain re-verify of the accepted path accepts
             plan, logits_output, oracle_graph = self._oracle_round(
@@ -522,7 +534,8 @@ class DDTreeWorker(DFlashWorkerV2):
         """Per-position top-k draft log-probs [bs, block - 1, k] and ids, TP shards merged (k: self.topk, or 1
         for an `auto` chain round)."""
         if self.ps.tp_size == 1:
-            return (self._topk_stage if k == self.topk else self._top1_stage)(draft_hidden)
+            return (self._topk_stage if k == self.topk else self._top1_stage)(
+                draft_hidden, rows=draft_hidden.shape[0] // self.block_size)
         bs = draft_hidden.shape[0] // self.block_size
         hidden = draft_hidden.view(bs, self.block_size, -1)[:, 1:, :].reshape(bs * (self.block_size - 1), -1)
         values, tokens = self._topk_logprobs(hidden, k)

@@ -157,10 +157,12 @@ def test_graphed_round_stages_equal_eager(budget):
     assert [s.captures for s in stages] == [2, 2, 2] and all(s.replays == 5 for s in stages)
 
 
-def test_graphed_auto_stages_equal_eager():
+@pytest.mark.parametrize("padded", [False, True])
+def test_graphed_auto_stages_equal_eager(padded):
     """`auto`: per candidate, the graphed tree stage (tree at the largest budget, the chosen tree, every candidate's
     expected tokens) and walk stage (with the observed tokens) equal the eager functions, candidates met in any
-    order, batch sizes 1 and 4."""
+    order, batch sizes 1, 3 and 4. padded: the stages run at batch 4 for 1..4 requests (SGLANG_DDTREE_PAD_STAGES:
+    the walk borrows the tree stage's padded buffers, the batch sums leave the padding out)."""
     from functools import partial
 
     from sglang_ddtree.adaptive import CHAIN
@@ -174,32 +176,35 @@ def test_graphed_auto_stages_equal_eager():
                 for c in candidates for sampled in (True, False)}
     walk_fns = {c: partial(ops.walk_commit_plan, block, True, False, auto=(candidates, c), top1_chain=c == CHAIN)
                 for c in candidates}
-    tree_stages = {k: GraphedStage(f, name=f"tree {k}", borrow=(0, 1)) for k, f in tree_fns.items()}
-    walk_stages = {(c, sampled): GraphedStage(f, name=f"walk {c}", borrow=tuple(range(6)))
+    pad = dict(bucket_of=lambda b: 4 if b <= 4 else b, rows_arg=True) if padded else {}
+    tree_stages = {k: GraphedStage(f, name=f"tree {k}", borrow=(0, 1), unpad=ops.unpad_tree_stage, **pad)
+                   for k, f in tree_fns.items()}
+    walk_stages = {(c, sampled): GraphedStage(f, name=f"walk {c}", borrow=tuple(range(6)),
+                                              unpad=ops.unpad_commit_plan, **pad)
                    for c, f in walk_fns.items() for sampled in (True, False)}
 
-    def run(tree_fn, walk_fn, bs, seed):
+    def run(tree_fn, walk_fn, bs, seed, **rows):
         gen = torch.Generator(device="cuda").manual_seed(seed)
         lp = (torch.randn(bs, block - 1, vocab, device="cuda", generator=gen) * 3).log_softmax(-1)
         values, tokens = topk_draft(lp, 64)
         roots = torch.randint(0, vocab, (bs,), device="cuda", generator=gen)
         prefix = torch.randint(5, 500, (bs,), device="cuda", generator=gen)
-        tree, ids, pos, expected = tree_fn(values, tokens, roots, prefix)
+        tree, ids, pos, expected = tree_fn(values, tokens, roots, prefix, **rows)
         choice = torch.where(torch.rand(tree.tokens.shape, device="cuda", generator=gen) < 0.7,
                              torch.roll(tree.tokens, -1, dims=1), tree.tokens)
         width = tree.tokens.shape[1]
         slots = torch.randperm(bs * width, device="cuda", generator=gen).view(bs, width)
         plan = walk_fn(tree.tokens, tree.parents, tree.depth, tree.scores, tree.ranks, tree.valid, choice, slots,
-                       prefix)
+                       prefix, **rows)
         flat = [*(getattr(tree, f) for f in FIELDS), ids, pos, expected, plan.walk.path, plan.commit_lens,
                 plan.kv_dest, plan.kv_src, plan.out_tokens, plan.observed]
         return [x.clone() for x in flat if x is not None]  # a chain's plan has no KV moves
 
-    order = [(64, 1), (CHAIN, 1), (16, 4), (64, 4), (32, 1), (CHAIN, 4), (64, 1), (16, 1)]
+    order = [(64, 1), (CHAIN, 1), (16, 4), (64, 4), (32, 1), (CHAIN, 4), (64, 1), (16, 1), (64, 3), (CHAIN, 3)]
     for n, (c, bs) in enumerate(order):
         outs = {}
         for sampled in (True, False):
-            graphed = run(tree_stages[(c, sampled)], walk_stages[(c, sampled)], bs, n)
+            graphed = run(tree_stages[(c, sampled)], walk_stages[(c, sampled)], bs, n, rows=bs)
             eager = run(tree_fns[(c, sampled)], walk_fns[c], bs, n)
             for i, (g, e) in enumerate(zip(graphed, eager)):
                 assert torch.equal(g, e), f"candidate {c}, sampled {sampled}: output {i} differs at bs={bs}"
