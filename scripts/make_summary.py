@@ -275,10 +275,12 @@ def adaptive(out: dict) -> None:
 # A/B's triton arm (DFLASH and auto only: lease 12 measured the fixed 16 / 32 trees at 0.56-0.93 of DFLASH there),
 # batch 64 from its own run (DFLASH, the 16-tree, auto; 4 prompt groups); the tiny pair with DFLASH and four fixed
 # budgets in one run.
-# 8B batch 1 / 4 / 16 and the tiny pair from lease 15 (commit a68bcab: auto's leaner chain round); 8B batch 64
-# from lease 13 (commit 2631c15, before it: not re-measured).
+# 8B batch 1 / 4 / 16 from lease 15 (commit a68bcab: auto's leaner chain round); 8B batch 64 from lease 13 (commit
+# 2631c15, before it: not re-measured). The tiny pair from lease 13, measured alone on the machine: lease 15's tiny
+# sweep ran next to compiles and server starts on the other GPU, and on this host-bound pair the two runs of one row
+# differed up to 1.7x (sweep_auto_tiny_lease15.jsonl, kept as a raw file).
 SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease15.jsonl", "sweep_auto_8b_lease13_bs64.jsonl",
-                      "sweep_auto_tiny_lease15.jsonl")
+                      "sweep_auto_tiny_lease13.jsonl")
 
 
 def sglang_auto(out: dict) -> None:
