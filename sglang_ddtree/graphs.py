@@ -97,8 +97,7 @@ class GraphedStage:
         entry = self._graphs.get(key)
         if entry is None:
             if len(self._graphs) >= self.max_graphs:  # unbounded signatures would mean unbounded memory
-                out = self.fn(*inputs, *self._rows(rows, inputs[0].device))
-                return out
+                return self.fn(*inputs, *self._rows(rows, inputs[0].device))
             entry = self._capture(inputs, shapes, rows, bucket if pad else None)
             self._graphs[key] = entry
         static_inputs, graph, outputs, rows_t = entry

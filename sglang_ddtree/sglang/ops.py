@@ -230,8 +230,7 @@ def auto_tree_stage(max_budget: int, chosen: int, candidates: tuple[int, ...], p
     if sampled:
         big = build(topk_values, topk_tokens, max_budget, roots, prune=prune, max_budget=max_budget)
         per_request = adaptive.expected_acceptance(big, candidates, topk_values[:, :, 0])
-        live = live_rows(per_request.shape[0], rows, per_request.device)
-        expected = torch.where(live, per_request, 0.0).sum(dim=0)
+        expected = live_sum(per_request, rows)
     else:
         big = None
         expected = torch.zeros(len(candidates), dtype=torch.float32, device=topk_values.device)
@@ -249,29 +248,30 @@ def auto_tree_stage(max_budget: int, chosen: int, candidates: tuple[int, ...], p
     return tree, ids, positions, expected
 
 
-def live_rows(bs: int, rows: torch.Tensor | None, device) -> torch.Tensor:
-    """[bs, 1] bool: the real requests of a batch padded to bs (the first `rows`); all when rows is None (an
-    unpadded batch). Sums select with it (torch.where), so whatever a padding request computed cannot leak in."""
+def live_sum(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """x [bs, ...] summed over its requests: the first `rows` (a 0-dim tensor) of a batch padded to bs, selected
+    with torch.where so that whatever a padding request computed cannot leak in; all of them when rows is None (an
+    unpadded batch: no extra kernel)."""
     if rows is None:
-        return torch.ones((bs, 1), dtype=torch.bool, device=device)
-    return (torch.arange(bs, device=device) < rows).unsqueeze(1)
+        return x.sum(dim=0)
+    live = (torch.arange(x.shape[0], device=x.device) < rows).view(-1, *([1] * (x.dim() - 1)))
+    return torch.where(live, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum(dim=0)
 
 
 def observed_tokens(candidates: tuple[int, ...], chosen: int, tree: DraftTree, walk,
                     rows: torch.Tensor | None = None) -> torch.Tensor:
     """[C] committed tokens summed over the batch that each candidate would have had this round, for the candidates
-    this round observes exactly (auto.observed_candidates), 0 elsewhere. rows: see live_rows."""
+    this round observes exactly (auto.observed_candidates), 0 elsewhere. rows: see live_sum."""
     from sglang_ddtree import adaptive
     from sglang_ddtree.sglang.auto import observed_candidates
 
     seen = observed_candidates(list(candidates), candidates.index(chosen))
     out = torch.zeros(len(candidates), dtype=torch.float32, device=walk.path.device)
-    live = live_rows(walk.path.shape[0], rows, walk.path.device)
     if chosen == adaptive.CHAIN:  # the chain observes itself only
-        out[candidates.index(chosen)] = torch.where(live[:, 0], walk.accept_len + 1, 0).sum().float()
+        out[candidates.index(chosen)] = live_sum(walk.accept_len + 1, rows).float()
         return out
     budgets = [b for b, ok in zip(candidates, seen) if ok]  # the chosen tree and the smaller ones
-    lens = torch.where(live, adaptive.subtree_accept_lengths(tree, walk.path, budgets), 0).sum(dim=0).float()
+    lens = live_sum(adaptive.subtree_accept_lengths(tree, walk.path, budgets), rows).float()
     for j, b in enumerate(budgets):  # device copies only (no host tensor): this runs inside a CUDA graph
         out[candidates.index(b)] = lens[j]
     return out

@@ -190,18 +190,26 @@ def round_summary_vector(tree, walk, branch_lens: torch.Tensor | None = None,
     branch_lens: branch_counts(tree, walk) when the caller has it already. rows: the real requests (0-dim tensor)
     of a batch padded past them (graphs.GraphedStage); None: every request is real."""
     n = tree.depth_limit
-    bs = tree.batch_size
-    live = (torch.ones(bs, dtype=torch.bool, device=tree.valid.device) if rows is None
-            else torch.arange(bs, device=tree.valid.device) < rows)
-    branches = torch.where(live, branch_counts(tree, walk) if branch_lens is None else branch_lens, 0).sum()
+    branch_lens = branch_counts(tree, walk) if branch_lens is None else branch_lens
     draft_valid = tree.valid.clone()
     draft_valid[:, 0] = False
-    expected = torch.where(live, 1.0 + torch.where(draft_valid, tree.scores.exp(), 0.0).sum(dim=1), 0.0).sum()
+    expected = 1.0 + torch.where(draft_valid, tree.scores.exp(), 0.0).sum(dim=1)
+    nodes = tree.num_nodes - 1
+    if rows is None:
+        counted = torch.ones_like(walk.accept_len, dtype=torch.float32)
+        branches, nodes, expected = branch_lens.sum(), nodes.sum(), expected.sum()
+        requests = expected.new_full((), float(tree.batch_size))
+    else:  # a padded batch: the first `rows` requests only (selected, so no padding value can leak in)
+        live = torch.arange(tree.batch_size, device=tree.valid.device) < rows
+        counted = live.to(torch.float32)
+        branches = torch.where(live, branch_lens, 0).sum()
+        nodes = torch.where(live, nodes, 0).sum()
+        expected = torch.where(live, expected, 0.0).sum()
+        requests = counted.sum()
     # not torch.bincount: on CUDA it reads the input's max back to size its output, a host sync every round
     by_accepted = torch.zeros(n + 1, dtype=torch.float32, device=walk.accept_len.device).scatter_add_(
-        0, walk.accept_len.clamp(0, n), live.to(torch.float32))
-    extra = torch.stack([branches.float(), torch.where(live, tree.num_nodes - 1, 0).sum().float(), expected,
-                         live.sum().float()])
+        0, walk.accept_len.clamp(0, n), counted)
+    extra = torch.stack([branches.float(), nodes.float(), expected, requests])
     return torch.cat([by_accepted, extra])
 
 
