@@ -420,8 +420,9 @@ def _chain_slots(bs: int, depth_limit: int, device) -> tuple[torch.Tensor, ...]:
 
 def chain_tree_from_topk(values: torch.Tensor, tokens: torch.Tensor, root_tokens: torch.Tensor) -> DraftTree:
     """chain_tree from top-K draft log-probs and ids [bs, L, K] (column 0 = the top-1, as topk_draft returns).
-    Every slot is valid: node d (depth d) is the top-1 at depth d, child of node d-1. Two kernels (tokens, scores):
-    the chain is `auto`'s most frequent round at large batch sizes, where each small kernel costs."""
+    Every slot is valid: node d (depth d) is the top-1 at depth d, child of node d-1. Only the tokens and scores are
+    computed (the other fields are shared constants): the chain is `auto`'s most frequent round at large batch
+    sizes, where each small kernel costs."""
     bs, depth_limit, _ = values.shape
     device = values.device
     parents, depth, ranks, valid, zero = _chain_slots(bs, depth_limit, device)
