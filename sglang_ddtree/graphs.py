@@ -20,6 +20,10 @@ replays. Every graph of a GraphedStage shares one memory pool. On CPU, or when d
 - fn must not write its inputs, must not read tensor values on the host (no .item(), no data-dependent shapes) and
   must not keep Python state that changes between calls; its non-tensor arguments are bound at construction
   (functools.partial) and must not change.
+- With `bucket_of` (and `unpad`), a call with rows=n runs the graph of batch size bucket_of(n): the requests past n
+  are padding (copies of the last real one at capture, stale real data afterwards), and the call returns
+  unpad(outputs, n), views of the first n requests. With `rows_arg`, fn also gets n as a trailing 0-dim tensor, so
+  that its sums over the batch select the real requests.
 """
 
 from __future__ import annotations
@@ -31,10 +35,6 @@ from typing import Any, Callable
 import torch
 
 logger = logging.getLogger(__name__)
-
-
-def _signature(inputs: tuple[torch.Tensor, ...]) -> tuple:
-    return tuple((tuple(x.shape), x.dtype, x.device) for x in inputs)
 
 
 def _padded_shape(x: torch.Tensor, rows: int, bucket: int) -> tuple:
