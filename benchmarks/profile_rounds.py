@@ -92,7 +92,8 @@ def profile_one(server, handle, prompts: list[dict], steps: int, trace_dir: Path
     lengths: dict[str, int] = {}
 
     def progress(result):
-        n = len(result.output_ids or [])
+        # meta_info's count: text prompts stream text, not always output_ids
+        n = max(int((result.meta or {}).get("completion_tokens") or 0), len(result.output_ids or []))
         if n >= start_at_tokens:
             reached.set()
         lengths["last"] = n

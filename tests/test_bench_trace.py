@@ -147,12 +147,13 @@ def test_profile_one_starts_recording_at_a_token_count(tmp_path, monkeypatch):
             result = RequestResult(index=index, t_send=0.0)
             for n in range(1, payload["sampling_params"]["max_new_tokens"] + 1):
                 time.sleep(0.001)
-                result.output_ids = list(range(n))
+                result.meta = {"completion_tokens": n}  # a text prompt's stream: the count, no output_ids
                 with lock:
                     state["streamed"] = max(state["streamed"], n)
                 if on_chunk is not None:
                     on_chunk(result)
-            result.meta = {"spec_accept_length": 1.0}
+            result.meta = {**result.meta, "spec_accept_length": 1.0}
+            result.output_ids = list(range(payload["sampling_params"]["max_new_tokens"]))
             return result
 
         def _open(self, path, body, timeout_s):
