@@ -146,7 +146,8 @@ class DDTreeWorker(DFlashWorkerV2):
         # tiny sweep, ~160 in each fixed-budget one, as requests finished one by one; DFLASH captures none). Off by
         # default until a GPU lease has run it (written after lease 15, CPU-tested).
         self.pad_stages = self.round_graphs and os.environ.get("SGLANG_DDTREE_PAD_STAGES", "0") == "1"
-        pad = dict(bucket_of=self._graph_bucket) if self.pad_stages else {}
+        self._pad = dict(bucket_of=self._graph_bucket) if self.pad_stages else {}  # every stage's padding options
+        pad = self._pad
         shard = self._lm_head_shard
         self._topk_stage = GraphedStage(
             partial(ops.draft_topk_stage, self.block_size, self.topk, shard["start"], shard["weight"][: shard["rows"]]),
@@ -273,7 +274,7 @@ class DDTreeWorker(DFlashWorkerV2):
             raise ValueError(f"DDTREE auto: the largest verify width {max(widths)} must be the server's "
                              f"{self.num_nodes} (the drafter block is {self.block_size}).")
         tree_stages, walk_stages = [], []
-        pad = dict(bucket_of=self._graph_bucket) if self.pad_stages else {}
+        pad = self._pad
         for c in candidates:
             tree_stages.append({sampled: GraphedStage(
                 partial(ops.auto_tree_stage, self.budget, c, candidates, self.options.prune, self.use_kernels,
