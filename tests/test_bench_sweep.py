@@ -464,6 +464,31 @@ def test_interleave_measures_a_batch_size_one_run_at_a_time_across_servers(tmp_p
     assert report2.exit_code == 1 and all(s.stopped for s in dying.created.values())
 
 
+@pytest.mark.parametrize("interleave", [True, False])
+def test_measured_times_replace_a_pessimistic_plan_estimate(tmp_path, interleave):
+    """The plan's step-time floors are crude (lease 15: a tiny sweep whose estimate was ~8x its real time measured
+    nothing). Once rows have been measured, the deadline checks scale the measured time by the plan's ratios, so
+    a call that fits the real rows measures all of them; with the plan's estimates alone it would stop after the
+    first batch size (the call below leaves 1 s more than the first batch size's estimate)."""
+    setup = dataclasses.replace(TINY, budgets=(16,), batch_sizes=(1, 4, 16), methods=("dflash", "ddtree"),
+                                est_step_floor_ms=(("plain", 3.0), ("dflash", 300.0), ("ddtree", 300.0)))
+    repeats = 2
+    first = sum(s.est_row_seconds(r) for s in make_plan(setup).servers for r in s.rows if r.batch_size == 1)
+    first = first * repeats if interleave else max(  # serial: the first row's own estimate
+        s.est_row_seconds(r) for s in make_plan(setup).servers for r in s.rows if r.batch_size == 1) * repeats
+    probe = sweep(tmp_path / "probe", make_plan(setup), FakeLauncher(Clock()), Clock(), repeats=repeats,
+                  interleave=interleave)
+    probe.run()
+    start_s = max(r["start_s"] for r in read_rows(tmp_path / "probe" / "results.jsonl") if r["kind"] == "server")
+    start_s = max(start_s, 5.0)  # sweep()'s first_start_estimate_s: the wave's own check
+    plan = make_plan(setup)
+    clock = Clock()
+    report = sweep(tmp_path, plan, FakeLauncher(clock), clock, repeats=repeats, interleave=interleave,
+                   max_minutes=(start_s + first + SweepOptions.stop_reserve_s + 1.0) / 60).run()
+    assert report.exit_code == 0 and not report.pending
+    assert sorted(report.done) == sorted(r.key for r in plan.rows)
+
+
 def test_interleave_keeps_to_the_deadline(tmp_path):
     """Interleaved rows of one batch size start only with time for all their runs; what does not fit is left
     pending, every server stopped."""

@@ -19,6 +19,12 @@
 #        oracle servers at B = 16, 64 and 256 eager
 #   bash scripts/device/lease_steps.sh server-and-8b OUTDIR COMMIT   # one GPU, ~7 min: the DDTREE server module,
 #        then DFLASH and auto at 8B shapes, batch 1 / 4 / 16
+#   bash scripts/device/lease_steps.sh pad-checks-and-8b OUTDIR COMMIT   # two GPUs, ~9.5 min: GPU 0 the padded
+#        stage test and the server module with SGLANG_DDTREE_PAD_STAGES=1; GPU 1 DFLASH / auto at 8B shapes batch
+#        64, then benchmarks/profile_kernels.py on confident drafts
+#   bash scripts/device/lease_steps.sh tiny-pad-ab OUTDIR COMMIT [bench_budgets args...]   # one GPU, ALONE on the
+#        machine, ~8 min: the tiny pair's interleaved sweep, DFLASH / fixed / auto with the stage graphs padded,
+#        and fixed 32 / auto without (a copied setup, tiny-nopad), in one run
 set -euo pipefail
 step=${1:?step}
 shift
@@ -234,6 +240,55 @@ tiny-auto-sweep)
     echo "tiny exit $rc" >> /tmp/swt/run.log
     tar -cJf "$out/sweep_tiny.tar.xz" -C /tmp swt
     tail -n 12 /tmp/swt/run.log
+    ;;
+pad-checks-and-8b)
+    out=${1:?outdir}
+    commit=${2:?commit}
+    mkdir -p "$out" /tmp/p0 /tmp/p1
+    (rc=0
+     CUDA_VISIBLE_DEVICES=0 python3 scripts/device/run_gpu_suite.py tests/gpu/test_core_cuda.py --out /tmp/p0/core \
+        --deadline-s 110 --jit-cache .device-cache/jit/jit-cache.tar.xz -- -k auto_stages > /tmp/p0/core.log 2>&1 || rc=$?
+     echo "core padded exit $rc" >> /tmp/p0/core.log
+     rc=0
+     CUDA_VISIBLE_DEVICES=0 SGLANG_DDTREE_PAD_STAGES=1 python3 scripts/device/run_gpu_suite.py \
+        tests/gpu/test_ddtree_server.py --out /tmp/p0/server --deadline-s 420 > /tmp/p0/server.log 2>&1 || rc=$?
+     echo "server module (padded stages) exit $rc" >> /tmp/p0/server.log) &
+    (sleep 30  # the JIT cache restore on GPU 0 first (lease 12: a restore next to a compile crashed it)
+     rc=0
+     CUDA_VISIBLE_DEVICES=1 timeout 290 python3 benchmarks/bench_budgets.py --setups 8b-dummy \
+        --set 8b-dummy.methods=dflash,auto --set 8b-dummy.batch_sizes=64 --repeats 3 --prompt-groups 4 \
+        --max-minutes 4.5 --out /tmp/p1/b64 --log-dir /tmp/p1/b64/logs --commit "$commit" > /tmp/p1/b64.log 2>&1 || rc=$?
+     echo "8b batch 64 exit $rc" >> /tmp/p1/b64.log
+     rc=0
+     CUDA_VISIBLE_DEVICES=1 timeout 230 python3 benchmarks/profile_kernels.py --budgets 256,1024 --warps 8 \
+        --repeats 20 --commit "$commit" --out /tmp/p1/profile_kernels.json > /tmp/p1/pk.log 2>&1 || rc=$?
+     echo "profile kernels exit $rc" >> /tmp/p1/pk.log) &
+    wait
+    cp /tmp/p0/core/gpu_suite.json "$out/gpu_suite_core_padded.json" || true
+    cp /tmp/p0/server/gpu_suite.json "$out/gpu_suite_server_padded.json" || true
+    cp /tmp/p1/profile_kernels.json "$out/" || true
+    tar -cJf "$out/pad_checks_and_8b.tar.xz" -C /tmp p0 p1
+    tail -n 5 /tmp/p0/core.log /tmp/p0/server.log /tmp/p1/b64.log /tmp/p1/pk.log
+    ;;
+tiny-pad-ab)
+    out=${1:?outdir}
+    commit=${2:?commit}
+    shift 2
+    mkdir -p "$out" /tmp/swp
+    rc=0
+    CUDA_VISIBLE_DEVICES=0 timeout 570 python3 benchmarks/bench_budgets.py --setups tiny,tiny-nopad \
+        --copy-setup tiny-nopad=tiny --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=32,128 \
+        --set tiny.server_env=SGLANG_DDTREE_PAD_STAGES=1 --set tiny-nopad.methods=ddtree,auto \
+        --set tiny-nopad.budgets=32 --set tiny-nopad.server_env=SGLANG_DDTREE_PAD_STAGES=0 \
+        --set all.batch_sizes=1,4,16,64 --set all.max_new_tokens=256 --set all.warmup_new_tokens=128 --repeats 3 \
+        --prompt-groups 4 --interleave --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes 7.6 \
+        --out /tmp/swp --log-dir /tmp/swp/logs --commit "$commit" "$@" > /tmp/swp/run.log 2>&1 || rc=$?
+    echo "tiny pad A/B exit $rc" >> /tmp/swp/run.log
+    for f in /tmp/swp/logs/server-*.log; do echo "$(grep -c 'DDTREE: captured' "$f") captures $(basename "$f")"; done \
+        | tee /tmp/swp/captures.txt
+    cp /tmp/swp/bench_budgets.jsonl "$out/" || true
+    tar -cJf "$out/sweep_tiny_pad_ab.tar.xz" -C /tmp swp
+    tail -n 16 /tmp/swp/run.log
     ;;
 *)
     echo "unknown step $step" >&2

@@ -111,6 +111,10 @@ class Setup:
     batch_sizes: tuple[int, ...] = ALL_BATCH_SIZES
     est_step_floor_ms: tuple[tuple[str, float], ...] = (("plain", 3.0), ("dflash", 6.0), ("ddtree", 12.0))
     est_us_per_verify_token: float = 0.5  # crude step-time slope, for deadline decisions only
+    est_tokens_per_step: float = 1.0  # speculative methods' tokens per step, for deadline decisions only
+    # "KEY=VALUE" environment entries for this setup's servers (an A/B of a worker switch in one interleaved run:
+    # bench_budgets.py --copy-setup tiny-off=tiny --set tiny-off.server_env=SGLANG_DDTREE_X=0)
+    server_env: tuple[str, ...] = ()
 
     def validate(self) -> None:
         if self.prompt_kind not in ("text", "ids"):
@@ -127,6 +131,13 @@ class Setup:
                 raise ValueError(f"setup {self.name}: {name} must be >= 1, got {getattr(self, name)}.")
         if self.warmup_new_tokens < 0:
             raise ValueError(f"setup {self.name}: warmup_new_tokens must be >= 0, got {self.warmup_new_tokens}.")
+        bad = [e for e in self.server_env if not e.partition("=")[0] or "=" not in e]
+        if bad:
+            raise ValueError(f"setup {self.name}: server_env entries must be KEY=VALUE, got {bad}.")
+
+    def env(self) -> dict[str, str]:
+        """server_env as a dict."""
+        return dict(e.split("=", 1) for e in self.server_env)
 
     def path(self, which: str) -> Path:
         p = Path(getattr(self, which))
@@ -143,6 +154,8 @@ class Setup:
         keep = ("target", "drafter", "dummy", "prompt_kind", "prompt_tokens", "max_new_tokens", "warmup_new_tokens",
                 "context_length", "graph_token_cap")
         out = {k: getattr(self, k) for k in keep}
+        if self.server_env:  # only when set: the signatures of setups without it stay what they were
+            out["server_env"] = sorted(self.server_env)
         for which in ("target", "drafter"):  # the same folder, however it was spelled
             path = self.path(which)
             out[which] = path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else str(path)
@@ -158,6 +171,7 @@ def default_setups() -> dict[str, Setup]:
         graph_token_cap=64 * 1025,  # vocab 4096: even B=1024 x 64 graphs cost ~3.5 GiB of buffers
         max_activation_gib=16.0, report_acceptance=True,
         est_step_floor_ms=(("plain", 3.0), ("dflash", 5.0), ("ddtree", 12.0)), est_us_per_verify_token=0.3,
+        est_tokens_per_step=3.0,  # a trained pair: tau 4.5-7 for DFLASH and every DDTREE budget (lease 13)
     )
     dummy_8b = Setup(
         name="8b-dummy", target="benchmarks/configs/qwen3-8b-dummy/target",
@@ -315,8 +329,9 @@ class ServerPlan:
         return tuple(r.batch_size for r in self.rows)
 
     def est_row_seconds(self, row: Row) -> float:
-        """Warmup + measured run if every round committed one token (random weights do exactly that), + overhead."""
-        steps = self.setup.max_new_tokens + self.setup.warmup_new_tokens
+        """Warmup + measured run at the setup's tokens per step (random weights commit exactly one), + overhead."""
+        tokens = self.setup.max_new_tokens + self.setup.warmup_new_tokens
+        steps = tokens if self.method == "plain" else tokens / self.setup.est_tokens_per_step
         return steps * self.setup.est_step_ms(self.method, self.width, row.batch_size) / 1e3 + 1.5
 
 

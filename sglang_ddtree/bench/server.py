@@ -198,7 +198,10 @@ class SubprocessLauncher:
         self.python = python
 
     def create(self, plan: ServerPlan) -> SubprocessServer:
-        return SubprocessServer(plan.name, plan.args, self.log_dir, self.env, self.python)
+        env = self.env
+        if plan.setup.server_env:  # the setup's own entries over the launcher's environment
+            env = {**(os.environ if env is None else env), **plan.setup.env()}
+        return SubprocessServer(plan.name, plan.args, self.log_dir, env, self.python)
 
 
 def wait_all_ready(handles: list[ServerHandle], deadline: float, clock=time.monotonic, sleep=time.sleep,

@@ -152,7 +152,8 @@ class Sweep:
             base.update(signature=server.signature, server=server.name, verify_width=server.width,
                         verify_tokens=server.width * row.batch_size, max_new_tokens=server.setup.max_new_tokens,
                         prompt_kind=server.setup.prompt_kind, acceptance_meaningful=server.setup.report_acceptance,
-                        server_args=server.args)
+                        server_args=server.args, **({"server_env": list(server.setup.server_env)}
+                                                    if server.setup.server_env else {}))
         return {**base, **fields}
 
     def _stop(self, name: str, background: bool = True) -> None:
@@ -287,7 +288,8 @@ class Sweep:
             info = self._server_info(handle)
             writer.write({"kind": "server", "run_id": self.run_id, "server": server.name, "ok": True,
                           "setup": server.setup.name, "method": server.method, "budget": server.budget,
-                          "args": server.args, "start_s": round(settled[server.name], 1), "server_info": info,
+                          "args": server.args, "server_env": list(server.setup.server_env),
+                          "start_s": round(settled[server.name], 1), "server_info": info,
                           "command": handle.command() if hasattr(handle, "command") else None,
                           "memory_estimate_gib": {"resident": round(server.memory.resident_gib, 2),
                                                   "activation": round(server.memory.activation_gib, 2),
@@ -308,19 +310,23 @@ class Sweep:
     def _measure_serially(self, wave, handles, todo_of, writer, report) -> bool:
         """Every row of a server, all its runs, then the next server. False when the deadline or an interrupt
         ended the sweep."""
+        last = None  # the last measured row's (plan's estimate, seconds): the plan's numbers are crude floors
         for server in wave:
             if server.name not in self._live:
                 continue
             handle = handles[server.name]
             for row in todo_of[server.name]:
-                est = server.est_row_seconds(row) * self.opt.repeats * self.opt.prompt_groups
+                plan_est = server.est_row_seconds(row) * self.opt.repeats * self.opt.prompt_groups
+                est = plan_est if last is None else last[1] * plan_est / last[0]
                 if self.left() < est + self.opt.stop_reserve_s:
                     self.log(f"deadline: {self.left():.0f} s left, {row.key} needs ~{est:.0f} s; stopping here")
                     self._stop(server.name)
                     return False
+                t = self.clock()
                 if not self._record(self._measure(handle, server, row), writer, report):
                     self._stop(server.name)
                     return False
+                last = (plan_est, self.clock() - t)
                 if not handle.alive():
                     self._fail_rest(server, handle, todo_of[server.name][todo_of[server.name].index(row) + 1:],
                                     writer, report)
@@ -332,22 +338,32 @@ class Sweep:
         """SweepOptions.interleave: per batch size, every live server's row warms up, then run r of each in turn,
         r = 1..repeats; the rows are written once all their runs are in. False when the deadline or an interrupt
         ended the sweep."""
+        measured = None  # the last batch size's (plan's estimate, slowest measured round, warm-ups) in seconds
         for bs in sorted({row.batch_size for server in wave for row in todo_of[server.name]}):
             group = [(server, row) for server in wave if server.name in self._live
                      for row in todo_of[server.name] if row.batch_size == bs]
             if not group:
                 continue
-            # A group holds len(group) x repeats runs where a serial row holds `repeats`: the plan's estimate is
-            # checked against the last measured run too, and every round of runs against the round before it.
-            per_round = max(sum(s.est_row_seconds(r) for s, r in group) * self.opt.prompt_groups,
+            # A group holds len(group) x repeats runs where a serial row holds `repeats`. Before anything is
+            # measured the plan's estimate decides; after, the last batch size's measured round scaled by the
+            # plan's ratio between the two (the plan's absolute numbers are crude floors: lease 15's tiny sweep
+            # of 6 servers x 256 tokens measured nothing, its estimate ~8x the real time), and never less than
+            # the last run times the group. Every round of runs is also checked against the round before it.
+            estimate = sum(s.est_row_seconds(r) for s, r in group) * self.opt.prompt_groups
+            scale = 1.0 if measured is None else 1.0 / measured[0]
+            per_round = max(estimate if measured is None else measured[1] * estimate * scale,
                             len(group) * self._last_run_s)
-            if self.left() < per_round * self.opt.repeats + self.opt.stop_reserve_s:
+            warm = 0.0 if measured is None else measured[2] * estimate * scale  # (in the plan's estimate)
+            need = per_round * self.opt.repeats + warm
+            if self.left() < need + self.opt.stop_reserve_s:
                 self.log(f"deadline: {self.left():.0f} s left, the batch-{bs} rows of {len(group)} servers need "
-                         f"~{per_round * self.opt.repeats:.0f} s; stopping here")
+                         f"~{need:.0f} s; stopping here")
                 for server in wave:
                     self._stop(server.name)
                 return False
+            t = self.clock()
             runs = [self._begin(handles[s.name], s, r) for s, r in group]
+            warmed, slowest = self.clock() - t, 0.0
             for i in range(self.opt.repeats):
                 if i > 0 and self.left() < per_round + self.opt.stop_reserve_s:
                     self.log(f"deadline: {self.left():.0f} s left, a round of the batch-{bs} runs takes "
@@ -358,7 +374,9 @@ class Sweep:
                 t = self.clock()
                 for run in runs:
                     self._one_run(run)
-                per_round = max(per_round, self.clock() - t)
+                slowest = max(slowest, self.clock() - t)
+                per_round = slowest  # measured now: the next round is checked against the slowest so far
+            measured = (estimate, slowest, warmed)
             for run in runs:
                 server, handle = run.server, run.handle
                 if not self._record(self._finish(run), writer, report):
