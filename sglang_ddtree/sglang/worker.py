@@ -141,11 +141,12 @@ class DDTreeWorker(DFlashWorkerV2):
         decode_graphs = get_exec().graph.cuda_graph_config.decode.backend != Backend.DISABLED
         self.round_graphs = (self.use_kernels and decode_graphs
                              and os.environ.get("SGLANG_DDTREE_ROUND_GRAPHS", "1") != "0")
-        # SGLANG_DDTREE_PAD_STAGES=1: the stage graphs run at SGLang's CUDA-graph batch sizes (the verify's own),
-        # padded, instead of one capture per batch size met (lease 15: 480 captures in one `auto` server of the
-        # tiny sweep, ~160 in each fixed-budget one, as requests finished one by one; DFLASH captures none). Off by
-        # default until a GPU lease has run it (written after lease 15, CPU-tested).
-        self.pad_stages = self.round_graphs and os.environ.get("SGLANG_DDTREE_PAD_STAGES", "0") == "1"
+        # The stage graphs run at SGLang's CUDA-graph batch sizes (the verify's own), padded, instead of one
+        # capture per batch size met: lease 16's tiny sweep, 642-747 captures in an unpadded `auto` server and
+        # 180-186 in a fixed-budget one (as requests finished one by one, each capture a stall of the round) against
+        # 88 and 12 padded, throughput the same within the runs' spread; the server module passed padded.
+        # SGLANG_DDTREE_PAD_STAGES=0 captures per batch size instead.
+        self.pad_stages = self.round_graphs and os.environ.get("SGLANG_DDTREE_PAD_STAGES", "1") != "0"
         self._pad = dict(bucket_of=self._graph_bucket) if self.pad_stages else {}  # every stage's padding options
         pad = self._pad
         shard = self._lm_head_shard

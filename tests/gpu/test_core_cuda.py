@@ -207,7 +207,14 @@ def test_graphed_auto_stages_equal_eager(padded):
             graphed = run(tree_stages[(c, sampled)], walk_stages[(c, sampled)], bs, n, rows=bs)
             eager = run(tree_fns[(c, sampled)], walk_fns[c], bs, n)
             for i, (g, e) in enumerate(zip(graphed, eager)):
-                assert torch.equal(g, e), f"candidate {c}, sampled {sampled}: output {i} differs at bs={bs}"
+                if padded and g.is_floating_point():
+                    # a padded stage runs torch's reductions over 4 rows where the eager call has bs: a cumsum (the
+                    # chain's scores) over 1 row and over 4 may add in another order (lease 16: the chain's scores
+                    # differed in the last bits at bs=1); ids, links, paths and commits must stay exact
+                    torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-5,
+                                               msg=f"candidate {c}, sampled {sampled}: output {i} at bs={bs}")
+                else:
+                    assert torch.equal(g, e), f"candidate {c}, sampled {sampled}: output {i} differs at bs={bs}"
             assert graphed[-1].sum() > 0  # the chosen candidate's committed tokens are observed
             outs[sampled] = graphed
         # an unsampled round builds the chosen tree directly: the same tree as the sampled round's first slots
