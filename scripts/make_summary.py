@@ -279,8 +279,13 @@ def adaptive(out: dict) -> None:
 # 2631c15, before it: not re-measured). The tiny pair from lease 13, measured alone on the machine: lease 15's tiny
 # sweep ran next to compiles and server starts on the other GPU, and on this host-bound pair the two runs of one row
 # differed up to 1.7x (sweep_auto_tiny_lease15.jsonl, kept as a raw file).
-SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease15.jsonl", "sweep_auto_8b_lease13_bs64.jsonl",
-                      "sweep_auto_tiny_lease13.jsonl")
+# Later files win for the same (setup, batch size). 8B batch 64: lease 16's run with decode CUDA graphs for both
+# servers (lease 13's x0.970 compared an eager auto server, whose widest verify passed the planner's graph-token
+# cap, with a graphed DFLASH; lease 16's eager runs gave x0.82 / x0.72). Tiny: lease 16's 1024-token interleaved
+# sweep alone on the machine, padded stage graphs (the default since 44f6c47).
+SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease15.jsonl", "sweep_auto_8b_lease16_bs64_graphs.jsonl",
+                      "sweep_auto_tiny_lease16_long.jsonl")
+PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
 def sglang_auto(out: dict) -> None:
@@ -308,8 +313,31 @@ def sglang_auto(out: dict) -> None:
                                   for k, v in sorted(sources.items())}
 
 
+def pad_stages(out: dict) -> None:
+    """Issue 10, stage graphs padded to SGLang's CUDA-graph batch sizes (SGLANG_DDTREE_PAD_STAGES) against one
+    capture per batch size met, both in one interleaved tiny sweep (PAD_AB_SWEEPS: setup `tiny` padded,
+    `tiny-nopad` not): tokens/s padded over unpadded per batch size for the 32-tree and `auto`, and the captures
+    per server (stage_captures_lease16.json)."""
+    ratios: dict = {}
+    for name in PAD_AB_SWEEPS:
+        rows = _sweep_rows(name)
+        for (setup, method, budget, bs), r in rows.items():
+            off = rows.get(("tiny-nopad", method, budget, bs))
+            if setup != "tiny" or off is None:
+                continue
+            key = "auto" if method == "auto" else f"ddtree-{budget}"
+            ratios.setdefault(key, {}).setdefault(str(bs), []).append(
+                round(r["decode_tokens_per_s"] / off["decode_tokens_per_s"], 3))
+    out["pad_stages_tokens_per_s_padded_over_unpadded_tiny"] = {
+        k: dict(sorted(v.items(), key=lambda kv: int(kv[0]))) for k, v in sorted(ratios.items())}
+    captures = _load("stage_captures_lease16.json")
+    if captures is None:
+        raise FileNotFoundError("stage_captures_lease16.json")
+    out["pad_stages_captures_per_server_tiny"] = {run["sweep"]: run["captures"] for run in captures["runs"]}
+
+
 EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, round_graphs, budgets, tp2, hybrid, adaptive,
-              sglang_auto, sglang_hybrid]
+              sglang_auto, pad_stages, sglang_hybrid]
 
 
 def build() -> dict:
