@@ -94,15 +94,21 @@ if triton is not None:
         return prefix, k_left
 
     @triton.jit
-    def _top_w_sorted(key, live, scratch, offs_w, W: tl.constexpr, ABLATE: tl.constexpr):
-        """The W largest live int64 keys, sorted descending, as a [WP] block (int64 min past W). The high word is
-        an order-preserving float key; among equal high words the lower position has the larger low word, so the
-        ties at the threshold are taken lowest position first (a cumsum in position order), as a full sort would.
-        Why: a full sort of ~W ln W keys per depth dominated the tree build (B=1024: 3.2 ms on an H200)."""
+    def _top_w_sorted(key, live, n_live, scratch, offs_w, W: tl.constexpr, ABLATE: tl.constexpr):
+        """The W largest live int64 keys (all n_live of them when there are no more than W), sorted descending, as
+        a [WP] block (int64 min past them). The high word is an order-preserving float key; among equal high words
+        the lower position has the larger low word, so the ties at the threshold are taken lowest position first (a
+        cumsum in position order), as a full sort would.
+        Why: a full sort of ~W ln W keys per depth dominated the tree build (B=1024: 3.2 ms on an H200); then the
+        radix passes did (lease 16, confident drafts: ~69% of the kernel at B=256), so they run only when more
+        than W keys are live."""
         ukey = (key >> 32) + 2147483648
         if ABLATE % 2 == 1:  # profiling only (ABLATE_*): no selection, the first W live keys pass
             thresh = tl.zeros([], dtype=tl.int64)
             k_left = tl.zeros([], dtype=tl.int32) + W
+        elif n_live <= W:  # every live key is selected: a threshold below all of them
+            thresh = tl.full([], -1, dtype=tl.int64)
+            k_left = tl.zeros([], dtype=tl.int32)
         else:
             thresh, k_left = _radix_select(ukey, live, W)
         gt = live & (ukey > thresh)
@@ -118,17 +124,19 @@ if triton is not None:
         tl.debug_barrier()
         tl.store(scratch + slot, key, mask=sel)
         tl.debug_barrier()
-        top = tl.load(scratch + offs_w, mask=offs_w < W, other=-9223372036854775807 - 1)
+        # (slots past the selected keys hold an earlier call's keys: not read)
+        top = tl.load(scratch + offs_w, mask=offs_w < tl.minimum(n_live, W), other=-9223372036854775807 - 1)
         if ABLATE < 2:  # (profiling only: ABLATE_SORT / ABLATE_BOTH leave the W keys unsorted)
             top = tl.sort(top, 0, descending=True)
         return top
 
     @triton.jit
-    def _best_w(key, live, scratch, offs, offs_w, W: tl.constexpr, RADIX: tl.constexpr, ABLATE: tl.constexpr):
-        """The W largest keys, descending, as a [WP] block: radix selection and a sort of W keys (RADIX), or a
-        sort of all of them (dead entries must then hold the int64 minimum)."""
+    def _best_w(key, live, n_live, scratch, offs, offs_w, W: tl.constexpr, RADIX: tl.constexpr,
+                ABLATE: tl.constexpr):
+        """The W largest live keys (n_live of them live), descending, as a [WP] block: radix selection and a sort
+        of W keys (RADIX), or a sort of all of them (dead entries must then hold the int64 minimum)."""
         if RADIX:
-            top = _top_w_sorted(key, live, scratch, offs_w, W, ABLATE)
+            top = _top_w_sorted(key, live, n_live, scratch, offs_w, W, ABLATE)
         else:
             ordered = tl.sort(key, descending=True)
             tl.debug_barrier()
@@ -165,11 +173,17 @@ if triton is not None:
 
         pp = tl.load(pair_parent_ptr + offs_c)
         pr = tl.load(pair_rank_ptr + offs_c)
-        # Depths stop once no deeper node can enter the top W (exact, same tree): every node below depth d scores
-        # at most bound = (depth d's best) + (depth d+1's top-1) (+ any positive log-prob, none for log-probs:
-        # `slack`), and some depth d' <= d already holds W nodes scoring >= lb (its W-th best); a deeper node
-        # scoring <= lb comes after all of them (equal scores: shallower first). An unsure drafter's wide, shallow
-        # trees then skip most of the 15 selections (random logits x4 over 151936 ids: trees 4 deep at B = 256).
+        # lb: a score that W nodes of the depths selected so far reach (the W-th best of one depth's list, or of
+        # the best a of one list and the best W - a of the next). A node deeper than all of them scoring <= lb
+        # cannot enter the tree (it comes after those W; equal scores: shallower first), nor can its descendants
+        # (they score no more). So (exact, the same tree):
+        # - a depth's candidates scoring <= lb are dropped, and when no more than W are left the radix passes are
+        #   skipped (they were ~69% of the kernel at B = 256 with confident drafts, lease 16; with the two-list
+        #   bound about 70% of the selections of such drafts keep no more than W, a CPU simulation);
+        # - depths stop once no deeper node can score above lb: every node below depth d scores at most
+        #   bound = (depth d's best) + (depth d+1's top-1) (+ any positive log-prob, none for log-probs: `slack`).
+        #   An unsure drafter's wide, shallow trees then skip most of the 15 selections (random logits x4 over
+        #   151936 ids: trees 4 deep at B = 256).
         offs_l = tl.arange(0, LP)
         slack = tl.sum(tl.maximum(tl.load(vals + offs_l * K, mask=offs_l < L, other=0.0), 0.0), 0)
         lb = tl.min(tl.where(offs_w < W, prev, float("inf")), 0)
@@ -177,16 +191,23 @@ if triton is not None:
         bound = tl.max(prev, 0) + tl.load(vals + K, mask=L > 1, other=NEG_INF) + slack
         while (d < L) & ((bound > lb) | (ABLATE > 0)):  # the profiling variants select at every depth
             cand = tl.gather(prev, pp, 0) + tl.load(vals + d * K + pr, mask=pr < K, other=NEG_INF)
+            live = (cand > lb) | (ABLATE > 0)  # (the profiling variants keep every candidate)
+            n_live = tl.sum(live.to(tl.int32), 0)
             key = (_float_key(cand).to(tl.int64) << 32) | (CP - 1 - offs_c).to(tl.int64)
-            top = _best_w(key, offs_c >= 0, scratch, offs_c, offs_w, W, RADIX, ABLATE)
+            key = tl.where(live, key, -(2**63))  # the full-sort variant orders dead entries last
+            top = _best_w(key, live, n_live, scratch, offs_c, offs_w, W, RADIX, ABLATE)
             pick = (CP - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
-            prev = tl.where(offs_w < W, _key_float((top >> 32).to(tl.int32)), NEG_INF)
+            older = prev
+            prev = tl.where(offs_w < tl.minimum(n_live, W), _key_float((top >> 32).to(tl.int32)), NEG_INF)
             tl.store(lvl_parent + d * WP + offs_w, tl.gather(pp, pick, 0))
             tl.store(lvl_rank + d * WP + offs_w, tl.gather(pr, pick, 0))
             # global key of this depth's entries: float bits, then shallower depth / lower position first
             tl.store(lvl_key + d * WP + offs_w,
                      (_float_key(prev).to(tl.int64) << 32) | (L * WP - 1 - (d * WP + offs_w)).to(tl.int64))
             lb = tl.maximum(lb, tl.min(tl.where(offs_w < W, prev, float("inf")), 0))
+            # the best i + 1 of the older list and the best W - 1 - i of this one (both sorted, descending)
+            newer = tl.gather(prev, tl.maximum(W - 2 - offs_w, 0), 0)
+            lb = tl.maximum(lb, tl.max(tl.where(offs_w <= W - 2, tl.minimum(older, newer), NEG_INF), 0))
             d += 1
             bound = tl.max(prev, 0) + tl.load(vals + d * K, mask=d < L, other=NEG_INF) + slack
 
@@ -195,7 +216,7 @@ if triton is not None:
         offs_g = tl.arange(0, GP)
         built = offs_g < d * WP
         everything = tl.load(lvl_key + offs_g, mask=built, other=-(2**63))
-        glob = _best_w(everything, built, scratch, offs_g, offs_w, W, RADIX, ABLATE)
+        glob = _best_w(everything, built, d * WP, scratch, offs_g, offs_w, W, RADIX, ABLATE)
         entry = (L * WP - 1 - (glob & 0xFFFFFFFF)).to(tl.int32)
         depth0 = entry // WP
         score = _key_float((glob >> 32).to(tl.int32))

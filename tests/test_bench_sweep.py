@@ -41,6 +41,7 @@ class FakeClient:
     def generate_stream(self, payload, timeout_s):
         srv = self.server
         srv.launcher.events.append(("generate", srv.name))
+        srv.max_new_tokens_seen.append(payload["sampling_params"]["max_new_tokens"])
         with srv.lock:
             srv.generates += 1
             srv.prompts_seen.append(payload.get("text"))
@@ -94,6 +95,7 @@ class FakeServer:
         self.polls = 0
         self.generates = 0
         self.prompts_seen: list = []
+        self.max_new_tokens_seen: list = []
         self.request_rounds = 0
         self.dead = False
         self.stopped = False
@@ -487,6 +489,18 @@ def test_measured_times_replace_a_pessimistic_plan_estimate(tmp_path, interleave
                    max_minutes=(start_s + first + SweepOptions.stop_reserve_s + 1.0) / 60).run()
     assert report.exit_code == 0 and not report.pending
     assert sorted(report.done) == sorted(r.key for r in plan.rows)
+
+
+def test_auto_rows_warm_up_long_enough_to_explore(tmp_path):
+    """An `auto` row warms up with at least AUTO_WARMUP_NEW_TOKENS per request (its exploration and first-use
+    captures before the measured runs); other rows with the setup's own warm-up."""
+    setup = dataclasses.replace(BIG, methods=("dflash", "auto"), batch_sizes=(1,), warmup_new_tokens=4)
+    clock = Clock()
+    launcher = FakeLauncher(clock)
+    assert sweep(tmp_path, make_plan(setup), launcher, clock).run().exit_code == 0
+    seen = {name: server.max_new_tokens_seen for name, server in launcher.created.items()}
+    assert seen["8b-dummy-dflash"][0] == 4 and seen["8b-dummy-auto"][0] == P.AUTO_WARMUP_NEW_TOKENS > 4
+    assert set(seen["8b-dummy-auto"][1:]) == set(seen["8b-dummy-dflash"][1:]) == {setup.max_new_tokens}
 
 
 def test_interleave_keeps_to_the_deadline(tmp_path):

@@ -113,12 +113,26 @@ EARLY_EXIT_CHECK = textwrap.dedent(
         got = kernels.build_tree_triton(values, tokens, 5, torch.tensor([0]), max_budget=5, kernel=kernel)
         for f in FIELDS:
             assert torch.equal(getattr(ref, f), getattr(got, f)), ("boundary5", kernel, f)
+    # the two-list bound at its boundary (W = 4): depth 1 [-1, -1.25, -9, -9], depths 2 and 3 [-0.125, -9, -9.5, -10].
+    # Depth 2 keeps 2 candidates above depth 1's 4th best (-9): the radix passes are skipped. The best 2 of depth 1
+    # with the best 2 of depth 2 give the bound -1.375, below the depth-3 node -1.25 that is the tree's 4th node
+    # (after the depth-1 node of the same score). A bound from 3 nodes (-1.25) would drop it.
+    per_depth = torch.tensor([[-1.0, -1.25, -9.0, -9.0], [-0.125, -9.0, -9.5, -10.0], [-0.125, -9.0, -9.5, -10.0]])
+    values, tokens = per_depth.view(1, 3, 4), torch.arange(12).view(1, 3, 4)
+    ref = build_tree_from_topk(values, tokens, 4, torch.tensor([0]), max_budget=4)
+    assert ref.scores.tolist() == [[0.0, -1.0, -1.125, -1.25, -1.25]] and ref.depth.tolist() == [[0, 1, 2, 1, 3]]
+    for kernel in ("sort", "select"):
+        got = kernels.build_tree_triton(values, tokens, 4, torch.tensor([0]), max_budget=4, kernel=kernel)
+        for f in FIELDS:
+            assert torch.equal(getattr(ref, f), getattr(got, f)), ("two-list bound", kernel, f)
     print("EARLY-EXIT-OK")
     """
 )
 
 
 def test_tree_kernels_stop_at_the_last_depth_that_can_matter():
+    """... and drop the candidates that cannot enter the tree (a bound that W shallower nodes reach), skipping the
+    radix passes where no more than W are left; the same trees as the torch reference."""
     run_in_interpreter(EARLY_EXIT_CHECK, "EARLY-EXIT-OK", timeout=900)
 
 

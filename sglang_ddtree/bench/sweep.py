@@ -440,8 +440,9 @@ class Sweep:
         run = _RowRun(handle, server, row, handle.client(), t_row=self.clock())
         groups = [prompt_group(self.prompts[setup.name], row.batch_size, g) for g in range(self.opt.prompt_groups)]
         try:
-            if setup.warmup_new_tokens > 0:
-                warm = [{**x, "sampling_params": sampling_params(setup, setup.warmup_new_tokens)} for x in groups[0]]
+            warm_tokens = setup.warmup_tokens(server.method)
+            if warm_tokens > 0:
+                warm = [{**x, "sampling_params": sampling_params(setup, warm_tokens)} for x in groups[0]]
                 errors = [r.error for r in run_batch(run.client, warm, self._timeout()) if r.error]
                 if errors:
                     raise RuntimeError(f"warmup: {len(errors)} requests failed; first: {errors[0]}")
