@@ -288,6 +288,20 @@ SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease15.jsonl", "sweep_auto_8b_lease16_bs64
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
+def _decode_graphs(row: dict) -> bool:
+    """Whether a sweep row ran in decode CUDA graphs (its own field, else read from its server args)."""
+    if "decode_graphs" in row:
+        return bool(row["decode_graphs"])
+    args = row.get("server_args") or []
+    if "--cuda-graph-bs-decode" not in args:
+        return False
+    sizes, i = [], args.index("--cuda-graph-bs-decode") + 1
+    while i < len(args) and args[i].isdigit():
+        sizes.append(int(args[i]))
+        i += 1
+    return row["batch_size"] in sizes
+
+
 def sglang_auto(out: dict) -> None:
     """Issue 10, measured in SGLang (SGLANG_AUTO_SWEEPS, 2 or 3 repeats x 4 prompt groups per row): auto tokens/s
     over max(the fixed budgets and DFLASH measured in the same run) per batch size, which rivals each ratio had and
@@ -295,6 +309,7 @@ def sglang_auto(out: dict) -> None:
     ratios: dict = {}
     rivals_measured: dict = {}
     sources: dict = {}
+    unlike: dict = {}
     for name in SGLANG_AUTO_SWEEPS:
         rows = _sweep_rows(name)
         for (setup, method, _, bs), r in rows.items():
@@ -303,6 +318,12 @@ def sglang_auto(out: dict) -> None:
             rivals = {(m if m == "dflash" else f"ddtree-{budget}"): x["decode_tokens_per_s"]
                       for (s, m, budget, b), x in rows.items() if s == setup and b == bs and m in ("ddtree", "dflash")}
             ratios.setdefault(setup, {})[str(bs)] = round(r["decode_tokens_per_s"] / max(rivals.values()), 4)
+            graphed = {(m, budget): _decode_graphs(x) for (s, m, budget, b), x in rows.items()
+                       if s == setup and b == bs and m in ("ddtree", "dflash", "auto")}
+            unlike.pop(f"{setup}|{bs}", None)
+            if len(set(graphed.values())) > 1:  # one server graphed, another eager: not a like-for-like ratio
+                unlike[f"{setup}|{bs}"] = sorted(f"{m}{'' if b is None else f'-{b}'}" for (m, b), g in graphed.items()
+                                                 if not g)
             rivals_measured.setdefault(setup, {})[str(bs)] = sorted(rivals)
             sources.setdefault(setup, {})[str(bs)] = name
     order = {k: dict(sorted(v.items(), key=lambda kv: int(kv[0]))) for k, v in sorted(ratios.items())}
@@ -311,6 +332,7 @@ def sglang_auto(out: dict) -> None:
                                           for k, v in sorted(rivals_measured.items())}
     out["sglang_auto_sources"] = {k: dict(sorted(v.items(), key=lambda kv: int(kv[0])))
                                   for k, v in sorted(sources.items())}
+    out["sglang_auto_rows_without_decode_graphs"] = dict(sorted(unlike.items()))  # {} = every ratio like for like
 
 
 def pad_stages(out: dict) -> None:

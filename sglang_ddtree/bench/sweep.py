@@ -150,7 +150,11 @@ class Sweep:
                 "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         if server is not None:
             base.update(signature=server.signature, server=server.name, verify_width=server.width,
-                        verify_tokens=server.width * row.batch_size, max_new_tokens=server.setup.max_new_tokens,
+                        verify_tokens=server.width * row.batch_size,
+                        # whether this batch size ran in decode CUDA graphs (the planner's graph-token cap can take
+                        # them from one server and not another: compare like with like)
+                        decode_graphs=row.batch_size in server.memory.graph_batch_sizes,
+                        max_new_tokens=server.setup.max_new_tokens,
                         prompt_kind=server.setup.prompt_kind, acceptance_meaningful=server.setup.report_acceptance,
                         server_args=server.args, **({"server_env": list(server.setup.server_env)}
                                                     if server.setup.server_env else {}))
