@@ -12,9 +12,9 @@ One round, per batch (all on the GPU, no host sync on the default path):
                accepted nodes' target hidden states, and the result goes back in DFLASH's format
                ([bs, 16] tokens: accepted then bonus; accept_lens = k + 1; cap_lens = the path's branch tokens).
 Prefill, idle batches, KV reservation and the overlap relay are DFLASH's, inherited unchanged.
-Between SGLang's graph replays (drafter, target verify) the fixed-shape work is replayed as three graphs per batch
-size (sglang_ddtree.graphs): the draft top-K, the tree with its verify ids and positions, and the walk with the
-commit's slot arithmetic. Left eager: the verify mask (its size follows the context length), the target's
+Between SGLang's graph replays (drafter, target verify) the fixed-shape work is replayed as three graphs per
+CUDA-graph batch size, padded like the verify (sglang_ddtree.graphs): the draft top-K, the tree with its verify ids
+and positions, and the walk with the commit's slot arithmetic. Left eager: the verify mask (its size follows the context length), the target's
 choices (argmax or sampling), SGLang's KV move and the drafter-KV append.
 With `--speculative-ddtree-budget auto` (sglang_ddtree.sglang.auto) each round first picks a candidate budget on
 the host; its tree and walk stages are the candidate's own, and the verify swaps in the target attention backend
@@ -134,7 +134,7 @@ class DDTreeWorker(DFlashWorkerV2):
         # Triton kernels for tree/mask/walk (3 launches a round); SGLANG_DDTREE_TORCH_PATH=1 selects the torch
         # reference implementations instead (identical results, ~150 small launches a round).
         self.use_kernels = kernels.available(self.device) and os.environ.get("SGLANG_DDTREE_TORCH_PATH") != "1"
-        # The fixed-shape stages between SGLang's own graph replays, captured per batch size (sglang_ddtree.graphs):
+        # The fixed-shape stages between SGLang's own graph replays, captured as graphs (sglang_ddtree.graphs):
         # at batch 1 on a small target the round is host-bound (lease 5 profile: 113-131 eager launches a round),
         # and these stages were several dozen of them. Off with decode CUDA graphs off, with the torch path, or
         # with SGLANG_DDTREE_ROUND_GRAPHS=0.
