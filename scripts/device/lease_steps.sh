@@ -22,6 +22,11 @@
 #   bash scripts/device/lease_steps.sh pad-checks-and-8b OUTDIR COMMIT   # two GPUs, ~9.5 min: GPU 0 the padded
 #        stage test and the server module with SGLANG_DDTREE_PAD_STAGES=1; GPU 1 DFLASH / auto at 8B shapes batch
 #        64, then benchmarks/profile_kernels.py on confident drafts
+#   bash scripts/device/lease_steps.sh kernels-and-server OUTDIR COMMIT   # two GPUs, ~9 min: GPU 0 kernel-checks
+#        (the tree kernels' live bound, issue 2); GPU 1 the DDTREE server module (greedy equality with the same
+#        kernels in the server), then profile_kernels
+#   bash scripts/device/lease_steps.sh b64-graphed OUTDIR COMMIT   # one GPU, ~4 min: DFLASH and auto at 8B shapes,
+#        batch 64, both with decode CUDA graphs (the graph-token cap raised), 3 repeats
 #   bash scripts/device/lease_steps.sh tiny-pad-ab OUTDIR COMMIT [bench_budgets args...]   # one GPU, ALONE on the
 #        machine, ~8 min: the tiny pair's interleaved sweep, DFLASH / fixed / auto with the stage graphs padded,
 #        and fixed 32 / auto without (a copied setup, tiny-nopad), in one run
@@ -269,6 +274,41 @@ pad-checks-and-8b)
     cp /tmp/p1/profile_kernels.json "$out/" || true
     tar -cJf "$out/pad_checks_and_8b.tar.xz" -C /tmp p0 p1
     tail -n 5 /tmp/p0/core.log /tmp/p0/server.log /tmp/p1/b64.log /tmp/p1/pk.log
+    ;;
+kernels-and-server)
+    # GPU 0: kernel-checks (~8 min in lease 15). GPU 1: the server module (~3.5 min in lease 16), then
+    # profile_kernels (~2 min). Each part records its exit status.
+    out=${1:?outdir}
+    commit=${2:?commit}
+    mkdir -p "$out" /tmp/ks
+    (rc=0
+     CUDA_VISIBLE_DEVICES=0 bash scripts/device/lease_steps.sh kernel-checks /tmp/ks/kc "$commit" 30 > /tmp/ks/kc.log \
+        2>&1 || rc=$?
+     echo "kernel checks exit $rc" >> /tmp/ks/kc.log) &
+    (rc=0
+     CUDA_VISIBLE_DEVICES=1 python3 scripts/device/run_gpu_suite.py tests/gpu/test_ddtree_server.py --out /tmp/ks/server \
+        --deadline-s 360 --jit-cache .device-cache/jit/jit-cache.tar.xz > /tmp/ks/server.log 2>&1 || rc=$?
+     echo "server module exit $rc" >> /tmp/ks/server.log
+     rc=0
+     CUDA_VISIBLE_DEVICES=1 timeout 180 python3 benchmarks/profile_kernels.py --budgets 256,1024 --warps 8 \
+        --repeats 20 --commit "$commit" --out /tmp/ks/profile_kernels.json > /tmp/ks/pk.log 2>&1 || rc=$?
+     echo "profile kernels exit $rc" >> /tmp/ks/pk.log) &
+    wait
+    cp /tmp/ks/kc/kernel_checks.tar.xz "$out/" || true
+    cp /tmp/ks/profile_kernels.json "$out/" || true
+    cp /tmp/ks/server/gpu_suite.json "$out/gpu_suite_server.json" || true
+    tail -n 5 /tmp/ks/kc.log /tmp/ks/pk.log /tmp/ks/server.log
+    ;;
+b64-graphed)
+    out=${1:?outdir}
+    commit=${2:?commit}
+    mkdir -p "$out"
+    rc=0
+    timeout 330 python3 benchmarks/bench_budgets.py --setups 8b-dummy --set 8b-dummy.methods=dflash,auto \
+        --set 8b-dummy.batch_sizes=64 --set 8b-dummy.graph_token_cap=8300 --repeats 3 --prompt-groups 4 \
+        --max-minutes 5.2 --out "$out/b64" --log-dir /tmp/b64g/logs --commit "$commit" || rc=$?
+    echo "8b batch 64 graphed exit $rc"
+    grep -h "DDTREE auto after\|captured" /tmp/b64g/logs/*auto*.log | tail -n 3 || true
     ;;
 tiny-pad-ab)
     out=${1:?outdir}
