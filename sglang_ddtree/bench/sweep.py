@@ -354,27 +354,24 @@ class Sweep:
             # of 6 servers x 256 tokens measured nothing, its estimate ~8x the real time), and never less than
             # the last run times the group. Every round of runs is also checked against the round before it.
             estimate = sum(s.est_row_seconds(r) for s, r in group) * self.opt.prompt_groups
-            scale = 1.0 if measured is None else 1.0 / measured[0]
-            per_round = max(estimate if measured is None else measured[1] * estimate * scale,
-                            len(group) * self._last_run_s)
-            warm = 0.0 if measured is None else measured[2] * estimate * scale  # (in the plan's estimate)
+            if measured is None:
+                per_round, warm = estimate, 0.0  # (the plan's estimate includes the warm-ups)
+            else:
+                planned, slowest, warmed = measured
+                per_round, warm = slowest * estimate / planned, warmed * estimate / planned
+            per_round = max(per_round, len(group) * self._last_run_s)
             need = per_round * self.opt.repeats + warm
             if self.left() < need + self.opt.stop_reserve_s:
-                self.log(f"deadline: {self.left():.0f} s left, the batch-{bs} rows of {len(group)} servers need "
-                         f"~{need:.0f} s; stopping here")
-                for server in wave:
-                    self._stop(server.name)
-                return False
+                return self._stop_wave(wave, f"deadline: {self.left():.0f} s left, the batch-{bs} rows of "
+                                             f"{len(group)} servers need ~{need:.0f} s; stopping here")
             t = self.clock()
             runs = [self._begin(handles[s.name], s, r) for s, r in group]
             warmed, slowest = self.clock() - t, 0.0
             for i in range(self.opt.repeats):
                 if i > 0 and self.left() < per_round + self.opt.stop_reserve_s:
-                    self.log(f"deadline: {self.left():.0f} s left, a round of the batch-{bs} runs takes "
-                             f"~{per_round:.0f} s; stopping here (these rows stay pending)")
-                    for server in wave:
-                        self._stop(server.name)
-                    return False
+                    return self._stop_wave(wave, f"deadline: {self.left():.0f} s left, a round of the batch-{bs} "
+                                                 f"runs takes ~{per_round:.0f} s; stopping here (these rows stay "
+                                                 "pending)")
                 t = self.clock()
                 for run in runs:
                     self._one_run(run)
@@ -394,6 +391,13 @@ class Sweep:
         for server in wave:
             self._stop(server.name)
         return True
+
+    def _stop_wave(self, wave, message: str) -> bool:
+        """The deadline ends an interleaved wave: say why, stop every server; False (the sweep stops)."""
+        self.log(message)
+        for server in wave:
+            self._stop(server.name)
+        return False
 
     def _record(self, result: dict, writer, report) -> bool:
         """Write a measured row and count it; False when it was interrupted (the sweep stops)."""
