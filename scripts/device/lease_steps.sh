@@ -35,6 +35,11 @@ step=${1:?step}
 shift
 TRAIN=/tmp/train
 
+profile_kernels() {  # GPU OUTDIR COMMIT TIMEOUT_S: the select kernel's split on confident drafts, B = 256 and 1024
+    CUDA_VISIBLE_DEVICES=$1 timeout "$4" python3 benchmarks/profile_kernels.py --budgets 256,1024 --warps 8 \
+        --repeats 20 --commit "$3" --out "$2/profile_kernels.json" > "$2/pk.log" 2>&1
+}
+
 case "$step" in
 train-bg)
     gpu=${1:?gpu}
@@ -265,8 +270,7 @@ pad-checks-and-8b)
         --max-minutes 4.5 --out /tmp/p1/b64 --log-dir /tmp/p1/b64/logs --commit "$commit" > /tmp/p1/b64.log 2>&1 || rc=$?
      echo "8b batch 64 exit $rc" >> /tmp/p1/b64.log
      rc=0
-     CUDA_VISIBLE_DEVICES=1 timeout 230 python3 benchmarks/profile_kernels.py --budgets 256,1024 --warps 8 \
-        --repeats 20 --commit "$commit" --out /tmp/p1/profile_kernels.json > /tmp/p1/pk.log 2>&1 || rc=$?
+     profile_kernels 1 /tmp/p1 "$commit" 230 || rc=$?
      echo "profile kernels exit $rc" >> /tmp/p1/pk.log) &
     wait
     cp /tmp/p0/core/gpu_suite.json "$out/gpu_suite_core_padded.json" || true
@@ -290,8 +294,7 @@ kernels-and-server)
         --deadline-s 360 --jit-cache .device-cache/jit/jit-cache.tar.xz > /tmp/ks/server.log 2>&1 || rc=$?
      echo "server module exit $rc" >> /tmp/ks/server.log
      rc=0
-     CUDA_VISIBLE_DEVICES=1 timeout 180 python3 benchmarks/profile_kernels.py --budgets 256,1024 --warps 8 \
-        --repeats 20 --commit "$commit" --out /tmp/ks/profile_kernels.json > /tmp/ks/pk.log 2>&1 || rc=$?
+     profile_kernels 1 /tmp/ks "$commit" 180 || rc=$?
      echo "profile kernels exit $rc" >> /tmp/ks/pk.log) &
     wait
     cp /tmp/ks/kc/kernel_checks.tar.xz "$out/" || true
