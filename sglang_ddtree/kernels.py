@@ -179,7 +179,8 @@ if triton is not None:
         # (they score no more). So (exact, the same tree):
         # - a depth's candidates scoring <= lb are dropped, and when no more than W are left the radix passes are
         #   skipped (they were ~69% of the kernel at B = 256 with confident drafts, lease 16; with the two-list
-        #   bound about 70% of the selections of such drafts keep no more than W, a CPU simulation);
+        #   bound 68% / 66% of such drafts' selections keep no more than W at B = 256 / 1024, against 46% / 35%
+        #   with the one-list bound: benchmarks/simulate_live_bound.py);
         # - depths stop once no deeper node can score above lb: every node below depth d scores at most
         #   bound = (depth d's best) + (depth d+1's top-1) (+ any positive log-prob, none for log-probs: `slack`).
         #   An unsure drafter's wide, shallow trees then skip most of the 15 selections (random logits x4 over

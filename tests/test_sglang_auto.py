@@ -331,29 +331,12 @@ def test_a_sparse_sample_weighs_as_the_samples_it_stands_for():
 
 
 def run_noisy(seed, base, tokens, expected, rounds, batch, noise, outlier, lag=2):
-    """The worker's feeding with noisy timings: each round's ms is base x lognormal(noise), doubled with probability
-    `outlier`; first rounds cold; sampled rounds (policy.sample_interval) carry the expectations; observations `lag`
-    rounds late. Returns the picks."""
-    import random
+    """The worker's feeding with noisy timings (sglang_ddtree.bench.auto_sim): each round's ms is base x
+    lognormal(noise), doubled with probability `outlier`; first rounds cold; sampled rounds carry the expectations;
+    observations `lag` rounds late. Returns the picks."""
+    from sglang_ddtree.bench.auto_sim import simulate
 
-    rng = random.Random(seed)
-    widths = [16] + [c + 1 for c in (16, 32, 64, 128)]
-    policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths)
-    queue, picks, used = [], [], set()
-    for r in range(rounds):
-        i = policy.choose(batch)
-        sampled = r % policy.sample_interval(batch) == 0
-        picks.append(i)
-        cold = i not in used
-        used.add(i)
-        seen = observed_candidates(policy.candidates, i)
-        ms = base[i] * rng.lognormvariate(0, noise) * (2.0 if rng.random() < outlier else 1.0)
-        queue.append((i, cold, ms, sampled, [batch * t if s else None for t, s in zip(tokens, seen)]))
-        if len(queue) > lag:
-            j, was_cold, mj, smp, obs = queue.pop(0)
-            policy.observe(batch, j, batch, None if was_cold else mj,
-                           [batch * e for e in expected] if smp else None, obs)
-    return picks
+    return simulate(seed, base, tokens, expected, rounds, batch, noise, outlier, lag)
 
 
 def test_policy_is_not_stuck_on_the_chain_by_one_slow_sample():
@@ -382,3 +365,17 @@ def test_noisy_dummy_drafter_at_batch_16_still_runs_the_chain():
         assert picks.count(3) + picks.count(4) <= 1, seed
         rate = sum(1.0 / base[i] for i in picks) / len(picks)
         assert rate > 0.98 / base[0], seed
+
+
+def test_policy_holds_through_slow_host_phases():
+    """Host-bound tiny rounds move in phases (whole runs of one row 20-40% apart, lease 16): every candidate's rounds
+    1.6x slower for stretches of ~300 rounds. The medians of recent times then mix phases, but as the phases slow all
+    candidates alike the picks stay near the best (benchmarks/simulate_auto_phases.py, 20 seeds x 3000 rounds: worst
+    seed 0.96, mean 0.99 of the best rate)."""
+    from sglang_ddtree.bench.auto_sim import rate_over_best, simulate
+
+    base = [4.6, 4.7, 4.6, 4.8, 4.7]
+    tokens = [5.47, 5.62, 6.05, 6.59, 6.69]
+    ratios = [rate_over_best(simulate(seed, base, tokens, [8.0, 9.0, 10.5, 12.0, 13.0], 2000, 4, noise=0.10,
+                                      phase_mult=1.6, phase_len=300), base, tokens) for seed in range(10)]
+    assert min(ratios) > 0.95 and sum(ratios) / len(ratios) > 0.97, ratios

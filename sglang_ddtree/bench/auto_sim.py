@@ -1,0 +1,49 @@
+"""`auto`'s host policy (sglang_ddtree.sglang.auto) fed the way the worker feeds it, with simulated round times:
+for tests and benchmarks/simulate_auto_phases.py, no GPU."""
+
+from __future__ import annotations
+
+import random
+
+from sglang_ddtree.adaptive import CHAIN
+from sglang_ddtree.sglang.auto import AutoBudgetPolicy, observed_candidates
+
+CANDIDATES = (CHAIN, 16, 32, 64, 128)
+
+
+def simulate(seed: int, base: list[float], tokens: list[float], expected: list[float], rounds: int, batch: int,
+             noise: float, outlier: float = 0.0, lag: int = 2, phase_mult: float = 1.0,
+             phase_len: float | None = None) -> list[int]:
+    """Candidate i's round costs base[i] ms x lognormal(noise), doubled with probability `outlier`, and x phase_mult
+    while the host is in a slow phase (phases flip with probability 1 / phase_len a round; none without phase_len);
+    a round commits tokens[i] per request; the drafter expects expected[i]. First rounds of a candidate are cold
+    (untimed), sampled rounds (policy.sample_interval) carry the expectations, observations arrive `lag` rounds
+    late. Returns the candidate index chosen each round."""
+    rng = random.Random(seed)
+    widths = [16] + [c + 1 for c in CANDIDATES[1:]]
+    policy = AutoBudgetPolicy(list(CANDIDATES), widths=widths)
+    queue, picks, used = [], [], set()
+    slow = False
+    for r in range(rounds):
+        if phase_len is not None and rng.random() < 1.0 / phase_len:
+            slow = not slow
+        i = policy.choose(batch)
+        sampled = r % policy.sample_interval(batch) == 0
+        picks.append(i)
+        cold = i not in used
+        used.add(i)
+        seen = observed_candidates(policy.candidates, i)
+        ms = base[i] * rng.lognormvariate(0, noise) * (2.0 if rng.random() < outlier else 1.0)
+        ms *= phase_mult if slow else 1.0
+        queue.append((i, cold, ms, sampled, [batch * t if s else None for t, s in zip(tokens, seen)]))
+        if len(queue) > lag:
+            j, was_cold, mj, smp, obs = queue.pop(0)
+            policy.observe(batch, j, batch, None if was_cold else mj,
+                           [batch * e for e in expected] if smp else None, obs)
+    return picks
+
+
+def rate_over_best(picks: list[int], base: list[float], tokens: list[float]) -> float:
+    """The picks' mean tokens per ms at the phase-free costs, over the best candidate's."""
+    best = max(t / b for t, b in zip(tokens, base))
+    return sum(tokens[i] / base[i] for i in picks) / len(picks) / best
