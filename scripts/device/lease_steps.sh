@@ -30,6 +30,13 @@
 #   bash scripts/device/lease_steps.sh tiny-pad-ab OUTDIR COMMIT [bench_budgets args...]   # one GPU, ALONE on the
 #        machine, ~8 min: the tiny pair's interleaved sweep, DFLASH / fixed / auto with the stage graphs padded,
 #        and fixed 32 / auto without (a copied setup, tiny-nopad), in one run
+#   bash scripts/device/lease_steps.sh start-chains COMMIT   # two GPUs, returns at once: detached (they outlive
+#        the call) from a copy of the repo in /tmp/chains/repo: GPU 0 kernel-checks then profile_kernels, GPU 1 the
+#        DDTREE server module then b64-graphed (~10-11 min each); each writes /tmp/chains/gpuN.rc at its end
+#   bash scripts/device/lease_steps.sh collect-chains OUTDIR WAIT_S   # waits up to WAIT_S for both chains; when
+#        both ended, copies their results into OUTDIR (6 files); exit 3 while one still runs
+#   bash scripts/device/lease_steps.sh tiny-auto-profile OUTDIR COMMIT   # one GPU, ALONE, ~4 min: profile_rounds of
+#        the tiny pair's DDTREE 128 and auto at batch 4
 set -euo pipefail
 step=${1:?step}
 shift
@@ -332,6 +339,75 @@ tiny-pad-ab)
     cp /tmp/swp/bench_budgets.jsonl "$out/" || true
     tar -cJf "$out/sweep_tiny_pad_ab.tar.xz" -C /tmp swp
     tail -n 16 /tmp/swp/run.log
+    ;;
+start-chains)
+    # A call lasts at most 10 minutes and the machine is given back 30 s after one ends: chains longer than a call
+    # run detached (setsid, as train-bg) from their own copy of the repo (the next call's copy of the working tree
+    # must not change files under them), while short calls keep the machine warm and collect.
+    commit=${1:?commit}
+    rm -rf /tmp/chains
+    mkdir -p /tmp/chains
+    cp -a . /tmp/chains/repo
+    for gpu in 0 1; do
+        CUDA_VISIBLE_DEVICES=$gpu setsid bash -c "cd /tmp/chains/repo && source scripts/device/env.sh \
+            && bash scripts/device/lease_steps.sh chain-gpu$gpu $commit > /tmp/chains/gpu$gpu.log 2>&1;
+            echo \$? > /tmp/chains/gpu$gpu.rc" < /dev/null > /dev/null 2>&1 &
+    done
+    sleep 5
+    tail -n 3 /tmp/chains/gpu0.log /tmp/chains/gpu1.log
+    ;;
+chain-gpu0)  # (started by start-chains) the tree kernels' GPU tests and benchmarks, then their profile
+    commit=${1:?commit}
+    rc=0
+    # 30 s: GPU 1's suite restores the JIT cache first (lease 12: a restore next to a compile crashed the compile)
+    bash scripts/device/lease_steps.sh kernel-checks /tmp/chains/gpu0 "$commit" 30 || rc=$?
+    echo "kernel checks exit $rc"
+    rc=0
+    profile_kernels "${CUDA_VISIBLE_DEVICES:-0}" /tmp/chains/gpu0 "$commit" 180 || rc=$?
+    echo "profile kernels exit $rc"
+    ;;
+chain-gpu1)  # (started by start-chains) the DDTREE server module, then 8B batch 64 with both servers graphed
+    commit=${1:?commit}
+    mkdir -p /tmp/chains/gpu1
+    rc=0
+    python3 scripts/device/run_gpu_suite.py tests/gpu/test_ddtree_server.py --out /tmp/chains/gpu1/server \
+        --deadline-s 360 --jit-cache .device-cache/jit/jit-cache.tar.xz || rc=$?
+    echo "server module exit $rc"
+    rc=0
+    bash scripts/device/lease_steps.sh b64-graphed /tmp/chains/gpu1 "$commit" || rc=$?
+    echo "b64-graphed exit $rc"
+    ;;
+collect-chains)
+    out=${1:?outdir}
+    wait_s=${2:?wait seconds}
+    mkdir -p "$out"
+    for _ in $(seq 1 "$wait_s"); do
+        [ -f /tmp/chains/gpu0.rc ] && [ -f /tmp/chains/gpu1.rc ] && break
+        sleep 1
+    done
+    tail -n 6 /tmp/chains/gpu0.log /tmp/chains/gpu1.log
+    if ! [ -f /tmp/chains/gpu0.rc ] || ! [ -f /tmp/chains/gpu1.rc ]; then
+        echo "chains still running"
+        exit 3
+    fi
+    cp /tmp/chains/gpu0/kernel_checks.tar.xz /tmp/chains/gpu0/profile_kernels.json "$out/" || true
+    cp /tmp/chains/gpu1/server/gpu_suite.json "$out/gpu_suite_server.json" || true
+    cp /tmp/chains/gpu1/b64/bench_budgets.jsonl "$out/sweep_8b_bs64_graphed.jsonl" || true
+    tar -cJf "$out/chain_logs.tar.xz" -C /tmp chains/gpu0.log chains/gpu1.log chains/gpu0/pk.log b64g/logs \
+        2>/dev/null || tar -cJf "$out/chain_logs.tar.xz" -C /tmp chains/gpu0.log chains/gpu1.log
+    ls -la "$out"
+    ;;
+tiny-auto-profile)
+    out=${1:?outdir}
+    commit=${2:?commit}
+    mkdir -p "$out" /tmp/tp
+    rc=0
+    timeout 420 python3 benchmarks/profile_rounds.py --setups tiny --methods ddtree,auto --budgets 128 \
+        --batch-size 4 --steps 40 --prompts-file runs/bench/humaneval_prompts.jsonl --commit "$commit" \
+        --out /tmp/tp/profile > /tmp/tp/run.log 2>&1 || rc=$?
+    echo "tiny auto profile exit $rc" >> /tmp/tp/run.log
+    tar -cJf "$out/tiny_auto_profile.tar.xz" -C /tmp tp
+    tail -n 12 /tmp/tp/run.log
     ;;
 *)
     echo "unknown step $step" >&2
