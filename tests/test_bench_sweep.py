@@ -445,15 +445,20 @@ def test_interleave_measures_a_batch_size_one_run_at_a_time_across_servers(tmp_p
     names = [s.name for s in plan.servers]
     order = [name for kind, name in launcher.events if kind == "generate"]
     warm = setup.warmup_new_tokens > 0
-    # batch 1: (warm-ups,) then runs 1, 2, 3 of every server in turn, one request each
+    # batch 1: (warm-ups,) then runs 1, 2, 3 of every server in turn, one request each, each round starting one
+    # server later than the round before
     first = order[: len(names) * (3 + warm)]
     runs = first[len(names) * warm:]
-    assert [runs[i * len(names):(i + 1) * len(names)] for i in range(3)] == [names] * 3
+    assert [runs[i * len(names):(i + 1) * len(names)] for i in range(3)] == [names[i:] + names[:i] for i in range(3)]
     got = results(tmp_path)
     for row in plan.rows:
         r = got[row.key]
         assert r["status"] == "ok" and r["repeats"] == 3 and r["interleaved"] is True
         assert len(r["decode_tokens_per_s_runs"]) == 3
+        # each run's start (from the sweep's start) and duration: rising starts, one round apart at least
+        starts, took = r["started_s_runs"], r["run_s_runs"]
+        assert all(b >= a + t for a, b, t in zip(starts, starts[1:], took)) and all(t > 0 for t in took)
+        assert "started_s" not in r and "run_s" not in r
 
     # one server dies in batch 4's runs: its batch-4 row fails, the others' rows are measured
     clock2 = Clock()

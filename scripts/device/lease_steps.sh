@@ -37,6 +37,9 @@
 #        both ended, copies their results into OUTDIR (6 files); exit 3 while one still runs
 #   bash scripts/device/lease_steps.sh tiny-auto-profile OUTDIR COMMIT   # one GPU, ALONE, ~4 min: profile_rounds of
 #        the tiny pair's DDTREE 128 and auto at batch 4
+#   bash scripts/device/lease_steps.sh detach NAME STEP [ARGS...]   # any step above, detached (outlives the call)
+#        from a copy of the repo in /tmp/detached/NAME/repo; log /tmp/detached/NAME.log, exit status NAME.rc
+#   bash scripts/device/lease_steps.sh wait-detached NAME WAIT_S   # waits up to WAIT_S; exit 3 while it runs
 set -euo pipefail
 step=${1:?step}
 shift
@@ -249,7 +252,7 @@ tiny-auto-sweep)
     shift 2
     mkdir -p "$out" /tmp/swt
     rc=0
-    CUDA_VISIBLE_DEVICES=0 timeout 560 python3 benchmarks/bench_budgets.py --setups tiny \
+    CUDA_VISIBLE_DEVICES=0 timeout "${TINY_TIMEOUT_S:-560}" python3 benchmarks/bench_budgets.py --setups tiny \
         --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=16,32,64,128 --set tiny.batch_sizes=1,4,16,64 \
         --set tiny.max_new_tokens=256 --set tiny.warmup_new_tokens=128 --repeats 3 --prompt-groups 4 --interleave \
         --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes 7.3 --out /tmp/swt --log-dir /tmp/swt/logs \
@@ -408,6 +411,27 @@ tiny-auto-profile)
     echo "tiny auto profile exit $rc" >> /tmp/tp/run.log
     tar -cJf "$out/tiny_auto_profile.tar.xz" -C /tmp tp
     tail -n 12 /tmp/tp/run.log
+    ;;
+detach)
+    name=${1:?name}
+    shift
+    rm -rf "/tmp/detached/$name" "/tmp/detached/$name.rc"
+    mkdir -p "/tmp/detached/$name"
+    cp -a . "/tmp/detached/$name/repo"
+    printf -v args '%q ' "$@"
+    setsid bash -c "cd /tmp/detached/$name/repo && source scripts/device/env.sh \
+        && bash scripts/device/lease_steps.sh $args > /tmp/detached/$name.log 2>&1; echo \$? > /tmp/detached/$name.rc" \
+        < /dev/null > /dev/null 2>&1 &
+    sleep 3
+    tail -n 3 "/tmp/detached/$name.log"
+    ;;
+wait-detached)
+    name=${1:?name}
+    wait_s=${2:?wait seconds}
+    for _ in $(seq 1 "$wait_s"); do [ -f "/tmp/detached/$name.rc" ] && break; sleep 1; done
+    tail -n 8 "/tmp/detached/$name.log"
+    [ -f "/tmp/detached/$name.rc" ] || { echo "$name still running"; exit 3; }
+    echo "$name exit $(cat "/tmp/detached/$name.rc")"
     ;;
 *)
     echo "unknown step $step" >&2

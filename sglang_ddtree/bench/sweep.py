@@ -373,7 +373,9 @@ class Sweep:
                                                  f"runs takes ~{per_round:.0f} s; stopping here (these rows stay "
                                                  "pending)")
                 t = self.clock()
-                for run in runs:
+                # each round starts one server later: a slow phase of the host (lease 16: every stage of a run up
+                # to 1.7x slower for tens of seconds) does not always fall on the same server's runs
+                for run in runs[i % len(runs):] + runs[:i % len(runs)]:
                     self._one_run(run)
                 slowest = max(slowest, self.clock() - t)
                 per_round = slowest  # measured now: the next round is checked against the slowest so far
@@ -470,8 +472,9 @@ class Sweep:
             results = []
             for group in run.payloads:
                 results += run_batch(run.client, group, self._timeout())
-            run.runs.append(summarize(results, method=run.server.method,
-                                      max_new_tokens=run.server.setup.max_new_tokens, groups=len(run.payloads)))
+            run.runs.append({**summarize(results, method=run.server.method,
+                                         max_new_tokens=run.server.setup.max_new_tokens, groups=len(run.payloads)),
+                             "started_s": round(t - self._t0, 3), "run_s": round(self.clock() - t, 3)})
         except Exception as exc:
             run.error = exc
         run.seconds += self.clock() - t
@@ -561,6 +564,12 @@ def median_run(runs: list[dict]) -> dict:
         out["repeats"] = len(runs)
         out["decode_tokens_per_s_runs"] = [r["decode_tokens_per_s"] for r in runs]
         out["step_ms_runs"] = [r["step_ms"] for r in runs]
+        # when each run started (seconds from the sweep's start) and how long it took: runs of different rows that
+        # were slow at the same time point at the host, not at the method
+        out["started_s_runs"] = [r.get("started_s") for r in runs]
+        out["run_s_runs"] = [r.get("run_s") for r in runs]
+    for key in ("started_s", "run_s"):
+        out.pop(key, None)
     return out
 
 
