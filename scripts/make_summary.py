@@ -31,14 +31,14 @@ def _row(rows, **match):
 
 def tree_stages(out: dict) -> None:
     """Issue 2: top-K + tree build + layout + walk on the H200, median ms of one CUDA-graph replay, batch 1, the
-    production stages (`triton_fused`: the picked tree kernel and the fused top-K on the bf16 logits), lease 15. The
-    tree kernels stop at the last depth that can enter the tree, so the time depends on the drafts: the headline
+    production stages (`triton_fused`: the picked tree kernel and the fused top-K on the bf16 logits), lease 17
+    (commit f7f7209, with the per-depth live bound of 475a71c). The tree kernels stop at the last depth that can enter the tree, so the time depends on the drafts: the headline
     fields use bench_tree.py's drafts of every earlier lease (randn x 4 logits, an unsure drafter: trees 3-4 deep at
     batch 1), the `_confident_drafter` fields randn x 12 (top-1 p ~0.7: trees 12-15 deep, every depth selected)."""
-    runs = {"": _load("tree_kernels_h200_lease15_scale4.json"),
-            "_confident_drafter": _load("tree_kernels_h200_lease15_scale12.json")}
+    runs = {"": _load("tree_kernels_h200_lease17_scale4.json"),
+            "_confident_drafter": _load("tree_kernels_h200_lease17_scale12.json")}
     if any(run is None for run in runs.values()):
-        raise FileNotFoundError("tree_kernels_h200_lease15_scale4.json / _scale12.json")
+        raise FileNotFoundError("tree_kernels_h200_lease17_scale4.json / _scale12.json")
     depths = {}
     for suffix, run in runs.items():
         for budget in (256, 1024):
@@ -271,20 +271,14 @@ def adaptive(out: dict) -> None:
         all(bool(v) for v in data["lossless"].values())
 
 
-# Issue 10 in SGLang, lease 13 (the default SGLANG_DDTREE_DRAFT_LSE=triton): 8B shapes at batch 1 / 4 / 16 from the
-# A/B's triton arm (DFLASH and auto only: lease 12 measured the fixed 16 / 32 trees at 0.56-0.93 of DFLASH there),
-# batch 64 from its own run (DFLASH, the 16-tree, auto; 4 prompt groups); the tiny pair with DFLASH and four fixed
-# budgets in one run.
-# 8B batch 1 / 4 / 16 from lease 15 (commit a68bcab: auto's leaner chain round); 8B batch 64 from lease 13 (commit
-# 2631c15, before it: not re-measured). The tiny pair from lease 13, measured alone on the machine: lease 15's tiny
-# sweep ran next to compiles and server starts on the other GPU, and on this host-bound pair the two runs of one row
-# differed up to 1.7x (sweep_auto_tiny_lease15.jsonl, kept as a raw file).
-# Later files win for the same (setup, batch size). 8B batch 64: lease 16's run with decode CUDA graphs for both
-# servers (lease 13's x0.970 compared an eager auto server, whose widest verify passed the planner's graph-token
-# cap, with a graphed DFLASH; lease 16's eager runs gave x0.82 / x0.72). Tiny: lease 16's 1024-token interleaved
-# sweep alone on the machine, padded stage graphs (the default since 44f6c47).
-SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease15.jsonl", "sweep_auto_8b_lease16_bs64_graphs.jsonl",
-                      "sweep_auto_tiny_lease16_long.jsonl")
+# Issue 10 in SGLang: every entry from lease 17, at the current code (commits f7f7209 / b8dc2a7): 8B shapes at batch
+# 1 / 4 / 16 (DFLASH and auto, 3 repeats), 8B batch 64 with decode CUDA graphs for both servers (the planner's
+# graph-token cap raised: lease 13's and 16's eager auto servers against a graphed DFLASH were not like for like)
+# and auto warmed up >= 64 tokens, and the tiny pair alone on the machine (DFLASH, DDTREE 32 / 128, auto; 5 repeats
+# of 1024 tokens, each interleaved round starting one server later). Earlier leases' files stay as raw records
+# (results README). Later files in the tuple win for the same (setup, batch size).
+SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease17.jsonl", "sweep_auto_8b_lease17_bs64_graphs.jsonl",
+                      "sweep_auto_tiny_lease17_long5.jsonl")
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
@@ -303,7 +297,7 @@ def _decode_graphs(row: dict) -> bool:
 
 
 def sglang_auto(out: dict) -> None:
-    """Issue 10, measured in SGLang (SGLANG_AUTO_SWEEPS, 2 or 3 repeats x 4 prompt groups per row): auto tokens/s
+    """Issue 10, measured in SGLang (SGLANG_AUTO_SWEEPS, 3 or 5 repeats x 4 prompt groups per row): auto tokens/s
     over max(the fixed budgets and DFLASH measured in the same run) per batch size, which rivals each ratio had and
     which file it came from. The issue asks for >= 0.97."""
     ratios: dict = {}
