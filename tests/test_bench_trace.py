@@ -14,14 +14,16 @@ def x(cat, name, ts, dur, tid=1, corr=None):
 
 
 def synthetic_trace():
-    """Two steps of 1000 us each. Host thread 1: a `ddtree:draft` range launching kernel A (corr 1) and a graph
+    """Two steps of 1000 us each. Host thread 1: SGLang's `scheduler.run_batch` range over a `ddtree:draft` range (an aten::copy_ op in it) launching kernel A (corr 1) and a graph
     (corr 2, two kernels), a stream sync, a `ddtree:verify` range launching kernel C (corr 3). GPU (tid 7): A 0..100,
     graph kernels 150..350 and 350..550, C 700..900; a pageable DtoH copy 950..960; the same again 1000 us later."""
     ev = []
     for step in range(2):
         t = 1000.0 * step
         ev += [
+            x("user_annotation", "scheduler.run_batch", t + 0, 700),
             x("user_annotation", "ddtree:draft", t + 0, 120),
+            x("cpu_op", "aten::copy_", t + 2, 3),
             x("cuda_runtime", "cudaLaunchKernel", t + 5, 10, corr=10 * step + 1),
             x("cuda_runtime", "cudaGraphLaunch", t + 20, 30, corr=10 * step + 2),
             x("cuda_runtime", "cudaStreamSynchronize", t + 130, 420),
@@ -54,6 +56,9 @@ def test_analyze_splits_a_step_into_busy_idle_kernels_syncs_and_ranges():
     assert draft["host_ms"] == pytest.approx(0.12) and draft["gpu_ms"] == pytest.approx(0.5)
     assert draft["launches"] == 2 and draft["count"] == 1
     assert verify["gpu_ms"] == pytest.approx(0.2) and verify["launches"] == 1
+    # SGLang's own ranges apart from the worker's stages; torch ops per step
+    assert got["annotations"] == {"scheduler.run_batch": {"host_ms": pytest.approx(0.7), "count": 1}}
+    assert got["cpu_ops"] == [{"name": "aten::copy_", "ms": pytest.approx(0.003), "calls": 1}]
 
 
 def test_analyze_refuses_a_trace_without_gpu_activity():

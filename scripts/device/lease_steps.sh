@@ -40,6 +40,9 @@
 #   bash scripts/device/lease_steps.sh detach NAME STEP [ARGS...]   # any step above, detached (outlives the call)
 #        from a copy of the repo in /tmp/detached/NAME/repo; log /tmp/detached/NAME.log, exit status NAME.rc
 #   bash scripts/device/lease_steps.sh wait-detached NAME WAIT_S   # waits up to WAIT_S; exit 3 while it runs
+#   bash scripts/device/lease_steps.sh host-profile OUTDIR COMMIT   # one GPU, ALONE, ~6 min: the tiny pair's DFLASH,
+#        DDTREE 16 / 128 and auto at batch 4 with SGLANG_DDTREE_HOST_PROFILE (a cProfile of each scheduler's decode
+#        loop, decode batches 300..899); the sweep's throughput is not a result (the profiler slows its servers)
 set -euo pipefail
 step=${1:?step}
 shift
@@ -432,6 +435,24 @@ wait-detached)
     tail -n 8 "/tmp/detached/$name.log"
     [ -f "/tmp/detached/$name.rc" ] || { echo "$name still running"; exit 3; }
     echo "$name exit $(cat "/tmp/detached/$name.rc")"
+    ;;
+host-profile)
+    out=${1:?outdir}
+    commit=${2:?commit}
+    rm -rf /tmp/hp
+    mkdir -p "$out" /tmp/hp
+    rc=0
+    CUDA_VISIBLE_DEVICES=0 timeout 420 python3 benchmarks/bench_budgets.py --setups tiny \
+        --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=16,128 --set tiny.batch_sizes=4 \
+        --set tiny.max_new_tokens=1024 --set tiny.warmup_new_tokens=128 \
+        --set tiny.server_env=SGLANG_DDTREE_HOST_PROFILE=/tmp/hp,SGLANG_DDTREE_HOST_PROFILE_ROUNDS=300:600 \
+        --repeats 2 --prompt-groups 4 --interleave --prompts-file runs/bench/humaneval_prompts.jsonl \
+        --max-minutes 6.5 --out /tmp/hp/sweep --log-dir /tmp/hp/sweep/logs --commit "$commit" > /tmp/hp/run.log \
+        2>&1 || rc=$?
+    echo "host profile sweep exit $rc" >> /tmp/hp/run.log
+    ls /tmp/hp/*.txt 2>/dev/null | tee -a /tmp/hp/run.log
+    tar -cJf "$out/host_profile.tar.xz" -C /tmp hp
+    tail -n 8 /tmp/hp/run.log
     ;;
 *)
     echo "unknown step $step" >&2

@@ -10,6 +10,9 @@ Per scheduler step (the trace covers `steps` of them, one decode round each at b
                  pageable memory (synchronous even when issued as async)
   ranges         for profiler ranges named `<prefix><stage>` (the DDTREE worker's, with
                  SGLANG_DDTREE_PROFILE_RANGES=1): host ms per step, and GPU ms per step of the work launched inside
+  annotations    host ms and count per step of the other profiler ranges (SGLang's own: `scheduler.run_batch`,
+                 ...), so two methods' host time compares where only one of them has stage ranges
+  cpu_ops        host ms and calls per step by torch op (an op inside another counts in both)
 Plain data in, plain data out: tests feed it synthetic traces.
 """
 
@@ -55,8 +58,10 @@ def analyze(trace: dict, steps: int, *, range_prefix: str = "ddtree:", top: int 
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     gpu = [e for e in events if str(e.get("cat", "")).lower() in GPU_CATS]
     runtime = [e for e in events if str(e.get("cat", "")).lower() in RUNTIME_CATS]
-    ranges = [e for e in events if str(e.get("cat", "")).lower() == "user_annotation"
-              and str(e.get("name", "")).startswith(range_prefix)]
+    annotations = [e for e in events if str(e.get("cat", "")).lower() == "user_annotation"]
+    ranges = [e for e in annotations if str(e.get("name", "")).startswith(range_prefix)]
+    others = [e for e in annotations if not str(e.get("name", "")).startswith(range_prefix)]
+    cpu_ops = [e for e in events if str(e.get("cat", "")).lower() == "cpu_op"]
     if not gpu:
         raise ValueError("no GPU activity in the trace (was it recorded with the GPU activity on?)")
 
@@ -100,6 +105,14 @@ def analyze(trace: dict, steps: int, *, range_prefix: str = "ddtree:", top: int 
                     r["gpu_ms"] += gpu_ms_by_corr[int(corr)]
                     r["launches"] += 1
 
+    def tally(evs: list[dict]) -> dict[str, list[float]]:
+        table: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+        for e in evs:
+            t = table[_short(str(e.get("name", "?")))]
+            t[0] += float(e["dur"]) / 1e3
+            t[1] += 1
+        return table
+
     def per_step(table: dict[str, list[float]]) -> list[dict]:
         rows = [{"name": n, "ms": ms / steps, "calls": cnt / steps} for n, (ms, cnt) in table.items()]
         return sorted(rows, key=lambda r: -r["ms"])
@@ -117,4 +130,28 @@ def analyze(trace: dict, steps: int, *, range_prefix: str = "ddtree:", top: int 
         "ranges": {stage: {"host_ms": r["host_ms"] / steps, "gpu_ms": r["gpu_ms"] / steps,
                            "launches": r["launches"] / steps, "count": r["count"] / steps}
                    for stage, r in per_range.items()},
+        "annotations": {r["name"]: {"host_ms": r["ms"], "count": r["calls"]} for r in per_step(tally(others))[:top]},
+        "cpu_ops": per_step(tally(cpu_ops))[:top],
     }
+
+
+def main(argv=None) -> int:
+    """python -m sglang_ddtree.bench.trace TRACE[.gz] --steps N [--out F]: analyze() as JSON."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("--steps", type=int, required=True, help="scheduler steps the trace covers")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    text = json.dumps(analyze(load(args.trace), args.steps, top=args.top), indent=1)
+    if args.out:
+        args.out.write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

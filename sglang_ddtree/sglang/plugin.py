@@ -18,6 +18,8 @@ What SGLang's plugin API reaches directly: the algorithm registry (`SpeculativeA
     acceptance per request needs no patch: the worker returns each round's branch counts as SGLang's
     per-request `cap_lens` (a field DSpark uses), which SGLang copies with accept_lens, sums and histograms per
     request and sends to the tokenizer; the hook renames it.
+  - Scheduler.run_batch (AROUND), only with SGLANG_DDTREE_HOST_PROFILE set: a cProfile of the decode loop
+    (sglang_ddtree.sglang.host_profile), in DFLASH servers as well.
 Nothing heavy is imported at load time (no prometheus_client: SGLang sets its multiprocess dir later).
 """
 
@@ -28,6 +30,7 @@ import contextvars
 import logging
 
 from sglang_ddtree.sglang import args as ddtree_args
+from sglang_ddtree.sglang import host_profile
 
 logger = logging.getLogger(__name__)
 
@@ -341,6 +344,7 @@ def register() -> None:
     HookRegistry.register("sglang.srt.speculative.dflash_utils.validate_dflash_request", _after_validate_request,
                           HookType.AFTER)
     HookRegistry.register(SPEC_METRICS_TARGET, _after_spec_metrics, HookType.AFTER)
+    host_profile.install(HookRegistry, HookType)  # only with SGLANG_DDTREE_HOST_PROFILE set (a debugging aid)
     SpeculativeAlgorithm.register(
         ALGORITHM, supports_overlap=True, validate_server_args=_validate, spec_class=_make_spec_class()
     )(_worker_factory)
