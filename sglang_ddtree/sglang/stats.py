@@ -253,6 +253,17 @@ class DDTreeStats:
         """A prefill or idle batch ran: the next decode round's `between` would count it, so it has none."""
         self._last_round_end = None
 
+    def record_chain_round(self, summary: torch.Tensor, timer: RoundTimer) -> None:
+        """A round that DFLASH's own code ran (`auto`'s chain, ops.chain_round_vectors): its acceptance and time;
+        no tree, so nothing for the debug dump (the worker does not run such rounds with a dump)."""
+        self.round_index += 1
+        if not self.enabled:
+            return
+        self._last_round_end = timer.end_event
+        if self.prometheus is not None:
+            self._queue_summary(None, None, timer, summary)
+            self._drain()
+
     def record_round(self, tree, walk, timer: RoundTimer, batch_size: int, reqs=None, seq_lens=None,
                      summary: torch.Tensor | None = None, extra: dict | None = None) -> None:
         """reqs (the batch's SGLang requests, row order) and seq_lens (committed tokens per row before the round,

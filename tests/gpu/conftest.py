@@ -318,14 +318,18 @@ class ServerPool:
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> SGLangServer:
         return self.start_many({name: args}, env)[name]
 
-    def start_many(self, configs: dict[str, list[str]], env: dict[str, str] | None = None, *,
+    def start_many(self, configs: dict[str, list[str] | tuple[list[str], dict[str, str]]],
+                   env: dict[str, str] | None = None, *,
                    all_or_nothing: bool = True) -> dict[str, SGLangServer | ServerStartError]:
         """Start every configuration not yet running, all at once (JIT and graph capture overlap on the CPUs).
         If any does not come up: fail with every failed server's log tail, or, with all_or_nothing=False,
         return the ServerStartError in its place so that only the tests using that server fail."""
         if not configs:
             raise ValueError("sglang_servers needs at least one {name: args} entry.")
-        todo = {n: SGLangServer(n, a, self.log_dir, env) for n, a in configs.items() if self._reuse(n, a) is None}
+        # a configuration is its args, or (args, extra environment) for a server that needs its own switches
+        specs = {n: (c if isinstance(c, tuple) else (c, {})) for n, c in configs.items()}
+        todo = {n: SGLangServer(n, a, self.log_dir, {**(env or {}), **extra} or None)
+                for n, (a, extra) in specs.items() if self._reuse(n, a) is None}
         errors: dict[str, ServerStartError] = {}
         pool = concurrent.futures.ThreadPoolExecutor(max(1, len(todo)))
         try:

@@ -48,11 +48,15 @@ def configs(pair):
         + draft,
         # a budget per round from chain,16,32,64,128 (four extra verify widths, each with its own graphs)
         "ddtree-auto": pair.base_args() + COMMON + triton + ddtree("auto") + draft + ["--enable-metrics"],
+        # the same with its chain rounds run by DFLASH's own round (SGLANG_DDTREE_AUTO_DFLASH_CHAIN)
+        "ddtree-auto-dflash-chain": (pair.base_args() + COMMON + triton + ddtree("auto") + draft
+                                     + ["--enable-metrics"], {"SGLANG_DDTREE_AUTO_DFLASH_CHAIN": "1"}),
     }
 
 
 DDTREE_NAMES = ["ddtree-16", "ddtree-64", "ddtree-256", "ddtree-1024", "ddtree-64-eager", "ddtree-64-flashinfer",
-                "ddtree-auto"]
+                "ddtree-auto", "ddtree-auto-dflash-chain"]
+AUTO_NAMES = ["ddtree-auto", "ddtree-auto-dflash-chain"]
 
 
 def selected_configs(pair):
@@ -158,22 +162,25 @@ def test_larger_budget_accepts_at_least_as_much_as_the_chain(outputs, model_pair
         assert taus["ddtree-1024"] >= taus["dflash"], taus
 
 
-def test_auto_verifies_every_candidate(servers, outputs, gpu_record):
+@pytest.mark.parametrize("name", AUTO_NAMES)
+def test_auto_verifies_every_candidate(servers, outputs, gpu_record, name):
     """`auto` explores each candidate (3 rounds per batch-size bucket) before it exploits: after the batch-1 and
     batch-8 runs every candidate was verified (losslessness: test_greedy_equals_plain[ddtree-auto]) and the choices
-    are exported per candidate."""
-    need(servers, "ddtree-auto")
-    server = servers["ddtree-auto"]
+    are exported per candidate. With SGLANG_DDTREE_AUTO_DFLASH_CHAIN its chain rounds ran as DFLASH rounds (a log
+    line at the first one)."""
+    need(servers, name)
+    server = servers[name]
     with urllib.request.urlopen(server.base_url + "/metrics", timeout=30) as resp:
         text = resp.read().decode()
     rounds = {m.group(1): float(m.group(2)) for m in
               re.finditer(r'sglang:ddtree_auto_rounds_total\{[^}]*candidate="([^"]+)"[^}]*\} ([0-9.e+]+)', text)}
     log = server.log_text()
-    gpu_record("ddtree_auto_rounds", rounds=rounds,
+    gpu_record("ddtree_auto_rounds", config=name, rounds=rounds,
                candidates_line=next((l for l in log.splitlines() if "DDTREE auto: candidates" in l), None))
     assert set(rounds) == {"chain", "16", "32", "64", "128"}, rounds
     assert all(v >= 3 for v in rounds.values()), rounds
     assert "DDTREE auto: candidates" in log
+    assert ("DDTREE auto: a chain round ran as DFLASH's round" in log) == (name == "ddtree-auto-dflash-chain")
 
 
 def chi_square_two_sample(counts_a, counts_b):
@@ -227,13 +234,13 @@ def long_outputs(servers, model_pair):
         assert isinstance(out, list) and len(out) == LONG_REQUESTS
         return name, out
 
-    names = [n for n in ["plain", "dflash", "ddtree-64", "ddtree-auto"] if n in servers]
+    names = [n for n in ["plain", "dflash", "ddtree-64", *AUTO_NAMES] if n in servers]
     with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
         results.update(dict(pool.map(run, names)))
     return results
 
 
-@pytest.mark.parametrize("name", ["plain", "dflash", "ddtree-64", "ddtree-auto"])
+@pytest.mark.parametrize("name", ["plain", "dflash", "ddtree-64", *AUTO_NAMES])
 def test_long_outputs_of_a_batch_equal_plain_up_to_ties(servers, long_outputs, name, gpu_record):
     """256 tokens, 16 requests in one batch: output == plain decoding one request at a time, except at a near-tie
     of plain's own top-2 log-probs (TIE_NATS). Plain itself in a batch and DFLASH are the controls: batching alone
@@ -249,7 +256,7 @@ def chi2_critical(dof, z=3.09):
     return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
 
 
-@pytest.mark.parametrize("name", ["ddtree-64", "ddtree-auto"])
+@pytest.mark.parametrize("name", ["ddtree-64", *AUTO_NAMES])
 def test_sampling_matches_plain_sampling(servers, model_pair, gpu_record, name):
     need(servers, name)
     n = 400
@@ -293,9 +300,10 @@ def used_tokens(server):
     return sum(x["num_tokens"] for x in loads), sum(x["num_reqs"] for x in loads)
 
 
-def test_no_kv_leak_after_mixed_and_aborted_requests(servers, model_pair, gpu_record):
-    need(servers, "ddtree-64")
-    server = servers["ddtree-64"]
+@pytest.mark.parametrize("name", ["ddtree-64", "ddtree-auto-dflash-chain"])
+def test_no_kv_leak_after_mixed_and_aborted_requests(servers, model_pair, gpu_record, name):
+    need(servers, name)
+    server = servers[name]
     idle_tokens, idle_reqs = used_tokens(server)
     assert idle_reqs == 0
     lengths = [1, 5, 17, 40, 64, 90]
@@ -324,7 +332,7 @@ def test_no_kv_leak_after_mixed_and_aborted_requests(servers, model_pair, gpu_re
         if reqs == 0 or time.time() > deadline:
             break
         time.sleep(1)
-    gpu_record("kv_leak", idle_tokens=idle_tokens, after_tokens=tokens, after_reqs=reqs,
+    gpu_record("kv_leak", config=name, idle_tokens=idle_tokens, after_tokens=tokens, after_reqs=reqs,
                kinds={k: kinds.count(k) for k in set(kinds)})
     assert reqs == 0, f"{reqs} requests still running 60 s after the load ended"
     assert tokens == idle_tokens, f"KV leak: {tokens - idle_tokens} tokens still in use after the load"
