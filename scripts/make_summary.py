@@ -296,6 +296,26 @@ def _decode_graphs(row: dict) -> bool:
     return row["batch_size"] in sizes
 
 
+def _copy_bases(name: str) -> dict[str, str]:
+    """{NEW: BASE} of the sweep's `--copy-setup NEW=BASE` arguments (its run records' argv)."""
+    bases = {}
+    for line in (RESULTS / name).read_text().splitlines():
+        r = json.loads(line)
+        argv = r.get("argv") or [] if r.get("kind") == "run" else []
+        for flag, value in zip(argv, argv[1:]):
+            if flag == "--copy-setup" and "=" in value:
+                new, base = value.split("=", 1)
+                bases[new] = base
+    return bases
+
+
+def _rival_setup(setup: str, rows: dict, bases: dict[str, str]) -> str:
+    """Where an auto row's rivals are: its own setup's fixed-budget and DFLASH rows, or, for a copied setup that
+    holds only auto (an A/B of a worker switch, e.g. tiny-dchain), its base setup's rows of the same run."""
+    own = any(s == setup and m in ("ddtree", "dflash") for (s, m, _, _) in rows)
+    return setup if own or setup not in bases else bases[setup]
+
+
 def sglang_auto(out: dict) -> None:
     """Issue 10, measured in SGLang (SGLANG_AUTO_SWEEPS, 3 or 5 repeats x 4 prompt groups per row): auto tokens/s
     over max(the fixed budgets and DFLASH measured in the same run) per batch size, which rivals each ratio had and
@@ -306,14 +326,17 @@ def sglang_auto(out: dict) -> None:
     unlike: dict = {}
     for name in SGLANG_AUTO_SWEEPS:
         rows = _sweep_rows(name)
+        bases = _copy_bases(name)
         for (setup, method, _, bs), r in rows.items():
             if method != "auto":
                 continue
+            where = _rival_setup(setup, rows, bases)
             rivals = {(m if m == "dflash" else f"ddtree-{budget}"): x["decode_tokens_per_s"]
-                      for (s, m, budget, b), x in rows.items() if s == setup and b == bs and m in ("ddtree", "dflash")}
+                      for (s, m, budget, b), x in rows.items() if s == where and b == bs and m in ("ddtree", "dflash")}
             ratios.setdefault(setup, {})[str(bs)] = round(r["decode_tokens_per_s"] / max(rivals.values()), 4)
             graphed = {(m, budget): _decode_graphs(x) for (s, m, budget, b), x in rows.items()
-                       if s == setup and b == bs and m in ("ddtree", "dflash", "auto")}
+                       if s == where and b == bs and m in ("ddtree", "dflash")}
+            graphed[("auto", None)] = _decode_graphs(r)
             unlike.pop(f"{setup}|{bs}", None)
             if len(set(graphed.values())) > 1:  # one server graphed, another eager: not a like-for-like ratio
                 unlike[f"{setup}|{bs}"] = sorted(f"{m}{'' if b is None else f'-{b}'}" for (m, b), g in graphed.items()

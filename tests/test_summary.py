@@ -33,3 +33,30 @@ def test_auto_ratios_flag_a_server_without_decode_graphs():
     assert ms._decode_graphs(rows[("8b-dummy", "dflash", None, 64)])
     summary = json.loads((ROOT / "benchmarks" / "results" / "summary.json").read_text())
     assert summary["sglang_auto_rows_without_decode_graphs"] == {}  # today's sources compare like with like
+
+
+def test_a_copied_auto_setup_is_compared_with_its_base_setups_rivals(tmp_path, monkeypatch):
+    """An A/B of a worker switch (`--copy-setup tiny-dchain=tiny`, the copy holding only auto): its auto row's
+    ratio is against the base setup's DFLASH and fixed-budget rows of the same run."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_summary", ROOT / "scripts" / "make_summary.py")
+    ms = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ms)
+
+    def row(setup, method, budget, tps):
+        return {"kind": "result", "status": "ok", "setup": setup, "method": method, "budget": budget,
+                "batch_size": 4, "decode_tokens_per_s": tps, "decode_graphs": True}
+
+    lines = [{"kind": "run", "argv": ["--setups", "tiny,tiny-dchain", "--copy-setup", "tiny-dchain=tiny"]},
+             row("tiny", "dflash", None, 1000.0), row("tiny", "ddtree", 128, 900.0), row("tiny", "auto", None, 850.0),
+             row("tiny-dchain", "auto", None, 990.0)]
+    (tmp_path / "ab.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    monkeypatch.setattr(ms, "RESULTS", tmp_path)
+    monkeypatch.setattr(ms, "SGLANG_AUTO_SWEEPS", ("ab.jsonl",))
+    out = {}
+    ms.sglang_auto(out)
+    ratios = out["sglang_auto_vs_max_fixed_or_dflash_tokens_per_s"]
+    assert ratios == {"tiny": {"4": 0.85}, "tiny-dchain": {"4": 0.99}}
+    assert out["sglang_auto_rivals_measured"]["tiny-dchain"] == {"4": ["ddtree-128", "dflash"]}
+    assert out["sglang_auto_rows_without_decode_graphs"] == {}
