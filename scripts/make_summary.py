@@ -32,8 +32,8 @@ def _row(rows, **match):
 def tree_stages(out: dict) -> None:
     """Issue 2: top-K + tree build + layout + walk on the H200, median ms of one CUDA-graph replay, batch 1, the
     production stages (`triton_fused`: the picked tree kernel and the fused top-K on the bf16 logits), lease 17
-    (commit f7f7209, with the per-depth live bound of 475a71c). The tree kernels stop at the last depth that can enter the tree, so the time depends on the drafts: the headline
-    fields use bench_tree.py's drafts of every earlier lease (randn x 4 logits, an unsure drafter: trees 3-4 deep at
+    (commit f7f7209, with the per-depth live bound of 475a71c). The tree kernels stop at the last depth that can
+    enter the tree, so the time depends on the drafts: the headline fields use bench_tree.py's drafts of every earlier lease (randn x 4 logits, an unsure drafter: trees 3-4 deep at
     batch 1), the `_confident_drafter` fields randn x 12 (top-1 p ~0.7: trees 12-15 deep, every depth selected)."""
     runs = {"": _load("tree_kernels_h200_lease17_scale4.json"),
             "_confident_drafter": _load("tree_kernels_h200_lease17_scale12.json")}
@@ -301,7 +301,7 @@ def _copy_bases(name: str) -> dict[str, str]:
     bases = {}
     for line in (RESULTS / name).read_text().splitlines():
         r = json.loads(line)
-        argv = r.get("argv") or [] if r.get("kind") == "run" else []
+        argv = (r.get("argv") or []) if r.get("kind") == "run" else []
         for flag, value in zip(argv, argv[1:]):
             if flag == "--copy-setup" and "=" in value:
                 new, base = value.split("=", 1)

@@ -10,7 +10,7 @@ loaded by every SGLang server of this environment, so a DFLASH server is profile
 decode batch to the (START + COUNT)-th (SGLANG_DDTREE_HOST_PROFILE_ROUNDS="START:COUNT", default "200:400"),
 everything on the scheduler thread is profiled: the batches' launches, result processing and the scheduling between
 them. Written once COUNT batches are in: DIR/host_profile_<algorithm>[_<budget>]_<pid>.pstats and a .txt with the
-top functions by own time and by cumulative time, per decode batch.
+top functions by own time and by cumulative time (totals over the COUNT batches) and the wall time per batch.
 """
 
 from __future__ import annotations
