@@ -253,16 +253,22 @@ class DDTreeStats:
         """A prefill or idle batch ran: the next decode round's `between` would count it, so it has none."""
         self._last_round_end = None
 
+    def _count_round(self, timer: RoundTimer, tree=None, walk=None, summary: torch.Tensor | None = None) -> bool:
+        """What every decode round records: its index, the timer chain (`between`), the counters. False when the
+        stats are off."""
+        self.round_index += 1
+        if not self.enabled:
+            return False
+        self._last_round_end = timer.end_event
+        if self.prometheus is not None:
+            self._queue_summary(tree, walk, timer, summary)
+            self._drain()
+        return True
+
     def record_chain_round(self, summary: torch.Tensor, timer: RoundTimer) -> None:
         """A round that DFLASH's own code ran (`auto`'s chain, ops.chain_round_vectors): its acceptance and time;
         no tree, so nothing for the debug dump (the worker does not run such rounds with a dump)."""
-        self.round_index += 1
-        if not self.enabled:
-            return
-        self._last_round_end = timer.end_event
-        if self.prometheus is not None:
-            self._queue_summary(None, None, timer, summary)
-            self._drain()
+        self._count_round(timer, summary=summary)
 
     def record_round(self, tree, walk, timer: RoundTimer, batch_size: int, reqs=None, seq_lens=None,
                      summary: torch.Tensor | None = None, extra: dict | None = None) -> None:
@@ -270,13 +276,8 @@ class DDTreeStats:
         a device tensor) are read only by the debug dump, after its sync: the default path never touches them.
         summary: round_summary_vector(tree, walk) when the caller computed it already (inside a graph).
         extra: fields added to every dump row of the round (`auto`: the verified candidate)."""
-        self.round_index += 1
-        if not self.enabled:
+        if not self._count_round(timer, tree, walk, summary):
             return
-        self._last_round_end = timer.end_event
-        if self.prometheus is not None:
-            self._queue_summary(tree, walk, timer, summary)
-            self._drain()
         if self.debug is not None:
             if tree.tokens.is_cuda:
                 torch.cuda.synchronize()
