@@ -30,9 +30,9 @@
 #   bash scripts/device/lease_steps.sh tiny-pad-ab OUTDIR COMMIT [bench_budgets args...]   # one GPU, ALONE on the
 #        machine, ~8 min: the tiny pair's interleaved sweep, DFLASH / fixed / auto with the stage graphs padded,
 #        and fixed 32 / auto without (a copied setup, tiny-nopad), in one run
-#   bash scripts/device/lease_steps.sh start-chains COMMIT   # two GPUs, returns at once: detached (they outlive
-#        the call) from a copy of the repo in /tmp/chains/repo: GPU 0 kernel-checks then profile_kernels, GPU 1 the
-#        DDTREE server module then b64-graphed (~10-11 min each); each writes /tmp/chains/gpuN.rc at its end
+#   bash scripts/device/lease_steps.sh start-chains COMMIT   # two GPUs, returns at once: two `detach` steps (they
+#        outlive the call): GPU 0 kernel-checks then profile_kernels, GPU 1 the DDTREE server module then
+#        b64-graphed (~10-11 min each); results under /tmp/chains, logs and exit statuses /tmp/detached/gpuN.*
 #   bash scripts/device/lease_steps.sh collect-chains OUTDIR WAIT_S   # waits up to WAIT_S for both chains; when
 #        both ended, copies their results into OUTDIR (6 files); exit 3 while one still runs
 #   bash scripts/device/lease_steps.sh tiny-auto-profile OUTDIR COMMIT   # one GPU, ALONE, ~4 min: profile_rounds of
@@ -351,19 +351,13 @@ tiny-pad-ab)
     ;;
 start-chains)
     # A call lasts at most 10 minutes and the machine is given back 30 s after one ends: chains longer than a call
-    # run detached (setsid, as train-bg) from their own copy of the repo (the next call's copy of the working tree
-    # must not change files under them), while short calls keep the machine warm and collect.
+    # run detached, while short calls keep the machine warm and collect.
     commit=${1:?commit}
     rm -rf /tmp/chains
     mkdir -p /tmp/chains
-    cp -a . /tmp/chains/repo
     for gpu in 0 1; do
-        CUDA_VISIBLE_DEVICES=$gpu setsid bash -c "cd /tmp/chains/repo && source scripts/device/env.sh \
-            && bash scripts/device/lease_steps.sh chain-gpu$gpu $commit > /tmp/chains/gpu$gpu.log 2>&1;
-            echo \$? > /tmp/chains/gpu$gpu.rc" < /dev/null > /dev/null 2>&1 &
+        CUDA_VISIBLE_DEVICES=$gpu bash scripts/device/lease_steps.sh detach "gpu$gpu" "chain-gpu$gpu" "$commit"
     done
-    sleep 5
-    tail -n 3 /tmp/chains/gpu0.log /tmp/chains/gpu1.log
     ;;
 chain-gpu0)  # (started by start-chains) the tree kernels' GPU tests and benchmarks, then their profile
     commit=${1:?commit}
@@ -391,19 +385,19 @@ collect-chains)
     wait_s=${2:?wait seconds}
     mkdir -p "$out"
     for _ in $(seq 1 "$wait_s"); do
-        [ -f /tmp/chains/gpu0.rc ] && [ -f /tmp/chains/gpu1.rc ] && break
+        [ -f /tmp/detached/gpu0.rc ] && [ -f /tmp/detached/gpu1.rc ] && break
         sleep 1
     done
-    tail -n 6 /tmp/chains/gpu0.log /tmp/chains/gpu1.log
-    if ! [ -f /tmp/chains/gpu0.rc ] || ! [ -f /tmp/chains/gpu1.rc ]; then
+    tail -n 6 /tmp/detached/gpu0.log /tmp/detached/gpu1.log
+    if ! [ -f /tmp/detached/gpu0.rc ] || ! [ -f /tmp/detached/gpu1.rc ]; then
         echo "chains still running"
         exit 3
     fi
     cp /tmp/chains/gpu0/kernel_checks.tar.xz /tmp/chains/gpu0/profile_kernels.json "$out/" || true
     cp /tmp/chains/gpu1/server/gpu_suite.json "$out/gpu_suite_server.json" || true
     cp /tmp/chains/gpu1/b64/bench_budgets.jsonl "$out/sweep_8b_bs64_graphed.jsonl" || true
-    tar -cJf "$out/chain_logs.tar.xz" -C /tmp chains/gpu0.log chains/gpu1.log chains/gpu0/pk.log b64g/logs \
-        2>/dev/null || tar -cJf "$out/chain_logs.tar.xz" -C /tmp chains/gpu0.log chains/gpu1.log
+    tar -cJf "$out/chain_logs.tar.xz" -C /tmp detached/gpu0.log detached/gpu1.log chains/gpu0/pk.log b64g/logs \
+        2>/dev/null || tar -cJf "$out/chain_logs.tar.xz" -C /tmp detached/gpu0.log detached/gpu1.log
     ls -la "$out"
     ;;
 tiny-auto-profile)
@@ -429,7 +423,7 @@ detach)
         && bash scripts/device/lease_steps.sh $args > /tmp/detached/$name.log 2>&1; echo \$? > /tmp/detached/$name.rc" \
         < /dev/null > /dev/null 2>&1 &
     sleep 3
-    tail -n 3 "/tmp/detached/$name.log"
+    tail -n 3 "/tmp/detached/$name.log" 2>/dev/null || true  # (not written yet when the step is slow to start)
     ;;
 wait-detached)
     name=${1:?name}
