@@ -500,15 +500,9 @@ class DDTreeWorker(DFlashWorkerV2):
         (the drafter block of 16, the draft input, the draft runner; this class overrides none of the methods it
         calls), and it reserves, writes and commits the verify's KV slots req_to_token[prefix .. prefix+15] as a
         chain round of ours does. Our side: the round's time and committed tokens for the chooser and the stats."""
-        runner = self.target_worker.model_runner
-        saved = (runner.attn_backend, runner.decode_cuda_graph_runner)
-        runner.attn_backend, runner.decode_cuda_graph_runner = self.auto.verify_states[(self.auto.widths[chosen],
-                                                                                           True)]
-        try:
+        with self._verify_state(self.auto.widths[chosen], causal=True):
             result = DFlashWorkerV2.forward_batch_generation(self, batch, on_publish=on_publish,
                                                              grammar_barrier=grammar_barrier)
-        finally:
-            runner.attn_backend, runner.decode_cuda_graph_runner = saved
         timer.mark("commit")  # one stage for the whole round: DFLASH's code has no marks
         result.cap_lens = torch.zeros_like(result.accept_lens)  # a chain takes no branch (SGLang's per-request sums)
         summary, feedback = ops.chain_round_vectors(result.accept_lens, self.depth_limit, self.block_size - 1,
@@ -633,6 +627,20 @@ class DDTreeWorker(DFlashWorkerV2):
     def _verify_slots(self, batch, prefix_lens, bs, width):
         return self._slots(batch, prefix_lens, width, bs).view(bs, width)
 
+    @contextlib.contextmanager
+    def _verify_state(self, width: int, causal: bool):
+        """The target runner with the attention backend and verify graphs of this verify's (width, causal) swapped
+        in (`auto`'s candidates, the oracle's chain; SGLang's own for the server's widest tree), restored after."""
+        runner = self.target_worker.model_runner
+        saved = (runner.attn_backend, runner.decode_cuda_graph_runner)
+        if (width, causal) != (self.num_nodes, False):
+            states = self.auto.verify_states if self.auto is not None else self._oracle_state
+            runner.attn_backend, runner.decode_cuda_graph_runner = states[(width, causal)]
+        try:
+            yield runner
+        finally:
+            runner.attn_backend, runner.decode_cuda_graph_runner = saved
+
     def _verify(self, batch, verify_ids, verify_positions, mask, node_cache_loc, seq_lens_cpu_bound,
                 seq_lens_sum_bound, width, causal=False, links=None):
         verify_input = DDTreeVerifyInput(
@@ -648,19 +656,14 @@ class DDTreeWorker(DFlashWorkerV2):
         saved = (batch.seq_lens_cpu, batch.seq_lens_sum)
         batch.seq_lens_cpu = seq_lens_cpu_bound.to(saved[0].dtype if saved[0] is not None else torch.int64)
         batch.seq_lens_sum = seq_lens_sum_bound
-        runner = self.target_worker.model_runner
-        saved_state = (runner.attn_backend, runner.decode_cuda_graph_runner)
-        if (width, causal) != (self.num_nodes, False):  # `auto` / the oracle: this verify's backend and graphs
-            states = self.auto.verify_states if self.auto is not None else self._oracle_state
-            runner.attn_backend, runner.decode_cuda_graph_runner = states[(width, causal)]
         try:
-            self._last_verify_backend = runner.attn_backend
-            forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
-            out = self.target_worker.forward_batch_generation(
-                batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True)
+            with self._verify_state(width, causal) as runner:
+                self._last_verify_backend = runner.attn_backend
+                forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+                out = self.target_worker.forward_batch_generation(
+                    batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True)
         finally:
             batch.seq_lens_cpu, batch.seq_lens_sum = saved
-            runner.attn_backend, runner.decode_cuda_graph_runner = saved_state
         if out.logits_output.hidden_states is None:
             raise RuntimeError("DDTREE verify needs the target's hidden states (aux capture is off).")
         return out.logits_output, out.can_run_cuda_graph
