@@ -166,6 +166,11 @@ TOPK_CHECK = textwrap.dedent(
         ref_values, ref_ids = exact_topk(xb.float(), k, id_offset=7)
         values, ids = kernels.topk_triton(xb, k, id_offset=7, block=1024)
         assert torch.equal(ref_ids, ids) and torch.equal(ref_values, values), (rows, vocab, k, ties, "bf16")
+        # float16: 3 of the 4 radix passes (its float32 bits below the top 24 are zero)
+        xh = x.to(torch.float16)
+        ref_values, ref_ids = exact_topk(xh.float(), k, id_offset=7)
+        values, ids = kernels.topk_triton(xh, k, id_offset=7, block=1024)
+        assert torch.equal(ref_ids, ids) and torch.equal(ref_values, values), (rows, vocab, k, ties, "fp16")
     try:
         kernels.topk_triton(torch.zeros(1, 5), 6)
     except ValueError as e:
@@ -180,6 +185,72 @@ TOPK_CHECK = textwrap.dedent(
 def test_topk_kernel_matches_exact_topk():
     """kernels.topk_triton (radix selection) == tree.exact_topk: same ids and values in the same order."""
     run_in_interpreter(TOPK_CHECK, "TOPK-OK", timeout=900)
+
+
+RADIX_CHECK = textwrap.dedent(
+    """
+    import torch, triton
+    import triton.language as tl
+    from sglang_ddtree import kernels
+
+    @triton.jit
+    def select(key_ptr, sel_ptr, res_ptr, count, N: tl.constexpr, KEY_BITS: tl.constexpr, EARLY: tl.constexpr):
+        i = tl.arange(0, N)
+        ukey = tl.load(key_ptr + i)
+        live = ukey >= 0  # dead entries: -1
+        thresh, k_left = kernels._radix_select(ukey, live, count, KEY_BITS, EARLY)
+        # the selection the callers make: every key above thresh, then the first k_left at it
+        gt = live & (ukey > thresh)
+        eq = live & (ukey == thresh)
+        tl.store(sel_ptr + i, (gt | (eq & (tl.cumsum(eq.to(tl.int32), 0) <= k_left))).to(tl.int8))
+        tl.store(res_ptr, thresh)
+        tl.store(res_ptr + 1, k_left.to(tl.int64))
+
+    def ukeys(x):  # unsigned order-preserving keys of float32 values, as the kernels build them
+        bits = x.float().view(torch.int32)
+        return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(torch.int64) + 2**31
+
+    gen = torch.Generator().manual_seed(3)
+    n = 256
+    stops = {"early": 0, "full": 0}
+    for trial in range(48):
+        x = torch.randn(n, generator=gen) * (4 if trial % 2 else 0.01)
+        if trial % 4 == 3:
+            x = (x * 2).round() / 2  # many ties
+        if trial % 8 == 5:
+            x[: n // 2] = x[0]  # one big tie
+        dead = torch.randperm(n, generator=gen)[: trial % 5 * 10]
+        for bits, early, dtype in ((32, True, torch.float32), (32, False, torch.float32), (16, False, torch.bfloat16),
+                                   (24, False, torch.float16), (16, True, torch.bfloat16)):
+            key = ukeys(x.to(dtype))
+            key[dead] = -1
+            live_ids = [j for j in sorted(range(n), key=lambda j: (-int(key[j]), j)) if key[j] >= 0]
+            count = int(torch.randint(1, len(live_ids) + 1, (1,), generator=gen))
+            want = torch.zeros(n, dtype=torch.int8)
+            want[live_ids[:count]] = 1  # the count largest live keys, ties lowest position first
+            sel = torch.zeros(n, dtype=torch.int8)
+            res = torch.zeros(2, dtype=torch.int64)
+            select[(1,)](key, sel, res, count, N=n, KEY_BITS=bits, EARLY=early)
+            assert torch.equal(sel, want), (trial, bits, early, count)
+            kth = int(key[live_ids[count - 1]])
+            thresh, k_left = res.tolist()
+            if thresh == kth:  # all passes ran: the count-th largest key, k_left of the ties at it
+                assert k_left == sum(int(key[j]) == kth for j in live_ids[:count]), (trial, bits, early)
+                stops["full"] += early
+            else:  # stopped early: one below the smallest key of a wholly selected bin, nothing taken at it
+                assert early and k_left == 0 and thresh + 1 == min(int(key[j]) for j in live_ids[:count])
+                stops["early"] += 1
+    assert stops["early"] > 0 and stops["full"] > 0, stops  # both ends of the early stop ran
+    print("RADIX-OK", stops)
+    """
+)
+
+
+def test_radix_select_stops_early_and_reads_bf16_keys_in_two_passes():
+    """kernels._radix_select == sorting: float32 keys with and without the early stop (a wholly selected bin ends
+    the passes; both outcomes occur here), bfloat16 / float16 keys in 2 / 3 passes (their low bits follow from the
+    sign), with ties, one big tie and dead entries."""
+    run_in_interpreter(RADIX_CHECK, "RADIX-OK", timeout=600)
 
 
 KV_MOVE_CHECK = textwrap.dedent(

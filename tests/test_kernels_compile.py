@@ -46,6 +46,37 @@ def test_tree_build_kernel_compiles_for_sm90(width, radix, ablate):
     assert len(compiled.asm["cubin"]) > 10_000
 
 
+@pytest.mark.parametrize("key_bits", [16, 32])
+def test_topk_selection_kernels_compile_for_sm90(key_bits):
+    """The top-K's two radix selections (the threshold over group maxima, the exact top K of the candidates) with
+    the passes a bfloat16 (16 key bits) and a float32 (32) lm_head output take."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from sglang_ddtree import kernels
+
+    k, groups, chunks = 256, 4748, 38
+    cases = [
+        (kernels._group_threshold_kernel,
+         {"gmax_ptr": "*i32", "thresh_ptr": "*i64", "pm_ptr": "*fp32", "ps_ptr": "*fp32", "parg_ptr": "*i32",
+          "lse_ptr": "*fp32", "max_ptr": "*fp32", "arg_ptr": "*i64", "groups": "i32", "parts": "i32"},
+         dict(K=k, GP=kernels._pow2(groups), LSE=True, PP=kernels._pow2(chunks), KEY_BITS=key_bits),
+         kernels._warps(kernels._pow2(groups))),
+        (kernels._candidate_topk_kernel,
+         {"x_ptr": "*bf16" if key_bits == 16 else "*fp32", "counts_ptr": "*i32", "cand_ptr": "*i32",
+          "scratch_ptr": "*i64", "out_values_ptr": "*fp32", "out_ids_ptr": "*i64", "stride_x": "i32",
+          "chunks": "i32", "cap": "i32", "id_offset": "i32"},
+         dict(K=k, KP=k, BLOCK=2048, CHP=kernels._pow2(chunks), KEY_BITS=key_bits), 4),
+    ]
+    for kernel, signature, consts, warps in cases:
+        names = kernel.arg_names
+        assert set(names) == set(signature) | set(consts), "the kernel's arguments changed: update this test"
+        source = ASTSource(fn=kernel, signature={n: signature.get(n, "constexpr") for n in names},
+                           constexprs={(names.index(n),): v for n, v in consts.items()})
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        assert len(compiled.asm["cubin"]) > 5_000
+
+
 def test_the_ahead_of_time_compile_catches_what_the_interpreter_runs():
     """The check can fail: a loop-carried variable whose type changes in the loop (int32 -> fp32) runs in the
     interpreter and is refused here."""

@@ -14,7 +14,8 @@
 #   bash scripts/device/lease_steps.sh checks-and-bench OUTDIR COMMIT    # two GPUs, ~8 minutes (lease 13, below)
 #   bash scripts/device/lease_steps.sh tiny-auto-sweep OUTDIR COMMIT [bench_budgets args...]   # one GPU, ~8 min
 #   bash scripts/device/lease_steps.sh kernel-checks OUTDIR COMMIT [WAIT_S]   # one GPU, ~8 min: core + kernel GPU
-#        tests, then bench_tree's production stages (triton_fused) with an unsure and a confident drafter
+#        tests, then bench_tree's production stages (triton_fused) with an unsure and a confident drafter; with
+#        BASE_KERNELS=FILE BASE_COMMIT=SHA also batch 1 with that kernels.py (~1 min more)
 #   bash scripts/device/lease_steps.sh hybrid-oracle OUTDIR      # one GPU, ~7 min: the hybrid module, fast and
 #        oracle servers at B = 16, 64 and 256 eager
 #   bash scripts/device/lease_steps.sh server-and-8b OUTDIR COMMIT   # one GPU, ~7 min: the DDTREE server module,
@@ -182,6 +183,22 @@ kernel-checks)
             --out "/tmp/kc/tree_kernels_scale$scale.json" --commit "$commit" > "/tmp/kc/bench$scale.log" 2>&1 || rc=$?
         echo "bench scale $scale exit $rc" >> "/tmp/kc/bench$scale.log"
     done
+    # BASE_KERNELS=FILE (a kernels.py of an earlier commit, BASE_COMMIT): the same batch-1 stages with it, in the
+    # same run, from a copy of the repo holding it: a kernel change is judged by the ratio, not against a number
+    # measured on another machine
+    if [ -n "${BASE_KERNELS:-}" ]; then
+        rm -rf /tmp/kbase && mkdir -p /tmp/kbase
+        cp -r sglang_ddtree benchmarks pyproject.toml /tmp/kbase/
+        cp "$BASE_KERNELS" /tmp/kbase/sglang_ddtree/kernels.py
+        for scale in 4 12; do
+            rc=0
+            (cd /tmp/kbase && PYTHONPATH=/tmp/kbase:$PYTHONPATH timeout 120 python3 benchmarks/bench_tree.py \
+                --device cuda --impls triton_fused --budgets 16,32,64,128,256,512,1024 --batch-sizes 1 --repeats 30 \
+                --draft-scale "$scale" --out "/tmp/kc/tree_kernels_base_scale$scale.json" \
+                --commit "${BASE_COMMIT:-unknown}") > "/tmp/kc/bench_base$scale.log" 2>&1 || rc=$?
+            echo "base bench scale $scale exit $rc" >> "/tmp/kc/bench_base$scale.log"
+        done
+    fi
     tar -cJf "$out/kernel_checks.tar.xz" -C /tmp kc
     tail -n 4 /tmp/kc/tests.log /tmp/kc/bench4.log /tmp/kc/bench12.log
     ;;
@@ -307,7 +324,7 @@ kernels-and-server)
      echo "kernel checks exit $rc" >> /tmp/ks/kc.log) &
     (rc=0
      CUDA_VISIBLE_DEVICES=1 python3 scripts/device/run_gpu_suite.py tests/gpu/test_ddtree_server.py --out /tmp/ks/server \
-        --deadline-s 360 --jit-cache .device-cache/jit/jit-cache.tar.xz > /tmp/ks/server.log 2>&1 || rc=$?
+        --deadline-s 480 --jit-cache .device-cache/jit/jit-cache.tar.xz > /tmp/ks/server.log 2>&1 || rc=$?
      echo "server module exit $rc" >> /tmp/ks/server.log
      rc=0
      profile_kernels 1 /tmp/ks "$commit" 180 || rc=$?

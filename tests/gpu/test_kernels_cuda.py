@@ -100,6 +100,12 @@ def test_topk_kernel_equals_exact_topk_on_cuda(rows, k, ties):
     static = x.cuda()
     values, ids = kernels.topk_triton(static, k, id_offset=3)
     assert torch.equal(ids.cpu(), ref_ids) and torch.equal(values.cpu(), ref_values)
+    # bfloat16 / float16 read as they are: 2 / 3 radix passes a selection instead of 4 (kernels._KEY_BITS)
+    for dtype in (torch.bfloat16, torch.float16):
+        low = x.to(dtype)
+        want_values, want_ids = exact_topk(low.float(), k, id_offset=3)
+        values, ids = kernels.topk_triton(low.cuda(), k, id_offset=3)
+        assert torch.equal(ids.cpu(), want_ids) and torch.equal(values.cpu(), want_values), dtype
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         g_values, g_ids = kernels.topk_triton(static, k, id_offset=3)
