@@ -46,11 +46,41 @@
 #        loop, decode batches 300..899); the sweep's throughput is not a result (the profiler slows its servers)
 #   bash scripts/device/lease_steps.sh tiny-dchain-ab OUTDIR COMMIT   # one GPU, ALONE, ~13 min (detach it): the
 #        tiny pair's DFLASH, DDTREE 128, auto and auto with SGLANG_DDTREE_AUTO_DFLASH_CHAIN=1 (setup tiny-dchain),
-#        interleaved, batch 1 / 4 / 16 / 64, 1024 tokens, 5 repeats
+#        interleaved, batch 1 / 4 / 16 / 64, 1024 tokens, 5 repeats (DCH_BATCH_SIZES, DCH_MINUTES: a shorter plan)
+#   bash scripts/device/lease_steps.sh server-kernels-1gpu OUTDIR COMMIT   # one GPU, ~8 min (detach it): the server
+#        module next to the core + kernel GPU tests, then kernel-bench alone (batch 1; BASE_KERNELS as kernel-checks)
+#   bash scripts/device/lease_steps.sh kernel-bench OUTDIR COMMIT   # one GPU, ALONE: kernel-checks' benchmarks only
 set -euo pipefail
 step=${1:?step}
 shift
 TRAIN=/tmp/train
+
+kernel_bench() {  # COMMIT: bench_tree's production stages (triton_fused), unsure and confident drafts, into /tmp/kc
+    # KC_BATCH_SIZES (default 1,8,32). BASE_KERNELS=FILE (a kernels.py of an earlier commit, BASE_COMMIT): the same
+    # batch-1 stages with it, in the same run, from a copy of the repo holding it: a kernel change is judged by the
+    # ratio, not against a number measured on another machine.
+    local scale rc
+    for scale in 4 12; do
+        rc=0
+        timeout 150 python3 benchmarks/bench_tree.py --device cuda --impls triton_fused \
+            --budgets 16,32,64,128,256,512,1024 --batch-sizes "${KC_BATCH_SIZES:-1,8,32}" --repeats 30 \
+            --draft-scale "$scale" --out "/tmp/kc/tree_kernels_scale$scale.json" --commit "$1" \
+            > "/tmp/kc/bench$scale.log" 2>&1 || rc=$?
+        echo "bench scale $scale exit $rc" >> "/tmp/kc/bench$scale.log"
+    done
+    [ -n "${BASE_KERNELS:-}" ] || return 0
+    rm -rf /tmp/kbase && mkdir -p /tmp/kbase
+    cp -r sglang_ddtree benchmarks pyproject.toml /tmp/kbase/
+    cp "$BASE_KERNELS" /tmp/kbase/sglang_ddtree/kernels.py
+    for scale in 4 12; do
+        rc=0
+        (cd /tmp/kbase && PYTHONPATH=/tmp/kbase:${PYTHONPATH:-} timeout 120 python3 benchmarks/bench_tree.py \
+            --device cuda --impls triton_fused --budgets 16,32,64,128,256,512,1024 --batch-sizes 1 --repeats 30 \
+            --draft-scale "$scale" --out "/tmp/kc/tree_kernels_base_scale$scale.json" \
+            --commit "${BASE_COMMIT:-unknown}") > "/tmp/kc/bench_base$scale.log" 2>&1 || rc=$?
+        echo "base bench scale $scale exit $rc" >> "/tmp/kc/bench_base$scale.log"
+    done
+}
 
 profile_kernels() {  # GPU OUTDIR COMMIT TIMEOUT_S: the select kernel's split on confident drafts, B = 256 and 1024
     CUDA_VISIBLE_DEVICES=$1 timeout "$4" python3 benchmarks/profile_kernels.py --budgets 256,1024 --warps 8 \
@@ -167,40 +197,49 @@ parallel)
     ;;
 kernel-checks)
     # WAIT_S: let a job on the other GPU restore the JIT cache first (restoring while this compiles crashed a
-    # compile in lease 12). Each part records its exit status; one archive.
+    # compile in lease 12). Each part records its exit status; one archive. KC_BENCH=0: the tests only (when the
+    # GPU is shared: kernel-bench runs later, alone).
     out=${1:?outdir}
     commit=${2:?commit}
     sleep "${3:-0}"
     mkdir -p "$out" /tmp/kc
     rc=0
-    timeout 330 python3 scripts/device/run_gpu_suite.py tests/gpu/test_core_cuda.py tests/gpu/test_kernels_cuda.py \
-        --out /tmp/kc/suite --deadline-s 300 > /tmp/kc/tests.log 2>&1 || rc=$?
+    timeout 450 python3 scripts/device/run_gpu_suite.py tests/gpu/test_core_cuda.py tests/gpu/test_kernels_cuda.py \
+        --out /tmp/kc/suite --deadline-s 420 > /tmp/kc/tests.log 2>&1 || rc=$?
     echo "gpu tests exit $rc" >> /tmp/kc/tests.log
-    for scale in 4 12; do
-        rc=0
-        timeout 150 python3 benchmarks/bench_tree.py --device cuda --impls triton_fused \
-            --budgets 16,32,64,128,256,512,1024 --batch-sizes 1,8,32 --repeats 30 --draft-scale "$scale" \
-            --out "/tmp/kc/tree_kernels_scale$scale.json" --commit "$commit" > "/tmp/kc/bench$scale.log" 2>&1 || rc=$?
-        echo "bench scale $scale exit $rc" >> "/tmp/kc/bench$scale.log"
-    done
-    # BASE_KERNELS=FILE (a kernels.py of an earlier commit, BASE_COMMIT): the same batch-1 stages with it, in the
-    # same run, from a copy of the repo holding it: a kernel change is judged by the ratio, not against a number
-    # measured on another machine
-    if [ -n "${BASE_KERNELS:-}" ]; then
-        rm -rf /tmp/kbase && mkdir -p /tmp/kbase
-        cp -r sglang_ddtree benchmarks pyproject.toml /tmp/kbase/
-        cp "$BASE_KERNELS" /tmp/kbase/sglang_ddtree/kernels.py
-        for scale in 4 12; do
-            rc=0
-            (cd /tmp/kbase && PYTHONPATH=/tmp/kbase:$PYTHONPATH timeout 120 python3 benchmarks/bench_tree.py \
-                --device cuda --impls triton_fused --budgets 16,32,64,128,256,512,1024 --batch-sizes 1 --repeats 30 \
-                --draft-scale "$scale" --out "/tmp/kc/tree_kernels_base_scale$scale.json" \
-                --commit "${BASE_COMMIT:-unknown}") > "/tmp/kc/bench_base$scale.log" 2>&1 || rc=$?
-            echo "base bench scale $scale exit $rc" >> "/tmp/kc/bench_base$scale.log"
-        done
-    fi
+    [ "${KC_BENCH:-1}" = 0 ] || kernel_bench "$commit"
     tar -cJf "$out/kernel_checks.tar.xz" -C /tmp kc
-    tail -n 4 /tmp/kc/tests.log /tmp/kc/bench4.log /tmp/kc/bench12.log
+    tail -n 4 /tmp/kc/*.log
+    ;;
+kernel-bench)
+    out=${1:?outdir}
+    commit=${2:?commit}
+    mkdir -p "$out" /tmp/kc
+    kernel_bench "$commit"
+    tar -cJf "$out/kernel_checks.tar.xz" -C /tmp kc
+    tail -n 4 /tmp/kc/*.log
+    ;;
+server-kernels-1gpu)
+    # One GPU, ~8 min: the DDTREE server module next to the core + kernel GPU tests (correctness only, so they may
+    # share the GPU; the kernel tests start after the suite restored the JIT cache), then kernel-bench alone.
+    out=${1:?outdir}
+    commit=${2:?commit}
+    mkdir -p "$out" /tmp/sk
+    (rc=0
+     python3 scripts/device/run_gpu_suite.py tests/gpu/test_ddtree_server.py --out /tmp/sk/server --deadline-s 420 \
+        --jit-cache .device-cache/jit/jit-cache.tar.xz > /tmp/sk/server.log 2>&1 || rc=$?
+     echo "server module exit $rc" >> /tmp/sk/server.log) &
+    (rc=0
+     KC_BENCH=0 bash scripts/device/lease_steps.sh kernel-checks /tmp/sk/kc "$commit" 30 > /tmp/sk/kc.log 2>&1 || rc=$?
+     echo "kernel checks exit $rc" >> /tmp/sk/kc.log) &
+    wait
+    rc=0
+    KC_BATCH_SIZES=${KC_BATCH_SIZES:-1} bash scripts/device/lease_steps.sh kernel-bench "$out" "$commit" \
+        > /tmp/sk/kb.log 2>&1 || rc=$?
+    echo "kernel bench exit $rc" >> /tmp/sk/kb.log
+    cp /tmp/sk/server/gpu_suite.json "$out/gpu_suite_server.json" || true
+    tar -cJf "$out/server_logs.tar.xz" -C /tmp/sk/server . || true
+    tail -n 6 /tmp/sk/server.log /tmp/sk/kc.log /tmp/sk/kb.log
     ;;
 hybrid-oracle)
     out=${1:?outdir}
@@ -474,12 +513,12 @@ tiny-dchain-ab)
     rm -rf /tmp/dch
     mkdir -p "$out" /tmp/dch
     rc=0
-    CUDA_VISIBLE_DEVICES=0 timeout 840 python3 benchmarks/bench_budgets.py --setups tiny,tiny-dchain \
+    CUDA_VISIBLE_DEVICES=0 timeout 860 python3 benchmarks/bench_budgets.py --setups tiny,tiny-dchain \
         --copy-setup tiny-dchain=tiny --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=128 \
         --set tiny-dchain.methods=auto --set tiny-dchain.server_env=SGLANG_DDTREE_AUTO_DFLASH_CHAIN=1 \
-        --set all.batch_sizes=1,4,16,64 --set all.max_new_tokens=1024 --set all.warmup_new_tokens=128 \
-        --repeats 5 --prompt-groups 4 --interleave --prompts-file runs/bench/humaneval_prompts.jsonl \
-        --max-minutes 13.5 --out /tmp/dch --log-dir /tmp/dch/logs --commit "$commit" > /tmp/dch/run.log 2>&1 || rc=$?
+        --set all.batch_sizes="${DCH_BATCH_SIZES:-1,4,16,64}" --set all.max_new_tokens=1024 \
+        --set all.warmup_new_tokens=128 --repeats 5 --prompt-groups 4 --interleave \
+        --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes "${DCH_MINUTES:-13.5}" --out /tmp/dch --log-dir /tmp/dch/logs --commit "$commit" > /tmp/dch/run.log 2>&1 || rc=$?
     echo "tiny dchain A/B exit $rc" >> /tmp/dch/run.log
     grep -h "ran as DFLASH" /tmp/dch/logs/*.log | head -n 2 >> /tmp/dch/run.log || true
     cp /tmp/dch/bench_budgets.jsonl "$out/" || true
