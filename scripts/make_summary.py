@@ -31,14 +31,16 @@ def _row(rows, **match):
 
 def tree_stages(out: dict) -> None:
     """Issue 2: top-K + tree build + layout + walk on the H200, median ms of one CUDA-graph replay, batch 1, the
-    production stages (`triton_fused`: the picked tree kernel and the fused top-K on the bf16 logits), lease 17
-    (commit f7f7209, with the per-depth live bound of 475a71c). The tree kernels stop at the last depth that can
-    enter the tree, so the time depends on the drafts: the headline fields use bench_tree.py's drafts of every earlier lease (randn x 4 logits, an unsure drafter: trees 3-4 deep at
-    batch 1), the `_confident_drafter` fields randn x 12 (top-1 p ~0.7: trees 12-15 deep, every depth selected)."""
-    runs = {"": _load("tree_kernels_h200_lease17_scale4.json"),
-            "_confident_drafter": _load("tree_kernels_h200_lease17_scale12.json")}
+    production stages (`triton_fused`: the picked tree kernel and the fused top-K on the bf16 logits), lease 18
+    (commit 5a51797: the top-K's radix selections in 2 passes on bf16 logits; the same run measured f6e1b49's
+    kernels too, tree_kernels_h200_lease18_base_f6e1b49_*). The tree kernels stop at the last depth that can enter
+    the tree, so the time depends on the drafts: the headline fields use bench_tree.py's drafts of every earlier
+    lease (randn x 4 logits, an unsure drafter: trees 3-4 deep at batch 1), the `_confident_drafter` fields
+    randn x 12 (top-1 p ~0.7: trees 12-15 deep)."""
+    names = ("tree_kernels_h200_lease18_scale4.json", "tree_kernels_h200_lease18_scale12.json")
+    runs = {"": _load(names[0]), "_confident_drafter": _load(names[1])}
     if any(run is None for run in runs.values()):
-        raise FileNotFoundError("tree_kernels_h200_lease17_scale4.json / _scale12.json")
+        raise FileNotFoundError(" / ".join(names))
     depths = {}
     for suffix, run in runs.items():
         for budget in (256, 1024):

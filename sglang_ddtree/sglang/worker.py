@@ -192,7 +192,8 @@ class DDTreeWorker(DFlashWorkerV2):
             logger.warning("DDTREE oracle: every round verifies its accepted path once more as a chain (%d tokens, "
                            "causal) and commits what that verify accepts: two target passes a round, for checking "
                            "the tree verify, not for speed", self.oracle_width)
-        # SGLANG_DDTREE_AUTO_DFLASH_CHAIN=1 (off by default: not yet run on a GPU): `auto`'s chain rounds that
+        # SGLANG_DDTREE_AUTO_DFLASH_CHAIN=1 (off by default: lossless but no faster on a GPU, lease 18: the chooser
+        # timed the delegated round at 6.8 ms at batch 4 against DFLASH's own 3.3 ms step): `auto`'s chain rounds that
         # sample nothing, at T = 0, run DFlashWorkerV2's own round (with the chain's causal verify state swapped
         # in), so that choosing the chain costs what DFLASH costs. Why: on a host-bound pair our worker's round
         # costs the host more than DFLASH's (lease 17, tiny pair at batch 4, profiled: 5.28 against 3.25 ms of
