@@ -145,6 +145,69 @@ def test_policy_borrows_the_ratio_of_the_nearest_smaller_observed_candidate():
     assert policy.est_tokens(2) == pytest.approx(2.5)
 
 
+def test_a_wider_tree_is_estimated_to_commit_at_least_what_a_narrower_one_does():
+    """Its first slots are the narrower tree, so per round it commits at least as much: an estimate below the
+    narrower tree's (a ratio from a few unlucky rounds) is lifted to it."""
+    policy = AutoBudgetPolicy([CHAIN, 16, 64])
+    policy.observe(1, 2, 1, 1.0, [3.0, 4.0, 6.0], [None, 3.0, 1.0])  # the 64-tree: 1 of 6 expected, the 16: 3 of 4
+    assert policy.ratio(2) == pytest.approx(1 / 6) and policy.est_tokens(1) == pytest.approx(3.0)
+    assert policy.est_tokens(2) == pytest.approx(3.0)  # not 1.0
+    policy.observe(1, 2, 1, 1.0, [3.0, 4.0, 6.0], [None, 3.0, 5.0])
+    assert policy.est_tokens(2) > 3.0  # its own estimate again once it is the larger
+
+
+def test_a_ratio_decays_with_the_rounds_since_it_was_last_observed():
+    """A candidate observed once long ago (a low ratio) and again now: the fresh sample outweighs the old one,
+    which has decayed over the rounds between (not only over the samples between)."""
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], half_life_rounds=50.0)
+    policy.observe(1, 2, 1, 1.0, [3.0, 4.0, 6.0], [None, 3.0, 1.0])  # ratio 1/6
+    for _ in range(2000):  # sampled rounds of the 16-tree only (the decay's pace: SAMPLE_EVERY rounds a step)
+        policy.observe(1, 1, 1, 1.0, [3.0, 4.0, 6.0], [None, 3.0, None])
+    policy.observe(1, 2, 1, 1.0, [3.0, 4.0, 6.0], [None, 3.0, 4.8])  # ratio 0.8
+    assert policy.ratio(2) > 0.79  # decayed only per sample, the old one would still weigh as much: 0.48
+
+
+def test_probes_and_exploration_are_sampled_and_stale_times_are_probed():
+    """`probing` marks the rounds that explore or probe (the worker samples them, so a probe also refreshes the
+    ratio); a candidate whose last timed round is more than STALE_ROUNDS back is probed even when its old times
+    say it cannot win (then re-measured at its real cost, it wins)."""
+    from sglang_ddtree.sglang.auto import STALE_ROUNDS
+
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=16)
+    tokens, slow, fast = [3.0, 4.0, 5.0], [1.0, 1.1, 4.0], [1.0, 1.1, 1.15]
+    flags, picks = [], []
+    for r in range(3 * STALE_ROUNDS):
+        i = policy.choose(1)
+        picks.append(i)
+        flags.append(policy.probing)
+        ms = (slow if r < 20 else fast)[i]  # the 64-tree's first rounds ran 3.5x slow
+        policy.observe(1, i, 1, ms, [1.5 * t for t in tokens],
+                       [t if s else None for t, s in zip(tokens, observed_candidates(policy.candidates, i))])
+    assert flags[:3] == [True, True, True] and picks[:3] == [0, 1, 2]  # exploration, narrowest first
+    assert not any(f for f, n in zip(flags[3:], range(4, len(flags) + 1)) if n % 16)  # then only on probe rounds
+    assert 2 not in picks[3:STALE_ROUNDS]  # at 4.0 ms it cannot win: not probed while that time is fresh
+    assert picks[-50:].count(2) >= 45  # probed once stale, re-measured at 1.15 ms: the 64-tree runs
+
+
+def test_a_slow_start_that_commits_little_does_not_lock_a_candidate_out():
+    """Lease 18's tiny sweep at batch 4: the 128-tree's ratio stayed at 0.197 from a few early rounds, the 16- and
+    32-trees' times at their exploration's, and `auto` ran the 64-tree (x0.855 of the fixed 128-tree). Simulated:
+    the first 60 rounds 1.4x slow and committing ~1 token; with ratios that never aged and no probe of stale times
+    10 seeds gave 0.923-0.989 of the best rate afterwards (mean 0.954)."""
+    from sglang_ddtree.bench.auto_sim import CANDIDATES, rate_over_best, simulate
+
+    base, tokens = [4.4, 4.5, 4.6, 4.68, 4.75], [3.6, 3.9, 4.1, 4.3, 4.55]
+    ratios, refreshed = [], []
+    for seed in range(10):
+        policy = AutoBudgetPolicy(list(CANDIDATES), widths=[16, 17, 33, 65, 129])
+        picks = simulate(seed, base, tokens, [4.0, 4.8, 5.2, 5.5, 5.9], 3000, 4, noise=0.08, start_rounds=60,
+                         start_mult=1.4, start_tokens=[1.0, 1.1, 1.2, 1.3, 1.2], policy=policy)
+        ratios.append(rate_over_best(picks[1000:], base, tokens))
+        refreshed.append(policy.ratio(4))
+    assert min(ratios) > 0.95 and sum(ratios) / len(ratios) > 0.97, ratios
+    assert min(refreshed) > 0.6, refreshed  # the 128-tree's ratio left the start's 0.2
+
+
 def test_policy_rejects_bad_candidates():
     for bad in ([16, 32], [CHAIN], [CHAIN, 32, 16]):
         with pytest.raises(ValueError):

@@ -13,29 +13,35 @@ CANDIDATES = (CHAIN, 16, 32, 64, 128)
 
 def simulate(seed: int, base: list[float], tokens: list[float], expected: list[float], rounds: int, batch: int,
              noise: float, outlier: float = 0.0, lag: int = 2, phase_mult: float = 1.0,
-             phase_len: float | None = None) -> list[int]:
+             phase_len: float | None = None, start_rounds: int = 0, start_mult: float = 1.0,
+             start_tokens: list[float] | None = None, policy: AutoBudgetPolicy | None = None) -> list[int]:
     """Candidate i's round costs base[i] ms x lognormal(noise), doubled with probability `outlier`, and x phase_mult
     while the host is in a slow phase (phases flip with probability 1 / phase_len a round; none without phase_len);
     a round commits tokens[i] per request; the drafter expects expected[i]. First rounds of a candidate are cold
     (untimed), sampled rounds (policy.sample_interval) carry the expectations, observations arrive `lag` rounds
-    late. Returns the candidate index chosen each round."""
+    late. The first start_rounds rounds (a server's first requests) cost start_mult times more and commit
+    start_tokens (default tokens). policy: a fresh AutoBudgetPolicy over CANDIDATES unless given (to read its state
+    afterwards). Returns the candidate index chosen each round."""
     rng = random.Random(seed)
     widths = [16] + [c + 1 for c in CANDIDATES[1:]]
-    policy = AutoBudgetPolicy(list(CANDIDATES), widths=widths)
+    policy = policy if policy is not None else AutoBudgetPolicy(list(CANDIDATES), widths=widths)
     queue, picks, used = [], [], set()
     slow = False
     for r in range(rounds):
         if phase_len is not None and rng.random() < 1.0 / phase_len:
             slow = not slow
         i = policy.choose(batch)
-        sampled = r % policy.sample_interval(batch) == 0
+        sampled = r % policy.sample_interval(batch) == 0 or policy.probing  # as the worker decides
         picks.append(i)
         cold = i not in used
         used.add(i)
         seen = observed_candidates(policy.candidates, i)
         ms = base[i] * rng.lognormvariate(0, noise) * (2.0 if rng.random() < outlier else 1.0)
         ms *= phase_mult if slow else 1.0
-        queue.append((i, cold, ms, sampled, [batch * t if s else None for t, s in zip(tokens, seen)]))
+        starting = r < start_rounds
+        ms *= start_mult if starting else 1.0
+        committed = start_tokens if starting and start_tokens is not None else tokens
+        queue.append((i, cold, ms, sampled, [batch * t if s else None for t, s in zip(committed, seen)]))
         if len(queue) > lag:
             j, was_cold, mj, smp, obs = queue.pop(0)
             policy.observe(batch, j, batch, None if was_cold else mj,

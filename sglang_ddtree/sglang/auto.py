@@ -73,6 +73,21 @@ MAX_UNMEASURED = 8
 # seeds): below 0.9 of the best candidate's rate in 6 runs with means; worst 0.956, mean 0.981 with least / median.
 RECENT = 8
 
+# Evidence goes stale. Lease 18's tiny sweep at batch 4 (sweep_auto_tiny_lease18_dchain.jsonl, setup `tiny`): the
+# 128-tree's observed / expected stayed at 0.197 from a few early rounds (every batch-size row reported the same
+# value) and the 16- / 32-trees' times at 6.1 / 6.6 ms from their exploration, above the 64-tree's 4.7, so no
+# estimate could let the 128-tree win again and `auto` ran the 64-tree in 4879 of 5713 rounds, x0.855 of the fixed
+# 128-tree (tests/test_sglang_auto.py reproduces it: a slow start whose rounds commit few tokens). Now:
+# - a candidate's observed / expected decays with the rounds since it was last observed (not only when a new
+#   sample arrives), so one fresh sample outweighs old ones;
+# - a wider tree is estimated to commit at least what a narrower tree commits (its first slots are that tree:
+#   exact per round);
+# - a candidate whose last timed round lies more than STALE_ROUNDS rounds of its bucket back is a probe (one round
+#   in probe_every re-measures the stalest probe) even when its estimates say it cannot win: its times also
+#   bound the wider candidates' cost floors; a candidate never timed stays unexplored while it cannot win;
+# - probe and exploration rounds carry the expectations (`probing`), so a probe also refreshes the ratio.
+STALE_ROUNDS = 256
+
 
 @dataclass
 class _Decayed:
@@ -115,6 +130,8 @@ class AutoBudgetPolicy:
     chosen_total: list[int] = field(default_factory=list)
     rounds_observed: int = 0
     _last_sampled: int = 0  # rounds_observed at the last round that carried expectations
+    _last_observed: list[int] = field(default_factory=list)  # rounds_observed at each ratio's last sample
+    probing: bool = False  # the last choice explores or probes: the worker samples that round
 
     def __post_init__(self):
         self.candidates = [int(c) for c in self.candidates]
@@ -134,6 +151,7 @@ class AutoBudgetPolicy:
         self.observed = [_Decayed() for _ in range(n)]
         self.observed_expected = [_Decayed() for _ in range(n)]
         self.chosen_total = [0] * n
+        self._last_observed = [0] * n
 
     @property
     def keep(self) -> float:
@@ -157,8 +175,19 @@ class AutoBudgetPolicy:
         return 1.0
 
     def est_tokens(self, i: int) -> float | None:
+        """Candidate i's estimated committed tokens per request: its expectation x ratio, and for a tree at least
+        a narrower tree candidate's estimate (the narrower tree is its first slots: per round it commits at least
+        as much)."""
         exp = self.expected[i].mean()
-        return None if exp is None else exp * self.ratio(i)
+        if exp is None:
+            return None
+        est = exp * self.ratio(i)
+        if self.candidates[i] != CHAIN:
+            for j in range(1, i):
+                narrower = self.expected[j].mean()
+                if narrower is not None:
+                    est = max(est, narrower * self.ratio(j))
+        return est
 
     @staticmethod
     def _typical_ms(b: _Bucket, i: int) -> float | None:
@@ -250,10 +279,13 @@ class AutoBudgetPolicy:
             if b.tried[i] > 0 and b.measured[i] == 0 and b.waited[i] < MAX_UNMEASURED:
                 b.waited[i] += 1  # its time is in flight: run the best known meanwhile, explore nothing wider yet
                 break
-        if choice is None and b.rounds % self.probe_every == 0:  # re-measure the stalest that could still win
-            probes = [i for i in range(n) if i != best and self._could_win(b, i, best_rate)]
+        if choice is None and b.rounds % self.probe_every == 0:
+            # re-measure the stalest that could still win, or whose times are stale (STALE_ROUNDS)
+            probes = [i for i in range(n) if i != best and (
+                self._could_win(b, i, best_rate) or (b.recent[i] and b.rounds - b.last_measured[i] > STALE_ROUNDS))]
             if probes:
                 choice = min(probes, key=lambda i: (b.last_measured[i], i))
+        self.probing = choice is not None
         if choice is None:
             choice = best if best is not None else 0
         b.tried[choice] += 1
@@ -305,8 +337,11 @@ class AutoBudgetPolicy:
                 self.expected[i].add(e / batch_size, k, keep_k)
                 o = observed_sum[i]
                 if o is not None:
-                    self.observed[i].add(o / batch_size, k, keep_k)
-                    self.observed_expected[i].add(e / batch_size, k, keep_k)
+                    # decayed over the rounds since this candidate's last sample (STALE_ROUNDS), at the same pace
+                    since = max(1.0, (self.rounds_observed - self._last_observed[i]) / SAMPLE_EVERY)
+                    self._last_observed[i] = self.rounds_observed
+                    self.observed[i].add(o / batch_size, k, keep ** since)
+                    self.observed_expected[i].add(e / batch_size, k, keep ** since)
 
     def export(self) -> dict:
         """The chooser's state, for logs and the debug dump."""

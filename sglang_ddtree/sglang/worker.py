@@ -395,7 +395,8 @@ class DDTreeWorker(DFlashWorkerV2):
             self.auto.feedback.drain()
             bucket = self._graph_bucket(bs)
             chosen = self.auto.policy.choose(bucket)
-            sampled = self.auto.rounds % self.auto.policy.sample_interval(bucket) == 0
+            # a probe or exploration round always samples: it is how a rarely chosen candidate's ratio refreshes
+            sampled = (self.auto.rounds % self.auto.policy.sample_interval(bucket) == 0) or self.auto.policy.probing
             captures = self._auto_captures(chosen)
             info = batch.sampling_info
             if (self.dflash_chain and self.auto.candidates[chosen] == CHAIN and not sampled
