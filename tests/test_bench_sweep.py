@@ -146,11 +146,11 @@ def make_plan(*setups):
     return P.expand(list(setups or (TINY, BIG)), mem_budget_gib=119.0)
 
 
-def sweep(tmp_path, plan, launcher, clock, **opts):
+def sweep(tmp_path, plan, launcher, clock, log=None, **opts):
     options = SweepOptions(results_path=tmp_path / "results.jsonl", mem_budget_gib=119.0,
                            first_start_estimate_s=5.0, **{"max_minutes": 60.0, **opts})
     return Sweep(plan, launcher, PROMPTS, options, run_info={"gpu": "fake"}, clock=clock, sleep=clock.sleep,
-                 log=lambda msg: None)
+                 log=log or (lambda msg: None))
 
 
 def results(tmp_path):
@@ -517,3 +517,52 @@ def test_interleave_keeps_to_the_deadline(tmp_path):
     assert report.exit_code == 0 and not report.failed and report.pending
     assert clock() <= 120.0 + 1e-9
     assert all(s.stopped for s in launcher.created.values())
+
+
+def test_warm_up_repeats_while_it_captures_graphs_and_runs_count_their_captures(tmp_path):
+    """A DDTREE server logs a line for each first-use stage graph. The warm-up is repeated while its batch still
+    captured graphs (at most WARMUP_MAX_BATCHES batches), and each measured run records the captures logged during
+    it, so a row that paid one-time work inside its runs says so (lease 18b: 22 captures in auto's measured runs)."""
+    from sglang_ddtree.bench.sweep import WARMUP_MAX_BATCHES
+
+    captures = {"tiny-ddtree-b16": 3, "tiny-ddtree-b64": WARMUP_MAX_BATCHES + 3}
+
+    class CapturingServer(FakeServer):
+        def __init__(self, plan, launcher):
+            super().__init__(plan, launcher)
+            self.log_path = tmp_path / f"{plan.name}.log"
+            self.log_path.write_text("server started\n")
+            self.left = captures[plan.name]
+
+    class CapturingClient(FakeClient):
+        def generate_stream(self, payload, timeout_s):
+            srv = self.server
+            if srv.left > 0:  # this request meets a batch shape not captured yet
+                srv.left -= 1
+                with open(srv.log_path, "a") as fh:
+                    fh.write("[t] DDTREE: captured the tree stage for inputs [(1, 15, 64)]\n")
+            return super().generate_stream(payload, timeout_s)
+
+    class CapturingLauncher(FakeLauncher):
+        def create(self, plan):
+            server = CapturingServer(plan, self)
+            server.client = lambda: CapturingClient(server)
+            self.created[plan.name] = server
+            return server
+
+    setup = dataclasses.replace(TINY, budgets=(16, 64), batch_sizes=(1,), methods=("ddtree",),
+                                warmup_new_tokens=4)
+    clock = Clock()
+    launcher = CapturingLauncher(clock)
+    logs = []
+    report = sweep(tmp_path, make_plan(setup), launcher, clock, repeats=3, log=logs.append).run()
+    assert report.exit_code == 0
+    rows = results(tmp_path)
+    warmups = {name: s.max_new_tokens_seen.count(4) for name, s in launcher.created.items()}
+    # 3 captures: three warm-up batches captured, the fourth did not; the runs capture nothing
+    assert warmups["tiny-ddtree-b16"] == 4
+    assert rows[P.row_key("tiny", "ddtree", 16, 1)]["captures_runs"] == [0, 0, 0]
+    # more captures than warm-ups may take: the rest lands in the measured runs, and the row's log line says so
+    assert warmups["tiny-ddtree-b64"] == WARMUP_MAX_BATCHES
+    assert rows[P.row_key("tiny", "ddtree", 64, 1)]["captures_runs"] == [1, 1, 1]
+    assert any("3 graph captures in the measured runs" in line for line in logs)
