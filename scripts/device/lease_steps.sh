@@ -518,7 +518,8 @@ tiny-dchain-ab)
         --set tiny-dchain.methods=auto --set tiny-dchain.server_env=SGLANG_DDTREE_AUTO_DFLASH_CHAIN=1 \
         --set all.batch_sizes="${DCH_BATCH_SIZES:-1,4,16,64}" --set all.max_new_tokens=1024 \
         --set all.warmup_new_tokens=128 --repeats 5 --prompt-groups 4 --interleave \
-        --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes "${DCH_MINUTES:-13.5}" --out /tmp/dch --log-dir /tmp/dch/logs --commit "$commit" > /tmp/dch/run.log 2>&1 || rc=$?
+        --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes "${DCH_MINUTES:-13.5}" --out /tmp/dch \
+        --log-dir /tmp/dch/logs --commit "$commit" > /tmp/dch/run.log 2>&1 || rc=$?
     echo "tiny dchain A/B exit $rc" >> /tmp/dch/run.log
     grep -h "ran as DFLASH" /tmp/dch/logs/*.log | head -n 2 >> /tmp/dch/run.log || true
     cp /tmp/dch/bench_budgets.jsonl "$out/" || true
