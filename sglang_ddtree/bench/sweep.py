@@ -456,13 +456,15 @@ class Sweep:
                 warm = [{**x, "sampling_params": sampling_params(setup, warm_tokens)} for x in groups[0]]
                 # again while a warm-up still captured graphs (WARMUP_MAX_BATCHES): first-use captures of this
                 # batch size belong before the measured runs, not in them
+                captured = count_captures(log_path)
                 for _ in range(WARMUP_MAX_BATCHES):
-                    captured = count_captures(log_path)
                     errors = [r.error for r in run_batch(run.client, warm, self._timeout()) if r.error]
                     if errors:
                         raise RuntimeError(f"warmup: {len(errors)} requests failed; first: {errors[0]}")
-                    if captured is None or count_captures(log_path) == captured:
+                    now = count_captures(log_path)
+                    if captured is None or now == captured:
                         break
+                    captured = now
             run.payloads = [[{**x, "sampling_params": sampling_params(setup)} for x in group] for group in groups]
             run.before = self._scrape(run.client)
         except Exception as exc:

@@ -174,20 +174,18 @@ class AutoBudgetPolicy:
                 return obs / exp
         return 1.0
 
+    def _own_tokens(self, i: int) -> float | None:
+        exp = self.expected[i].mean()
+        return None if exp is None else exp * self.ratio(i)
+
     def est_tokens(self, i: int) -> float | None:
         """Candidate i's estimated committed tokens per request: its expectation x ratio, and for a tree at least
         a narrower tree candidate's estimate (the narrower tree is its first slots: per round it commits at least
         as much)."""
-        exp = self.expected[i].mean()
-        if exp is None:
-            return None
-        est = exp * self.ratio(i)
-        if self.candidates[i] != CHAIN:
-            for j in range(1, i):
-                narrower = self.expected[j].mean()
-                if narrower is not None:
-                    est = max(est, narrower * self.ratio(j))
-        return est
+        est = self._own_tokens(i)
+        if est is None or self.candidates[i] == CHAIN:
+            return est
+        return max([est, *(t for j in range(1, i) if (t := self._own_tokens(j)) is not None)])
 
     @staticmethod
     def _typical_ms(b: _Bucket, i: int) -> float | None:
