@@ -50,6 +50,9 @@
 #   bash scripts/device/lease_steps.sh server-kernels-1gpu OUTDIR COMMIT   # one GPU, ~8 min (detach it): the server
 #        module next to the core + kernel GPU tests, then kernel-bench alone (batch 1; BASE_KERNELS as kernel-checks)
 #   bash scripts/device/lease_steps.sh kernel-bench OUTDIR COMMIT   # one GPU, ALONE: kernel-checks' benchmarks only
+#   bash scripts/device/lease_steps.sh auto-final OUTDIR COMMIT   # one GPU, ALONE, ~20 min (detach it): the server
+#        module, then the tiny pair's DFLASH / DDTREE 32 / 128 / auto and 8B shapes' DFLASH / auto, batch 1 / 4 / 16 /
+#        64, interleaved (AF_REPEATS, AF_TINY_MINUTES, AF_8B_MINUTES, AF_SKIP_SERVER=1)
 set -euo pipefail
 step=${1:?step}
 shift
@@ -525,6 +528,46 @@ tiny-dchain-ab)
     cp /tmp/dch/bench_budgets.jsonl "$out/" || true
     tar -cJf "$out/tiny_dchain_ab.tar.xz" -C /tmp dch
     tail -n 14 /tmp/dch/run.log
+    ;;
+auto-final)
+    # Issue 10's judging run after lease 18 (detach it, ~20 min): the server module (greedy equality with auto's
+    # bucket captures and policy), then the tiny pair ALONE (DFLASH, DDTREE 32 / 128, auto, interleaved, batch
+    # 1 / 4 / 16 / 64, 1024 tokens, AF_REPEATS repeats), then 8B shapes (DFLASH and auto, interleaved, batch
+    # 1 / 4 / 16 / 64, decode graphs at 64 too). AF_SKIP_SERVER=1 leaves the server module out.
+    out=${1:?outdir}
+    commit=${2:?commit}
+    rm -rf /tmp/af
+    mkdir -p "$out" /tmp/af
+    rc=0
+    if [ "${AF_SKIP_SERVER:-0}" != 1 ]; then
+        python3 scripts/device/run_gpu_suite.py tests/gpu/test_ddtree_server.py --out /tmp/af/server \
+            --deadline-s "${AF_SERVER_S:-420}" --jit-cache .device-cache/jit/jit-cache.tar.xz \
+            > /tmp/af/server.log 2>&1 || rc=$?
+        echo "server module exit $rc" | tee -a /tmp/af/server.log
+        cp /tmp/af/server/gpu_suite.json "$out/gpu_suite_server.json" || true
+    fi
+    rc=0
+    CUDA_VISIBLE_DEVICES=0 timeout 800 python3 benchmarks/bench_budgets.py --setups tiny \
+        --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=32,128 --set tiny.batch_sizes=1,4,16,64 \
+        --set tiny.max_new_tokens=1024 --set tiny.warmup_new_tokens=128 --repeats "${AF_REPEATS:-4}" \
+        --prompt-groups 4 --interleave --prompts-file runs/bench/humaneval_prompts.jsonl \
+        --max-minutes "${AF_TINY_MINUTES:-11}" --out /tmp/af/tiny --log-dir /tmp/af/tiny/logs --commit "$commit" \
+        > /tmp/af/tiny.log 2>&1 || rc=$?
+    echo "tiny sweep exit $rc" | tee -a /tmp/af/tiny.log
+    cp /tmp/af/tiny/bench_budgets.jsonl "$out/sweep_tiny.jsonl" || true
+    rc=0
+    CUDA_VISIBLE_DEVICES=0 timeout 480 python3 benchmarks/bench_budgets.py --setups 8b-dummy \
+        --set 8b-dummy.methods=dflash,auto --set 8b-dummy.batch_sizes=1,4,16,64 \
+        --set 8b-dummy.graph_token_cap=8300 --repeats 3 --prompt-groups 4 --interleave \
+        --max-minutes "${AF_8B_MINUTES:-7}" --out /tmp/af/8b --log-dir /tmp/af/8b/logs --commit "$commit" \
+        > /tmp/af/8b.log 2>&1 || rc=$?
+    echo "8b sweep exit $rc" | tee -a /tmp/af/8b.log
+    cp /tmp/af/8b/bench_budgets.jsonl "$out/sweep_8b.jsonl" || true
+    grep -h "captured together\|after the bucket's stages" /tmp/af/tiny/logs/*auto*.log /tmp/af/8b/logs/*auto*.log \
+        > /tmp/af/captures.txt 2>/dev/null || true
+    tar -cJf "$out/auto_final_logs.tar.xz" -C /tmp af/server.log af/tiny.log af/8b.log af/captures.txt af/tiny/logs \
+        af/8b/logs 2>/dev/null || tar -cJf "$out/auto_final_logs.tar.xz" -C /tmp af/tiny.log
+    tail -n 10 /tmp/af/tiny.log /tmp/af/8b.log
     ;;
 *)
     echo "unknown step $step" >&2

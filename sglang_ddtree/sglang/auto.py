@@ -132,6 +132,11 @@ class AutoBudgetPolicy:
     _last_sampled: int = 0  # rounds_observed at the last round that carried expectations
     _last_observed: list[int] = field(default_factory=list)  # rounds_observed at each ratio's last sample
     probing: bool = False  # the last choice explores or probes: the worker samples that round
+    # The estimates change only in observe(): choose() and sample_interval() of one round, and every best case
+    # they bound, reuse them. Timed on the CPU machine, 5 candidates, drain + choose + sample_interval + push a
+    # round: 47 us before, 33 us after; the same picks (auto_sim, 6 seeds x 3000 rounds).
+    _version: int = 0
+    _memo: dict = field(default_factory=dict)  # ("tokens", None) / ("rates", bucket) -> (version, values)
 
     def __post_init__(self):
         self.candidates = [int(c) for c in self.candidates]
@@ -178,14 +183,31 @@ class AutoBudgetPolicy:
         exp = self.expected[i].mean()
         return None if exp is None else exp * self.ratio(i)
 
+    def _cached(self, key, compute):
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == self._version:
+            return hit[1]
+        values = compute()
+        self._memo[key] = (self._version, values)
+        return values
+
+    def _all_tokens(self) -> list[float | None]:
+        """est_tokens of every candidate, in one pass: a tree's is the running max over the narrower trees."""
+        out, best = [], None
+        for i, c in enumerate(self.candidates):
+            own = self._own_tokens(i)
+            if c == CHAIN or own is None:
+                out.append(own)
+            else:
+                best = own if best is None else max(best, own)
+                out.append(best)
+        return out
+
     def est_tokens(self, i: int) -> float | None:
         """Candidate i's estimated committed tokens per request: its expectation x ratio, and for a tree at least
         a narrower tree candidate's estimate (the narrower tree is its first slots: per round it commits at least
         as much)."""
-        est = self._own_tokens(i)
-        if est is None or self.candidates[i] == CHAIN:
-            return est
-        return max([est, *(t for j in range(1, i) if (t := self._own_tokens(j)) is not None)])
+        return self._cached(("tokens", None), self._all_tokens)[i]
 
     @staticmethod
     def _typical_ms(b: _Bucket, i: int) -> float | None:
@@ -202,6 +224,9 @@ class AutoBudgetPolicy:
         return min(b.recent[i]) if b.recent[i] else None
 
     def rates(self, bucket: int) -> list[float | None]:
+        return list(self._cached(("rates", bucket), lambda: self._rates(bucket)))
+
+    def _rates(self, bucket: int) -> list[float | None]:
         b = self._bucket(bucket)
         out = []
         for i in range(len(self.candidates)):
@@ -316,6 +341,7 @@ class AutoBudgetPolicy:
         observed; used only next to the same round's expectation)."""
         if batch_size < 1:
             return
+        self._version += 1
         keep = self.keep
         b = self._bucket(bucket)
         if round_ms is not None and math.isfinite(round_ms) and round_ms > 0:

@@ -18,7 +18,9 @@ and positions, and the walk with the commit's slot arithmetic. Left eager: the v
 choices (argmax or sampling), SGLang's KV move and the drafter-KV append.
 With `--speculative-ddtree-budget auto` (sglang_ddtree.sglang.auto) each round first picks a candidate budget on
 the host; its tree and walk stages are the candidate's own, and the verify swaps in the target attention backend
-and verify graphs captured for that width (the chain's without the tree mask).
+and verify graphs captured for that width (the chain's without the tree mask); every candidate's stage graphs are
+captured together after a batch-size bucket's first round (_capture_bucket), not one by one as the chooser reaches
+them.
 With `--speculative-ddtree-oracle` (_oracle_round) the accepted path is verified once more as a chain and the round
 commits what that chain verify accepts: the sequential oracle the tree verify is checked against.
 Hybrid targets (gated-delta-net layers, e.g. Qwen3-Next): the plugin sets speculative_eagle_topk = 2 so SGLang's
@@ -33,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -86,6 +89,8 @@ class _AutoState:
     log_every: int = 2000
     rounds: int = 0
     seen: set = field(default_factory=set)  # (bucket, round kind) pairs that ran once
+    captured_buckets: set = field(default_factory=set)  # buckets whose stages were all captured (_capture_bucket)
+    late_captures: int = 0  # stage captures in rounds after their bucket's _capture_bucket (expected: none)
 
     def first_use(self, bucket: int, chosen) -> bool:
         """The first round of a kind at a batch-size bucket (eager paths compile kernels there): the kind is a
@@ -316,9 +321,42 @@ class DDTreeWorker(DFlashWorkerV2):
         return _AutoState(candidates, widths, tree_stages, walk_stages, None, policy,
                           AutoFeedback(policy, self.device))
 
-    def _auto_captures(self, chosen: int) -> int:
-        stages = [*self.auto.tree_stages[chosen].values(), *self.auto.walk_stages[chosen].values()]
-        return self._topk_stage.captures + self._top1_stage.captures + sum(stage.captures for stage in stages)
+    def _capture_bucket(self, batch, bucket, bs, draft_hidden, roots, prefix_lens, choice_dtype) -> None:
+        """`auto`, after a batch-size bucket's first round: every candidate's tree and walk stages (sampled and
+        not) and both draft heads are captured now, together, from this round's inputs, instead of at each one's
+        first use. Why: exploration, probes and sampled rounds reach the candidates one by one over thousands of
+        rounds, and each first use was a capture stalling that round (lease 18b, tiny pair at batch 4: 22 captures
+        inside measured runs, the tree stage 1.75 ms a round on average against the fixed 128-tree's 0.15); one
+        stall per bucket now, at its first round. Runs after everything the round returns was copied out of the
+        stages' memory (their replays here overwrite it). The walks get the target choices of an all-zero verify
+        (any token id will do: only the shapes are captured); the other inputs are the round's, padded as a real
+        first use pads them (graphs.GraphedStage)."""
+        started = time.perf_counter()
+        before = self._stage_captures()
+        heads = {k: self._draft_topk(draft_hidden, k) for k in {1, self.topk}}
+        for i, candidate in enumerate(self.auto.candidates):
+            width = self.auto.widths[i]
+            slots = self._verify_slots(batch, prefix_lens, bs, width)
+            choices = torch.zeros((bs, width), dtype=choice_dtype, device=slots.device)
+            for sampled in (True, False):
+                top1 = candidate == CHAIN and not sampled and self.scripted is None  # as the round picks its head
+                tree, _, _, _ = self.auto.tree_stages[i][sampled](*heads[1 if top1 else self.topk], roots,
+                                                                  prefix_lens, rows=bs)
+                self.auto.walk_stages[i][sampled](tree.tokens, tree.parents, tree.depth, tree.scores, tree.ranks,
+                                                  tree.valid, choices, slots, prefix_lens, rows=bs)
+        self.auto.captured_buckets.add(bucket)
+        self.stats.other_batch()  # the next round's `between` would hold these captures
+        if self.ps.tp_rank == 0:
+            logger.info("DDTREE auto: batch-size bucket %d: %d stage graphs captured together in %.0f ms", bucket,
+                        self._stage_captures() - before, 1e3 * (time.perf_counter() - started))
+
+    def _stage_captures(self) -> int:
+        """Stage graphs captured so far, all stages together: a round that changed it did one-time work."""
+        stages = [self._topk_stage, self._top1_stage]
+        if self.auto is not None:
+            stages += [stage for kind in (self.auto.tree_stages, self.auto.walk_stages) for by_sampled in kind
+                       for stage in by_sampled.values()]
+        return sum(stage.captures for stage in stages)
 
     def _ensure_auto_verify_states(self) -> bool:
         """Keyed (width, causal): the chain verifies causally (no custom mask, as DFLASH does), trees with the
@@ -397,7 +435,7 @@ class DDTreeWorker(DFlashWorkerV2):
             chosen = self.auto.policy.choose(bucket)
             # a probe or exploration round always samples: it is how a rarely chosen candidate's ratio refreshes
             sampled = (self.auto.rounds % self.auto.policy.sample_interval(bucket) == 0) or self.auto.policy.probing
-            captures = self._auto_captures(chosen)
+            captures = self._stage_captures()
             info = batch.sampling_info
             if (self.dflash_chain and self.auto.candidates[chosen] == CHAIN and not sampled
                     and (info is None or info.is_all_greedy)):
@@ -470,7 +508,14 @@ class DDTreeWorker(DFlashWorkerV2):
             # A round that built verify states or captured stage graphs (first use of a candidate at a batch size)
             # took one-time work: its tokens count, its time does not (lease 9: such rounds made the chain, the
             # first candidate explored, look seconds slow).
-            cold = built or self._auto_captures(chosen) != captures or self.auto.first_use(bucket, chosen)
+            captured = self._stage_captures() != captures
+            if captured and bucket in self.auto.captured_buckets:
+                self.auto.late_captures += 1
+                if self.ps.tp_rank == 0:
+                    logger.warning("DDTREE auto: a stage graph was captured in a round at batch-size bucket %d after "
+                                   "the bucket's stages were all captured (%d such rounds)", bucket,
+                                   self.auto.late_captures)
+            cold = built or captured or self.auto.first_use(bucket, chosen)
             self.auto.feedback.push(torch.cat([expected, plan.observed]), timer, bucket, chosen, bs, cold=cold,
                                     sampled=sampled)
             self.auto.maybe_log(self.ps.tp_rank)
@@ -481,6 +526,8 @@ class DDTreeWorker(DFlashWorkerV2):
                                 {"auto_candidate": candidate_label(self.auto.candidates[chosen])})
         if self.auto is not None and self.stats.debug is not None:
             self.stats.dump_state("auto", self.auto.policy.export(), every=100)
+        if self.auto is not None and self.pad_stages and bucket not in self.auto.captured_buckets:
+            self._capture_bucket(batch, bucket, bs, draft_hidden, roots, prefix_lens, choices.dtype)
 
         return GenerationBatchResult(
             logits_output=logits_output,

@@ -167,7 +167,8 @@ def test_auto_verifies_every_candidate(servers, outputs, gpu_record, name):
     """`auto` explores each candidate (3 rounds per batch-size bucket) before it exploits: after the batch-1 and
     batch-8 runs every candidate was verified (losslessness: test_greedy_equals_plain[ddtree-auto]) and the choices
     are exported per candidate. With SGLANG_DDTREE_AUTO_DFLASH_CHAIN its chain rounds ran as DFLASH rounds (a log
-    line at the first one)."""
+    line at the first one). Every batch-size bucket met had all its stage graphs captured together at its first
+    round, and no stage was captured in a later round of such a bucket (a warning would say so)."""
     need(servers, name)
     server = servers[name]
     with urllib.request.urlopen(server.base_url + "/metrics", timeout=30) as resp:
@@ -175,8 +176,11 @@ def test_auto_verifies_every_candidate(servers, outputs, gpu_record, name):
     rounds = {m.group(1): float(m.group(2)) for m in
               re.finditer(r'sglang:ddtree_auto_rounds_total\{[^}]*candidate="([^"]+)"[^}]*\} ([0-9.e+]+)', text)}
     log = server.log_text()
-    gpu_record("ddtree_auto_rounds", config=name, rounds=rounds,
+    together = [l.split("DDTREE auto: ", 1)[1] for l in log.splitlines() if "stage graphs captured together" in l]
+    gpu_record("ddtree_auto_rounds", config=name, rounds=rounds, captured_together=together,
                candidates_line=next((l for l in log.splitlines() if "DDTREE auto: candidates" in l), None))
+    assert together, "no batch-size bucket had its stage graphs captured together"
+    assert "after the bucket's stages were all captured" not in log
     assert set(rounds) == {"chain", "16", "32", "64", "128"}, rounds
     assert all(v >= 3 for v in rounds.values()), rounds
     assert "DDTREE auto: candidates" in log
