@@ -137,6 +137,17 @@ def test_policy_does_not_explore_wide_trees_blind_at_large_batch():
     assert 20.0 < floor_128 < 73.0
 
 
+def test_explore_all_verifies_every_candidate_even_one_that_cannot_win():
+    """SGLANG_DDTREE_AUTO_EXPLORE_ALL (the GPU server tests' mode): the same costs as above, where the 64- and
+    128-trees are ruled out unverified, now explored `explore` rounds each; then the chooser exploits as before."""
+    widths = [16, 17, 33, 65, 129]
+    ms = [11.0, 11.5, 20.0, 38.0, 73.0]
+    policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths, explore_all=True)
+    picks = run_with_cold_rounds(policy, 16, [1.0] * 5, [1.5, 2.0, 3.0, 4.0, 6.0], ms, 384)
+    assert all(picks.count(i) >= 3 for i in range(5)), [picks.count(i) for i in range(5)]
+    assert picks[200:].count(0) >= 175  # exploration over: the chain but for probes
+
+
 def test_policy_borrows_the_ratio_of_the_nearest_smaller_observed_candidate():
     policy = AutoBudgetPolicy([CHAIN, 16, 64])
     policy.observe(1, 1, 2, 1.0, [6.0, 8.0, 10.0], [None, 4.0, None])  # the 16-tree: observed 2, expected 4

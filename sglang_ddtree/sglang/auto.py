@@ -121,6 +121,11 @@ class AutoBudgetPolicy:
     candidates: list[int]  # sorted, CHAIN (0) first
     widths: list[int] | None = None  # verify tokens per request of each candidate (default: chain 16, b + 1)
     explore: int = 3
+    # Explore every candidate `explore` rounds per bucket, even one that cannot win (SGLANG_DDTREE_AUTO_EXPLORE_ALL=1,
+    # a testing mode): the GPU server tests then verify every candidate's tree losslessly. Off, a candidate whose
+    # best case cannot beat the best measured rate is skipped (lease 19's server module, ten servers sharing the
+    # GPU: one slow 64-tree time ruled the 128-tree out at batch 1 for all of a short test).
+    explore_all: bool = False
     probe_every: int = 64
     half_life_rounds: float = 200.0
     expected: list[_Decayed] = field(default_factory=list)  # expected tokens per request
@@ -296,7 +301,7 @@ class AutoBudgetPolicy:
         for i in sorted(range(n), key=lambda i: (self.widths[i], i)):  # explore: narrowest unmeasured first
             if b.measured[i] >= self.explore:
                 continue
-            if b.tried[i] < self.explore and self._could_win(b, i, best_rate):
+            if b.tried[i] < self.explore and (self.explore_all or self._could_win(b, i, best_rate)):
                 choice = i
                 break
             if b.tried[i] > 0 and b.measured[i] == 0 and b.waited[i] < MAX_UNMEASURED:

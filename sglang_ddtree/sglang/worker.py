@@ -315,7 +315,8 @@ class DDTreeWorker(DFlashWorkerV2):
                 name=f"auto walk {candidate_label(c)}{' sampled' if sampled else ''}", enabled=self.round_graphs,
                 borrow=(0, 1, 2, 3, 4, 5), unpad=ops.unpad_commit_plan, rows_arg=self.pad_stages, **pad)
                 for sampled in (True, False)})
-        policy = AutoBudgetPolicy(list(candidates), widths=widths)
+        policy = AutoBudgetPolicy(list(candidates), widths=widths,
+                                  explore_all=os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_ALL") == "1")
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
         return _AutoState(candidates, widths, tree_stages, walk_stages, None, policy,

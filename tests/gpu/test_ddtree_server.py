@@ -46,11 +46,14 @@ def configs(pair):
         "ddtree-64-eager": pair.base_args() + COMMON + triton + ddtree(64) + draft + ["--disable-cuda-graph"],
         "ddtree-64-flashinfer": pair.base_args() + COMMON + ["--attention-backend", "flashinfer"] + ddtree(64)
         + draft,
-        # a budget per round from chain,16,32,64,128 (four extra verify widths, each with its own graphs)
-        "ddtree-auto": pair.base_args() + COMMON + triton + ddtree("auto") + draft + ["--enable-metrics"],
+        # a budget per round from chain,16,32,64,128 (four extra verify widths, each with its own graphs); every
+        # candidate explored (SGLANG_DDTREE_AUTO_EXPLORE_ALL), so the greedy tests verify each one's tree
+        "ddtree-auto": (pair.base_args() + COMMON + triton + ddtree("auto") + draft + ["--enable-metrics"],
+                        {"SGLANG_DDTREE_AUTO_EXPLORE_ALL": "1"}),
         # the same with its chain rounds run by DFLASH's own round (SGLANG_DDTREE_AUTO_DFLASH_CHAIN)
         "ddtree-auto-dflash-chain": (pair.base_args() + COMMON + triton + ddtree("auto") + draft
-                                     + ["--enable-metrics"], {"SGLANG_DDTREE_AUTO_DFLASH_CHAIN": "1"}),
+                                     + ["--enable-metrics"], {"SGLANG_DDTREE_AUTO_DFLASH_CHAIN": "1",
+                                                              "SGLANG_DDTREE_AUTO_EXPLORE_ALL": "1"}),
     }
 
 
@@ -164,9 +167,10 @@ def test_larger_budget_accepts_at_least_as_much_as_the_chain(outputs, model_pair
 
 @pytest.mark.parametrize("name", AUTO_NAMES)
 def test_auto_verifies_every_candidate(servers, outputs, gpu_record, name):
-    """`auto` explores each candidate (3 rounds per batch-size bucket) before it exploits: after the batch-1 and
-    batch-8 runs every candidate was verified (losslessness: test_greedy_equals_plain[ddtree-auto]) and the choices
-    are exported per candidate. With SGLANG_DDTREE_AUTO_DFLASH_CHAIN its chain rounds ran as DFLASH rounds (a log
+    """`auto` with SGLANG_DDTREE_AUTO_EXPLORE_ALL explores each candidate (3 rounds per batch-size bucket, even one
+    whose measured costs say it cannot win: ten servers share the GPU here, lease 19) before it exploits: after the
+    batch-1 and batch-8 runs every candidate was verified (losslessness: test_greedy_equals_plain[ddtree-auto]) and
+    the choices are exported per candidate. With SGLANG_DDTREE_AUTO_DFLASH_CHAIN its chain rounds ran as DFLASH rounds (a log
     line at the first one). Every batch-size bucket met had all its stage graphs captured together at its first
     round, and no stage was captured in a later round of such a bucket (a warning would say so)."""
     need(servers, name)
