@@ -273,14 +273,12 @@ def adaptive(out: dict) -> None:
         all(bool(v) for v in data["lossless"].values())
 
 
-# Issue 10 in SGLang: every entry from lease 17, at the current code (commits f7f7209 / b8dc2a7): 8B shapes at batch
-# 1 / 4 / 16 (DFLASH and auto, 3 repeats), 8B batch 64 with decode CUDA graphs for both servers (the planner's
-# graph-token cap raised: lease 13's and 16's eager auto servers against a graphed DFLASH were not like for like)
-# and auto warmed up >= 64 tokens, and the tiny pair alone on the machine (DFLASH, DDTREE 32 / 128, auto; 5 repeats
-# of 1024 tokens, each interleaved round starting one server later). Earlier leases' files stay as raw records
-# (results README). Later files in the tuple win for the same (setup, batch size).
-SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease17.jsonl", "sweep_auto_8b_lease17_bs64_graphs.jsonl",
-                      "sweep_auto_tiny_lease17_long5.jsonl")
+# Issue 10 in SGLang: every entry from lease 19, at the current code (commit 076d51a: auto's stage graphs captured
+# per batch-size bucket, the stale-evidence policy of 3a18576), one detached run alone on the machine: the tiny pair
+# (DFLASH, DDTREE 32 / 128, auto; 3 repeats of 1024 tokens x 4 prompt groups, interleaved), then 8B shapes (DFLASH
+# and auto, 3 repeats x 4 prompt groups, interleaved, decode CUDA graphs at every batch size for both). Earlier
+# leases' files stay as raw records (results README). Later files in the tuple win for the same (setup, batch size).
+SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.jsonl")
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 

@@ -349,34 +349,6 @@ def test_observed_tokens_equal_walking_each_smaller_tree():
         float((chain_walk.accept_len + 1).sum()), 0.0, 0.0, 0.0]
 
 
-def test_a_dflash_chain_round_feeds_what_our_chain_round_would():
-    """SGLANG_DDTREE_AUTO_DFLASH_CHAIN: a chain round run by DFLASH's own code reports only its commit lengths;
-    ops.chain_round_vectors turns them into the same stats vector (expected tokens aside: not computed there) and
-    the same `auto` feedback (observed chain tokens, no expectations) as our chain round's walk gives."""
-    from sglang_ddtree.sglang.stats import round_summary_vector
-
-    candidates = (CHAIN, 8, 16)
-    lp = draft(bs=7, seed=4)
-    roots = torch.zeros(7, dtype=torch.long)
-    chain = chain_tree(lp, roots)
-    gen = torch.Generator().manual_seed(2)
-    # target choices: the chain's own next token with probability 0.7 at each node, else a random token
-    follow = torch.cat([chain.tokens[:, 1:], torch.zeros(7, 1, dtype=torch.long)], dim=1)
-    choice = torch.where(torch.rand(chain.tokens.shape, generator=gen) < 0.7, follow,
-                         torch.randint(0, 40, chain.tokens.shape, generator=gen))
-    walk = walk_choices(chain, choice)
-    assert len(set(walk.accept_len.tolist())) >= 3  # several acceptance lengths, so the histogram is exercised
-    commit_lens = (walk.accept_len + 1).to(torch.int32)  # what DFLASH's round returns as accept_lens
-    summary, feedback = ops.chain_round_vectors(commit_lens, chain.depth_limit, chain.depth_limit, len(candidates),
-                                                candidates.index(CHAIN))
-    ours = round_summary_vector(chain, walk)
-    expected_slot = chain.depth_limit + 1 + 2  # by_accepted (L + 1), branches, nodes, expected, requests
-    keep = [i for i in range(len(ours)) if i != expected_slot]
-    assert torch.equal(summary[keep], ours[keep]) and summary[expected_slot] == 0
-    observed = ops.observed_tokens(candidates, CHAIN, chain, walk)
-    assert torch.equal(feedback, torch.cat([torch.zeros(len(candidates)), observed]))
-
-
 def test_sampling_backs_off_while_the_chain_leads_or_runs():
     """Sampled rounds (top-K and tree at the largest budget) every SAMPLE_EVERY rounds while nothing is known or a
     tree is being chosen; every SAMPLE_EVERY_IDLE rounds once the chain's rate beats every tree's best case by more

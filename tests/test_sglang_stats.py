@@ -127,15 +127,6 @@ def test_round_timers_chain_so_stages_add_up_to_the_gpu_time_per_round(monkeypat
     stats.other_batch()
     third = round_at(40.0, (41.0, 41.5, 44.0, 44.2, 45.0))
     assert "between" not in third and sum(third.values()) == pytest.approx(5.0)
-    # a chain round run by DFLASH's code (one mark, record_chain_round) chains like the others
-    clock[0] = 47.0
-    timer = stats.round_timer()
-    clock[0] = 50.0
-    timer.mark("commit")
-    stats.record_chain_round(torch.zeros(8), timer)
-    assert timer.elapsed_ms() == pytest.approx({"between": 2.0, "commit": 3.0})
-    fourth = round_at(51.0, (52.0, 53.0, 54.0, 55.0, 56.0))
-    assert fourth["between"] == pytest.approx(1.0) and stats.round_index == 5
 
 
 def test_debug_dump_carries_the_auto_candidate_and_the_chooser_table(tmp_path):

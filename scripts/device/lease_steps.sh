@@ -44,9 +44,6 @@
 #   bash scripts/device/lease_steps.sh host-profile OUTDIR COMMIT   # one GPU, ALONE, ~6 min: the tiny pair's DFLASH,
 #        DDTREE 16 / 128 and auto at batch 4 with SGLANG_DDTREE_HOST_PROFILE (a cProfile of each scheduler's decode
 #        loop, decode batches 300..899); the sweep's throughput is not a result (the profiler slows its servers)
-#   bash scripts/device/lease_steps.sh tiny-dchain-ab OUTDIR COMMIT   # one GPU, ALONE, ~13 min (detach it): the
-#        tiny pair's DFLASH, DDTREE 128, auto and auto with SGLANG_DDTREE_AUTO_DFLASH_CHAIN=1 (setup tiny-dchain),
-#        interleaved, batch 1 / 4 / 16 / 64, 1024 tokens, 5 repeats (DCH_BATCH_SIZES, DCH_MINUTES: a shorter plan)
 #   bash scripts/device/lease_steps.sh server-kernels-1gpu OUTDIR COMMIT   # one GPU, ~8 min (detach it): the server
 #        module next to the core + kernel GPU tests, then kernel-bench alone (batch 1; BASE_KERNELS as kernel-checks)
 #   bash scripts/device/lease_steps.sh kernel-bench OUTDIR COMMIT   # one GPU, ALONE: kernel-checks' benchmarks only
@@ -509,25 +506,6 @@ host-profile)
     ls /tmp/hp/*.txt 2>/dev/null | tee -a /tmp/hp/run.log
     tar -cJf "$out/host_profile.tar.xz" -C /tmp hp
     tail -n 8 /tmp/hp/run.log
-    ;;
-tiny-dchain-ab)
-    out=${1:?outdir}
-    commit=${2:?commit}
-    rm -rf /tmp/dch
-    mkdir -p "$out" /tmp/dch
-    rc=0
-    CUDA_VISIBLE_DEVICES=0 timeout 860 python3 benchmarks/bench_budgets.py --setups tiny,tiny-dchain \
-        --copy-setup tiny-dchain=tiny --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=128 \
-        --set tiny-dchain.methods=auto --set tiny-dchain.server_env=SGLANG_DDTREE_AUTO_DFLASH_CHAIN=1 \
-        --set all.batch_sizes="${DCH_BATCH_SIZES:-1,4,16,64}" --set all.max_new_tokens=1024 \
-        --set all.warmup_new_tokens=128 --repeats 5 --prompt-groups 4 --interleave \
-        --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes "${DCH_MINUTES:-13.5}" --out /tmp/dch \
-        --log-dir /tmp/dch/logs --commit "$commit" > /tmp/dch/run.log 2>&1 || rc=$?
-    echo "tiny dchain A/B exit $rc" >> /tmp/dch/run.log
-    grep -h "ran as DFLASH" /tmp/dch/logs/*.log | head -n 2 >> /tmp/dch/run.log || true
-    cp /tmp/dch/bench_budgets.jsonl "$out/" || true
-    tar -cJf "$out/tiny_dchain_ab.tar.xz" -C /tmp dch
-    tail -n 14 /tmp/dch/run.log
     ;;
 auto-final)
     # Issue 10's judging run after lease 18 (detach it, ~20 min): the server module (greedy equality with auto's

@@ -277,25 +277,6 @@ def observed_tokens(candidates: tuple[int, ...], chosen: int, tree: DraftTree, w
     return out
 
 
-def chain_round_vectors(commit_lens: torch.Tensor, depth_limit: int, nodes_per_request: int, n_candidates: int,
-                        chain_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A chain round that DFLASH's own code ran (`auto`, SGLANG_DDTREE_AUTO_DFLASH_CHAIN): from its commit lengths
-    (accepted drafts + the bonus per request), the stats' round vector (stats.round_summary_vector's layout:
-    request-rounds by accepted draft tokens, then branches 0, draft nodes, expected tokens 0 - the drafter's
-    log-probs were not computed -, requests) and `auto`'s feedback vector ([expected per candidate: none,
-    observed per candidate: the chain's committed tokens]). Device ops only, no host sync."""
-    lens = commit_lens.to(torch.int64)
-    counted = torch.ones(lens.shape[0], dtype=torch.float32, device=lens.device)
-    by_accepted = torch.zeros(depth_limit + 1, dtype=torch.float32, device=lens.device).scatter_add_(
-        0, (lens - 1).clamp(0, depth_limit), counted)
-    requests = counted.sum()
-    summary = torch.cat([by_accepted, torch.stack([torch.zeros_like(requests), requests * nodes_per_request,
-                                                   torch.zeros_like(requests), requests])])
-    feedback = torch.zeros(2 * n_candidates, dtype=torch.float32, device=lens.device)
-    feedback[n_candidates + chain_index] = lens.sum().float()
-    return summary, feedback
-
-
 @dataclass
 class CommitPlan:
     """The walk and everything the commit needs, computed from tensors only (one graph replay)."""

@@ -265,11 +265,6 @@ class DDTreeStats:
             self._drain()
         return True
 
-    def record_chain_round(self, summary: torch.Tensor, timer: RoundTimer) -> None:
-        """A round that DFLASH's own code ran (`auto`'s chain, ops.chain_round_vectors): its acceptance and time;
-        no tree, so nothing for the debug dump (the worker does not run such rounds with a dump)."""
-        self._count_round(timer, summary=summary)
-
     def record_round(self, tree, walk, timer: RoundTimer, batch_size: int, reqs=None, seq_lens=None,
                      summary: torch.Tensor | None = None, extra: dict | None = None) -> None:
         """reqs (the batch's SGLang requests, row order) and seq_lens (committed tokens per row before the round,

@@ -93,8 +93,7 @@ class _AutoState:
     late_captures: int = 0  # stage captures in rounds after their bucket's _capture_bucket (expected: none)
 
     def first_use(self, bucket: int, chosen) -> bool:
-        """The first round of a kind at a batch-size bucket (eager paths compile kernels there): the kind is a
-        candidate index, or ("dflash", index) for a chain round run by DFLASH's code."""
+        """The first round of a candidate (index) at a batch-size bucket (eager paths compile kernels there)."""
         if (bucket, chosen) in self.seen:
             return False
         self.seen.add((bucket, chosen))
@@ -197,25 +196,6 @@ class DDTreeWorker(DFlashWorkerV2):
             logger.warning("DDTREE oracle: every round verifies its accepted path once more as a chain (%d tokens, "
                            "causal) and commits what that verify accepts: two target passes a round, for checking "
                            "the tree verify, not for speed", self.oracle_width)
-        # SGLANG_DDTREE_AUTO_DFLASH_CHAIN=1 (off by default: lossless but no faster on a GPU, lease 18: the chooser
-        # timed the delegated round at 6.8 ms at batch 4 against DFLASH's own 3.3 ms step): `auto`'s chain rounds that
-        # sample nothing, at T = 0, run DFlashWorkerV2's own round (with the chain's causal verify state swapped
-        # in), so that choosing the chain costs what DFLASH costs. Why: on a host-bound pair our worker's round
-        # costs the host more than DFLASH's (lease 17, tiny pair at batch 4, profiled: 5.28 against 3.25 ms of
-        # scheduler.run_batch a step), and the chain candidate shared that cost, so `auto` could not match DFLASH
-        # where DFLASH was the best (x0.91 / 0.85 at batch 4 / 16). Not with hybrid targets (our recurrent-state
-        # commit), the oracle, scripted drafts, TP > 1 or a debug dump (its rows need the round's tree).
-        self.dflash_chain = False
-        self._dflash_chain_logged = False
-        if self.auto is not None and os.environ.get("SGLANG_DDTREE_AUTO_DFLASH_CHAIN") == "1":
-            blockers = [name for name, on in (("hybrid target", self.hybrid), ("oracle", self.options.oracle),
-                                              ("scripted drafts", self.scripted is not None),
-                                              ("TP > 1", self.ps.tp_size > 1),
-                                              ("debug dump", self.stats.debug is not None),
-                                              ("no chain candidate", CHAIN not in self.auto.candidates)) if on]
-            self.dflash_chain = not blockers
-            if blockers and self.ps.tp_rank == 0:
-                logger.warning("DDTREE auto: SGLANG_DDTREE_AUTO_DFLASH_CHAIN=1 ignored (%s)", ", ".join(blockers))
         if self.ps.tp_rank == 0 and self.auto is not None:
             logger.info("DDTREE auto: candidates %s (verify widths %s)", self.auto.policy.export()["candidates"],
                         self.auto.widths)
@@ -437,10 +417,6 @@ class DDTreeWorker(DFlashWorkerV2):
             # a probe or exploration round always samples: it is how a rarely chosen candidate's ratio refreshes
             sampled = (self.auto.rounds % self.auto.policy.sample_interval(bucket) == 0) or self.auto.policy.probing
             captures = self._stage_captures()
-            info = batch.sampling_info
-            if (self.dflash_chain and self.auto.candidates[chosen] == CHAIN and not sampled
-                    and (info is None or info.is_all_greedy)):
-                return self._dflash_chain_round(batch, on_publish, grammar_barrier, timer, bucket, chosen, bs, built)
         top1_only = (self.auto is not None and self.auto.candidates[chosen] == CHAIN and not sampled
                      and self.scripted is None)
 
@@ -542,33 +518,6 @@ class DDTreeWorker(DFlashWorkerV2):
             speculative_num_draft_tokens=self.block_size,
             new_seq_lens=new_seq_lens,
         )
-
-    def _dflash_chain_round(self, batch, on_publish, grammar_barrier, timer, bucket, chosen, bs, built):
-        """`auto`'s chain as DFLASH's own round (self.dflash_chain): DFlashWorkerV2.forward_batch_generation with
-        the target's attention backend and verify graphs swapped for the chain's (causal, block-size wide, as
-        `_verify` swaps them for every candidate). What DFLASH's round uses of this worker is DFLASH's own state
-        (the drafter block of 16, the draft input, the draft runner; this class overrides none of the methods it
-        calls), and it reserves, writes and commits the verify's KV slots req_to_token[prefix .. prefix+15] as a
-        chain round of ours does. Our side: the round's time and committed tokens for the chooser and the stats."""
-        with self._verify_state(self.auto.widths[chosen], causal=True):
-            result = DFlashWorkerV2.forward_batch_generation(self, batch, on_publish=on_publish,
-                                                             grammar_barrier=grammar_barrier)
-        timer.mark("commit")  # one stage for the whole round: DFLASH's code has no marks
-        result.cap_lens = torch.zeros_like(result.accept_lens)  # a chain takes no branch (SGLang's per-request sums)
-        summary, feedback = ops.chain_round_vectors(result.accept_lens, self.depth_limit, self.block_size - 1,
-                                                    len(self.auto.candidates), chosen)
-        if self.stats.prometheus is not None:
-            self.stats.prometheus.auto_round(candidate_label(CHAIN))
-        # cold: its own first use per bucket (DFLASH's accept kernel compiles at the process's first such round; a
-        # sampled chain round of ours at the bucket before it would not have marked it)
-        cold = built or self.auto.first_use(bucket, ("dflash", chosen))
-        self.auto.feedback.push(feedback, timer, bucket, chosen, bs, cold=cold, sampled=False)
-        self.auto.maybe_log(self.ps.tp_rank)
-        self.stats.record_chain_round(summary, timer)
-        if not self._dflash_chain_logged and self.ps.tp_rank == 0:
-            self._dflash_chain_logged = True
-            logger.info("DDTREE auto: a chain round ran as DFLASH's round (SGLANG_DDTREE_AUTO_DFLASH_CHAIN=1)")
-        return result
 
     # ------------------------------------------------------------------------------------------------------------
     # Stages

@@ -50,16 +50,12 @@ def configs(pair):
         # candidate explored (SGLANG_DDTREE_AUTO_EXPLORE_ALL), so the greedy tests verify each one's tree
         "ddtree-auto": (pair.base_args() + COMMON + triton + ddtree("auto") + draft + ["--enable-metrics"],
                         {"SGLANG_DDTREE_AUTO_EXPLORE_ALL": "1"}),
-        # the same with its chain rounds run by DFLASH's own round (SGLANG_DDTREE_AUTO_DFLASH_CHAIN)
-        "ddtree-auto-dflash-chain": (pair.base_args() + COMMON + triton + ddtree("auto") + draft
-                                     + ["--enable-metrics"], {"SGLANG_DDTREE_AUTO_DFLASH_CHAIN": "1",
-                                                              "SGLANG_DDTREE_AUTO_EXPLORE_ALL": "1"}),
     }
 
 
 DDTREE_NAMES = ["ddtree-16", "ddtree-64", "ddtree-256", "ddtree-1024", "ddtree-64-eager", "ddtree-64-flashinfer",
-                "ddtree-auto", "ddtree-auto-dflash-chain"]
-AUTO_NAMES = ["ddtree-auto", "ddtree-auto-dflash-chain"]
+                "ddtree-auto"]
+AUTO_NAMES = ["ddtree-auto"]
 
 
 def selected_configs(pair):
@@ -170,8 +166,7 @@ def test_auto_verifies_every_candidate(servers, outputs, gpu_record, name):
     """`auto` with SGLANG_DDTREE_AUTO_EXPLORE_ALL explores each candidate (3 rounds per batch-size bucket, even one
     whose measured costs say it cannot win: ten servers share the GPU here, lease 19) before it exploits: after the
     batch-1 and batch-8 runs every candidate was verified (losslessness: test_greedy_equals_plain[ddtree-auto]) and
-    the choices are exported per candidate. With SGLANG_DDTREE_AUTO_DFLASH_CHAIN its chain rounds ran as DFLASH rounds (a log
-    line at the first one). Every batch-size bucket met had all its stage graphs captured together at its first
+    the choices are exported per candidate. Every batch-size bucket met had all its stage graphs captured together at its first
     round, and no stage was captured in a later round of such a bucket (a warning would say so)."""
     need(servers, name)
     server = servers[name]
@@ -188,7 +183,6 @@ def test_auto_verifies_every_candidate(servers, outputs, gpu_record, name):
     assert set(rounds) == {"chain", "16", "32", "64", "128"}, rounds
     assert all(v >= 3 for v in rounds.values()), rounds
     assert "DDTREE auto: candidates" in log
-    assert ("DDTREE auto: a chain round ran as DFLASH's round" in log) == (name == "ddtree-auto-dflash-chain")
 
 
 def chi_square_two_sample(counts_a, counts_b):
@@ -308,7 +302,7 @@ def used_tokens(server):
     return sum(x["num_tokens"] for x in loads), sum(x["num_reqs"] for x in loads)
 
 
-@pytest.mark.parametrize("name", ["ddtree-64", "ddtree-auto-dflash-chain"])
+@pytest.mark.parametrize("name", ["ddtree-64", "ddtree-auto"])
 def test_no_kv_leak_after_mixed_and_aborted_requests(servers, model_pair, gpu_record, name):
     need(servers, name)
     server = servers[name]
