@@ -88,7 +88,7 @@ class _AutoState:
     feedback: AutoFeedback
     log_every: int = 2000
     rounds: int = 0
-    seen: set = field(default_factory=set)  # (bucket, round kind) pairs that ran once
+    seen: set = field(default_factory=set)  # (bucket, candidate index) pairs that ran once
     captured_buckets: set = field(default_factory=set)  # buckets whose stages were all captured (_capture_bucket)
     late_captures: int = 0  # stage captures in rounds after their bucket's _capture_bucket (expected: none)
 
