@@ -1,12 +1,13 @@
 """`auto`'s host policy on a flat cost curve, on the CPU (sglang_ddtree.bench.auto_sim): how often it verifies the
 widest tree, and how close its picks stay to the best candidate's rate, when every candidate's round costs about the
 same and wider trees commit more - lease 19's tiny pair (sweep_auto_tiny_lease19.jsonl: at batch 1 the chooser timed
-the 32-, 64- and 128-trees at 4.31 / 4.41 / 4.32 ms and gave the narrower ones 32% of its rounds). Next to it, two
-8B-like cases where the chain should win. `--recent N` evaluates the chooser with medians over N recent rounds
-instead of auto.RECENT.
+the 32-, 64- and 128-trees at 4.31 / 4.41 / 4.32 ms and gave the narrower ones 32% of its rounds). Next to it:
+8B-like cases where the chain should win, a case with real cost gaps, and the scenarios of tests/test_sglang_auto.py
+that guard against lock-outs (a slow start, one slow sample, slow host phases). `--shrink-z Z` and `--recent N`
+evaluate the chooser with auto.SHRINK_Z / auto.RECENT set to them (0: no shrinkage).
 
     python benchmarks/simulate_auto_flat.py --out benchmarks/results/auto_flat_sim.json
-    python benchmarks/simulate_auto_flat.py --recent 16
+    python benchmarks/simulate_auto_flat.py --shrink-z 0 --out benchmarks/results/auto_flat_sim_z0.json
 """
 
 from __future__ import annotations
@@ -24,17 +25,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # drafter's expectation, chain, 16, 32, 64, 128.
 TOKENS = [2.55, 3.86, 4.13, 4.37, 4.54]
 EXPECTED = [3.85, 4.62, 5.01, 5.36, 5.70]
+LOCKOUT_TOKENS = [3.6, 3.9, 4.1, 4.3, 4.55]
+TINY12_BASE, TINY12_TOKENS = [4.6, 4.7, 4.6, 4.8, 4.7], [5.47, 5.62, 6.05, 6.59, 6.69]
 CASES = {
     "flat, noise 0.10": dict(base=[4.4] * 5, noise=0.10, outlier=0.05),
     "flat, noise 0.20": dict(base=[4.4] * 5, noise=0.20, outlier=0.05),
     "flat, noise 0.15, slow phases x1.5": dict(base=[4.4] * 5, noise=0.15, outlier=0.05, phase_mult=1.5,
                                                phase_len=150),
     "128-tree 8% dearer, noise 0.15": dict(base=[5.0, 5.0, 5.1, 5.2, 5.4], noise=0.15, outlier=0.05),
+    "real cost gaps, 32- and 64-tree rates 0.5% apart": dict(base=[10.0, 10.3, 11.0, 12.5, 16.0], noise=0.05,
+                                                              outlier=0.02, tokens=[3.0, 4.0, 4.6, 5.2, 5.5],
+                                                              expected=[4.0, 5.0, 6.0, 7.0, 8.0]),
     "8B-like batch 16 (convex, drafter never right)": dict(base=[11.0, 11.5, 20.0, 38.0, 73.0], noise=0.03,
                                                            outlier=0.01, tokens=[1.0] * 5,
                                                            expected=[1.5, 2.0, 3.0, 4.0, 6.0]),
     "8B-like batch 1 (drafter never right)": dict(base=[8.0, 8.2, 8.5, 9.0, 10.0], noise=0.03, outlier=0.01,
                                                   tokens=[1.0] * 5, expected=[1.5, 2.0, 3.0, 4.0, 6.0]),
+    # tests/test_sglang_auto.py's scenarios, with more seeds
+    "slow start committing little (lock-out test)": dict(base=[4.4, 4.5, 4.6, 4.68, 4.75], noise=0.08, outlier=0.0,
+                                                         tokens=LOCKOUT_TOKENS, expected=[4.0, 4.8, 5.2, 5.5, 5.9],
+                                                         rounds=3000, skip=1000, seeds=20, start_rounds=60,
+                                                         start_mult=1.4, start_tokens=[1.0, 1.1, 1.2, 1.3, 1.2]),
+    "one slow sample (lease 12's chain lock-in test)": dict(base=TINY12_BASE, noise=0.10, outlier=0.05,
+                                                             tokens=TINY12_TOKENS,
+                                                             expected=[8.0, 9.0, 10.5, 12.0, 13.0], rounds=750,
+                                                             skip=0, seeds=40),
+    "slow host phases x1.6 (phase test)": dict(base=TINY12_BASE, noise=0.10, outlier=0.0, tokens=TINY12_TOKENS,
+                                               expected=[8.0, 9.0, 10.5, 12.0, 13.0], rounds=2000, skip=0, seeds=20,
+                                               phase_mult=1.6, phase_len=300),
 }
 
 
@@ -43,9 +61,10 @@ def main(argv=None) -> int:
     from sglang_ddtree.sglang import auto
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--seeds", type=int, default=8, help="seeds of the cases that do not set their own")
     ap.add_argument("--rounds", type=int, default=4000)
     ap.add_argument("--skip", type=int, default=300, help="first rounds left out (exploration)")
+    ap.add_argument("--shrink-z", type=float, default=None, help="auto.SHRINK_Z for this run (default: the code's)")
     ap.add_argument("--recent", type=int, default=None, help="auto.RECENT for this run (default: the code's)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -55,19 +74,26 @@ def main(argv=None) -> int:
         if args.recent < 1:
             ap.error("--recent must be >= 1")
         auto.RECENT = args.recent  # read when a bucket's deques are made
+    if args.shrink_z is not None:
+        if args.shrink_z < 0:
+            ap.error("--shrink-z must be >= 0")
+        auto.SHRINK_Z = args.shrink_z
     rows = []
     for name, case in CASES.items():
         tokens, expected = case.get("tokens", TOKENS), case.get("expected", EXPECTED)
+        rounds, skip, seeds = case.get("rounds", args.rounds), case.get("skip", args.skip), case.get("seeds", args.seeds)
+        start = {k: case[k] for k in ("start_rounds", "start_mult", "start_tokens") if k in case}
         ratios, shares = [], [0] * len(tokens)
-        for seed in range(args.seeds):
-            picks = auto_sim.simulate(seed, case["base"], tokens, expected, args.rounds, 4, case["noise"],
+        for seed in range(seeds):
+            picks = auto_sim.simulate(seed, case["base"], tokens, expected, rounds, 4, case["noise"],
                                       case["outlier"], 2, phase_mult=case.get("phase_mult", 1.0),
-                                      phase_len=case.get("phase_len"))[args.skip:]
+                                      phase_len=case.get("phase_len"), **start)[skip:]
             ratios.append(auto_sim.rate_over_best(picks, case["base"], tokens))
             for i in picks:
                 shares[i] += 1
         total = sum(shares)
-        rows.append({"case": name, "seeds": args.seeds, "rate_over_best_mean": round(statistics.mean(ratios), 3),
+        rows.append({"case": name, "seeds": seeds, "rounds": rounds, "skipped_rounds": skip,
+                     "rate_over_best_mean": round(statistics.mean(ratios), 3),
                      "rate_over_best_min": round(min(ratios), 3),
                      "share_by_candidate": {auto_sim.CANDIDATES[i] or "chain": round(n / total, 3)
                                             for i, n in enumerate(shares)}})
@@ -77,7 +103,7 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps({
             "date": time.strftime("%Y-%m-%d"), "machine": "CPU (this repo's dev machine, 2 cores)",
             "command": "python benchmarks/simulate_auto_flat.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "recent": auto.RECENT, "cases": rows}, indent=1))
+            "recent": auto.RECENT, "shrink_z": auto.SHRINK_Z, "cases": rows}, indent=1))
     return 0
 
 

@@ -273,8 +273,8 @@ def adaptive(out: dict) -> None:
         all(bool(v) for v in data["lossless"].values())
 
 
-# Issue 10 in SGLang: every entry from lease 19, at the current code (commit 076d51a: auto's stage graphs captured
-# per batch-size bucket, the stale-evidence policy of 3a18576), one detached run alone on the machine: the tiny pair
+# Issue 10 in SGLang: every entry from lease 19 (commit 076d51a: auto's stage graphs captured per batch-size bucket,
+# the stale-evidence policy of 3a18576; the chooser's time shrinkage, SHRINK_Z, came after it and is not measured yet), one detached run alone on the machine: the tiny pair
 # (DFLASH, DDTREE 32 / 128, auto; 3 repeats of 1024 tokens x 4 prompt groups, interleaved), then 8B shapes (DFLASH
 # and auto, 3 repeats x 4 prompt groups, interleaved, decode CUDA graphs at every batch size for both). Earlier
 # leases' files stay as raw records (results README). Later files in the tuple win for the same (setup, batch size).
