@@ -321,6 +321,7 @@ def sglang_auto(out: dict) -> None:
     over max(the fixed budgets and DFLASH measured in the same run) per batch size, which rivals each ratio had and
     which file it came from. The issue asks for >= 0.97."""
     ratios: dict = {}
+    paired: dict = {}
     rivals_measured: dict = {}
     sources: dict = {}
     unlike: dict = {}
@@ -334,6 +335,12 @@ def sglang_auto(out: dict) -> None:
             rivals = {(m if m == "dflash" else f"ddtree-{budget}"): x["decode_tokens_per_s"]
                       for (s, m, budget, b), x in rows.items() if s == where and b == bs and m in ("ddtree", "dflash")}
             ratios.setdefault(setup, {})[str(bs)] = round(r["decode_tokens_per_s"] / max(rivals.values()), 4)
+            runs = _paired_ratios(r, [x for (s, m, _, b), x in rows.items()
+                                      if s == where and b == bs and m in ("ddtree", "dflash")])
+            if runs is None:
+                paired.get(setup, {}).pop(str(bs), None)
+            else:
+                paired.setdefault(setup, {})[str(bs)] = runs
             graphed = {(m, budget): _decode_graphs(x) for (s, m, budget, b), x in rows.items()
                        if s == where and b == bs and m in ("ddtree", "dflash")}
             graphed[("auto", None)] = _decode_graphs(r)
@@ -350,6 +357,22 @@ def sglang_auto(out: dict) -> None:
     out["sglang_auto_sources"] = {k: dict(sorted(v.items(), key=lambda kv: int(kv[0])))
                                   for k, v in sorted(sources.items())}
     out["sglang_auto_rows_without_decode_graphs"] = dict(sorted(unlike.items()))  # {} = every ratio like for like
+    # The same ratio per repeat: run i of auto over the best rival's run i (interleaved sweeps run the i-th repeat of
+    # every server of a batch size back to back, so a slow host phase hits them alike); their spread says how far a
+    # ratio of medians can be trusted on a host-bound pair (lease 19's tiny rows: 0.74-1.11).
+    out["sglang_auto_vs_max_per_repeat"] = {k: dict(sorted(v.items(), key=lambda kv: int(kv[0])))
+                                            for k, v in sorted(paired.items())}
+
+
+def _paired_ratios(auto_row: dict, rival_rows: list[dict]) -> list[float] | None:
+    """Per repeat i: auto's i-th run over the best rival's i-th run; None unless the sweep interleaved the repeats
+    and every row has the same number of runs."""
+    rows = [auto_row, *rival_rows]
+    runs = [r.get("decode_tokens_per_s_runs") or [] for r in rows]
+    if not rival_rows or not all(r.get("interleaved") for r in rows) or len({len(x) for x in runs}) != 1 \
+            or not runs[0]:
+        return None
+    return [round(a / max(x[i] for x in runs[1:]), 3) for i, a in enumerate(runs[0])]
 
 
 def pad_stages(out: dict) -> None:

@@ -44,13 +44,14 @@ def test_a_copied_auto_setup_is_compared_with_its_base_setups_rivals(tmp_path, m
     ms = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ms)
 
-    def row(setup, method, budget, tps):
+    def row(setup, method, budget, tps, runs):
         return {"kind": "result", "status": "ok", "setup": setup, "method": method, "budget": budget,
-                "batch_size": 4, "decode_tokens_per_s": tps, "decode_graphs": True}
+                "batch_size": 4, "decode_tokens_per_s": tps, "decode_graphs": True, "interleaved": True,
+                "decode_tokens_per_s_runs": runs}
 
     lines = [{"kind": "run", "argv": ["--setups", "tiny,tiny-dchain", "--copy-setup", "tiny-dchain=tiny"]},
-             row("tiny", "dflash", None, 1000.0), row("tiny", "ddtree", 128, 900.0), row("tiny", "auto", None, 850.0),
-             row("tiny-dchain", "auto", None, 990.0)]
+             row("tiny", "dflash", None, 1000.0, [1000.0, 800.0]), row("tiny", "ddtree", 128, 900.0, [900.0, 900.0]),
+             row("tiny", "auto", None, 850.0, [850.0, 990.0]), row("tiny-dchain", "auto", None, 990.0, [990.0, 450.0])]
     (tmp_path / "ab.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     monkeypatch.setattr(ms, "RESULTS", tmp_path)
     monkeypatch.setattr(ms, "SGLANG_AUTO_SWEEPS", ("ab.jsonl",))
@@ -60,3 +61,5 @@ def test_a_copied_auto_setup_is_compared_with_its_base_setups_rivals(tmp_path, m
     assert ratios == {"tiny": {"4": 0.85}, "tiny-dchain": {"4": 0.99}}
     assert out["sglang_auto_rivals_measured"]["tiny-dchain"] == {"4": ["ddtree-128", "dflash"]}
     assert out["sglang_auto_rows_without_decode_graphs"] == {}
+    # per repeat: run i over the best rival's run i (repeat 2: DDTREE 900 beats DFLASH's slow 800)
+    assert out["sglang_auto_vs_max_per_repeat"] == {"tiny": {"4": [0.85, 1.1]}, "tiny-dchain": {"4": [0.99, 0.5]}}
