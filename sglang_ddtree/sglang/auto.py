@@ -152,9 +152,9 @@ class AutoBudgetPolicy:
     _last_observed: list[int] = field(default_factory=list)  # rounds_observed at each ratio's last sample
     probing: bool = False  # the last choice explores or probes: the worker samples that round
     # The estimates change only in observe(): choose() and sample_interval() of one round, and every best case
-    # they bound, reuse them. Timed on the CPU machine, 5 candidates, drain + choose + sample_interval + push a
-    # round: 47 us before, 33 us after, the same picks (auto_sim, 6 seeds x 3000 rounds); 37 us with SHRINK_Z's
-    # shrinkage.
+    # they bound, reuse them (the same picks: auto_sim, 6 seeds x 3000 rounds). choose + sample_interval + observe a
+    # round on the CPU machine (benchmarks/simulate_auto_phases.py): 29.7 us at a72dd6a, 25.1 with this and
+    # SHRINK_Z's shrinkage (auto_chooser_cpu_a72dd6a.json, auto_chooser_cpu.json).
     _version: int = 0
     _memo: dict = field(default_factory=dict)  # ("tokens", None) / ("rates", bucket) -> (version, values)
 
