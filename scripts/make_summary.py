@@ -332,17 +332,17 @@ def sglang_auto(out: dict) -> None:
             if method != "auto":
                 continue
             where = _rival_setup(setup, rows, bases)
+            rival_rows = {(m, budget): x for (s, m, budget, b), x in rows.items()
+                          if s == where and b == bs and m in ("ddtree", "dflash")}
             rivals = {(m if m == "dflash" else f"ddtree-{budget}"): x["decode_tokens_per_s"]
-                      for (s, m, budget, b), x in rows.items() if s == where and b == bs and m in ("ddtree", "dflash")}
+                      for (m, budget), x in rival_rows.items()}
             ratios.setdefault(setup, {})[str(bs)] = round(r["decode_tokens_per_s"] / max(rivals.values()), 4)
-            runs = _paired_ratios(r, [x for (s, m, _, b), x in rows.items()
-                                      if s == where and b == bs and m in ("ddtree", "dflash")])
+            runs = _paired_ratios(r, list(rival_rows.values()))
             if runs is None:
                 paired.get(setup, {}).pop(str(bs), None)
             else:
                 paired.setdefault(setup, {})[str(bs)] = runs
-            graphed = {(m, budget): _decode_graphs(x) for (s, m, budget, b), x in rows.items()
-                       if s == where and b == bs and m in ("ddtree", "dflash")}
+            graphed = {key: _decode_graphs(x) for key, x in rival_rows.items()}
             graphed[("auto", None)] = _decode_graphs(r)
             unlike.pop(f"{setup}|{bs}", None)
             if len(set(graphed.values())) > 1:  # one server graphed, another eager: not a like-for-like ratio
@@ -350,19 +350,19 @@ def sglang_auto(out: dict) -> None:
                                                  if not g)
             rivals_measured.setdefault(setup, {})[str(bs)] = sorted(rivals)
             sources.setdefault(setup, {})[str(bs)] = name
-    order = {k: dict(sorted(v.items(), key=lambda kv: int(kv[0]))) for k, v in sorted(ratios.items())}
-    out["sglang_auto_vs_max_fixed_or_dflash_tokens_per_s"] = order
-    out["sglang_auto_rivals_measured"] = {k: dict(sorted(v.items(), key=lambda kv: int(kv[0])))
-                                          for k, v in sorted(rivals_measured.items())}
-    out["sglang_auto_sources"] = {k: dict(sorted(v.items(), key=lambda kv: int(kv[0])))
-                                  for k, v in sorted(sources.items())}
+    out["sglang_auto_vs_max_fixed_or_dflash_tokens_per_s"] = _by_batch_size(ratios)
+    out["sglang_auto_rivals_measured"] = _by_batch_size(rivals_measured)
+    out["sglang_auto_sources"] = _by_batch_size(sources)
     out["sglang_auto_rows_without_decode_graphs"] = dict(sorted(unlike.items()))  # {} = every ratio like for like
     # The same ratio per repeat: run i of auto over the best rival's run i (interleaved sweeps run the i-th repeat of
     # every server of a batch size back to back, so a slow host phase hits them alike); their spread says how far a
     # ratio of medians can be trusted on a host-bound pair (lease 19's tiny rows: 0.74-1.11).
-    out["sglang_auto_vs_max_per_repeat"] = {k: dict(sorted(v.items(), key=lambda kv: int(kv[0])))
-                                            for k, v in sorted(paired.items())}
+    out["sglang_auto_vs_max_per_repeat"] = _by_batch_size(paired)
 
+
+def _by_batch_size(by_setup: dict) -> dict:
+    """{setup: {batch size: value}} with setups in name order and batch sizes in numeric order."""
+    return {k: dict(sorted(v.items(), key=lambda kv: int(kv[0]))) for k, v in sorted(by_setup.items())}
 
 def _paired_ratios(auto_row: dict, rival_rows: list[dict]) -> list[float] | None:
     """Per repeat i: auto's i-th run over the best rival's i-th run; None unless the sweep interleaved the repeats
