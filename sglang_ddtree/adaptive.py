@@ -167,21 +167,24 @@ def chain_expected(top1_logprobs: torch.Tensor, calibrator: "ScoreCalibrator | N
 
 
 def expected_acceptance(tree: DraftTree, budgets: Sequence[int], top1_logprobs: torch.Tensor | None = None,
-                        calibrator: "ScoreCalibrator | None" = None) -> torch.Tensor:
+                        calibrator: "ScoreCalibrator | None" = None, reorder: bool = True) -> torch.Tensor:
     """[bs, C] expected committed tokens per round (bonus included) for every candidate budget.
 
     tree: built at the largest candidate budget (canonical order: the first b draft slots are the best-b tree).
     top1_logprobs [bs, L]: the drafter's top-1 log-prob per depth, needed when CHAIN is a candidate.
     calibrator: None = raw scores (node prob = exp(score), best-b = first b slots); otherwise the calibrated node
-    probabilities, best-b = the b most probable nodes by calibrated probability (a prefix-closed set).
+    probabilities, and best-b = the b most probable nodes by calibrated probability (a prefix-closed set; offline
+    `ddtree_auto` verifies that tree) or, with reorder=False, still the first b slots (the SGLang worker verifies
+    the tree built from raw scores: this predicts that tree's acceptance with the calibrated probabilities).
     """
     _check_candidates(tree, budgets)
     if calibrator is None:
         out = expected_from_ordered(raw_node_probs(tree), budgets)
     else:
         probs = calibrator.node_probs(tree)
-        order = calibrated_order(tree, probs)
-        out = expected_from_ordered(probs.gather(1, order), budgets)
+        if reorder:
+            probs = probs.gather(1, calibrated_order(tree, probs))
+        out = expected_from_ordered(probs, budgets)
     if any(b == CHAIN for b in budgets):
         if top1_logprobs is None:
             raise ValueError("the chain candidate needs the drafter's top-1 log-probs per depth (top1_logprobs).")
@@ -322,10 +325,17 @@ class ScoreCalibrator:
         self.reset()
 
     def reset(self) -> None:
-        shape = self.config.shape
-        self.pred = torch.zeros(shape, dtype=torch.float64, device=self.device)  # decayed sum of P_cal(parent) * q
-        self.obs = torch.zeros(shape, dtype=torch.float64, device=self.device)  # decayed sum of accepted (0/1)
-        self.count = torch.zeros(shape, dtype=torch.float64, device=self.device)  # decayed observation count
+        """An empty table (raw scores). In place once allocated: CUDA graphs captured with the table (the SGLang
+        worker's stages) keep reading the same tensors."""
+        if getattr(self, "_sums", None) is not None:
+            self._sums.zero_()
+            self.rounds.zero_()
+            return
+        # one tensor, so that `learn` is two kernels; count / pred / obs are views of it
+        self._sums = torch.zeros((3, *self.config.shape), dtype=torch.float64, device=self.device)
+        self.count = self._sums[0]  # decayed observation count
+        self.pred = self._sums[1]  # decayed sum of P_cal(parent) * q
+        self.obs = self._sums[2]  # decayed sum of accepted (0/1)
         self.rounds = torch.zeros((), dtype=torch.int64, device=self.device)
 
     # -- cells
@@ -345,15 +355,18 @@ class ScoreCalibrator:
 
     # -- calibrated probabilities
 
-    def conditionals(self, tree: DraftTree) -> torch.Tensor:
-        """[bs, N] calibrated conditional probabilities (root 1, invalid 0), in [0, 1]."""
+    def _calibrated(self, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (calibrated conditionals [bs, N], every node's cell index [bs, N], raw conditionals [bs, N])."""
         q = node_conditionals(tree)
-        cells = self._cells(tree.depth, offchain_ancestors(tree), tree.ranks, q)
-        factor = self.ratio().to(q.device).flatten()[cells.clamp(min=0)]
-        cal = (q * factor).clamp(0.0, 1.0)
+        cells = self._cells(tree.depth, offchain_ancestors(tree), tree.ranks, q).clamp(min=0)
+        cal = (q * self.ratio().to(q.device).flatten()[cells]).clamp(0.0, 1.0)
         cal = torch.where(tree.valid, cal, 0.0)
         cal[:, 0] = 1.0
-        return cal
+        return cal, cells, q
+
+    def conditionals(self, tree: DraftTree) -> torch.Tensor:
+        """[bs, N] calibrated conditional probabilities (root 1, invalid 0), in [0, 1]."""
+        return self._calibrated(tree)[0]
 
     def node_probs(self, tree: DraftTree) -> torch.Tensor:
         """[bs, N] calibrated probability that each node is accepted: product of calibrated conditionals along
@@ -379,11 +392,15 @@ class ScoreCalibrator:
 
     # -- learning
 
-    def update(self, tree: DraftTree, path: torch.Tensor, active: torch.Tensor | None = None) -> None:
-        """Learn from one verified round: tree [bs, N] (the verified tree) and the walk's accepted path [bs, L+1]
-        (node indices, -1 padded; `WalkResult.path`). Every valid draft node is one observation: accepted (on the
-        path) or not, against the prediction P_cal(parent) * q of the current table. Decays the table by one step
-        per request first. No host sync."""
+    def observation(self, tree: DraftTree, path: torch.Tensor, active: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What one verified round teaches, without changing the table (a pure function: the SGLang worker runs it
+        inside CUDA graphs, whose warm-up and capture calls must not learn). tree [bs, N]: the verified tree;
+        path [bs, L+1]: the walk's accepted node indices, -1 padded (`WalkResult.path`); active [bs] bool: only
+        these requests count (padding rows). Every valid draft node is one observation: accepted (on the path) or
+        not, against the prediction P_cal(parent) * q of the current table.
+        -> (delta [3, cells] float64: per cell the observations, predicted and accepted sums, for `learn`;
+            [bs] the calibrated expected committed length of the tree as the table stands, `expected`)."""
         bs, n = tree.tokens.shape
         device = tree.tokens.device
         on_path = torch.zeros((bs, n + 1), dtype=torch.bool, device=device)
@@ -392,20 +409,36 @@ class ScoreCalibrator:
         observed = tree.valid & (tree.parents >= 0)
         if active is not None:
             observed &= active.to(device).view(-1, 1)
-            decay = torch.pow(self.config.decay, active.to(self.device).sum().double())
-            steps = active.to(self.device).sum()
-        else:
-            decay = self.config.decay ** bs  # a Python float: no host-to-device copy
-            steps = bs
-        q = node_conditionals(tree)
-        cells = self._cells(tree.depth, offchain_ancestors(tree), tree.ranks, q).clamp(min=0)
-        parent_probs = self.node_probs(tree).gather(1, tree.parents.clamp(min=0))
+        cal, cells, q = self._calibrated(tree)
+        probs = propagate_along_paths(tree, cal)  # = node_probs(tree)
+        expected = 1.0 + torch.where(tree.valid, probs, 0.0)[:, 1:].sum(dim=1)
+        parent_probs = probs.gather(1, tree.parents.clamp(min=0))
         w = observed.to(torch.float64)
-        for table, value in ((self.pred, (parent_probs * q).double() * w), (self.obs, on_path.double() * w),
-                             (self.count, w)):
-            table.mul_(decay)
-            table.view(-1).scatter_add_(0, cells.flatten().to(self.device), value.flatten().to(self.device))
-        self.rounds += steps
+        values = torch.stack([w, (parent_probs * q).double() * w, on_path.double() * w]).view(3, -1)
+        delta = torch.zeros((3, self._sums[0].numel()), dtype=torch.float64, device=device)
+        delta.scatter_add_(1, cells.reshape(1, -1).expand(3, -1), values)
+        return delta, expected
+
+    def learn(self, delta: torch.Tensor, requests: "int | torch.Tensor") -> None:
+        """Decay the table by one step per request, then add an `observation`'s delta. requests: a number or a
+        0-dim tensor (no host sync either way)."""
+        if isinstance(requests, torch.Tensor):
+            requests = requests.to(self.device)
+            decay = torch.pow(self.config.decay, requests.double())
+            self.rounds.add_(requests.round().to(torch.int64))
+        else:
+            decay = self.config.decay ** requests  # a Python float: no host-to-device copy
+            self.rounds += int(requests)
+        sums = self._sums.view(3, -1)
+        sums.mul_(decay)
+        sums.add_(delta.to(self.device))
+
+    def update(self, tree: DraftTree, path: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
+        """Learn from one verified round (`observation` then `learn`). -> [bs] the calibrated expected committed
+        length of the tree as the table stood before this round."""
+        delta, expected = self.observation(tree, path, active)
+        self.learn(delta, active.sum() if active is not None else tree.tokens.shape[0])
+        return expected
 
     # -- persistence and metrics
 
@@ -422,30 +455,40 @@ class ScoreCalibrator:
             t = torch.as_tensor(state[name], dtype=torch.float64)
             if tuple(t.shape) != self.config.shape:
                 raise ValueError(f"calibrator state {name!r} has shape {tuple(t.shape)}, expected {self.config.shape}.")
-            setattr(self, name, t.to(self.device).clone())
-        self.rounds = torch.as_tensor(state["rounds"], dtype=torch.int64).to(self.device).clone()
+            getattr(self, name).copy_(t)  # in place (views of one tensor), as reset
+        self.rounds.copy_(torch.as_tensor(state["rounds"], dtype=torch.int64))
+
+    def summary(self) -> torch.Tensor:
+        """[3, depth_limit, path_classes, rank_classes] float64 on the table's device: decayed observations,
+        predicted and accepted sums over the q buckets (`summary_rows` reads it; no host sync here)."""
+        return self._sums.sum(dim=-1)
 
     def export(self) -> dict:
         """Plain-JSON summary for metrics: per (depth, path class, rank class) the decayed node count, predicted and
         accepted sums and their ratio over all q buckets, plus the full per-cell factor table."""
         c = self.config
-        pred, obs, count = (t.cpu() for t in (self.pred, self.obs, self.count))
-        m = c.prior_mass
-        cells = []
-        for d in range(c.depth_limit):
-            for p in range(c.path_classes):
-                for r in range(c.rank_classes):
-                    n = float(count[d, p, r].sum())
-                    if n <= 0:
-                        continue
-                    cells.append({"depth": d + 1, "path_class": p, "rank_class": r, "observations": round(n, 3),
-                                  "predicted": round(float(pred[d, p, r].sum()), 4),
-                                  "accepted": round(float(obs[d, p, r].sum()), 4),
-                                  "ratio": round(float((obs[d, p, r].sum() + m) / (pred[d, p, r].sum() + m)), 4)})
+        summary = self.summary().cpu()
         return {"config": {**c.__dict__, "q_edges": list(c.q_edges)}, "request_rounds": int(self.rounds),
-                "observations": round(float(count.sum()), 3), "cells": cells,
+                "observations": round(float(summary[0].sum()), 3), "cells": summary_rows(summary, c.prior_mass),
                 "ratio_table": [[[[round(x, 4) for x in row] for row in pr] for pr in dp]
                                 for dp in self.ratio().cpu().tolist()]}
+
+
+def summary_rows(summary: torch.Tensor, prior_mass: float) -> list[dict]:
+    """`ScoreCalibrator.summary()` (on the host) -> one row per (depth, path class, rank class) with observations:
+    decayed node count, predicted and accepted sums, and their ratio (accepted + m) / (predicted + m)."""
+    count, pred, obs = summary.double().tolist()
+    rows = []
+    for d, by_path in enumerate(count):
+        for p, by_rank in enumerate(by_path):
+            for r, n in enumerate(by_rank):
+                if n <= 0:
+                    continue
+                a, e = obs[d][p][r], pred[d][p][r]
+                rows.append({"depth": d + 1, "path_class": p, "rank_class": r, "observations": round(n, 3),
+                             "predicted": round(e, 4), "accepted": round(a, 4),
+                             "ratio": round((a + prior_mass) / (e + prior_mass), 4)})
+    return rows
 
 
 # ------------------------------------------------------------------------------------------ round cost

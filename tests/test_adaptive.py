@@ -282,6 +282,44 @@ def test_calibrator_decay_and_active_mask():
     assert float(cal.count.sum()) == pytest.approx(n1 * 1.5)  # old mass halved, new mass added
 
 
+def test_observation_is_pure_and_learning_it_equals_update():
+    """The SGLang worker computes a round's observation inside CUDA graphs (whose warm-up and capture calls must
+    not learn) and applies it afterwards: observation leaves the table alone, learn(observation) == update, padding
+    rows included, and reset / load_state_dict keep the tensors a captured graph reads."""
+    lp = _lp(3, 5, 12, seed=4)
+    trained = _train(ScoreCalibrator(depth_limit=5), lp, rounds=4, wrong_after_branch=True, budget=24)
+    twin = ScoreCalibrator(depth_limit=5)
+    twin.load_state_dict(trained.state_dict())
+    tree = build_tree(lp, 24, torch.zeros(3, dtype=torch.long))
+    path = _synthetic_walk(tree, torch.Generator().manual_seed(9))
+    active = torch.tensor([True, False, True])
+    before = trained.state_dict()
+    delta, expected = trained.observation(tree, path, active)
+    assert all(torch.equal(before[k], trained.state_dict()[k]) for k in ("pred", "obs", "count", "rounds"))
+    assert torch.allclose(expected, trained.expected(tree))
+    ptrs = [t.data_ptr() for t in (trained.pred, trained.obs, trained.count, trained.rounds)]
+    trained.learn(delta, active.sum())
+    got = twin.update(tree, path, active)
+    assert torch.allclose(got, expected)
+    for k in ("pred", "obs", "count"):
+        assert torch.allclose(getattr(trained, k), getattr(twin, k), rtol=1e-12, atol=1e-12), k
+        assert not torch.equal(getattr(trained, k), before[k]), k  # it did learn
+    assert int(trained.rounds) == int(twin.rounds) == int(before["rounds"]) + 2
+    # the padding row taught nothing: its nodes are not among the observations
+    assert float(delta[0].sum()) == pytest.approx(float((tree.valid & (tree.parents >= 0))[active].sum()))
+    trained.load_state_dict(before)
+    trained.reset()
+    assert [t.data_ptr() for t in (trained.pred, trained.obs, trained.count, trained.rounds)] == ptrs
+    assert float(trained.count.sum()) == 0 and int(trained.rounds) == 0
+
+
+def test_summary_rows_are_the_exported_cells():
+    cal = _train(ScoreCalibrator(depth_limit=4), _lp(2, 4, 10, seed=5), rounds=3, budget=20)
+    rows = adaptive.summary_rows(cal.summary(), cal.config.prior_mass)
+    assert rows == cal.export()["cells"] and rows
+    assert sum(r["observations"] for r in rows) == pytest.approx(float(cal.count.sum()), abs=1e-2)
+
+
 # ------------------------------------------------------------------------------------- calibrated selection
 
 

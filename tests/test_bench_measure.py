@@ -142,6 +142,22 @@ def test_ddtree_summary_of_a_workload():
     assert prom.ddtree_summary(prom.diff(prom.parse(BEFORE), prom.parse(BEFORE))) is None
 
 
+def test_auto_calibration_of_a_workload():
+    """The calibration table's errors of one workload: the counters' differences over the request-rounds scored;
+    None where nothing was scored (fixed-budget servers export no such series)."""
+    before = ('sglang:ddtree_auto_tau_abs_error_total{budget="auto",scores="raw"} 10.0\n'
+              'sglang:ddtree_auto_tau_abs_error_total{budget="auto",scores="calibrated"} 9.0\n'
+              'sglang:ddtree_auto_tau_scored_total{budget="auto"} 8.0\n')
+    after = ('sglang:ddtree_auto_tau_abs_error_total{budget="auto",scores="raw"} 40.0\n'
+             'sglang:ddtree_auto_tau_abs_error_total{budget="auto",scores="calibrated"} 33.0\n'
+             'sglang:ddtree_auto_tau_scored_total{budget="auto"} 28.0\n')
+    got = prom.auto_calibration(prom.diff(prom.parse(after), prom.parse(before)))
+    assert got == {"scored_request_rounds": 20, "tau_mae_raw": pytest.approx(1.5),
+                   "tau_mae_calibrated": pytest.approx(1.2)}
+    assert prom.auto_calibration(prom.diff(prom.parse(after), prom.parse(after))) is None
+    assert prom.auto_calibration(prom.diff(prom.parse(AFTER), prom.parse(BEFORE))) is None
+
+
 # -------------------------------------------------------------------------------------------- streaming client
 
 

@@ -144,9 +144,10 @@ def test_padded_stage_returns_the_unpadded_result():
 @pytest.mark.parametrize("chosen", [0, 16, 32])
 @pytest.mark.parametrize("sampled", [True, False])
 def test_padded_round_stages_equal_the_unpadded_ones(chosen, sampled):
-    """The round's stages (draft top-K, `auto`'s tree stage, walk + commit plan with summary and observed tokens)
-    run padded from 3 requests to 8, as the worker runs them with SGLANG_DDTREE_PAD_STAGES=1, then unpadded: every
-    output equals the unpadded run's, the batch sums included, and no KV move of a padding request survives."""
+    """The round's stages (draft top-K, `auto`'s tree stage, walk + commit plan with summary and observed tokens;
+    sampled: the calibration table's expectations, prediction errors and table delta) run padded from 3 requests to
+    8, as the worker runs them with SGLANG_DDTREE_PAD_STAGES=1, then unpadded: every output equals the unpadded
+    run's, the batch sums included, and no KV move of a padding request survives."""
     from functools import partial
 
     torch.manual_seed(3)
@@ -156,15 +157,22 @@ def test_padded_round_stages_equal_the_unpadded_ones(chosen, sampled):
     hidden = torch.randn(bs * block, hidden_size) * 3
     roots = torch.randint(0, vocab, (bs,))
     prefix = torch.tensor([7, 30, 2])
+    from sglang_ddtree.adaptive import ScoreCalibrator
+
+    calibrator = ScoreCalibrator(depth_limit=block - 1) if sampled else None
+    if sampled:  # a table whose factors differ from 1: the stages read it, neither run may change it
+        calibrator.obs.uniform_(0, 5, generator=torch.Generator().manual_seed(1))
+        calibrator.pred.uniform_(0, 5, generator=torch.Generator().manual_seed(2))
+        table = calibrator.state_dict()
 
     def stages(pad: bool):
         opts = dict(bucket_of=lambda b: 8) if pad else {}
         topk = GraphedStage(partial(ops.draft_topk_stage, block, width, 0, weight), name="topk",
                             unpad=ops.unpad_requests, **opts)
-        tree = GraphedStage(partial(ops.auto_tree_stage, width, chosen, candidates, None, False, sampled),
+        tree = GraphedStage(partial(ops.auto_tree_stage, width, chosen, candidates, None, False, sampled, calibrator),
                             name="tree", borrow=(0, 1), unpad=ops.unpad_tree_stage, rows_arg=pad, **opts)
         walk = GraphedStage(partial(ops.walk_commit_plan, block, False, True, auto=(candidates, chosen),
-                                    top1_chain=chosen == 0),
+                                    top1_chain=chosen == 0, calibrator=calibrator),
                             name="walk", borrow=tuple(range(6)), unpad=ops.unpad_commit_plan, rows_arg=pad, **opts)
         for s in (topk, tree, walk):
             s.pad_eagerly = pad
@@ -192,8 +200,12 @@ def test_padded_round_stages_equal_the_unpadded_ones(chosen, sampled):
     for f in ("path", "accept_len", "bonus", "out_tokens", "target_choice"):
         assert torch.equal(getattr(p.walk, f), getattr(q.walk, f)), f
     for f in ("commit_lens", "new_seq_lens", "kv_dest", "kv_src", "draft_cache_loc", "draft_positions", "out_tokens",
-              "branch_lens", "summary", "observed"):
+              "branch_lens", "summary", "observed", "calibration", "calibration_delta"):
         a, b = getattr(p, f), getattr(q, f)
         assert (a is None and b is None) or torch.equal(a, b), f
     if sampled:
         assert float(ref[5].sum()) > 0  # the expectations were computed (and summed over 3 requests, not 8)
+        assert float(q.calibration[2]) == bs and float(q.calibration[:2].sum()) > 0
+        assert all(torch.equal(table[k], calibrator.state_dict()[k]) for k in ("obs", "pred", "count"))
+    else:
+        assert q.calibration is None and q.calibration_delta is None

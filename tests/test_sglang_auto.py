@@ -10,7 +10,7 @@ from sglang_ddtree import adaptive
 from sglang_ddtree.adaptive import CHAIN
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
-from sglang_ddtree.sglang.auto import AutoBudgetPolicy, AutoFeedback, observed_candidates
+from sglang_ddtree.sglang.auto import AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, observed_candidates
 from sglang_ddtree.tree import build_tree_from_topk, chain_tree, topk_draft
 from sglang_ddtree.walk import walk_choices
 
@@ -248,7 +248,7 @@ class FakeTimer:
 def test_unsampled_rounds_count_time_only():
     policy = AutoBudgetPolicy([CHAIN, 16])
     feedback = AutoFeedback(policy, "cpu")
-    feedback.push(torch.tensor([0.0, 0.0, 7.0, 0.0]), FakeTimer({"verify": 2.0}), 1, 0, 1, sampled=False)
+    feedback.push(torch.tensor([0.0, 0.0, 7.0, 0.0, 0.0, 0.0, 0.0]), FakeTimer({"verify": 2.0}), 1, 0, 1, sampled=False)
     assert feedback.drain() == 1
     assert policy.buckets[1].round_ms[0].mean() == pytest.approx(2.0)
     assert policy.expected[0].mean() is None and policy.observed[0].mean() is None
@@ -257,9 +257,9 @@ def test_unsampled_rounds_count_time_only():
 def test_feedback_reads_completed_rounds_only():
     policy = AutoBudgetPolicy([CHAIN, 16])
     feedback = AutoFeedback(policy, "cpu")
-    feedback.push(torch.tensor([8.0, 12.0, 7.0, 0.0]), FakeTimer({"draft": 1.0, "verify": 2.0}), 4, 0, 4)
+    feedback.push(torch.tensor([8.0, 12.0, 7.0, 0.0, 0.0, 0.0, 0.0]), FakeTimer({"draft": 1.0, "verify": 2.0}), 4, 0, 4)
     late = FakeTimer({"draft": 1.0}, done=False)
-    feedback.push(torch.tensor([8.0, 12.0, 0.0, 9.0]), late, 4, 1, 4)
+    feedback.push(torch.tensor([8.0, 12.0, 0.0, 9.0, 0.0, 0.0, 0.0]), late, 4, 1, 4)
     assert feedback.drain() == 1  # the second round's events have not completed
     assert policy.buckets[4].round_ms[0].mean() == pytest.approx(3.0)
     assert policy.expected[1].mean() == pytest.approx(3.0) and policy.observed[0].mean() == pytest.approx(1.75)
@@ -267,7 +267,7 @@ def test_feedback_reads_completed_rounds_only():
     late._done = True
     assert feedback.drain() == 1 and policy.observed[1].mean() == pytest.approx(2.25)
     # a cold round (graph captures): its tokens count, its seconds-long time does not
-    feedback.push(torch.tensor([8.0, 12.0, 0.0, 9.0]), FakeTimer({"verify": 3000.0}), 4, 1, 4, cold=True)
+    feedback.push(torch.tensor([8.0, 12.0, 0.0, 9.0, 0.0, 0.0, 0.0]), FakeTimer({"verify": 3000.0}), 4, 1, 4, cold=True)
     assert feedback.drain() == 1
     assert policy.buckets[4].round_ms[1].mean() == pytest.approx(1.0) and policy.buckets[4].measured[1] == 1
     assert policy.rounds_observed == 3
@@ -288,11 +288,11 @@ def test_auto_tree_stage_gives_the_chosen_tree_and_every_expectation(chosen):
     values, tokens = topk_draft(lp, 40)
     roots = torch.tensor([1, 2, 3])
     prefix = torch.tensor([5, 9, 2])
-    tree, ids, positions, expected = ops.auto_tree_stage(48, chosen, candidates, None, False, True, values, tokens,
-                                                         roots, prefix)
+    tree, ids, positions, expected = ops.auto_tree_stage(48, chosen, candidates, None, False, True, None, values,
+                                                         tokens, roots, prefix)
     # an unsampled round builds the chosen tree directly, without the expectations
-    tree2, ids2, positions2, zeros = ops.auto_tree_stage(48, chosen, candidates, None, False, False, values, tokens,
-                                                         roots, prefix)
+    tree2, ids2, positions2, zeros = ops.auto_tree_stage(48, chosen, candidates, None, False, False, None, values,
+                                                         tokens, roots, prefix)
     for name in ("tokens", "parents", "depth", "scores", "ranks", "valid"):
         assert torch.equal(getattr(tree, name), getattr(tree2, name)), name
     assert torch.equal(ids, ids2) and torch.equal(positions, positions2) and not zeros.any()
@@ -311,6 +311,116 @@ def test_auto_tree_stage_gives_the_chosen_tree_and_every_expectation(chosen):
         own = chain_tree(lp, roots) if c == CHAIN else build_tree_from_topk(values, tokens, c, roots, max_budget=c)
         assert e == pytest.approx(float((1 + torch.where(own.valid, own.scores.exp(), 0.0)[:, 1:].sum(1)).sum()),
                                   rel=1e-5)
+
+
+def _rejecting_table(values, tokens, roots, rounds=3):
+    """A table taught by rounds in which the target took no draft token: its factors fall below 1."""
+    cal = adaptive.ScoreCalibrator(depth_limit=values.shape[1])
+    for _ in range(rounds):
+        tree = build_tree_from_topk(values, tokens, 48, roots, max_budget=48)
+        cal.update(tree, walk_choices(tree, torch.full(tree.tokens.shape, -1)).path)
+    return cal
+
+
+@pytest.mark.parametrize("chosen", [CHAIN, 16, 48])
+def test_auto_tree_stage_predicts_with_the_calibration_table(chosen):
+    """A sampled round's expectations come from the server's calibration table: every candidate's tree as built from
+    the raw scores (the first b slots), its nodes' calibrated probabilities summed; the verified tree is unchanged.
+    An empty table gives the raw expectations."""
+    candidates = (CHAIN, 8, 16, 48)
+    lp = draft(seed=5)
+    values, tokens = topk_draft(lp, 40)
+    roots, prefix = torch.tensor([1, 2, 3]), torch.tensor([5, 9, 2])
+    raw = ops.auto_tree_stage(48, chosen, candidates, None, False, True, None, values, tokens, roots, prefix)
+    empty = ops.auto_tree_stage(48, chosen, candidates, None, False, True, adaptive.ScoreCalibrator(depth_limit=6),
+                                values, tokens, roots, prefix)
+    assert torch.allclose(empty[3], raw[3], rtol=1e-5)
+    cal = _rejecting_table(values, tokens, roots)
+    tree, ids, positions, expected = ops.auto_tree_stage(48, chosen, candidates, None, False, True, cal, values,
+                                                         tokens, roots, prefix)
+    for name in ("tokens", "parents", "depth", "scores", "ranks", "valid"):
+        assert torch.equal(getattr(tree, name), getattr(raw[0], name)), name
+    assert torch.equal(ids, raw[1]) and torch.equal(positions, raw[2])
+    big = build_tree_from_topk(values, tokens, 48, roots, max_budget=48)
+    for i, c in enumerate(candidates):
+        own = chain_tree(lp, roots) if c == CHAIN else adaptive.first_slots(big, c)
+        assert float(expected[i]) == pytest.approx(float(cal.expected(own).sum()), rel=1e-5), c
+        assert float(expected[i]) < float(raw[3][i])  # the table learnt that the drafter is over-confident
+
+
+def test_calibration_round_scores_predictions_and_leaves_learning_to_the_caller():
+    """ops.calibration_round (the sampled walk stage's): the batch's |raw - committed| and |calibrated - committed|
+    (both before learning) and its request count, over the real requests only; the table is not touched until the
+    worker's `learn`, which then equals ScoreCalibrator.update on the real requests."""
+    lp = draft(bs=3, seed=6)
+    values, tokens = topk_draft(lp, 40)
+    roots = torch.tensor([4, 5, 6])
+    cal = _rejecting_table(values, tokens, roots, rounds=2)
+    twin = adaptive.ScoreCalibrator(depth_limit=6)
+    twin.load_state_dict(cal.state_dict())
+    tree = build_tree_from_topk(values, tokens, 16, roots, max_budget=16)
+    choice = torch.roll(tree.tokens, -1, dims=1)  # follows first children for a while
+    walk = walk_choices(tree, choice)
+    assert int(walk.accept_len.max()) >= 1
+    committed = walk.accept_len[:2].float() + 1
+    raw = 1 + torch.where(tree.valid, tree.scores.exp(), 0.0)[:, 1:].sum(dim=1)[:2]
+    before = cal.state_dict()
+    errors, delta = ops.calibration_round(cal, tree, walk, rows=torch.tensor(2))
+    assert torch.equal(before["obs"], cal.obs) and torch.equal(before["pred"], cal.pred)
+    assert float(errors[0]) == pytest.approx(float((raw - committed).abs().sum()), rel=1e-5)
+    assert float(errors[1]) == pytest.approx(float((cal.expected(tree)[:2] - committed).abs().sum()), rel=1e-5)
+    assert float(errors[2]) == 2
+    CalibrationMonitor(cal).learn(delta, errors)
+    twin.update(tree, walk.path, active=torch.tensor([True, True, False]))
+    for k in ("pred", "obs", "count"):
+        assert torch.allclose(getattr(cal, k), getattr(twin, k), rtol=1e-12, atol=1e-12), k
+    assert int(cal.rounds) == int(twin.rounds)
+
+
+def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
+    """The host side of the table: MAE totals from the feedback, Prometheus counters, the table's gauges from a
+    snapshot every EXPORT_EVERY rounds (published the round after its copy), and a reset that empties the table in
+    place (captured graphs keep reading it) and sets the published gauges back to ratio 1, 0 observations."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from sglang_ddtree.sglang.stats import _Prometheus
+
+    registry = prometheus_client.CollectorRegistry()
+    prom = _Prometheus(depth_limit=6, budget="auto", registry=registry)
+    lp = draft(seed=7)
+    values, tokens = topk_draft(lp, 40)
+    cal = _rejecting_table(values, tokens, torch.tensor([1, 2, 3]))
+    monitor = CalibrationMonitor(cal, prom)
+    monkeypatch.setattr(CalibrationMonitor, "EXPORT_EVERY", 4)
+    policy = AutoBudgetPolicy([CHAIN, 16])
+    feedback = AutoFeedback(policy, "cpu", monitor)
+    feedback.push(torch.tensor([8.0, 12.0, 7.0, 0.0, 3.0, 2.0, 4.0]), FakeTimer({"verify": 2.0}), 4, 0, 4)
+    feedback.push(torch.tensor([0.0, 0.0, 0.0, 9.0, 0.0, 0.0, 0.0]), FakeTimer({"verify": 2.0}), 4, 1, 4,
+                  sampled=False)
+    assert feedback.drain() == 2
+    assert monitor.export() == {"scored_request_rounds": 4, "resets": 0, "tau_mae_raw": 0.75,
+                                "tau_mae_calibrated": 0.5}
+
+    def sample(name, **labels):
+        return registry.get_sample_value(name, {"budget": "auto", **labels})
+
+    assert sample("sglang:ddtree_auto_tau_abs_error_total", scores="raw") == 3.0
+    assert sample("sglang:ddtree_auto_tau_abs_error_total", scores="calibrated") == 2.0
+    assert sample("sglang:ddtree_auto_tau_scored_total") == 4.0
+    cell = {"depth": "1", "path_class": "0", "rank_class": "0"}
+    for _ in range(4):
+        monitor.after_round()
+    assert sample("sglang:ddtree_calibration_observations", **cell) is None  # the copy is in flight
+    monitor.after_round()
+    rows = adaptive.summary_rows(cal.summary(), cal.config.prior_mass)
+    first = next(r for r in rows if (r["depth"], r["path_class"], r["rank_class"]) == (1, 0, 0))
+    assert sample("sglang:ddtree_calibration_observations", **cell) == pytest.approx(first["observations"])
+    assert sample("sglang:ddtree_calibration_ratio", **cell) == pytest.approx(first["ratio"]) and first["ratio"] < 1
+    ptr = cal.obs.data_ptr()
+    monitor.reset()
+    assert cal.obs.data_ptr() == ptr and float(cal.count.sum()) == 0
+    assert monitor.export()["scored_request_rounds"] == 0 and monitor.export()["resets"] == 1
+    assert sample("sglang:ddtree_calibration_observations", **cell) == 0
+    assert sample("sglang:ddtree_calibration_ratio", **cell) == 1.0
 
 
 def test_observed_tokens_equal_walking_each_smaller_tree():

@@ -91,6 +91,18 @@ def auto_rounds(delta: dict[Sample, float]) -> dict[str, int]:
     return out
 
 
+def auto_calibration(delta: dict[Sample, float]) -> dict | None:
+    """`auto` servers: the calibration table's prediction errors in one workload's scrape difference (request-rounds
+    scored, and the mean absolute error per request-round of the raw and of the calibrated predicted committed
+    tokens); None when no round was scored."""
+    scored = _total(delta, "sglang:ddtree_auto_tau_scored_total")
+    if scored <= 0:
+        return None
+    return {"scored_request_rounds": int(round(scored)),
+            **{f"tau_mae_{scores}": _total(delta, "sglang:ddtree_auto_tau_abs_error_total", scores=scores) / scored
+               for scores in ("raw", "calibrated")}}
+
+
 def ddtree_summary(delta: dict[Sample, float], budget: int | str | None = None) -> dict | None:
     """What one workload's scrape difference says about DDTREE rounds; None when there are no DDTREE series."""
     labels = {"budget": str(budget)} if budget is not None else {}

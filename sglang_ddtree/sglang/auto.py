@@ -31,12 +31,15 @@ uniform across a batch).
 from __future__ import annotations
 
 import collections
+import logging
 import math
 from dataclasses import dataclass, field
 
 import torch
 
 from sglang_ddtree.adaptive import CHAIN, candidate_label
+
+logger = logging.getLogger(__name__)
 
 
 # Every candidate's expectation needs the top-K and the tree at the largest budget (0.20 ms a round at 8B shapes
@@ -434,15 +437,97 @@ def observed_candidates(candidates: list[int], chosen: int) -> list[bool]:
     return [b != CHAIN and b <= c for b in candidates]
 
 
+class CalibrationMonitor:
+    """The host side of the server's calibration table (adaptive.ScoreCalibrator, on the GPU; the sampled rounds'
+    walk stages compute what it learns, the worker applies it: `learn`).
+
+    - Prediction errors: each sampled round's |raw prediction - committed| and |calibrated prediction - committed|
+      summed over its requests (ops.calibration_round), both predicted before the table learns the round, arrive
+      through AutoFeedback: running totals here (mean absolute error per request-round, raw against calibrated:
+      the issue's measure of whether calibration predicts better), Prometheus counters.
+    - The table: every EXPORT_EVERY rounds its per-(depth, path class, rank class) sums are copied to pinned memory
+      without a sync and, once the copy completed, published as Prometheus gauges (the debug dump writes the whole
+      table every 100 rounds, `ScoreCalibrator.export`).
+    - reset (SGLang's /flush_cache, `DDTreeWorker.clear_cache_pool`): an empty table, totals zeroed, the gauges
+      published at once."""
+
+    EXPORT_EVERY = 256
+
+    def __init__(self, calibrator, prometheus=None):
+        self.calibrator = calibrator
+        self.prometheus = prometheus
+        self.raw_abs = self.calibrated_abs = self.request_rounds = 0.0
+        self.resets = 0
+        pin = calibrator.device.type == "cuda"
+        self._snapshot = torch.zeros((3, *calibrator.config.shape[:3]), dtype=torch.float64, pin_memory=pin)
+        self._pending = None  # the snapshot copy's event (or True on CPU) while one is in flight
+        self._rounds = 0
+
+    def errors(self, raw_abs: float, calibrated_abs: float, requests: float) -> None:
+        if requests <= 0:
+            return
+        self.raw_abs += raw_abs
+        self.calibrated_abs += calibrated_abs
+        self.request_rounds += requests
+        if self.prometheus is not None:
+            self.prometheus.calibration_errors(raw_abs, calibrated_abs, requests)
+
+    def learn(self, delta: torch.Tensor, errors: torch.Tensor) -> None:
+        """A sampled round's table delta (after the round's stages: graph warm-ups and captures never get here)."""
+        self.calibrator.learn(delta, errors[2])
+
+    def after_round(self) -> None:
+        """Every decode round: publish a completed snapshot; every EXPORT_EVERY rounds start the next one."""
+        self._rounds += 1
+        if self.prometheus is None:
+            return
+        if self._pending is not None and (self._pending is True or self._pending.query()):
+            self._publish(self._snapshot)
+            self._pending = None
+        if self._pending is None and self._rounds % self.EXPORT_EVERY == 0:
+            self._snapshot.copy_(self.calibrator.summary(), non_blocking=True)
+            if self._snapshot.is_pinned():
+                self._pending = torch.cuda.Event()
+                self._pending.record()
+            else:
+                self._pending = True
+
+    def _publish(self, summary: torch.Tensor) -> None:
+        from sglang_ddtree.adaptive import summary_rows
+
+        try:
+            self.prometheus.calibration_table(summary_rows(summary, self.calibrator.config.prior_mass))
+        except Exception:  # metrics must never take the server down
+            logger.exception("DDTREE calibration metrics update failed")
+
+    def reset(self) -> None:
+        """Only while the server is idle (no round in flight): SGLang calls clear_cache_pool from flush_cache then."""
+        self.calibrator.reset()
+        self.raw_abs = self.calibrated_abs = self.request_rounds = 0.0
+        self.resets += 1
+        self._pending = None
+        if self.prometheus is not None:
+            self._publish(self.calibrator.summary().cpu())
+
+    def export(self) -> dict:
+        """For logs and the debug dump (host values only: no sync)."""
+        n = self.request_rounds
+        return {"scored_request_rounds": int(n), "resets": self.resets,
+                "tau_mae_raw": _r(self.raw_abs / n) if n else None,
+                "tau_mae_calibrated": _r(self.calibrated_abs / n) if n else None}
+
+
 class AutoFeedback:
     """The GPU -> host channel of `auto`: one small vector per round copied into pinned memory, read once its event
     and the round's timer events have completed (never waits)."""
 
     RING = 64
+    CALIBRATION = 3  # the vector's last entries: ops.calibration_round's errors (zeros on unsampled rounds)
 
-    def __init__(self, policy: AutoBudgetPolicy, device):
+    def __init__(self, policy: AutoBudgetPolicy, device, calibration: CalibrationMonitor | None = None):
         self.policy = policy
-        self.width = 2 * len(policy.candidates)
+        self.calibration = calibration
+        self.width = 2 * len(policy.candidates) + self.CALIBRATION
         pin = torch.device(device).type == "cuda"
         self.ring = [torch.zeros(self.width, dtype=torch.float32, pin_memory=pin) for _ in range(self.RING)]
         self.pending: collections.deque = collections.deque()
@@ -451,7 +536,8 @@ class AutoFeedback:
 
     def push(self, vector: torch.Tensor, timer, bucket: int, chosen: int, batch_size: int, cold: bool = False,
              sampled: bool = True) -> None:
-        """vector: [expected per candidate (sum over the batch), observed per candidate (0 where not observed)].
+        """vector: [expected per candidate (sum over the batch), observed per candidate (0 where not observed),
+        calibration errors (ops.calibration_round; zeros when the round did not score)].
         cold: the round did one-time work (graph captures): its tokens count, its time does not.
         sampled: the round computed the expectations (else only its time counts)."""
         if len(self.pending) >= self.RING:
@@ -479,5 +565,7 @@ class AutoFeedback:
             stages = timer.elapsed_ms() if timer is not None and timer.enabled and timer.marks else {}
             round_ms = sum(stages.values()) if stages else None
             self.policy.observe(bucket, chosen, batch_size, round_ms, values[:n] if sampled else None, observed)
+            if self.calibration is not None:
+                self.calibration.errors(*values[2 * n: 2 * n + self.CALIBRATION])
             done += 1
         return done

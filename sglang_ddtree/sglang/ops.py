@@ -215,21 +215,23 @@ def tree_stage(budget: int, prune: float | None, use_kernels: bool, topk_values:
 
 
 def auto_tree_stage(max_budget: int, chosen: int, candidates: tuple[int, ...], prune: float | None,
-                    use_kernels: bool, sampled: bool, topk_values: torch.Tensor, topk_tokens: torch.Tensor,
-                    roots: torch.Tensor, prefix_lens: torch.Tensor, rows: torch.Tensor | None = None):
+                    use_kernels: bool, sampled: bool, calibrator, topk_values: torch.Tensor,
+                    topk_tokens: torch.Tensor, roots: torch.Tensor, prefix_lens: torch.Tensor,
+                    rows: torch.Tensor | None = None):
     """`auto` (sglang_ddtree.sglang.auto): the round verifies the chosen candidate's tree (CHAIN: the drafter's
     top-1 path). On a sampled round the tree is built at the largest candidate budget, whose first b draft slots
     are the best-b tree (tree.py's canonical order), and gives every candidate's expected committed tokens, summed
-    over the batch [C] (raw scores); other rounds build only the chosen tree (expected: zeros). rows: the real
-    requests (0-dim tensor) when the batch is padded (graphs.GraphedStage): the sum leaves the others out.
-    -> (chosen tree, verify ids, verify positions, expected)."""
+    over the batch [C]: calibrated by `calibrator` (adaptive.ScoreCalibrator, the server's table; the trees stay
+    the raw scores' best-b) or raw scores when None. Other rounds build only the chosen tree (expected: zeros).
+    rows: the real requests (0-dim tensor) when the batch is padded (graphs.GraphedStage): the sum leaves the
+    others out. -> (chosen tree, verify ids, verify positions, expected)."""
     from sglang_ddtree import adaptive, kernels
     from sglang_ddtree.tree import build_tree_from_topk, chain_tree_from_topk
 
     build = kernels.build_tree_triton if use_kernels else build_tree_from_topk
     if sampled:
         big = build(topk_values, topk_tokens, max_budget, roots, prune=prune, max_budget=max_budget)
-        per_request = adaptive.expected_acceptance(big, candidates, topk_values[:, :, 0])
+        per_request = adaptive.expected_acceptance(big, candidates, topk_values[:, :, 0], calibrator, reorder=False)
         expected = live_sum(per_request, rows)
     else:
         big = None
@@ -292,13 +294,35 @@ class CommitPlan:
     branch_lens: torch.Tensor  # [bs] int32: accepted draft tokens off the drafter's top-1 (stats.branch_counts)
     summary: torch.Tensor | None  # stats.round_summary_vector, when metrics are on
     observed: torch.Tensor | None = None  # `auto`: observed_tokens
+    calibration: torch.Tensor | None = None  # `auto`, sampled rounds: calibration_round's errors
+    calibration_delta: torch.Tensor | None = None  # ... and the table's delta (batch sums, as summary)
+
+
+def calibration_round(calibrator, tree: DraftTree, walk, rows: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """What `auto`'s calibration table learns from a verified tree and its walk, without learning it (the stage
+    runs in CUDA graphs, whose warm-up and capture calls must not count: the worker calls
+    `calibrator.learn(delta, errors[2])` after the round). -> (errors [3] float32 summed over the real requests:
+    |raw prediction - committed|, |calibrated prediction - committed| (raw = 1 + sum of exp(score) over the
+    verified draft nodes, calibrated = the table's as it stands), and the number of requests;
+    delta: adaptive.ScoreCalibrator.observation's). rows: see live_sum."""
+    from sglang_ddtree import adaptive
+
+    active = None if rows is None else torch.arange(tree.batch_size, device=tree.tokens.device) < rows
+    delta, calibrated = calibrator.observation(tree, walk.path, active)
+    raw = 1.0 + adaptive.raw_node_probs(tree)[:, 1:].sum(dim=1)
+    committed = (walk.accept_len + 1).float()
+    errors = torch.stack([(raw - committed).abs(), (calibrated.float() - committed).abs(),
+                          torch.ones_like(committed)], dim=1)
+    return live_sum(errors, rows), delta
 
 
 def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tokens, parents, depth, scores, ranks,
                      valid, choices, node_cache_loc, prefix_lens, rows: torch.Tensor | None = None,
-                     auto: tuple | None = None, top1_chain: bool = False) -> CommitPlan:
+                     auto: tuple | None = None, top1_chain: bool = False, calibrator=None) -> CommitPlan:
     """The walk (target choices -> accepted path) and the commit's slot and position arithmetic.
     auto: (candidates, chosen budget) of an `auto` round, for the observed tokens of the candidates.
+    calibrator: `auto`'s table on a sampled round: what it learns from this walk (calibration_round).
     top1_chain: the tree is the drafter's top-1 chain (`auto`'s chain candidate, tree.chain_tree_from_topk): its
     accepted nodes already sit at consecutive slots (no KV moves: kv_dest / kv_src None) and none is off the top-1
     (branch_lens zeros), so the ~17 small kernels computing those are left out of the round (lease 14: at 8B shapes,
@@ -319,9 +343,10 @@ def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tok
     branch_lens = (torch.zeros_like(commit_lens) if top1_chain else branch_counts(tree, walk))
     summary = round_summary_vector(tree, walk, branch_lens, rows) if with_summary else None
     observed = observed_tokens(auto[0], auto[1], tree, walk, rows) if auto is not None else None
+    calibration, delta = calibration_round(calibrator, tree, walk, rows) if calibrator is not None else (None, None)
     return CommitPlan(walk, commit_lens, new_seq_lens, dest, src, node_cache_loc[:, :path_len].contiguous(),
                       positions.reshape(-1), walk.out_tokens[:, :block_size].clamp(min=0), branch_lens, summary,
-                      observed)
+                      observed, calibration, delta)
 
 
 # What a stage padded to a graph bucket returns for its first `bs` requests (graphs.GraphedStage's unpad): views
@@ -347,7 +372,8 @@ def unpad_tree_stage(outputs: tuple, bs: int) -> tuple:
 
 def unpad_commit_plan(plan: CommitPlan, bs: int) -> CommitPlan:
     """A padded batch's CommitPlan -> its first bs requests' (the KV moves of padding requests are dropped: their
-    slots are stale values of earlier rounds). summary and observed are batch sums over the real requests."""
+    slots are stale values of earlier rounds). summary, observed, calibration and calibration_delta are batch sums
+    over the real requests."""
     from sglang_ddtree.walk import WalkResult
 
     total = plan.commit_lens.shape[0]
@@ -356,7 +382,8 @@ def unpad_commit_plan(plan: CommitPlan, bs: int) -> CommitPlan:
     return CommitPlan(walk, plan.commit_lens[:bs], plan.new_seq_lens[:bs],
                       _first_requests_flat(plan.kv_dest, bs, total), _first_requests_flat(plan.kv_src, bs, total),
                       plan.draft_cache_loc[:bs], _first_requests_flat(plan.draft_positions, bs, total),
-                      plan.out_tokens[:bs], plan.branch_lens[:bs], plan.summary, plan.observed)
+                      plan.out_tokens[:bs], plan.branch_lens[:bs], plan.summary, plan.observed, plan.calibration,
+                      plan.calibration_delta)
 
 
 def accepted_path_chain(tree: DraftTree, path: torch.Tensor, width: int) -> tuple[DraftTree, DraftTree]:

@@ -19,6 +19,11 @@ Metric names (all `sglang:ddtree_*`, label `budget`; counters are request-rounds
   stage_seconds{stage} (histogram per batch round: between, draft, tree, verify, walk, commit; `between` only
   for a round that directly follows another decode round, see sglang_ddtree.stages),
   round_host_seconds (histogram per batch round: the host's time in the worker's round call).
+`auto` adds auto_rounds_total{candidate} (batch rounds per verified candidate) and, from its calibration table
+(sglang_ddtree.sglang.auto.CalibrationMonitor): auto_tau_abs_error_total{scores=raw|calibrated} and
+auto_tau_scored_total (mean absolute error of the predicted committed tokens per request-round, sampled rounds),
+calibration_ratio{depth,path_class,rank_class} and calibration_observations{...} (gauges: the table's factors and
+decayed node counts, refreshed every 256 rounds and at a reset).
 """
 
 from __future__ import annotations
@@ -130,9 +135,59 @@ class _Prometheus:
         self._auto = counter("auto_rounds_total", "`auto`: rounds (batches) that verified this candidate budget "
                              "('chain' = the drafter's top-1 path).", "candidate")
         self._auto_labels = labels
+        # `auto`'s calibration table (sglang_ddtree.sglang.auto.CalibrationMonitor): created at first use, so that
+        # fixed-budget servers export no empty series
+        self._registry, self._names = registry, names
+        self._tau_error = self._tau_scored = self._cal_ratio = self._cal_obs = None
+        self._cal_published: set[tuple[str, str, str]] = set()
 
     def auto_round(self, candidate: str) -> None:
         self._auto.labels(**self._auto_labels, candidate=candidate).inc()
+
+    def _calibration_series(self) -> None:
+        if self._tau_error is not None:
+            return
+        from prometheus_client import Counter, Gauge
+
+        names, registry = self._names, self._registry
+        self._tau_error = Counter("sglang:ddtree_auto_tau_abs_error_total", "`auto`, sampled rounds: sum over "
+                                  "request-rounds of |predicted - committed tokens|, by the scores that predicted "
+                                  "(raw drafter scores or the calibration table's), both before the table learnt "
+                                  "the round. MAE = this / ddtree_auto_tau_scored_total.", names + ["scores"],
+                                  registry=registry)
+        self._tau_scored = Counter("sglang:ddtree_auto_tau_scored_total", "`auto`: request-rounds whose prediction "
+                                   "error was scored (sampled rounds).", names, registry=registry)
+        cell = names + ["depth", "path_class", "rank_class"]
+        self._cal_ratio = Gauge("sglang:ddtree_calibration_ratio", "`auto`'s calibration table: (accepted + m) / "
+                                "(predicted + m) of the draft nodes of a (depth, path class = off-top-1 ancestors, "
+                                "rank class = own rank > 0) cell, over its raw-probability buckets (1 = raw scores).",
+                                cell, registry=registry, multiprocess_mode="mostrecent")
+        self._cal_obs = Gauge("sglang:ddtree_calibration_observations", "`auto`'s calibration table: decayed count "
+                              "of the cell's observed draft nodes (0 after a reset: /flush_cache).", cell,
+                              registry=registry, multiprocess_mode="mostrecent")
+
+    def calibration_errors(self, raw_abs: float, calibrated_abs: float, requests: float) -> None:
+        self._calibration_series()
+        self._tau_error.labels(**self._auto_labels, scores="raw").inc(raw_abs)
+        self._tau_error.labels(**self._auto_labels, scores="calibrated").inc(calibrated_abs)
+        self._tau_scored.labels(**self._auto_labels).inc(requests)
+
+    def calibration_table(self, rows: list[dict]) -> None:
+        """rows: adaptive.summary_rows (cells with observations); cells published before and absent now (a reset)
+        go back to ratio 1, 0 observations."""
+        self._calibration_series()
+        seen = set()
+        for row in rows:
+            key = (str(row["depth"]), str(row["path_class"]), str(row["rank_class"]))
+            seen.add(key)
+            cell = dict(zip(("depth", "path_class", "rank_class"), key))
+            self._cal_ratio.labels(**self._auto_labels, **cell).set(row["ratio"])
+            self._cal_obs.labels(**self._auto_labels, **cell).set(row["observations"])
+        for key in self._cal_published - seen:
+            cell = dict(zip(("depth", "path_class", "rank_class"), key))
+            self._cal_ratio.labels(**self._auto_labels, **cell).set(1.0)
+            self._cal_obs.labels(**self._auto_labels, **cell).set(0.0)
+        self._cal_published |= seen
 
     def observe(self, totals: list[float], rounds_seen: int, stage_ms: list[dict[str, float]]) -> None:
         """totals: summed round vectors (see DDTreeStats._queue_summary)."""

@@ -58,12 +58,12 @@ from sglang.srt.speculative.draft_worker_common import (
 )
 
 from sglang_ddtree import kernels
-from sglang_ddtree.adaptive import CHAIN, candidate_label
+from sglang_ddtree.adaptive import CHAIN, CalibratorConfig, ScoreCalibrator, candidate_label
 from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
-from sglang_ddtree.sglang.auto import AutoBudgetPolicy, AutoFeedback
+from sglang_ddtree.sglang.auto import AutoBudgetPolicy, AutoFeedback, CalibrationMonitor
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -77,7 +77,8 @@ ORACLE_LOG = 200
 @dataclass
 class _AutoState:
     """`auto` (sglang_ddtree.sglang.auto): per candidate index its verify width and graphed stages; the extra
-    verify states by width; the host policy and its GPU -> host feedback."""
+    verify states by width; the host policy and its GPU -> host feedback; the calibration table's host side (its
+    table lives on the GPU, read by the sampled tree stages, scored and learnt from in the sampled walk stages)."""
 
     candidates: tuple[int, ...]
     widths: list[int]
@@ -86,6 +87,8 @@ class _AutoState:
     verify_states: dict | None  # (width, causal) -> (attention backend, verify graphs), built at the first round
     policy: AutoBudgetPolicy
     feedback: AutoFeedback
+    calibration: CalibrationMonitor
+    no_calibration: torch.Tensor  # the feedback vector's calibration entries of a round that scored nothing
     log_every: int = 2000
     rounds: int = 0
     seen: set = field(default_factory=set)  # (bucket, candidate index) pairs that ran once
@@ -102,7 +105,8 @@ class _AutoState:
     def maybe_log(self, tp_rank: int) -> None:
         self.rounds += 1
         if tp_rank == 0 and self.rounds % self.log_every == 0:
-            logger.info("DDTREE auto after %d rounds: %s", self.rounds, self.policy.export())
+            logger.info("DDTREE auto after %d rounds: %s", self.rounds,
+                        {**self.policy.export(), "calibration": self.calibration.export()})
 
 
 @dataclass
@@ -281,17 +285,21 @@ class DDTreeWorker(DFlashWorkerV2):
                              f"{self.num_nodes} (the drafter block is {self.block_size}).")
         tree_stages, walk_stages = [], []
         pad = self._pad
+        # The calibration table: sampled rounds predict every candidate's tokens with it (the trees stay the raw
+        # scores' best-b: offline, selecting them by calibrated scores projected no faster, docs/adaptive-budget.md)
+        # and learn from their walk; a candidate's observed / expected ratio (auto.py) corrects what is left.
+        calibrator = ScoreCalibrator(CalibratorConfig(depth_limit=self.depth_limit), device=self.device)
         for c in candidates:
             tree_stages.append({sampled: GraphedStage(
                 partial(ops.auto_tree_stage, self.budget, c, candidates, self.options.prune, self.use_kernels,
-                        sampled),
+                        sampled, calibrator if sampled else None),
                 name=f"auto tree {candidate_label(c)}{' sampled' if sampled else ''}", enabled=self.round_graphs,
                 borrow=(0, 1), unpad=ops.unpad_tree_stage, rows_arg=self.pad_stages, **pad)
                 for sampled in (True, False)})
             # one walk stage per tree stage: a stage borrows its inputs from exactly one producer (graphs.py)
             walk_stages.append({sampled: GraphedStage(
                 partial(ops.walk_commit_plan, self.block_size, self.use_kernels, self.stats.prometheus is not None,
-                        auto=(candidates, c), top1_chain=c == CHAIN),
+                        auto=(candidates, c), top1_chain=c == CHAIN, calibrator=calibrator if sampled else None),
                 name=f"auto walk {candidate_label(c)}{' sampled' if sampled else ''}", enabled=self.round_graphs,
                 borrow=(0, 1, 2, 3, 4, 5), unpad=ops.unpad_commit_plan, rows_arg=self.pad_stages, **pad)
                 for sampled in (True, False)})
@@ -299,8 +307,10 @@ class DDTreeWorker(DFlashWorkerV2):
                                   explore_all=os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_ALL") == "1")
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
+        calibration = CalibrationMonitor(calibrator, self.stats.prometheus)
         return _AutoState(candidates, widths, tree_stages, walk_stages, None, policy,
-                          AutoFeedback(policy, self.device))
+                          AutoFeedback(policy, self.device, calibration), calibration,
+                          torch.zeros(AutoFeedback.CALIBRATION, dtype=torch.float32, device=self.device))
 
     def _capture_bucket(self, batch, bucket, bs, draft_hidden, roots, prefix_lens, choice_dtype) -> None:
         """`auto`, after a batch-size bucket's first round: every candidate's tree and walk stages (sampled and
@@ -381,6 +391,15 @@ class DDTreeWorker(DFlashWorkerV2):
         graphs = self.target_worker.model_runner.decode_cuda_graph_runner
         sizes = sorted(getattr(graphs, "capture_bs", None) or [])
         return next((size for size in sizes if size >= bs), bs)
+
+    def clear_cache_pool(self):
+        """SGLang's /flush_cache (only while the server is idle): `auto`'s calibration table starts empty again,
+        as the KV cache does."""
+        super().clear_cache_pool()
+        if self.auto is not None:
+            self.auto.calibration.reset()
+            if self.ps.tp_rank == 0:
+                logger.info("DDTREE auto: calibration table reset (flush_cache)")
 
     def _maybe_build_draft_sampler(self):
         # DFLASH folds a greedy argmax head into the draft graph; DDTREE needs top-K log-probs instead.
@@ -493,8 +512,13 @@ class DDTreeWorker(DFlashWorkerV2):
                                    "the bucket's stages were all captured (%d such rounds)", bucket,
                                    self.auto.late_captures)
             cold = built or captured or self.auto.first_use(bucket, chosen)
-            self.auto.feedback.push(torch.cat([expected, plan.observed]), timer, bucket, chosen, bs, cold=cold,
-                                    sampled=sampled)
+            scored = plan.calibration is not None
+            self.auto.feedback.push(
+                torch.cat([expected, plan.observed, plan.calibration if scored else self.auto.no_calibration]),
+                timer, bucket, chosen, bs, cold=cold, sampled=sampled)
+            if scored:  # the table learns now, in stream order before the next round's stages read it
+                self.auto.calibration.learn(plan.calibration_delta, plan.calibration)
+            self.auto.calibration.after_round()
             self.auto.maybe_log(self.ps.tp_rank)
         # reqs/seq_lens are only read by the debug dump (after its sync): no host sync on the default path.
         self.stats.record_round(tree, walk, timer, batch_size=bs, reqs=getattr(batch, "reqs", None),
@@ -503,6 +527,8 @@ class DDTreeWorker(DFlashWorkerV2):
                                 {"auto_candidate": candidate_label(self.auto.candidates[chosen])})
         if self.auto is not None and self.stats.debug is not None:
             self.stats.dump_state("auto", self.auto.policy.export(), every=100)
+            self.stats.dump_state("calibration", {**self.auto.calibration.export(),
+                                                  **self.auto.calibration.calibrator.export()}, every=100)
         if self.auto is not None and self.pad_stages and bucket not in self.auto.captured_buckets:
             self._capture_bucket(batch, bucket, bs, draft_hidden, roots, prefix_lens, choices.dtype)
 

@@ -162,28 +162,44 @@ def test_graphed_auto_stages_equal_eager(padded):
     """`auto`: per candidate, the graphed tree stage (tree at the largest budget, the chosen tree, every candidate's
     expected tokens) and walk stage (with the observed tokens) equal the eager functions, candidates met in any
     order, batch sizes 1, 3 and 4. padded: the stages run at batch 4 for 1..4 requests (SGLANG_DDTREE_PAD_STAGES:
-    the walk borrows the tree stage's padded buffers, the batch sums leave the padding out)."""
+    the walk borrows the tree stage's padded buffers, the batch sums leave the padding out). Sampled rounds read
+    and score the calibration table (one table for the graphed stages, a twin for the eager calls, each learning
+    after its round as the worker does): their expectations, errors and deltas agree, and so do the tables at the
+    end (the graphs' warm-up and capture calls taught nothing)."""
     from functools import partial
 
-    from sglang_ddtree.adaptive import CHAIN
+    from sglang_ddtree.adaptive import CHAIN, ScoreCalibrator
     from sglang_ddtree.graphs import GraphedStage
     from sglang_ddtree.sglang import ops
     from sglang_ddtree.tree import topk_draft
 
     candidates = (CHAIN, 16, 32, 64)
     block, vocab = 16, 3000
-    tree_fns = {(c, sampled): partial(ops.auto_tree_stage, 64, c, candidates, None, True, sampled)
+    tables = {}
+    for kind in ("graphed", "eager"):
+        tables[kind] = ScoreCalibrator(depth_limit=block - 1, device="cuda")
+        tables[kind].obs.uniform_(0, 5, generator=torch.Generator(device="cuda").manual_seed(1))
+        tables[kind].pred.uniform_(0, 5, generator=torch.Generator(device="cuda").manual_seed(2))
+
+    def fns(kind):
+        cal = tables[kind]
+        tree = {(c, sampled): partial(ops.auto_tree_stage, 64, c, candidates, None, True, sampled,
+                                      cal if sampled else None)
                 for c in candidates for sampled in (True, False)}
-    walk_fns = {c: partial(ops.walk_commit_plan, block, True, False, auto=(candidates, c), top1_chain=c == CHAIN)
-                for c in candidates}
+        walk = {(c, sampled): partial(ops.walk_commit_plan, block, True, False, auto=(candidates, c),
+                                      top1_chain=c == CHAIN, calibrator=cal if sampled else None)
+                for c in candidates for sampled in (True, False)}
+        return tree, walk
+
+    tree_fns, walk_fns = fns("eager")
+    graph_tree_fns, graph_walk_fns = fns("graphed")
     pad = dict(bucket_of=lambda b: 4 if b <= 4 else b, rows_arg=True) if padded else {}
     tree_stages = {k: GraphedStage(f, name=f"tree {k}", borrow=(0, 1), unpad=ops.unpad_tree_stage, **pad)
-                   for k, f in tree_fns.items()}
-    walk_stages = {(c, sampled): GraphedStage(f, name=f"walk {c}", borrow=tuple(range(6)),
-                                              unpad=ops.unpad_commit_plan, **pad)
-                   for c, f in walk_fns.items() for sampled in (True, False)}
+                   for k, f in graph_tree_fns.items()}
+    walk_stages = {k: GraphedStage(f, name=f"walk {k}", borrow=tuple(range(6)), unpad=ops.unpad_commit_plan, **pad)
+                   for k, f in graph_walk_fns.items()}
 
-    def run(tree_fn, walk_fn, bs, seed, **rows):
+    def run(tree_fn, walk_fn, bs, seed, table=None, **rows):
         gen = torch.Generator(device="cuda").manual_seed(seed)
         lp = (torch.randn(bs, block - 1, vocab, device="cuda", generator=gen) * 3).log_softmax(-1)
         values, tokens = topk_draft(lp, 64)
@@ -198,16 +214,24 @@ def test_graphed_auto_stages_equal_eager(padded):
                        prefix, **rows)
         flat = [*(getattr(tree, f) for f in FIELDS), ids, pos, expected, plan.walk.path, plan.commit_lens,
                 plan.kv_dest, plan.kv_src, plan.out_tokens, plan.observed]
-        return [x.clone() for x in flat if x is not None]  # a chain's plan has no KV moves
+        scored = [] if plan.calibration is None else [plan.calibration.clone(), plan.calibration_delta.clone()]
+        if scored:  # the worker's order: the table learns after the round's stages
+            table.learn(plan.calibration_delta, plan.calibration[2])
+        return [x.clone() for x in flat if x is not None] + scored  # a chain's plan has no KV moves
 
     order = [(64, 1), (CHAIN, 1), (16, 4), (64, 4), (32, 1), (CHAIN, 4), (64, 1), (16, 1), (64, 3), (CHAIN, 3)]
     for n, (c, bs) in enumerate(order):
         outs = {}
         for sampled in (True, False):
-            graphed = run(tree_stages[(c, sampled)], walk_stages[(c, sampled)], bs, n, rows=bs)
-            eager = run(tree_fns[(c, sampled)], walk_fns[c], bs, n)
+            graphed = run(tree_stages[(c, sampled)], walk_stages[(c, sampled)], bs, n, tables["graphed"], rows=bs)
+            eager = run(tree_fns[(c, sampled)], walk_fns[(c, sampled)], bs, n, tables["eager"])
+            assert len(graphed) == len(eager)
             for i, (g, e) in enumerate(zip(graphed, eager)):
-                if padded and g.is_floating_point():
+                if sampled and i >= len(graphed) - 2:
+                    # the calibration errors and table delta: float sums by atomics (scatter_add) in any order
+                    torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6,
+                                               msg=f"candidate {c}: calibration output {i} at bs={bs}")
+                elif padded and g.is_floating_point():
                     # a padded stage runs torch's reductions over 4 rows where the eager call has bs: a cumsum (the
                     # chain's scores) over 1 row and over 4 may add in another order (lease 16: the chain's scores
                     # differed in the last bits at bs=1); ids, links, paths and commits must stay exact
@@ -215,7 +239,10 @@ def test_graphed_auto_stages_equal_eager(padded):
                                                msg=f"candidate {c}, sampled {sampled}: output {i} at bs={bs}")
                 else:
                     assert torch.equal(g, e), f"candidate {c}, sampled {sampled}: output {i} differs at bs={bs}"
-            assert graphed[-1].sum() > 0  # the chosen candidate's committed tokens are observed
+            observed = graphed[-3] if sampled else graphed[-1]
+            assert observed.sum() > 0  # the chosen candidate's committed tokens are observed
+            if sampled:
+                assert float(graphed[-2][2]) == bs  # the calibration errors cover the real requests
             outs[sampled] = graphed
         # an unsampled round builds the chosen tree directly: the same tree as the sampled round's first slots
         expected_at = len(FIELDS) + 2
@@ -223,6 +250,9 @@ def test_graphed_auto_stages_equal_eager(padded):
             if i != expected_at:
                 assert torch.equal(a, b), f"candidate {c}: output {i} differs between sampled and unsampled rounds"
         assert outs[False][expected_at].abs().sum() == 0 and outs[True][expected_at].sum() > 0
+    for k in ("obs", "pred", "count"):  # both tables learnt the same rounds, once each
+        torch.testing.assert_close(getattr(tables["graphed"], k), getattr(tables["eager"], k), rtol=1e-9, atol=1e-9)
+    assert int(tables["graphed"].rounds) == int(tables["eager"].rounds) == sum(bs for _, bs in order)
 
 
 @pytest.mark.parametrize("lse", ["torch", "triton"])

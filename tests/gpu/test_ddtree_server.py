@@ -12,7 +12,8 @@ Checked here:
   - acceptance is reported (meta_info) and the verify really ran as a CUDA graph where graphs are on;
   - T>0: token frequencies of DDTREE sampling match plain sampling (chi-square, two samples);
   - long outputs in a batch: 256 tokens for 16 requests sent together, == plain one at a time up to the same ties;
-  - no KV leak: after 200 mixed requests, aborted ones included, the pool returns to its idle usage.
+  - no KV leak: after 200 mixed requests, aborted ones included, the pool returns to its idle usage;
+  - `auto`: every candidate verified; its calibration table scored, exported and reset by /flush_cache.
 Records (accept lengths, ties, timings) go to gpu_suite.json through `gpu_record`.
 """
 
@@ -24,6 +25,7 @@ import math
 import os
 import re
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -183,6 +185,71 @@ def test_auto_verifies_every_candidate(servers, outputs, gpu_record, name):
     assert set(rounds) == {"chain", "16", "32", "64", "128"}, rounds
     assert all(v >= 3 for v in rounds.values()), rounds
     assert "DDTREE auto: candidates" in log
+
+
+def _metric_values(server, name):
+    """{labels text: value} of one metric in the server's /metrics (every sample of it)."""
+    with urllib.request.urlopen(server.base_url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    return {m.group(1): float(m.group(2)) for m in
+            re.finditer(re.escape(name) + r'(\{[^}]*\}) ([0-9.e+-]+)', text)}
+
+
+def _observations(server):
+    return sum(_metric_values(server, "sglang:ddtree_calibration_observations").values())
+
+
+def _decode_until_published(server, model_pair, attempts=8):
+    """Greedy 512-token requests one at a time until the calibration gauges show observations (they are refreshed
+    every 256 rounds): -> the number of requests sent."""
+    params = {"temperature": 0.0, "max_new_tokens": 512, "ignore_eos": True}
+    for sent in range(1, attempts + 1):
+        server.generate(**prompt(model_pair, sent % BATCH), sampling_params=params)
+        if _observations(server) > 0:
+            return sent
+    return None
+
+
+def _flush(server, attempts=20):
+    """POST /flush_cache, retried while the server reports requests still in flight."""
+    for _ in range(attempts):
+        try:
+            with urllib.request.urlopen(urllib.request.Request(server.base_url + "/flush_cache", method="POST"),
+                                        timeout=60) as resp:
+                if resp.status == 200:
+                    return True
+        except urllib.error.HTTPError:
+            pass
+        time.sleep(0.5)
+    return False
+
+
+@pytest.mark.parametrize("name", AUTO_NAMES)
+def test_auto_calibration_table_is_scored_exported_and_reset_by_flush_cache(servers, outputs, model_pair,
+                                                                            gpu_record, name):
+    """`auto`'s calibration table in the server (sglang_ddtree.sglang.auto.CalibrationMonitor): sampled rounds score
+    the raw and the calibrated predictions of the committed tokens (both exported, with their request-round count),
+    the table's cells are published as gauges, and POST /flush_cache empties it (gauges back to 0 observations and
+    ratio 1), after which it learns again. The MAEs are recorded: the server's own raw-against-calibrated measure."""
+    need(servers, name)
+    server = servers[name]
+    sent = _decode_until_published(server, model_pair)
+    errors = _metric_values(server, "sglang:ddtree_auto_tau_abs_error_total")
+    scored = sum(_metric_values(server, "sglang:ddtree_auto_tau_scored_total").values())
+    raw = sum(v for k, v in errors.items() if 'scores="raw"' in k)
+    calibrated = sum(v for k, v in errors.items() if 'scores="calibrated"' in k)
+    ratios = _metric_values(server, "sglang:ddtree_calibration_ratio")
+    gpu_record("ddtree_auto_calibration", config=name, scored_request_rounds=scored, requests_to_publish=sent,
+               tau_mae_raw=raw / scored if scored else None, tau_mae_calibrated=calibrated / scored if scored else None,
+               cells=len(ratios), observations=_observations(server))
+    assert sent is not None, "the calibration gauges never showed observations"
+    assert scored > 0 and raw > 0 and calibrated > 0, errors
+    assert ratios and any(abs(r - 1.0) > 1e-3 for r in ratios.values()), ratios  # the table learnt something
+    assert _flush(server), "/flush_cache did not succeed"
+    assert _observations(server) == 0
+    assert all(r == 1.0 for r in _metric_values(server, "sglang:ddtree_calibration_ratio").values())
+    assert "calibration table reset (flush_cache)" in server.log_text()
+    assert _decode_until_published(server, model_pair) is not None  # learning again after the reset
 
 
 def chi_square_two_sample(counts_a, counts_b):
