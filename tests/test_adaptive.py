@@ -173,6 +173,22 @@ def test_parse_candidates():
 # ------------------------------------------------------------------------------------- calibrator
 
 
+@pytest.mark.parametrize("depth", [1, 2, 3, 5, 8, 15])
+def test_offchain_ancestors_count_the_non_top1_ancestors(depth):
+    """Pointer jumping (log2 L steps) against walking up each node's parents one by one."""
+    for seed, budget in itertools.product(range(3), (4, 30, 200)):
+        lp = _lp(3, depth, 12, seed=seed, scale=1.0)
+        tree = build_tree(lp, budget, torch.zeros(3, dtype=torch.long))
+        got = offchain_ancestors(tree)
+        for b in range(tree.batch_size):
+            for i in range(tree.max_nodes):
+                want, a = 0, int(tree.parents[b, i])
+                while a > 0:
+                    want += int(tree.valid[b, a] and tree.ranks[b, a] > 0)
+                    a = int(tree.parents[b, a])
+                assert int(got[b, i]) == want, (seed, budget, b, i)
+
+
 def _synthetic_walk(tree, g, wrong_after_branch=False):
     """A target that takes the rank-0 child with probability 0.8 and the rank-1 child with 0.1 (never anything below a
     non-top-1 choice when wrong_after_branch): the walk's accepted path [bs, L+1]."""

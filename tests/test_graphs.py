@@ -145,7 +145,7 @@ def test_padded_stage_returns_the_unpadded_result():
 @pytest.mark.parametrize("sampled", [True, False])
 def test_padded_round_stages_equal_the_unpadded_ones(chosen, sampled):
     """The round's stages (draft top-K, `auto`'s tree stage, walk + commit plan with summary and observed tokens;
-    sampled: the calibration table's expectations, prediction errors and table delta) run padded from 3 requests to
+    sampled: the calibration table's prediction errors and delta) run padded from 3 requests to
     8, as the worker runs them with SGLANG_DDTREE_PAD_STAGES=1, then unpadded: every output equals the unpadded
     run's, the batch sums included, and no KV move of a padding request survives."""
     from functools import partial
@@ -169,7 +169,7 @@ def test_padded_round_stages_equal_the_unpadded_ones(chosen, sampled):
         opts = dict(bucket_of=lambda b: 8) if pad else {}
         topk = GraphedStage(partial(ops.draft_topk_stage, block, width, 0, weight), name="topk",
                             unpad=ops.unpad_requests, **opts)
-        tree = GraphedStage(partial(ops.auto_tree_stage, width, chosen, candidates, None, False, sampled, calibrator),
+        tree = GraphedStage(partial(ops.auto_tree_stage, width, chosen, candidates, None, False, sampled),
                             name="tree", borrow=(0, 1), unpad=ops.unpad_tree_stage, rows_arg=pad, **opts)
         walk = GraphedStage(partial(ops.walk_commit_plan, block, False, True, auto=(candidates, chosen),
                                     top1_chain=chosen == 0, calibrator=calibrator),

@@ -288,10 +288,10 @@ def test_auto_tree_stage_gives_the_chosen_tree_and_every_expectation(chosen):
     values, tokens = topk_draft(lp, 40)
     roots = torch.tensor([1, 2, 3])
     prefix = torch.tensor([5, 9, 2])
-    tree, ids, positions, expected = ops.auto_tree_stage(48, chosen, candidates, None, False, True, None, values,
+    tree, ids, positions, expected = ops.auto_tree_stage(48, chosen, candidates, None, False, True, values,
                                                          tokens, roots, prefix)
     # an unsampled round builds the chosen tree directly, without the expectations
-    tree2, ids2, positions2, zeros = ops.auto_tree_stage(48, chosen, candidates, None, False, False, None, values,
+    tree2, ids2, positions2, zeros = ops.auto_tree_stage(48, chosen, candidates, None, False, False, values,
                                                          tokens, roots, prefix)
     for name in ("tokens", "parents", "depth", "scores", "ranks", "valid"):
         assert torch.equal(getattr(tree, name), getattr(tree2, name)), name
@@ -320,32 +320,6 @@ def _rejecting_table(values, tokens, roots, rounds=3):
         tree = build_tree_from_topk(values, tokens, 48, roots, max_budget=48)
         cal.update(tree, walk_choices(tree, torch.full(tree.tokens.shape, -1)).path)
     return cal
-
-
-@pytest.mark.parametrize("chosen", [CHAIN, 16, 48])
-def test_auto_tree_stage_predicts_with_the_calibration_table(chosen):
-    """A sampled round's expectations come from the server's calibration table: every candidate's tree as built from
-    the raw scores (the first b slots), its nodes' calibrated probabilities summed; the verified tree is unchanged.
-    An empty table gives the raw expectations."""
-    candidates = (CHAIN, 8, 16, 48)
-    lp = draft(seed=5)
-    values, tokens = topk_draft(lp, 40)
-    roots, prefix = torch.tensor([1, 2, 3]), torch.tensor([5, 9, 2])
-    raw = ops.auto_tree_stage(48, chosen, candidates, None, False, True, None, values, tokens, roots, prefix)
-    empty = ops.auto_tree_stage(48, chosen, candidates, None, False, True, adaptive.ScoreCalibrator(depth_limit=6),
-                                values, tokens, roots, prefix)
-    assert torch.allclose(empty[3], raw[3], rtol=1e-5)
-    cal = _rejecting_table(values, tokens, roots)
-    tree, ids, positions, expected = ops.auto_tree_stage(48, chosen, candidates, None, False, True, cal, values,
-                                                         tokens, roots, prefix)
-    for name in ("tokens", "parents", "depth", "scores", "ranks", "valid"):
-        assert torch.equal(getattr(tree, name), getattr(raw[0], name)), name
-    assert torch.equal(ids, raw[1]) and torch.equal(positions, raw[2])
-    big = build_tree_from_topk(values, tokens, 48, roots, max_budget=48)
-    for i, c in enumerate(candidates):
-        own = chain_tree(lp, roots) if c == CHAIN else adaptive.first_slots(big, c)
-        assert float(expected[i]) == pytest.approx(float(cal.expected(own).sum()), rel=1e-5), c
-        assert float(expected[i]) < float(raw[3][i])  # the table learnt that the drafter is over-confident
 
 
 def test_calibration_round_scores_predictions_and_leaves_learning_to_the_caller():

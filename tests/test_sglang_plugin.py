@@ -129,6 +129,49 @@ def test_request_validation_hook_only_acts_when_ddtree_is_active(monkeypatch):
         ("TritonAttnBackend", True)
 
 
+def test_calibration_reset_key_is_taken_out_of_set_internal_state(monkeypatch):
+    """POST /set_internal_state {"server_args": {"ddtree_calibration_reset": 1}}: the hook resets the DDTREE worker's
+    table and answers itself (SGLang would refuse a key it does not list); with SGLang's own keys next to it, those
+    go to SGLang; a server without the table answers updated=False; requests without the key pass untouched."""
+    import types
+
+    class Output:
+        def __init__(self, updated):
+            self.updated = updated
+
+    io_struct = types.ModuleType("sglang.srt.managers.io_struct")
+    io_struct.SetInternalStateReqOutput = Output
+    monkeypatch.setitem(sys.modules, "sglang.srt.managers.io_struct", io_struct)
+
+    class Worker:
+        resets = 0
+
+        def reset_calibration(self):
+            self.resets += 1
+            return True
+
+    class Req:
+        def __init__(self, **values):
+            self.server_args = values
+
+    seen = []
+
+    def original(scheduler, req):
+        seen.append(dict(req.server_args))
+        return Output(True)
+
+    scheduler = types.SimpleNamespace(draft_worker=Worker())
+    out = plugin._around_set_internal_state(original, scheduler, Req(**{plugin.CALIBRATION_RESET_KEY: 1}))
+    assert out.updated and scheduler.draft_worker.resets == 1 and seen == []
+    out = plugin._around_set_internal_state(original, scheduler, Req(ddtree_calibration_reset=1,
+                                                                     pp_max_micro_batch_size=4))
+    assert out.updated and scheduler.draft_worker.resets == 2 and seen == [{"pp_max_micro_batch_size": 4}]
+    assert plugin._around_set_internal_state(original, scheduler, Req(pp_max_micro_batch_size=2)).updated
+    assert seen[-1] == {"pp_max_micro_batch_size": 2} and scheduler.draft_worker.resets == 2
+    plain = types.SimpleNamespace(draft_worker=None)
+    assert not plugin._around_set_internal_state(original, plain, Req(ddtree_calibration_reset=1)).updated
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Per-request meta_info on a DDTREE server (the tokenizer manager hook), with a fake tokenizer manager
 
@@ -479,7 +522,7 @@ def registered_hook_targets() -> list[str]:
 def test_every_hook_target_exists_in_the_pinned_sources():
     src = pinned_sglang_source()
     targets = registered_hook_targets()
-    assert plugin.SPEC_METRICS_TARGET in targets and plugin.TREE_CONV_TARGET in targets and len(targets) == 7
+    assert plugin.SPEC_METRICS_TARGET in targets and plugin.TREE_CONV_TARGET in targets and len(targets) == 8
     for target in targets:
         if target == plugin.TREE_CONV_TARGET:
             continue  # an imported name, checked in test_tree_conv_hook_target_is_a_drop_in

@@ -448,8 +448,8 @@ class CalibrationMonitor:
     - The table: every EXPORT_EVERY rounds its per-(depth, path class, rank class) sums are copied to pinned memory
       without a sync and, once the copy completed, published as Prometheus gauges (the debug dump writes the whole
       table every 100 rounds, `ScoreCalibrator.export`).
-    - reset (SGLang's /flush_cache, `DDTreeWorker.clear_cache_pool`): an empty table, totals zeroed, the gauges
-      published at once."""
+    - reset (POST /set_internal_state {"server_args": {"ddtree_calibration_reset": 1}}, plugin hook ->
+      `DDTreeWorker.reset_calibration`): an empty table, totals zeroed, the gauges published at once."""
 
     EXPORT_EVERY = 256
 
@@ -501,7 +501,8 @@ class CalibrationMonitor:
             logger.exception("DDTREE calibration metrics update failed")
 
     def reset(self) -> None:
-        """Only while the server is idle (no round in flight): SGLang calls clear_cache_pool from flush_cache then."""
+        """Between rounds (the scheduler's request handling): the zeroing runs on the rounds' stream, in order; a
+        round already queued may still add its delta."""
         self.calibrator.reset()
         self.raw_abs = self.calibrated_abs = self.request_rounds = 0.0
         self.resets += 1

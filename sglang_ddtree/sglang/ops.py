@@ -215,23 +215,21 @@ def tree_stage(budget: int, prune: float | None, use_kernels: bool, topk_values:
 
 
 def auto_tree_stage(max_budget: int, chosen: int, candidates: tuple[int, ...], prune: float | None,
-                    use_kernels: bool, sampled: bool, calibrator, topk_values: torch.Tensor,
-                    topk_tokens: torch.Tensor, roots: torch.Tensor, prefix_lens: torch.Tensor,
-                    rows: torch.Tensor | None = None):
+                    use_kernels: bool, sampled: bool, topk_values: torch.Tensor, topk_tokens: torch.Tensor,
+                    roots: torch.Tensor, prefix_lens: torch.Tensor, rows: torch.Tensor | None = None):
     """`auto` (sglang_ddtree.sglang.auto): the round verifies the chosen candidate's tree (CHAIN: the drafter's
     top-1 path). On a sampled round the tree is built at the largest candidate budget, whose first b draft slots
     are the best-b tree (tree.py's canonical order), and gives every candidate's expected committed tokens, summed
-    over the batch [C]: calibrated by `calibrator` (adaptive.ScoreCalibrator, the server's table; the trees stay
-    the raw scores' best-b) or raw scores when None. Other rounds build only the chosen tree (expected: zeros).
-    rows: the real requests (0-dim tensor) when the batch is padded (graphs.GraphedStage): the sum leaves the
-    others out. -> (chosen tree, verify ids, verify positions, expected)."""
+    over the batch [C] (raw scores); other rounds build only the chosen tree (expected: zeros). rows: the real
+    requests (0-dim tensor) when the batch is padded (graphs.GraphedStage): the sum leaves the others out.
+    -> (chosen tree, verify ids, verify positions, expected)."""
     from sglang_ddtree import adaptive, kernels
     from sglang_ddtree.tree import build_tree_from_topk, chain_tree_from_topk
 
     build = kernels.build_tree_triton if use_kernels else build_tree_from_topk
     if sampled:
         big = build(topk_values, topk_tokens, max_budget, roots, prune=prune, max_budget=max_budget)
-        per_request = adaptive.expected_acceptance(big, candidates, topk_values[:, :, 0], calibrator, reorder=False)
+        per_request = adaptive.expected_acceptance(big, candidates, topk_values[:, :, 0])
         expected = live_sum(per_request, rows)
     else:
         big = None

@@ -19,7 +19,10 @@ What SGLang's plugin API reaches directly: the algorithm registry (`SpeculativeA
     per-request `cap_lens` (a field DSpark uses), which SGLang copies with accept_lens, sums and histograms per
     request and sends to the tokenizer; the hook renames it.
   - Scheduler.run_batch (AROUND), only with SGLANG_DDTREE_HOST_PROFILE set: a cProfile of the decode loop
-    (sglang_ddtree.sglang.host_profile), in DFLASH servers as well.
+    (sglang_ddtree.sglang.host_profile), in DFLASH servers as well;
+  - Scheduler.set_internal_state (AROUND): the key `ddtree_calibration_reset` (POST /set_internal_state
+    {"server_args": {"ddtree_calibration_reset": 1}}) empties `auto`'s calibration table; SGLang's own keys pass
+    through (SGLang accepts only its listed keys there, so the key has to be taken out before it looks).
 Nothing heavy is imported at load time (no prometheus_client: SGLang sets its multiprocess dir later).
 """
 
@@ -327,6 +330,29 @@ def install_tree_conv_hook() -> None:
     HookRegistry.apply_hooks()  # applies the targets not patched yet: this one
 
 
+CALIBRATION_RESET_KEY = "ddtree_calibration_reset"
+
+
+def _around_set_internal_state(original, scheduler, recv_req, *args, **kwargs):
+    """Takes CALIBRATION_RESET_KEY out of the request: a true value resets the DDTREE worker's calibration table
+    (updated: false when this server has none, i.e. not DDTREE with `auto`); the other keys go to SGLang."""
+    values = dict(getattr(recv_req, "server_args", None) or {})
+    if CALIBRATION_RESET_KEY not in values:
+        return original(scheduler, recv_req, *args, **kwargs)
+    from sglang.srt.managers.io_struct import SetInternalStateReqOutput
+
+    wanted = bool(values.pop(CALIBRATION_RESET_KEY))
+    reset = getattr(getattr(scheduler, "draft_worker", None), "reset_calibration", None)
+    ok = reset() if wanted and reset is not None else not wanted
+    if not ok:
+        logger.warning("%s: this server has no DDTREE auto calibration table to reset", CALIBRATION_RESET_KEY)
+    if not values:
+        return SetInternalStateReqOutput(updated=ok)
+    recv_req.server_args = values
+    out = original(scheduler, recv_req, *args, **kwargs)
+    return SetInternalStateReqOutput(updated=ok and out.updated)
+
+
 def register() -> None:
     """The `sglang.srt.plugins` entry point."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -344,6 +370,8 @@ def register() -> None:
     HookRegistry.register("sglang.srt.speculative.dflash_utils.validate_dflash_request", _after_validate_request,
                           HookType.AFTER)
     HookRegistry.register(SPEC_METRICS_TARGET, _after_spec_metrics, HookType.AFTER)
+    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.set_internal_state", _around_set_internal_state,
+                          HookType.AROUND)
     host_profile.install(HookRegistry, HookType)  # only with SGLANG_DDTREE_HOST_PROFILE set (a debugging aid)
     SpeculativeAlgorithm.register(
         ALGORITHM, supports_overlap=True, validate_server_args=_validate, spec_class=_make_spec_class()

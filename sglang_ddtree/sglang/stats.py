@@ -163,7 +163,7 @@ class _Prometheus:
                                 "rank class = own rank > 0) cell, over its raw-probability buckets (1 = raw scores).",
                                 cell, registry=registry, multiprocess_mode="mostrecent")
         self._cal_obs = Gauge("sglang:ddtree_calibration_observations", "`auto`'s calibration table: decayed count "
-                              "of the cell's observed draft nodes (0 after a reset: /flush_cache).", cell,
+                              "of the cell's observed draft nodes (0 after a reset: ddtree_calibration_reset).", cell,
                               registry=registry, multiprocess_mode="mostrecent")
 
     def calibration_errors(self, raw_abs: float, calibrated_abs: float, requests: float) -> None:

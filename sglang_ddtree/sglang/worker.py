@@ -77,8 +77,8 @@ ORACLE_LOG = 200
 @dataclass
 class _AutoState:
     """`auto` (sglang_ddtree.sglang.auto): per candidate index its verify width and graphed stages; the extra
-    verify states by width; the host policy and its GPU -> host feedback; the calibration table's host side (its
-    table lives on the GPU, read by the sampled tree stages, scored and learnt from in the sampled walk stages)."""
+    verify states by width; the host policy and its GPU -> host feedback; the calibration table's host side (the
+    table lives on the GPU: the sampled walk stages score its predictions and compute what it learns)."""
 
     candidates: tuple[int, ...]
     widths: list[int]
@@ -285,14 +285,17 @@ class DDTreeWorker(DFlashWorkerV2):
                              f"{self.num_nodes} (the drafter block is {self.block_size}).")
         tree_stages, walk_stages = [], []
         pad = self._pad
-        # The calibration table: sampled rounds predict every candidate's tokens with it (the trees stay the raw
-        # scores' best-b: offline, selecting them by calibrated scores projected no faster, docs/adaptive-budget.md)
-        # and learn from their walk; a candidate's observed / expected ratio (auto.py) corrects what is left.
+        # The calibration table learns from every sampled round's walk and predicts its committed tokens next to the
+        # raw scores (both scored and exported: CalibrationMonitor). The choice stays on raw expectations times each
+        # candidate's observed / expected ratio (auto.py): lease 20 fed the table's expectations to the chooser and
+        # `auto` lost ground on the tiny pair (x0.83 / 0.79 / 0.92 / 0.92 of DDTREE 128 at batch 1 / 4 / 16 / 64),
+        # the ratios then tracking a basis that moved as the table learnt; the trees stay the raw scores' best-b
+        # (offline, selecting them by calibrated scores projected no faster: docs/adaptive-budget.md).
         calibrator = ScoreCalibrator(CalibratorConfig(depth_limit=self.depth_limit), device=self.device)
         for c in candidates:
             tree_stages.append({sampled: GraphedStage(
                 partial(ops.auto_tree_stage, self.budget, c, candidates, self.options.prune, self.use_kernels,
-                        sampled, calibrator if sampled else None),
+                        sampled),
                 name=f"auto tree {candidate_label(c)}{' sampled' if sampled else ''}", enabled=self.round_graphs,
                 borrow=(0, 1), unpad=ops.unpad_tree_stage, rows_arg=self.pad_stages, **pad)
                 for sampled in (True, False)})
@@ -392,14 +395,16 @@ class DDTreeWorker(DFlashWorkerV2):
         sizes = sorted(getattr(graphs, "capture_bs", None) or [])
         return next((size for size in sizes if size >= bs), bs)
 
-    def clear_cache_pool(self):
-        """SGLang's /flush_cache (only while the server is idle): `auto`'s calibration table starts empty again,
-        as the KV cache does."""
-        super().clear_cache_pool()
-        if self.auto is not None:
-            self.auto.calibration.reset()
-            if self.ps.tp_rank == 0:
-                logger.info("DDTREE auto: calibration table reset (flush_cache)")
+    def reset_calibration(self) -> bool:
+        """`auto`'s calibration table starts empty again (plugin: POST /set_internal_state with
+        {"server_args": {"ddtree_calibration_reset": 1}}). Not on /flush_cache: benchmark harnesses flush between
+        runs (lease 20's sweep: 2-12 flushes per row), which would keep the table cold. False without `auto`."""
+        if self.auto is None:
+            return False
+        self.auto.calibration.reset()
+        if self.ps.tp_rank == 0:
+            logger.info("DDTREE auto: calibration table reset")
+        return True
 
     def _maybe_build_draft_sampler(self):
         # DFLASH folds a greedy argmax head into the draft graph; DDTREE needs top-K log-probs instead.

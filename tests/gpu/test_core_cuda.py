@@ -162,9 +162,9 @@ def test_graphed_auto_stages_equal_eager(padded):
     """`auto`: per candidate, the graphed tree stage (tree at the largest budget, the chosen tree, every candidate's
     expected tokens) and walk stage (with the observed tokens) equal the eager functions, candidates met in any
     order, batch sizes 1, 3 and 4. padded: the stages run at batch 4 for 1..4 requests (SGLANG_DDTREE_PAD_STAGES:
-    the walk borrows the tree stage's padded buffers, the batch sums leave the padding out). Sampled rounds read
-    and score the calibration table (one table for the graphed stages, a twin for the eager calls, each learning
-    after its round as the worker does): their expectations, errors and deltas agree, and so do the tables at the
+    the walk borrows the tree stage's padded buffers, the batch sums leave the padding out). Sampled walks score
+    the calibration table (one table for the graphed stages, a twin for the eager calls, each learning
+    after its round as the worker does): their errors and deltas agree, and so do the tables at the
     end (the graphs' warm-up and capture calls taught nothing)."""
     from functools import partial
 
@@ -183,8 +183,7 @@ def test_graphed_auto_stages_equal_eager(padded):
 
     def fns(kind):
         cal = tables[kind]
-        tree = {(c, sampled): partial(ops.auto_tree_stage, 64, c, candidates, None, True, sampled,
-                                      cal if sampled else None)
+        tree = {(c, sampled): partial(ops.auto_tree_stage, 64, c, candidates, None, True, sampled)
                 for c in candidates for sampled in (True, False)}
         walk = {(c, sampled): partial(ops.walk_commit_plan, block, True, False, auto=(candidates, c),
                                       top1_chain=c == CHAIN, calibrator=cal if sampled else None)
