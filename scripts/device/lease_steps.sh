@@ -49,7 +49,8 @@
 #   bash scripts/device/lease_steps.sh kernel-bench OUTDIR COMMIT   # one GPU, ALONE: kernel-checks' benchmarks only
 #   bash scripts/device/lease_steps.sh auto-final OUTDIR COMMIT   # one GPU, ALONE, ~20 min (detach it): the server
 #        module, then the tiny pair's DFLASH / DDTREE 32 / 128 / auto and 8B shapes' DFLASH / auto, batch 1 / 4 / 16 /
-#        64, interleaved (AF_REPEATS, AF_TINY_MINUTES, AF_8B_MINUTES, AF_SKIP_SERVER=1)
+#        64, interleaved (AF_REPEATS, AF_TINY_MINUTES, AF_8B_MINUTES, AF_SKIP_SERVER=1, AF_SKIP_TINY=1,
+#        AF_8B_BATCH_SIZES=1,4)
 set -euo pipefail
 step=${1:?step}
 shift
@@ -525,6 +526,7 @@ auto-final)
         cp /tmp/af/server/gpu_suite.json "$out/gpu_suite_server.json" || true
     fi
     rc=0
+    if [ "${AF_SKIP_TINY:-0}" != 1 ]; then
     CUDA_VISIBLE_DEVICES=0 timeout 800 python3 benchmarks/bench_budgets.py --setups tiny \
         --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=32,128 --set tiny.batch_sizes=1,4,16,64 \
         --set tiny.max_new_tokens=1024 --set tiny.warmup_new_tokens=128 --repeats "${AF_REPEATS:-4}" \
@@ -533,9 +535,10 @@ auto-final)
         > /tmp/af/tiny.log 2>&1 || rc=$?
     echo "tiny sweep exit $rc" | tee -a /tmp/af/tiny.log
     cp /tmp/af/tiny/bench_budgets.jsonl "$out/sweep_tiny.jsonl" || true
+    fi
     rc=0
     CUDA_VISIBLE_DEVICES=0 timeout 480 python3 benchmarks/bench_budgets.py --setups 8b-dummy \
-        --set 8b-dummy.methods=dflash,auto --set 8b-dummy.batch_sizes=1,4,16,64 \
+        --set 8b-dummy.methods=dflash,auto --set 8b-dummy.batch_sizes="${AF_8B_BATCH_SIZES:-1,4,16,64}" \
         --set 8b-dummy.graph_token_cap=8300 --repeats 3 --prompt-groups 4 --interleave \
         --max-minutes "${AF_8B_MINUTES:-7}" --out /tmp/af/8b --log-dir /tmp/af/8b/logs --commit "$commit" \
         > /tmp/af/8b.log 2>&1 || rc=$?
