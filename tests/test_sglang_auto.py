@@ -553,3 +553,16 @@ def test_policy_holds_through_slow_host_phases():
     ratios = [rate_over_best(simulate(seed, base, tokens, [8.0, 9.0, 10.5, 12.0, 13.0], 2000, 4, noise=0.10,
                                       phase_mult=1.6, phase_len=300), base, tokens) for seed in range(10)]
     assert min(ratios) > 0.95 and sum(ratios) / len(ratios) > 0.97, ratios
+
+
+def test_auto_log_every_is_a_positive_round_count(monkeypatch):
+    from sglang_ddtree.sglang.auto import auto_log_every
+
+    monkeypatch.delenv("SGLANG_DDTREE_AUTO_LOG_EVERY", raising=False)
+    assert auto_log_every() == 2000
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_LOG_EVERY", "100")
+    assert auto_log_every() == 100
+    for bad in ("0", "-5", "often"):
+        monkeypatch.setenv("SGLANG_DDTREE_AUTO_LOG_EVERY", bad)
+        with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_LOG_EVERY"):
+            auto_log_every()

@@ -530,6 +530,7 @@ auto-final)
     CUDA_VISIBLE_DEVICES=0 timeout 800 python3 benchmarks/bench_budgets.py --setups tiny \
         --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=32,128 --set tiny.batch_sizes=1,4,16,64 \
         --set tiny.max_new_tokens=1024 --set tiny.warmup_new_tokens=128 --repeats "${AF_REPEATS:-4}" \
+        --set tiny.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 \
         --prompt-groups 4 --interleave --prompts-file runs/bench/humaneval_prompts.jsonl \
         --max-minutes "${AF_TINY_MINUTES:-11}" --out /tmp/af/tiny --log-dir /tmp/af/tiny/logs --commit "$commit" \
         > /tmp/af/tiny.log 2>&1 || rc=$?
@@ -539,7 +540,8 @@ auto-final)
     rc=0
     CUDA_VISIBLE_DEVICES=0 timeout 480 python3 benchmarks/bench_budgets.py --setups 8b-dummy \
         --set 8b-dummy.methods=dflash,auto --set 8b-dummy.batch_sizes="${AF_8B_BATCH_SIZES:-1,4,16,64}" \
-        --set 8b-dummy.graph_token_cap=8300 --repeats 3 --prompt-groups 4 --interleave \
+        --set 8b-dummy.graph_token_cap=8300 --set 8b-dummy.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 \
+        --repeats 3 --prompt-groups 4 --interleave \
         --max-minutes "${AF_8B_MINUTES:-7}" --out /tmp/af/8b --log-dir /tmp/af/8b/logs --commit "$commit" \
         > /tmp/af/8b.log 2>&1 || rc=$?
     echo "8b sweep exit $rc" | tee -a /tmp/af/8b.log

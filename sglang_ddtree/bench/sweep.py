@@ -554,7 +554,7 @@ def count_captures(log_path: Path | None) -> int | None:
 
 
 def last_auto_table(log_path: Path | None, max_bytes: int = 4_000_000) -> dict | None:
-    """The last chooser table an `auto` server logged (sglang/worker.py, every 100 rounds: candidates, rounds
+    """The last chooser table an `auto` server logged (every SGLANG_DDTREE_AUTO_LOG_EVERY rounds: candidates, rounds
     chosen, expected tokens, observed/expected, round ms per bucket), so a row says why auto chose what it chose.
     None when the log has none (or cannot be read)."""
     import ast

@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -435,6 +436,20 @@ def observed_candidates(candidates: list[int], chosen: int) -> list[bool]:
     if c == CHAIN:
         return [b == CHAIN for b in candidates]
     return [b != CHAIN and b <= c for b in candidates]
+
+
+def auto_log_every() -> int:
+    """SGLANG_DDTREE_AUTO_LOG_EVERY (default 2000): rounds between `auto`'s chooser-table log lines. Benchmarks set
+    it lower (lease_steps.sh auto-final: 100) so that a row of a few hundred rounds carries the table it ran with
+    (bench.sweep.last_auto_table); each line costs a few hundred microseconds of host time."""
+    raw = os.environ.get("SGLANG_DDTREE_AUTO_LOG_EVERY", "2000")
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"SGLANG_DDTREE_AUTO_LOG_EVERY must be a positive integer (rounds), got {raw!r}.")
+    return value
 
 
 class CalibrationMonitor:

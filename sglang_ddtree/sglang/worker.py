@@ -63,7 +63,7 @@ from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
-from sglang_ddtree.sglang.auto import AutoBudgetPolicy, AutoFeedback, CalibrationMonitor
+from sglang_ddtree.sglang.auto import AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, auto_log_every
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -313,7 +313,8 @@ class DDTreeWorker(DFlashWorkerV2):
         calibration = CalibrationMonitor(calibrator, self.stats.prometheus)
         return _AutoState(candidates, widths, tree_stages, walk_stages, None, policy,
                           AutoFeedback(policy, self.device, calibration), calibration,
-                          torch.zeros(AutoFeedback.CALIBRATION, dtype=torch.float32, device=self.device))
+                          torch.zeros(AutoFeedback.CALIBRATION, dtype=torch.float32, device=self.device),
+                          log_every=auto_log_every())
 
     def _capture_bucket(self, batch, bucket, bs, draft_hidden, roots, prefix_lens, choice_dtype) -> None:
         """`auto`, after a batch-size bucket's first round: every candidate's tree and walk stages (sampled and
