@@ -522,7 +522,7 @@ class DDTreeWorker(DFlashWorkerV2):
             self.auto.feedback.push(
                 torch.cat([expected, plan.observed, plan.calibration if scored else self.auto.no_calibration]),
                 timer, bucket, chosen, bs, cold=cold, sampled=sampled)
-            if scored:  # the table learns now, in stream order before the next round's stages read it
+            if scored:  # the table learns now, in stream order before the next sampled walk stage reads it
                 self.auto.calibration.learn(plan.calibration_delta, plan.calibration)
             self.auto.calibration.after_round()
             self.auto.maybe_log(self.ps.tp_rank)
