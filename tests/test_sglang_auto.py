@@ -566,3 +566,34 @@ def test_auto_log_every_is_a_positive_round_count(monkeypatch):
         monkeypatch.setenv("SGLANG_DDTREE_AUTO_LOG_EVERY", bad)
         with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_LOG_EVERY"):
             auto_log_every()
+
+
+def test_shrink_z_per_policy_and_from_the_environment(monkeypatch):
+    """SGLANG_DDTREE_AUTO_SHRINK_Z sets one server's time shrinkage (an A/B of SHRINK_Z inside one interleaved
+    sweep): a policy with shrink_z=0 chooses exactly as the module with SHRINK_Z = 0 does, and differently from the
+    default on a flat cost curve (test_a_flat_cost_curve_runs_the_widest_tree's case)."""
+    from sglang_ddtree.bench import auto_sim
+    from sglang_ddtree.sglang import auto
+
+    monkeypatch.delenv("SGLANG_DDTREE_AUTO_SHRINK_Z", raising=False)
+    assert auto.auto_shrink_z() is None
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SHRINK_Z", "0")
+    assert auto.auto_shrink_z() == 0.0
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SHRINK_Z", "1.5")
+    assert auto.auto_shrink_z() == 1.5
+    for bad in ("-1", "nan", "inf", "wide"):
+        monkeypatch.setenv("SGLANG_DDTREE_AUTO_SHRINK_Z", bad)
+        with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_SHRINK_Z"):
+            auto.auto_shrink_z()
+
+    base, tokens, expected = [4.4] * 5, [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
+    widths = [16] + [c + 1 for c in auto_sim.CANDIDATES[1:]]
+
+    def run(shrink_z=None):
+        policy = AutoBudgetPolicy(list(auto_sim.CANDIDATES), widths=widths, shrink_z=shrink_z)
+        return auto_sim.simulate(1, base, tokens, expected, 1200, 4, noise=0.10, outlier=0.05, policy=policy)
+
+    default, per_policy = run(), run(shrink_z=0.0)
+    monkeypatch.setattr(auto, "SHRINK_Z", 0.0)
+    assert per_policy == run()  # the module without shrinkage
+    assert per_policy != default

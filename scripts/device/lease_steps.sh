@@ -50,7 +50,7 @@
 #   bash scripts/device/lease_steps.sh auto-final OUTDIR COMMIT   # one GPU, ALONE, ~20 min (detach it): the server
 #        module, then the tiny pair's DFLASH / DDTREE 32 / 128 / auto and 8B shapes' DFLASH / auto, batch 1 / 4 / 16 /
 #        64, interleaved (AF_REPEATS, AF_TINY_MINUTES, AF_8B_MINUTES, AF_SKIP_SERVER=1, AF_SKIP_TINY=1,
-#        AF_8B_BATCH_SIZES=1,4)
+#        AF_8B_BATCH_SIZES=1,4; AF_SHRINK_AB=1 adds setup tiny-z0: auto with SGLANG_DDTREE_AUTO_SHRINK_Z=0, same run)
 set -euo pipefail
 step=${1:?step}
 shift
@@ -527,9 +527,16 @@ auto-final)
     fi
     rc=0
     if [ "${AF_SKIP_TINY:-0}" != 1 ]; then
-    CUDA_VISIBLE_DEVICES=0 timeout 800 python3 benchmarks/bench_budgets.py --setups tiny \
-        --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=32,128 --set tiny.batch_sizes=1,4,16,64 \
-        --set tiny.max_new_tokens=1024 --set tiny.warmup_new_tokens=128 --repeats "${AF_REPEATS:-4}" \
+    ab=()
+    if [ "${AF_SHRINK_AB:-0}" = 1 ]; then  # auto without the time shrinkage next to it, interleaved in one run
+        ab=(--copy-setup tiny-z0=tiny --set tiny-z0.methods=auto
+            --set tiny-z0.server_env=SGLANG_DDTREE_AUTO_SHRINK_Z=0,SGLANG_DDTREE_AUTO_LOG_EVERY=100)
+    fi
+    # all.*: what a copied setup shares (a copy is taken before the --set changes)
+    CUDA_VISIBLE_DEVICES=0 timeout 800 python3 benchmarks/bench_budgets.py --setups "tiny${ab:+,tiny-z0}" \
+        ${ab[@]+"${ab[@]}"} \
+        --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=32,128 --set all.batch_sizes=1,4,16,64 \
+        --set all.max_new_tokens=1024 --set all.warmup_new_tokens=128 --repeats "${AF_REPEATS:-4}" \
         --set tiny.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 \
         --prompt-groups 4 --interleave --prompts-file runs/bench/humaneval_prompts.jsonl \
         --max-minutes "${AF_TINY_MINUTES:-11}" --out /tmp/af/tiny --log-dir /tmp/af/tiny/logs --commit "$commit" \

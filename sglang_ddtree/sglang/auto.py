@@ -144,6 +144,7 @@ class AutoBudgetPolicy:
     # best case cannot beat the best measured rate is skipped (lease 19's server module, ten servers sharing the
     # GPU: one slow 64-tree time ruled the 128-tree out at batch 1 for all of a short test).
     explore_all: bool = False
+    shrink_z: float | None = None  # the trees' time shrinkage for this policy (None: the module's SHRINK_Z)
     probe_every: int = 64
     half_life_rounds: float = 200.0
     expected: list[_Decayed] = field(default_factory=list)  # expected tokens per request
@@ -265,6 +266,7 @@ class AutoBudgetPolicy:
         its recent times can tell apart from noise. The chain keeps its own (it verifies causally: another cost
         curve)."""
         ms = [self._typical_ms(b, i) for i in range(len(self.candidates))]
+        z = SHRINK_Z if self.shrink_z is None else self.shrink_z
         trees = [i for i, c in enumerate(self.candidates) if c != CHAIN and ms[i] and len(b.recent[i]) >= 3]
         if len(trees) < 2:
             return ms
@@ -274,7 +276,7 @@ class AutoBudgetPolicy:
             xs = sorted(b.recent[i])
             n = len(xs)
             spread = 0.7413 * (xs[(3 * n) // 4] - xs[n // 4])  # the interquartile range as a normal sigma
-            error = SHRINK_Z * 1.25 * spread / math.sqrt(n)  # the median's standard error, ~1.25 sigma / sqrt(n)
+            error = z * 1.25 * spread / math.sqrt(n)  # the median's standard error, ~1.25 sigma / sqrt(n)
             gap = ms[i] - pooled
             ms[i] = pooled + math.copysign(max(0.0, abs(gap) - error), gap)
         return ms
@@ -436,6 +438,22 @@ def observed_candidates(candidates: list[int], chosen: int) -> list[bool]:
     if c == CHAIN:
         return [b == CHAIN for b in candidates]
     return [b != CHAIN and b <= c for b in candidates]
+
+
+def auto_shrink_z() -> float | None:
+    """SGLANG_DDTREE_AUTO_SHRINK_Z: the policy's SHRINK_Z for this server (None when unset: the module's value), so
+    that one interleaved sweep can run `auto` with and without the time shrinkage side by side (lease_steps.sh
+    auto-final with AF_SHRINK_AB=1; lease 20 changed two things at once and could not tell them apart)."""
+    raw = os.environ.get("SGLANG_DDTREE_AUTO_SHRINK_Z")
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"SGLANG_DDTREE_AUTO_SHRINK_Z must be a number >= 0 (standard errors), got {raw!r}.")
+    return value
 
 
 def auto_log_every() -> int:

@@ -63,7 +63,8 @@ from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
-from sglang_ddtree.sglang.auto import AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, auto_log_every
+from sglang_ddtree.sglang.auto import (AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, auto_log_every,
+                                      auto_shrink_z)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -307,7 +308,8 @@ class DDTreeWorker(DFlashWorkerV2):
                 borrow=(0, 1, 2, 3, 4, 5), unpad=ops.unpad_commit_plan, rows_arg=self.pad_stages, **pad)
                 for sampled in (True, False)})
         policy = AutoBudgetPolicy(list(candidates), widths=widths,
-                                  explore_all=os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_ALL") == "1")
+                                  explore_all=os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_ALL") == "1",
+                                  shrink_z=auto_shrink_z())
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
         calibration = CalibrationMonitor(calibrator, self.stats.prometheus)
