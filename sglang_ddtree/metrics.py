@@ -54,9 +54,7 @@ def records_from_round(
     accept_len = walk.accept_len.cpu().tolist()
     tree_size = (tree.num_nodes - 1).cpu().tolist()
     max_depth = torch.where(tree.valid, tree.depth, 0).max(dim=1).values.cpu().tolist()
-    draft_valid = tree.valid.clone()
-    draft_valid[:, 0] = False
-    expected = (1.0 + torch.where(draft_valid, tree.scores.exp(), 0.0).sum(dim=1)).cpu().tolist()
+    expected = tree.expected_tokens().cpu().tolist()
     records = []
     for b in range(tree.batch_size):
         k = accept_len[b]

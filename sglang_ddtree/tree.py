@@ -68,6 +68,11 @@ class DraftTree:
     def num_nodes(self) -> torch.Tensor:
         return self.valid.sum(dim=1)
 
+    def expected_tokens(self) -> torch.Tensor:
+        """[bs] float: the committed tokens the drafter expects of this tree (bonus included): 1 + the sum over its
+        valid draft nodes of exp(score), each node's probability that its whole prefix matches."""
+        return 1.0 + torch.where(self.valid, self.scores.exp(), 0.0)[:, 1:].sum(dim=1)
+
     def select(self, index) -> "DraftTree":
         """The trees of the requests in `index` (any tensor/int/slice indexing of dim 0)."""
         pick = lambda t: t[index] if not isinstance(index, int) else t[index : index + 1]  # noqa: E731

@@ -201,7 +201,7 @@ def auto_decode(target, drafts: Sequence, prompts: Sequence, *, policy: AutoPoli
             tree = _trim(tree, nn)
             tree = DraftTree(*(x.to(r.state.device) for x in (tree.tokens, tree.parents, tree.depth, tree.scores,
                                                              tree.ranks, tree.valid)), tree.depth_limit)
-            pred_raw = 1.0 + float(tree.scores[0, 1:].exp().sum())
+            pred_raw = float(tree.expected_tokens()[0])
             pred_cal = float(cal.expected(tree)[0]) if cal is not None else None
             for k, obs in policy.observers.items():
                 r.rec.extra["auto"][f"pred_{k}"].append(float(obs.expected(tree)[0]))

@@ -273,7 +273,7 @@ def speculative_decode(target, draft, prompt_ids, *, method: str, budget: int | 
         rec.accept_lengths.append(acc + 1)
         rec.accepted_ranks.append(tree.ranks[0, path[1:]].tolist())
         rec.tree_sizes.append(n - 1)
-        rec.expected_accepts.append(1.0 + float(tree.scores[0, 1:].exp().sum()))
+        rec.expected_accepts.append(float(tree.expected_tokens()[0]))
         if record_trees:
             rec.trees.append(_tree_dump(tree))
         for stage, (a, b) in zip(("draft", "tree", "verify", "walk", "commit"),

@@ -304,11 +304,9 @@ def calibration_round(calibrator, tree: DraftTree, walk, rows: torch.Tensor | No
     |raw prediction - committed|, |calibrated prediction - committed| (raw = 1 + sum of exp(score) over the
     verified draft nodes, calibrated = the table's as it stands), and the number of requests;
     delta: adaptive.ScoreCalibrator.observation's). rows: see live_sum."""
-    from sglang_ddtree import adaptive
-
     active = None if rows is None else torch.arange(tree.batch_size, device=tree.tokens.device) < rows
     delta, calibrated = calibrator.observation(tree, walk.path, active)
-    raw = 1.0 + adaptive.raw_node_probs(tree)[:, 1:].sum(dim=1)
+    raw = tree.expected_tokens()
     committed = (walk.accept_len + 1).float()
     errors = torch.stack([(raw - committed).abs(), (calibrated.float() - committed).abs(),
                           torch.ones_like(committed)], dim=1)

@@ -246,9 +246,7 @@ def round_summary_vector(tree, walk, branch_lens: torch.Tensor | None = None,
     of a batch padded past them (graphs.GraphedStage); None: every request is real."""
     n = tree.depth_limit
     branch_lens = branch_counts(tree, walk) if branch_lens is None else branch_lens
-    draft_valid = tree.valid.clone()
-    draft_valid[:, 0] = False
-    expected = 1.0 + torch.where(draft_valid, tree.scores.exp(), 0.0).sum(dim=1)
+    expected = tree.expected_tokens()
     nodes = tree.num_nodes - 1
     if rows is None:
         counted = torch.ones_like(walk.accept_len, dtype=torch.float32)
