@@ -14,14 +14,17 @@ CANDIDATES = (CHAIN, 16, 32, 64, 128)
 def simulate(seed: int, base: list[float], tokens: list[float], expected: list[float], rounds: int, batch: int,
              noise: float, outlier: float = 0.0, lag: int = 2, phase_mult: float = 1.0,
              phase_len: float | None = None, start_rounds: int = 0, start_mult: float = 1.0,
-             start_tokens: list[float] | None = None, policy: AutoBudgetPolicy | None = None) -> list[int]:
+             start_tokens: list[float] | None = None, policy: AutoBudgetPolicy | None = None,
+             expected_scale=None) -> list[int]:
     """Candidate i's round costs base[i] ms x lognormal(noise), doubled with probability `outlier`, and x phase_mult
     while the host is in a slow phase (phases flip with probability 1 / phase_len a round; none without phase_len);
     a round commits tokens[i] per request; the drafter expects expected[i]. First rounds of a candidate are cold
     (untimed), sampled rounds (policy.sample_interval) carry the expectations, observations arrive `lag` rounds
     late. The first start_rounds rounds (a server's first requests) cost start_mult times more and commit
     start_tokens (default tokens). policy: a fresh AutoBudgetPolicy over CANDIDATES unless given (to read its state
-    afterwards). Returns the candidate index chosen each round."""
+    afterwards). expected_scale: round -> a factor per candidate on the expectations a sampled round reports (a
+    basis that moves, as calibrated expectations do while their table learns; None: fixed). Returns the candidate
+    index chosen each round."""
     rng = random.Random(seed)
     widths = [16] + [c + 1 for c in CANDIDATES[1:]]
     policy = policy if policy is not None else AutoBudgetPolicy(list(CANDIDATES), widths=widths)
@@ -41,11 +44,12 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
         starting = r < start_rounds
         ms *= start_mult if starting else 1.0
         committed = start_tokens if starting and start_tokens is not None else tokens
-        queue.append((i, cold, ms, sampled, [batch * t if s else None for t, s in zip(committed, seen)]))
+        scale = expected_scale(r) if expected_scale is not None else [1.0] * len(expected)
+        reported = [batch * e * f for e, f in zip(expected, scale)]
+        queue.append((i, cold, ms, sampled, [batch * t if s else None for t, s in zip(committed, seen)], reported))
         if len(queue) > lag:
-            j, was_cold, mj, smp, obs = queue.pop(0)
-            policy.observe(batch, j, batch, None if was_cold else mj,
-                           [batch * e for e in expected] if smp else None, obs)
+            j, was_cold, mj, smp, obs, exp = queue.pop(0)
+            policy.observe(batch, j, batch, None if was_cold else mj, exp if smp else None, obs)
     return picks
 
 

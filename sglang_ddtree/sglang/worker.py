@@ -288,10 +288,12 @@ class DDTreeWorker(DFlashWorkerV2):
         pad = self._pad
         # The calibration table learns from every sampled round's walk and predicts its committed tokens next to the
         # raw scores (both scored and exported: CalibrationMonitor). The choice stays on raw expectations times each
-        # candidate's observed / expected ratio (auto.py): lease 20 fed the table's expectations to the chooser and
-        # `auto` lost ground on the tiny pair (x0.83 / 0.79 / 0.92 / 0.92 of DDTREE 128 at batch 1 / 4 / 16 / 64),
-        # the ratios then tracking a basis that moved as the table learnt; the trees stay the raw scores' best-b
-        # (offline, selecting them by calibrated scores projected no faster: docs/adaptive-budget.md).
+        # candidate's observed / expected ratio (auto.py). Lease 20 fed the table's expectations to the chooser: it
+        # cost every sampled tree stage the table's work and `auto` measured x0.83 / 0.79 / 0.92 / 0.92 of DDTREE
+        # 128 at batch 1 / 4 / 16 / 64 on the tiny pair (a noisy, slow host; cause not separated, and a simulated
+        # moving basis alone costs nothing: auto_drift_sim.json), with no gain projected offline for calibrated
+        # choices; the trees stay the raw scores' best-b (offline, selecting them by calibrated scores projected no
+        # faster: docs/adaptive-budget.md).
         calibrator = ScoreCalibrator(CalibratorConfig(depth_limit=self.depth_limit), device=self.device)
         for c in candidates:
             tree_stages.append({sampled: GraphedStage(
