@@ -99,7 +99,7 @@ def offchain_ancestors(tree: DraftTree) -> torch.Tensor:
 
     By pointer jumping: after step k, count[i] sums the 2^k nearest strict ancestors and anc[i] is the 2^k-th
     (-1 past the root), so depth L takes ceil(log2 L) steps (4 at L = 15, ~25 kernels) where walking up one level
-    at a time took L - 1 (~85 kernels: the SGLang worker runs this in every sampled round's walk stage). Integer
+    at a time took L - 1 (~85 kernels: the SGLang worker runs this in every sampled tree round's walk stage). Integer
     sums: the same result in any order."""
     off = (tree.valid & (tree.ranks > 0)).to(torch.int64)
     off[:, 0] = 0

@@ -474,7 +474,7 @@ class CalibrationMonitor:
     """The host side of the server's calibration table (adaptive.ScoreCalibrator, on the GPU; the sampled rounds'
     walk stages compute what it learns, the worker applies it: `learn`).
 
-    - Prediction errors: each sampled round's |raw prediction - committed| and |calibrated prediction - committed|
+    - Prediction errors: each sampled tree round's |raw prediction - committed| and |calibrated prediction - committed|
       summed over its requests (ops.calibration_round), both predicted before the table learns the round, arrive
       through AutoFeedback: running totals here (mean absolute error per request-round, raw against calibrated:
       the issue's measure of whether calibration predicts better), Prometheus counters.

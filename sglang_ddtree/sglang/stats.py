@@ -21,7 +21,8 @@ Metric names (all `sglang:ddtree_*`, label `budget`; counters are request-rounds
   round_host_seconds (histogram per batch round: the host's time in the worker's round call).
 `auto` adds auto_rounds_total{candidate} (batch rounds per verified candidate) and, from its calibration table
 (sglang_ddtree.sglang.auto.CalibrationMonitor): auto_tau_abs_error_total{scores=raw|calibrated} and
-auto_tau_scored_total (mean absolute error of the predicted committed tokens per request-round, sampled rounds),
+auto_tau_scored_total (mean absolute error of the predicted committed tokens per request-round, sampled tree
+rounds),
 calibration_ratio{depth,path_class,rank_class} and calibration_observations{...} (gauges: the table's factors and
 decayed node counts, refreshed every 256 rounds and at a reset).
 """
@@ -150,13 +151,13 @@ class _Prometheus:
         from prometheus_client import Counter, Gauge
 
         names, registry = self._names, self._registry
-        self._tau_error = Counter("sglang:ddtree_auto_tau_abs_error_total", "`auto`, sampled rounds: sum over "
+        self._tau_error = Counter("sglang:ddtree_auto_tau_abs_error_total", "`auto`, sampled tree rounds: sum over "
                                   "request-rounds of |predicted - committed tokens|, by the scores that predicted "
                                   "(raw drafter scores or the calibration table's), both before the table learnt "
                                   "the round. MAE = this / ddtree_auto_tau_scored_total.", names + ["scores"],
                                   registry=registry)
         self._tau_scored = Counter("sglang:ddtree_auto_tau_scored_total", "`auto`: request-rounds whose prediction "
-                                   "error was scored (sampled rounds).", names, registry=registry)
+                                   "error was scored (sampled tree rounds).", names, registry=registry)
         cell = names + ["depth", "path_class", "rank_class"]
         self._cal_ratio = Gauge("sglang:ddtree_calibration_ratio", "`auto`'s calibration table: (accepted + m) / "
                                 "(predicted + m) of the draft nodes of a (depth, path class = off-top-1 ancestors, "

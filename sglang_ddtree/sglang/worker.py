@@ -286,8 +286,11 @@ class DDTreeWorker(DFlashWorkerV2):
                              f"{self.num_nodes} (the drafter block is {self.block_size}).")
         tree_stages, walk_stages = [], []
         pad = self._pad
-        # The calibration table learns from every sampled round's walk and predicts its committed tokens next to the
-        # raw scores (both scored and exported: CalibrationMonitor). The choice stays on raw expectations times each
+        # The calibration table learns from every sampled tree round's walk and predicts its committed tokens next to
+        # the raw scores (both scored and exported: CalibrationMonitor). Not from chain rounds: a chain teaches only
+        # the top-1 cells, which every tree's first path teaches too, and the scoring is ~140 small kernels (lease
+        # 20c, 8B shapes, batch 1, the chain in 375 of 384 rounds: walk stage 0.13 ms a round against lease 19's
+        # 0.09; expected back to ~0.09 there, not measured yet). The choice stays on raw expectations times each
         # candidate's observed / expected ratio (auto.py). Lease 20 fed the table's expectations to the chooser: it
         # cost every sampled tree stage the table's work and `auto` measured x0.83 / 0.79 / 0.92 / 0.92 of DDTREE
         # 128 at batch 1 / 4 / 16 / 64 on the tiny pair (a noisy, slow host; cause not separated, and a simulated
@@ -305,7 +308,8 @@ class DDTreeWorker(DFlashWorkerV2):
             # one walk stage per tree stage: a stage borrows its inputs from exactly one producer (graphs.py)
             walk_stages.append({sampled: GraphedStage(
                 partial(ops.walk_commit_plan, self.block_size, self.use_kernels, self.stats.prometheus is not None,
-                        auto=(candidates, c), top1_chain=c == CHAIN, calibrator=calibrator if sampled else None),
+                        auto=(candidates, c), top1_chain=c == CHAIN,
+                        calibrator=calibrator if sampled and c != CHAIN else None),
                 name=f"auto walk {candidate_label(c)}{' sampled' if sampled else ''}", enabled=self.round_graphs,
                 borrow=(0, 1, 2, 3, 4, 5), unpad=ops.unpad_commit_plan, rows_arg=self.pad_stages, **pad)
                 for sampled in (True, False)})
