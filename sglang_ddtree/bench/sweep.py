@@ -506,10 +506,11 @@ class Sweep:
         before = run.before
         stages = None
         if server.method in ("ddtree", "auto") and before is not None and after is not None:
-            stages = prom.ddtree_summary(prom.diff(after, before), "auto" if server.method == "auto" else server.budget)
+            delta = prom.diff(after, before)
+            stages = prom.ddtree_summary(delta, "auto" if server.method == "auto" else server.budget)
             if stages is not None and server.method == "auto":
-                stages["auto_rounds"] = prom.auto_rounds(prom.diff(after, before))
-                stages["auto_calibration"] = prom.auto_calibration(prom.diff(after, before))
+                stages["auto_rounds"] = prom.auto_rounds(delta)
+                stages["auto_calibration"] = prom.auto_calibration(delta)
                 stages["auto_chooser_last"] = last_auto_table(getattr(handle, "log_path", None))
         return self._result(server, row, "ok", wall_s=round(run.seconds, 3), row_s=round(self.clock() - run.t_row, 3),
                             **numbers, stage_ms=(stages or {}).get("stage_ms"), ddtree_metrics=stages,
