@@ -41,6 +41,25 @@ CASES = {
                                                            expected=[1.5, 2.0, 3.0, 4.0, 6.0]),
     "8B-like batch 1 (drafter never right)": dict(base=[8.0, 8.2, 8.5, 9.0, 10.0], noise=0.03, outlier=0.01,
                                                   tokens=[1.0] * 5, expected=[1.5, 2.0, 3.0, 4.0, 6.0]),
+    # lease 21: what the simulation had left out. A sampled round costs more (the chooser timed a probed candidate's
+    # rounds, which are sampled, against the incumbent's, three in four not); the host's speed drifts (the device's
+    # vCPUs ran one Python loop in 0.32-0.68 s, the order changing between passes); what a round commits moves with
+    # the text, all candidates together (content) and per round (token noise), the expectations following half of it
+    "flat, sampled rounds +0.3 ms": dict(base=[4.4] * 5, noise=0.10, outlier=0.05, sampled_ms=0.3),
+    "flat, host drift 0.2 over 250 rounds": dict(base=[4.4] * 5, noise=0.10, outlier=0.05, drift_sigma=0.2,
+                                                 drift_rounds=250),
+    "flat, host drift 0.3 over 1000 rounds": dict(base=[4.4] * 5, noise=0.10, outlier=0.05, drift_sigma=0.3,
+                                                  drift_rounds=1000),
+    "flat, content 0.4 over 500 rounds, token noise 0.6": dict(base=[4.4] * 5, noise=0.10, outlier=0.05,
+                                                                content_sigma=0.4, content_rounds=500,
+                                                                token_noise=0.6),
+    "flat, all of lease 21's effects": dict(base=[4.4] * 5, noise=0.10, outlier=0.05, sampled_ms=0.3,
+                                            drift_sigma=0.2, drift_rounds=250, content_sigma=0.4,
+                                            content_rounds=500, token_noise=0.6),
+    "8B-like batch 1, host drift 0.2 over 250 rounds": dict(base=[8.0, 8.2, 8.5, 9.0, 10.0], noise=0.03,
+                                                            outlier=0.01, tokens=[1.0] * 5,
+                                                            expected=[1.5, 2.0, 3.0, 4.0, 6.0], drift_sigma=0.2,
+                                                            drift_rounds=250),
     # tests/test_sglang_auto.py's scenarios, with more seeds
     "slow start committing little (lock-out test)": dict(base=[4.4, 4.5, 4.6, 4.68, 4.75], noise=0.08, outlier=0.0,
                                                          tokens=LOCKOUT_TOKENS, expected=[4.0, 4.8, 5.2, 5.5, 5.9],
@@ -82,7 +101,8 @@ def main(argv=None) -> int:
     for name, case in CASES.items():
         tokens, expected = case.get("tokens", TOKENS), case.get("expected", EXPECTED)
         rounds, skip, seeds = case.get("rounds", args.rounds), case.get("skip", args.skip), case.get("seeds", args.seeds)
-        start = {k: case[k] for k in ("start_rounds", "start_mult", "start_tokens") if k in case}
+        start = {k: case[k] for k in ("start_rounds", "start_mult", "start_tokens", "sampled_ms", "drift_sigma",
+                                      "drift_rounds", "content_sigma", "content_rounds", "token_noise") if k in case}
         ratios, shares = [], [0] * len(tokens)
         for seed in range(seeds):
             picks = auto_sim.simulate(seed, case["base"], tokens, expected, rounds, 4, case["noise"],

@@ -167,6 +167,23 @@ def test_a_wider_tree_is_estimated_to_commit_at_least_what_a_narrower_one_does()
     assert policy.est_tokens(2) > 3.0  # its own estimate again once it is the larger
 
 
+def test_an_exact_tie_goes_to_the_wider_tree():
+    """Lease 21's tiny batch-1 servers: the 64-tree's own estimate fell below the 16-tree's (its ratio from rounds
+    of harder text), so both were estimated at the 16-tree's tokens, and their times, alike, pooled to one value:
+    an exact tie, which the narrowest candidate used to win. The wider tree commits at least as much per round."""
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=1000)
+    for _ in range(3):  # 64-tree rounds on hard text (per round it commits at least the 16-tree's tokens)
+        policy.observe(1, 2, 1, 4.0, [3.0, 4.0, 6.0], [None, 2.0, 2.2])
+    for _ in range(3):  # then easier text, the 16-tree and the chain at the same round time
+        policy.observe(1, 1, 1, 4.0, [3.0, 4.0, 6.0], [None, 3.5, None])
+        policy.observe(1, 0, 1, 4.0, [3.0, 4.0, 6.0], [1.0, None, None])
+    assert policy._own_tokens(2) < policy._own_tokens(1)  # its own ratio is from the hard text
+    assert policy.est_tokens(1) == policy.est_tokens(2)  # lifted to the 16-tree's estimate: the tie is exact
+    rates = policy.rates(1)
+    assert rates[1] == rates[2] > rates[0]
+    assert policy.choose(1) == 2
+
+
 def test_a_ratio_decays_with_the_rounds_since_it_was_last_observed():
     """A candidate observed once long ago (a low ratio) and again now: the fresh sample outweighs the old one,
     which has decayed over the rounds between (not only over the samples between)."""
@@ -553,6 +570,40 @@ def test_policy_holds_through_slow_host_phases():
     ratios = [rate_over_best(simulate(seed, base, tokens, [8.0, 9.0, 10.5, 12.0, 13.0], 2000, 4, noise=0.10,
                                       phase_mult=1.6, phase_len=300), base, tokens) for seed in range(10)]
     assert min(ratios) > 0.95 and sum(ratios) / len(ratios) > 0.97, ratios
+
+
+def test_policy_holds_under_lease_21s_host_and_text_noise():
+    """What lease 21 found the simulation had left out, all at once on the flat tiny-like case: sampled rounds cost
+    more, the host's speed drifts (AR(1), sd 0.2 over ~250 rounds), and what a round commits moves with the text
+    (sd 0.4 over ~500 rounds) and per round (token noise 0.6), the drafter's expectations following half of it
+    (simulate_auto_flat.py at batch 4, 8 seeds: 0.985 / 0.959 of the best rate, mean / min, before exact ties went to
+    the wider tree; 0.984 / 0.969 after, the widest tree in 74% of the rounds). Here batch 1, 4 seeds."""
+    from sglang_ddtree.bench.auto_sim import rate_over_best, simulate
+
+    base, tokens, expected = [4.4] * 5, [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
+    ratios, shares = [], []
+    for seed in range(4):
+        picks = simulate(seed, base, tokens, expected, 2000, 1, noise=0.10, outlier=0.05, sampled_ms=0.3,
+                         drift_sigma=0.2, drift_rounds=250, content_sigma=0.4, content_rounds=500,
+                         token_noise=0.6)[300:]
+        ratios.append(rate_over_best(picks, base, tokens))
+        shares.append(picks.count(4) / len(picks))
+    assert min(ratios) > 0.96 and sum(ratios) / len(ratios) > 0.975, ratios
+    assert sum(shares) / len(shares) > 0.6, shares  # the widest tree runs most rounds
+
+
+def test_simulated_host_drift_and_text_noise_move_what_they_should():
+    """auto_sim's lease-21 knobs: drift and sampled-round cost change only round times (the same picks when
+    times are all alike and the widest commits the most by far), text noise changes what rounds commit; none of
+    them touches the random stream of a simulation that does not use it (earlier results reproduce)."""
+    from sglang_ddtree.bench.auto_sim import simulate
+
+    base, tokens, expected = [4.4] * 5, [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
+    plain = simulate(3, base, tokens, expected, 600, 4, noise=0.10, outlier=0.05)
+    assert simulate(3, base, tokens, expected, 600, 4, noise=0.10, outlier=0.05, drift_sigma=0.0,
+                    sampled_ms=0.0, content_sigma=0.0, token_noise=0.0) == plain
+    assert simulate(3, base, tokens, expected, 600, 4, noise=0.10, outlier=0.05, drift_sigma=0.3,
+                    drift_rounds=100) != plain
 
 
 def test_auto_log_every_is_a_positive_round_count(monkeypatch):

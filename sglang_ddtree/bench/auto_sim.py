@@ -3,6 +3,7 @@ for tests and benchmarks/simulate_auto_phases.py, no GPU."""
 
 from __future__ import annotations
 
+import math
 import random
 
 from sglang_ddtree.adaptive import CHAIN
@@ -15,7 +16,9 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
              noise: float, outlier: float = 0.0, lag: int = 2, phase_mult: float = 1.0,
              phase_len: float | None = None, start_rounds: int = 0, start_mult: float = 1.0,
              start_tokens: list[float] | None = None, policy: AutoBudgetPolicy | None = None,
-             expected_scale=None) -> list[int]:
+             expected_scale=None, sampled_ms: float = 0.0, drift_sigma: float = 0.0,
+             drift_rounds: float | None = None, content_sigma: float = 0.0, content_rounds: float | None = None,
+             token_noise: float = 0.0, expected_follows: float = 0.5) -> list[int]:
     """Candidate i's round costs base[i] ms x lognormal(noise), doubled with probability `outlier`, and x phase_mult
     while the host is in a slow phase (phases flip with probability 1 / phase_len a round; none without phase_len);
     a round commits tokens[i] per request; the drafter expects expected[i]. First rounds of a candidate are cold
@@ -23,14 +26,29 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
     late. The first start_rounds rounds (a server's first requests) cost start_mult times more and commit
     start_tokens (default tokens). policy: a fresh AutoBudgetPolicy over CANDIDATES unless given (to read its state
     afterwards). expected_scale: round -> a factor per candidate on the expectations a sampled round reports (a
-    basis that moves, as calibrated expectations do while their table learns; None: fixed). Returns the candidate
-    index chosen each round."""
+    basis that moves, as calibrated expectations do while their table learns; None: fixed). sampled_ms: what a sampled
+    round costs on top (the top-K and the tree at the largest budget, the walk's per-candidate counts; the same for
+    every candidate). drift_sigma / drift_rounds: the host's speed drifts (every round's ms x exp(x), x an AR(1)
+    process with standard deviation drift_sigma and correlation time drift_rounds rounds: lease 21's vCPUs ran one
+    Python loop in 0.32-0.68 s, their order changing from one pass to the next). content_sigma / content_rounds /
+    token_noise: what a round commits moves with the text (every candidate's tokens x exp(y) x lognormal(token_noise),
+    y an AR(1) process like the drift; one factor for all candidates of a round, so a wider tree still commits at
+    least a narrower one's tokens) and the drafter's expectations follow exp(expected_follows x y). Returns the
+    candidate index chosen each round."""
     rng = random.Random(seed)
     widths = [16] + [c + 1 for c in CANDIDATES[1:]]
     policy = policy if policy is not None else AutoBudgetPolicy(list(CANDIDATES), widths=widths)
     queue, picks, used = [], [], set()
     slow = False
+    keep = math.exp(-1.0 / drift_rounds) if drift_rounds else 0.0
+    drift = rng.gauss(0.0, drift_sigma) if drift_sigma > 0 else 0.0
+    content_keep = math.exp(-1.0 / content_rounds) if content_rounds else 0.0
+    content = rng.gauss(0.0, content_sigma) if content_sigma > 0 else 0.0
     for r in range(rounds):
+        if drift_sigma > 0:
+            drift = drift * keep + rng.gauss(0.0, drift_sigma * math.sqrt(1.0 - keep * keep))
+        if content_sigma > 0:
+            content = content * content_keep + rng.gauss(0.0, content_sigma * math.sqrt(1.0 - content_keep ** 2))
         if phase_len is not None and rng.random() < 1.0 / phase_len:
             slow = not slow
         i = policy.choose(batch)
@@ -41,10 +59,16 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
         seen = observed_candidates(policy.candidates, i)
         ms = base[i] * rng.lognormvariate(0, noise) * (2.0 if rng.random() < outlier else 1.0)
         ms *= phase_mult if slow else 1.0
+        ms += sampled_ms if sampled else 0.0
+        ms *= math.exp(drift)
         starting = r < start_rounds
         ms *= start_mult if starting else 1.0
         committed = start_tokens if starting and start_tokens is not None else tokens
         scale = expected_scale(r) if expected_scale is not None else [1.0] * len(expected)
+        if content_sigma > 0 or token_noise > 0:
+            factor = math.exp(content) * (rng.lognormvariate(0, token_noise) if token_noise > 0 else 1.0)
+            committed = [t * factor for t in committed]
+            scale = [f * math.exp(expected_follows * content) for f in scale]
         reported = [batch * e * f for e, f in zip(expected, scale)]
         queue.append((i, cold, ms, sampled, [batch * t if s else None for t, s in zip(committed, seen)], reported))
         if len(queue) > lag:
