@@ -284,7 +284,11 @@ def adaptive(out: dict) -> None:
 #   did), lease 20b (c916db4, the current chooser) for batch 4, and lease 20c (0a762d0, the current chooser and
 #   table) for batch 1 (lease 20b's batch 1: x0.953, the results README).
 SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.jsonl", "sweep_auto_8b_lease20.jsonl",
-                      "sweep_auto_8b_lease20b.jsonl", "sweep_auto_8b_bs1_lease20c.jsonl")
+                      "sweep_auto_8b_lease20b.jsonl", "sweep_auto_8b_bs1_lease20c.jsonl",
+                      "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl")
+# Servers of one configuration started side by side in one interleaved run (a setup and its --copy-setup copy): how
+# far two identical servers' tokens/s lie apart on this host.
+SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl",)
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
@@ -366,6 +370,29 @@ def sglang_auto(out: dict) -> None:
     out["sglang_auto_vs_max_per_repeat"] = _by_batch_size(paired)
 
 
+def same_config_servers(out: dict) -> None:
+    """Two servers of one configuration in one interleaved run (SAME_CONFIG_SWEEPS): the copy's tokens/s over the
+    original's per (method, budget, batch size), and per repeat. On a host-bound pair this is the floor under any
+    ratio of two servers: lease 21b's two DDTREE 128 servers differed by 11% with nothing else different."""
+    table: dict = {}
+    for name in SAME_CONFIG_SWEEPS:
+        rows = _sweep_rows(name)
+        for new, base in _copy_bases(name).items():
+            for (setup, method, budget, bs), r in rows.items():
+                twin = rows.get((base, method, budget, bs))
+                if setup != new or twin is None:
+                    continue
+                label = f"{base}|{method if budget is None else f'{method}-{budget}'}|{bs}"
+                table[label] = {
+                    "copy_over_original": round(r["decode_tokens_per_s"] / twin["decode_tokens_per_s"], 3),
+                    "per_repeat": [round(a / b, 3) for a, b in zip(r.get("decode_tokens_per_s_runs") or [],
+                                                                  twin.get("decode_tokens_per_s_runs") or [])],
+                    "source": name}
+    if not table:
+        raise ValueError(f"{SAME_CONFIG_SWEEPS}: no copied setup with a twin row")
+    out["sglang_same_config_servers"] = dict(sorted(table.items()))
+
+
 def _by_batch_size(by_setup: dict) -> dict:
     """{setup: {batch size: value}} with setups in name order and batch sizes in numeric order."""
     return {k: dict(sorted(v.items(), key=lambda kv: int(kv[0]))) for k, v in sorted(by_setup.items())}
@@ -404,11 +431,12 @@ def pad_stages(out: dict) -> None:
     out["pad_stages_captures_per_server_tiny"] = {run["sweep"]: run["captures"] for run in captures["runs"]}
 
 
-# Issue 10's calibration table measured in the server: lease 20's tiny sweep (52a645d). Its table learnt and scored
-# as at the current code; its chooser then read the table's expectations (reverted in 1bfb0c3), which changes which
-# trees were verified, not how a verified tree's prediction is scored. The harness's /flush_cache between runs reset
-# the table then (2-12 times per row): every number here is from a table learning from a cold start.
-SGLANG_CALIBRATION_SWEEP = "sweep_auto_tiny_lease20.jsonl"
+# Issue 10's calibration table measured in the server: lease 21's tiny sweep (d481e4c, the current chooser). Each
+# server's table learns from its start and is never reset during the sweep (/flush_cache keeps it since c916db4), so
+# a row's error is that of a table warmed by every earlier row of its server. (Lease 20's sweep,
+# sweep_auto_tiny_lease20.jsonl, had every table reset 2-12 times a row: 1.666 / 2.092 / 2.432 / 2.376 raw against
+# 1.475 / 1.666 / 2.062 / 1.915 calibrated.)
+SGLANG_CALIBRATION_SWEEP = "sweep_auto_tiny_lease21.jsonl"
 
 
 def sglang_calibration(out: dict) -> None:
@@ -430,7 +458,7 @@ def sglang_calibration(out: dict) -> None:
 
 
 EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, round_graphs, budgets, tp2, hybrid, adaptive,
-              sglang_auto, pad_stages, sglang_hybrid, sglang_calibration]
+              sglang_auto, same_config_servers, pad_stages, sglang_hybrid, sglang_calibration]
 
 
 def build() -> dict:

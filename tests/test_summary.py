@@ -63,3 +63,34 @@ def test_a_copied_auto_setup_is_compared_with_its_base_setups_rivals(tmp_path, m
     assert out["sglang_auto_rows_without_decode_graphs"] == {}
     # per repeat: run i over the best rival's run i (repeat 2: DDTREE 900 beats DFLASH's slow 800)
     assert out["sglang_auto_vs_max_per_repeat"] == {"tiny": {"4": [0.85, 1.1]}, "tiny-dchain": {"4": [0.99, 0.5]}}
+
+
+def test_same_config_servers_compare_a_copy_with_its_original(tmp_path, monkeypatch):
+    """`--copy-setup tiny-b=tiny` with the same methods: each copied row over the original's row of the same method,
+    budget and batch size, and per repeat; rows without a twin are left out, and a sweep without any twin fails."""
+    import importlib.util
+
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("make_summary", ROOT / "scripts" / "make_summary.py")
+    ms = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ms)
+
+    def row(setup, method, budget, tps, runs):
+        return {"kind": "result", "status": "ok", "setup": setup, "method": method, "budget": budget,
+                "batch_size": 1, "decode_tokens_per_s": tps, "decode_tokens_per_s_runs": runs}
+
+    lines = [{"kind": "run", "argv": ["--setups", "tiny,tiny-b", "--copy-setup", "tiny-b=tiny"]},
+             row("tiny", "ddtree", 128, 1000.0, [1000.0, 800.0]), row("tiny-b", "ddtree", 128, 900.0, [900.0, 880.0]),
+             row("tiny", "auto", None, 700.0, [700.0, 700.0]), row("tiny-b", "dflash", None, 500.0, [500.0])]
+    (tmp_path / "twins.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    monkeypatch.setattr(ms, "RESULTS", tmp_path)
+    monkeypatch.setattr(ms, "SAME_CONFIG_SWEEPS", ("twins.jsonl",))
+    out = {}
+    ms.same_config_servers(out)
+    assert out["sglang_same_config_servers"] == {
+        "tiny|ddtree-128|1": {"copy_over_original": 0.9, "per_repeat": [0.9, 1.1], "source": "twins.jsonl"}}
+    (tmp_path / "lonely.jsonl").write_text("\n".join(json.dumps(x) for x in lines[:2]) + "\n")
+    monkeypatch.setattr(ms, "SAME_CONFIG_SWEEPS", ("lonely.jsonl",))
+    with pytest.raises(ValueError, match="no copied setup"):
+        ms.same_config_servers({})

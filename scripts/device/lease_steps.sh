@@ -38,6 +38,8 @@
 #        both ended, copies their results into OUTDIR (6 files); exit 3 while one still runs
 #   bash scripts/device/lease_steps.sh tiny-auto-profile OUTDIR COMMIT   # one GPU, ALONE, ~4 min: profile_rounds of
 #        the tiny pair's DDTREE 128 and auto at batch 4
+#   bash scripts/device/lease_steps.sh tiny-twins OUTDIR COMMIT   # one GPU, ALONE, ~3-7 min: two servers each of
+#        DDTREE 128 and auto (setup tiny and its copy tiny-b), interleaved, batch TW_BATCH_SIZES (default 1)
 #   bash scripts/device/lease_steps.sh detach NAME STEP [ARGS...]   # any step above, detached (outlives the call)
 #        from a copy of the repo in /tmp/detached/NAME/repo; log /tmp/detached/NAME.log, exit status NAME.rc
 #   bash scripts/device/lease_steps.sh wait-detached NAME WAIT_S   # waits up to WAIT_S; exit 3 while it runs
@@ -468,6 +470,26 @@ tiny-auto-profile)
     echo "tiny auto profile exit $rc" >> /tmp/tp/run.log
     tar -cJf "$out/tiny_auto_profile.tar.xz" -C /tmp tp
     tail -n 12 /tmp/tp/run.log
+    ;;
+tiny-twins)
+    # Two servers of each configuration started together (setup tiny and its copy tiny-b: DDTREE 128 and auto),
+    # interleaved: how far identical servers lie apart on this host, and which trees two auto servers run (lease
+    # 21b: x0.887 between two DDTREE 128 servers). TW_BATCH_SIZES (default 1), TW_REPEATS (3), TW_MINUTES (6.8).
+    out=${1:?outdir}
+    commit=${2:?commit}
+    rm -rf /tmp/tw
+    mkdir -p "$out" /tmp/tw
+    rc=0
+    CUDA_VISIBLE_DEVICES=0 timeout 540 python3 benchmarks/bench_budgets.py --setups tiny,tiny-b \
+        --copy-setup tiny-b=tiny --set all.methods=ddtree,auto --set all.budgets=128 \
+        --set all.batch_sizes="${TW_BATCH_SIZES:-1}" --set all.max_new_tokens=1024 --set all.warmup_new_tokens=128 \
+        --set all.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 --repeats "${TW_REPEATS:-3}" --prompt-groups 4 \
+        --interleave --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes "${TW_MINUTES:-6.8}" \
+        --out /tmp/tw/sweep --log-dir /tmp/tw/logs --commit "$commit" > /tmp/tw/run.log 2>&1 || rc=$?
+    echo "tiny twins exit $rc" | tee -a /tmp/tw/run.log
+    cp /tmp/tw/sweep/bench_budgets.jsonl "$out/sweep_twins.jsonl" || true
+    tar -cJf "$out/tiny_twins_logs.tar.xz" -C /tmp tw/run.log tw/logs
+    tail -n 8 /tmp/tw/run.log
     ;;
 detach)
     name=${1:?name}
