@@ -60,6 +60,13 @@ CASES = {
                                                             outlier=0.01, tokens=[1.0] * 5,
                                                             expected=[1.5, 2.0, 3.0, 4.0, 6.0], drift_sigma=0.2,
                                                             drift_rounds=250),
+    # Lease 21e's tiny batch-1 servers (sweep_twins_tiny_lease21e.jsonl): ~1400 rounds from the server's start, the
+    # chain's round cheaper (3.75 against ~4.4 ms), a round's tokens drawn per round (Poisson counts, a wider tree
+    # adding to the narrower one's), a new prompt every 350 rounds, the first 20 rounds 1.5x slow. Both servers kept
+    # the 128-tree out for hundreds of rounds: its cost floor came from a narrower tree's slow first rounds.
+    "tiny-like batch 1 from the start: Poisson tokens, prompts, slow start": dict(
+        base=[3.75, 4.4, 4.4, 4.4, 4.4], noise=0.10, outlier=0.05, rounds=1400, skip=0, seeds=24, batch=1,
+        poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350, start_rounds=20, start_mult=1.5),
     # tests/test_sglang_auto.py's scenarios, with more seeds
     "slow start committing little (lock-out test)": dict(base=[4.4, 4.5, 4.6, 4.68, 4.75], noise=0.08, outlier=0.0,
                                                          tokens=LOCKOUT_TOKENS, expected=[4.0, 4.8, 5.2, 5.5, 5.9],
@@ -102,10 +109,11 @@ def main(argv=None) -> int:
         tokens, expected = case.get("tokens", TOKENS), case.get("expected", EXPECTED)
         rounds, skip, seeds = case.get("rounds", args.rounds), case.get("skip", args.skip), case.get("seeds", args.seeds)
         start = {k: case[k] for k in ("start_rounds", "start_mult", "start_tokens", "sampled_ms", "drift_sigma",
-                                      "drift_rounds", "content_sigma", "content_rounds", "token_noise") if k in case}
+                                      "drift_rounds", "content_sigma", "content_rounds", "token_noise",
+                                      "poisson_tokens", "prompt_sigma", "prompt_rounds") if k in case}
         ratios, shares = [], [0] * len(tokens)
         for seed in range(seeds):
-            picks = auto_sim.simulate(seed, case["base"], tokens, expected, rounds, 4, case["noise"],
+            picks = auto_sim.simulate(seed, case["base"], tokens, expected, rounds, case.get("batch", 4), case["noise"],
                                       case["outlier"], 2, phase_mult=case.get("phase_mult", 1.0),
                                       phase_len=case.get("phase_len"), **start)[skip:]
             ratios.append(auto_sim.rate_over_best(picks, case["base"], tokens))

@@ -288,7 +288,7 @@ SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.js
                       "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl")
 # Servers of one configuration started side by side in one interleaved run (a setup and its --copy-setup copy): how
 # far two identical servers' tokens/s lie apart on this host.
-SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl",)
+SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl")
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
@@ -383,14 +383,14 @@ def same_config_servers(out: dict) -> None:
                 if setup != new or twin is None:
                     continue
                 label = f"{base}|{method if budget is None else f'{method}-{budget}'}|{bs}"
-                table[label] = {
-                    "copy_over_original": round(r["decode_tokens_per_s"] / twin["decode_tokens_per_s"], 3),
-                    "per_repeat": [round(a / b, 3) for a, b in zip(r.get("decode_tokens_per_s_runs") or [],
-                                                                  twin.get("decode_tokens_per_s_runs") or [])],
-                    "source": name}
-    if not table:
-        raise ValueError(f"{SAME_CONFIG_SWEEPS}: no copied setup with a twin row")
-    out["sglang_same_config_servers"] = dict(sorted(table.items()))
+                entry = {"copy_over_original": round(r["decode_tokens_per_s"] / twin["decode_tokens_per_s"], 3)}
+                runs = list(zip(r.get("decode_tokens_per_s_runs") or [], twin.get("decode_tokens_per_s_runs") or []))
+                if len(runs) > 1:
+                    entry["per_repeat"] = [round(a / b, 3) for a, b in runs]
+                table.setdefault(name, {})[label] = entry
+        if name not in table:
+            raise ValueError(f"{name}: no copied setup with a twin row")
+    out["sglang_same_config_servers"] = {name: dict(sorted(rows.items())) for name, rows in table.items()}
 
 
 def _by_batch_size(by_setup: dict) -> dict:

@@ -606,6 +606,31 @@ def test_simulated_host_drift_and_text_noise_move_what_they_should():
                     drift_rounds=100) != plain
 
 
+def test_simulated_poisson_tokens_keep_a_wider_tree_at_or_above_a_narrower_one():
+    """poisson_tokens: each round's committed tokens are drawn (a wider tree adds a Poisson count to the narrower
+    one's), so per round the observed tree candidates never decrease with width, their means follow `tokens`, and
+    a new prompt every prompt_rounds rounds moves them together."""
+    from sglang_ddtree.bench.auto_sim import CANDIDATES, simulate
+
+    seen = []
+
+    class Recording(AutoBudgetPolicy):
+        def observe(self, bucket, chosen, batch_size, round_ms, expected_sum, observed_sum):
+            seen.append(observed_sum)
+            super().observe(bucket, chosen, batch_size, round_ms, expected_sum, observed_sum)
+
+    widths = [16] + [c + 1 for c in CANDIDATES[1:]]
+    tokens = [2.5, 3.0, 3.5, 4.5, 5.0]
+    policy = Recording(list(CANDIDATES), widths=widths, explore_all=True)
+    simulate(0, [4.4] * 5, tokens, [3.0, 4.0, 5.0, 6.0, 7.0], 3000, 1, noise=0.1, policy=policy,
+             poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350)
+    trees = [[o for o in obs[1:] if o is not None] for obs in seen]
+    assert all(a <= b for t in trees for a, b in zip(t, t[1:]))
+    assert all(float(o).is_integer() for obs in seen for o in obs if o is not None)
+    firsts = [obs[1] for obs in seen if obs[1] is not None]
+    assert len(firsts) > 1000 and 2.4 < sum(firsts) / len(firsts) < 3.8  # 1 + 2.0 x exp(text), text ~ N(0, 0.3)
+
+
 def test_auto_log_every_is_a_positive_round_count(monkeypatch):
     from sglang_ddtree.sglang.auto import auto_log_every
 
@@ -648,3 +673,37 @@ def test_shrink_z_per_policy_and_from_the_environment(monkeypatch):
     monkeypatch.setattr(auto, "SHRINK_Z", 0.0)
     assert per_policy == run()  # the module without shrinkage
     assert per_policy != default
+
+
+def test_floor_fresh_from_the_environment_and_its_effect_on_a_slow_start(monkeypatch):
+    """SGLANG_DDTREE_AUTO_FLOOR_FRESH (an A/B knob, off by default): cost floors from other candidates' times of the
+    bucket's last N rounds only. Lease 21e's case: a narrower tree timed in the server's slow first rounds keeps the
+    wider trees' floors above what they cost, so they are not explored for hundreds of rounds; with fresh floors
+    they are (auto_flat_sim.json's tiny-like case, 24 seeds: worst seed 0.887 -> 0.979 of the best rate)."""
+    from sglang_ddtree.bench.auto_sim import CANDIDATES, rate_over_best, simulate
+    from sglang_ddtree.sglang import auto
+
+    monkeypatch.delenv("SGLANG_DDTREE_AUTO_FLOOR_FRESH", raising=False)
+    assert auto.auto_floor_fresh() is None
+    for raw, want in (("0", None), ("64", 64)):
+        monkeypatch.setenv("SGLANG_DDTREE_AUTO_FLOOR_FRESH", raw)
+        assert auto.auto_floor_fresh() == want
+    for bad in ("-1", "soon", "1.5"):
+        monkeypatch.setenv("SGLANG_DDTREE_AUTO_FLOOR_FRESH", bad)
+        with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_FLOOR_FRESH"):
+            auto.auto_floor_fresh()
+
+    base, tokens, expected = [3.75, 4.4, 4.4, 4.4, 4.4], [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
+    widths = [16] + [c + 1 for c in CANDIDATES[1:]]
+
+    def worst(floor_fresh):
+        ratios = []
+        for seed in range(24):
+            policy = AutoBudgetPolicy(list(CANDIDATES), widths=widths, floor_fresh=floor_fresh)
+            picks = simulate(seed, base, tokens, expected, 1400, 1, 0.10, 0.05, policy=policy, poisson_tokens=True,
+                             prompt_sigma=0.3, prompt_rounds=350, start_rounds=20, start_mult=1.5)
+            ratios.append(rate_over_best(picks, base, tokens))
+        return min(ratios)
+
+    before, after = worst(None), worst(64)
+    assert before < 0.92 and after > 0.95, (before, after)

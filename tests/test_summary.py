@@ -89,8 +89,8 @@ def test_same_config_servers_compare_a_copy_with_its_original(tmp_path, monkeypa
     out = {}
     ms.same_config_servers(out)
     assert out["sglang_same_config_servers"] == {
-        "tiny|ddtree-128|1": {"copy_over_original": 0.9, "per_repeat": [0.9, 1.1], "source": "twins.jsonl"}}
+        "twins.jsonl": {"tiny|ddtree-128|1": {"copy_over_original": 0.9, "per_repeat": [0.9, 1.1]}}}
     (tmp_path / "lonely.jsonl").write_text("\n".join(json.dumps(x) for x in lines[:2]) + "\n")
     monkeypatch.setattr(ms, "SAME_CONFIG_SWEEPS", ("lonely.jsonl",))
-    with pytest.raises(ValueError, match="no copied setup"):
+    with pytest.raises(ValueError, match="lonely.jsonl: no copied setup"):
         ms.same_config_servers({})

@@ -39,7 +39,8 @@
 #   bash scripts/device/lease_steps.sh tiny-auto-profile OUTDIR COMMIT   # one GPU, ALONE, ~4 min: profile_rounds of
 #        the tiny pair's DDTREE 128 and auto at batch 4
 #   bash scripts/device/lease_steps.sh tiny-twins OUTDIR COMMIT   # one GPU, ALONE, ~3-7 min: two servers each of
-#        DDTREE 128 and auto (setup tiny and its copy tiny-b), interleaved, batch TW_BATCH_SIZES (default 1)
+#        DDTREE 128 and auto (setup tiny and its copy tiny-b), interleaved, batch TW_BATCH_SIZES (default 1);
+#        TW_FLOOR_FRESH=N gives tiny-b's auto SGLANG_DDTREE_AUTO_FLOOR_FRESH=N
 #   bash scripts/device/lease_steps.sh detach NAME STEP [ARGS...]   # any step above, detached (outlives the call)
 #        from a copy of the repo in /tmp/detached/NAME/repo; log /tmp/detached/NAME.log, exit status NAME.rc
 #   bash scripts/device/lease_steps.sh wait-detached NAME WAIT_S   # waits up to WAIT_S; exit 3 while it runs
@@ -475,6 +476,7 @@ tiny-twins)
     # Two servers of each configuration started together (setup tiny and its copy tiny-b: DDTREE 128 and auto),
     # interleaved: how far identical servers lie apart on this host, and which trees two auto servers run (lease
     # 21b: x0.887 between two DDTREE 128 servers). TW_BATCH_SIZES (default 1), TW_REPEATS (3), TW_MINUTES (6.8).
+    # TW_FLOOR_FRESH=N: tiny-b's auto runs with SGLANG_DDTREE_AUTO_FLOOR_FRESH=N (an A/B of that knob, same run).
     out=${1:?outdir}
     commit=${2:?commit}
     rm -rf /tmp/tw
@@ -483,7 +485,9 @@ tiny-twins)
     CUDA_VISIBLE_DEVICES=0 timeout 540 python3 benchmarks/bench_budgets.py --setups tiny,tiny-b \
         --copy-setup tiny-b=tiny --set all.methods=ddtree,auto --set all.budgets=128 \
         --set all.batch_sizes="${TW_BATCH_SIZES:-1}" --set all.max_new_tokens=1024 --set all.warmup_new_tokens=128 \
-        --set all.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 --repeats "${TW_REPEATS:-3}" --prompt-groups 4 \
+        --set all.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 \
+        ${TW_FLOOR_FRESH:+--set tiny-b.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100,SGLANG_DDTREE_AUTO_FLOOR_FRESH=$TW_FLOOR_FRESH} \
+        --repeats "${TW_REPEATS:-3}" --prompt-groups 4 \
         --interleave --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes "${TW_MINUTES:-6.8}" \
         --out /tmp/tw/sweep --log-dir /tmp/tw/logs --commit "$commit" > /tmp/tw/run.log 2>&1 || rc=$?
     echo "tiny twins exit $rc" | tee -a /tmp/tw/run.log

@@ -18,7 +18,8 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
              start_tokens: list[float] | None = None, policy: AutoBudgetPolicy | None = None,
              expected_scale=None, sampled_ms: float = 0.0, drift_sigma: float = 0.0,
              drift_rounds: float | None = None, content_sigma: float = 0.0, content_rounds: float | None = None,
-             token_noise: float = 0.0, expected_follows: float = 0.5) -> list[int]:
+             token_noise: float = 0.0, expected_follows: float = 0.5, prompt_sigma: float = 0.0,
+             prompt_rounds: int | None = None, poisson_tokens: bool = False) -> list[int]:
     """Candidate i's round costs base[i] ms x lognormal(noise), doubled with probability `outlier`, and x phase_mult
     while the host is in a slow phase (phases flip with probability 1 / phase_len a round; none without phase_len);
     a round commits tokens[i] per request; the drafter expects expected[i]. First rounds of a candidate are cold
@@ -33,8 +34,12 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
     Python loop in 0.32-0.68 s, their order changing from one pass to the next). content_sigma / content_rounds /
     token_noise: what a round commits moves with the text (every candidate's tokens x exp(y) x lognormal(token_noise),
     y an AR(1) process like the drift; one factor for all candidates of a round, so a wider tree still commits at
-    least a narrower one's tokens) and the drafter's expectations follow exp(expected_follows x y). Returns the
-    candidate index chosen each round."""
+    least a narrower one's tokens) and the drafter's expectations follow exp(expected_follows x y). prompt_sigma /
+    prompt_rounds: the text changes at once every prompt_rounds rounds (a new prompt: y ~ N(0, prompt_sigma), held;
+    lease 21e's batch-1 rows ran 4 prompts of ~350 rounds each). poisson_tokens: a round's committed tokens are
+    drawn, not scaled: the chain and the narrowest tree 1 + Poisson((tokens[i] - 1) x exp(y)) each, every wider tree
+    the next narrower one's plus Poisson((tokens[j] - tokens[j - 1]) x exp(y)) (per round a wider tree commits at
+    least as much, by a count that is often 0). Returns the candidate index chosen each round."""
     rng = random.Random(seed)
     widths = [16] + [c + 1 for c in CANDIDATES[1:]]
     policy = policy if policy is not None else AutoBudgetPolicy(list(CANDIDATES), widths=widths)
@@ -44,7 +49,10 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
     drift = rng.gauss(0.0, drift_sigma) if drift_sigma > 0 else 0.0
     content_keep = math.exp(-1.0 / content_rounds) if content_rounds else 0.0
     content = rng.gauss(0.0, content_sigma) if content_sigma > 0 else 0.0
+    prompt = 0.0
     for r in range(rounds):
+        if prompt_sigma > 0 and prompt_rounds and r % prompt_rounds == 0:
+            prompt = rng.gauss(0.0, prompt_sigma)
         if drift_sigma > 0:
             drift = drift * keep + rng.gauss(0.0, drift_sigma * math.sqrt(1.0 - keep * keep))
         if content_sigma > 0:
@@ -65,16 +73,35 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
         ms *= start_mult if starting else 1.0
         committed = start_tokens if starting and start_tokens is not None else tokens
         scale = expected_scale(r) if expected_scale is not None else [1.0] * len(expected)
-        if content_sigma > 0 or token_noise > 0:
-            factor = math.exp(content) * (rng.lognormvariate(0, token_noise) if token_noise > 0 else 1.0)
-            committed = [t * factor for t in committed]
-            scale = [f * math.exp(expected_follows * content) for f in scale]
+        text = content + prompt
+        if content_sigma > 0 or token_noise > 0 or prompt_sigma > 0 or poisson_tokens:
+            factor = math.exp(text) * (rng.lognormvariate(0, token_noise) if token_noise > 0 else 1.0)
+            scale = [f * math.exp(expected_follows * text) for f in scale]
+            if poisson_tokens:
+                t = committed
+                drawn = [1 + _poisson(rng, (t[0] - 1) * factor), 1 + _poisson(rng, (t[1] - 1) * factor)]
+                for j in range(2, len(t)):
+                    drawn.append(drawn[-1] + _poisson(rng, max(0.0, t[j] - t[j - 1]) * factor))
+                committed = drawn
+            else:
+                committed = [t * factor for t in committed]
         reported = [batch * e * f for e, f in zip(expected, scale)]
         queue.append((i, cold, ms, sampled, [batch * t if s else None for t, s in zip(committed, seen)], reported))
         if len(queue) > lag:
             j, was_cold, mj, smp, obs, exp = queue.pop(0)
             policy.observe(batch, j, batch, None if was_cold else mj, exp if smp else None, obs)
     return picks
+
+
+def _poisson(rng: random.Random, lam: float) -> int:
+    """A Poisson draw (Knuth's product of uniforms; lam here is a few tokens at most)."""
+    if lam <= 0:
+        return 0
+    limit, k, p = math.exp(-lam), 0, rng.random()
+    while p > limit:
+        k += 1
+        p *= rng.random()
+    return k
 
 
 def rate_over_best(picks: list[int], base: list[float], tokens: list[float]) -> float:

@@ -145,6 +145,13 @@ class AutoBudgetPolicy:
     # GPU: one slow 64-tree time ruled the 128-tree out at batch 1 for all of a short test).
     explore_all: bool = False
     shrink_z: float | None = None  # the trees' time shrinkage for this policy (None: the module's SHRINK_Z)
+    # Cost floors from other candidates' times measured in the bucket's last floor_fresh rounds only (None or 0:
+    # every recent time, as before). Lease 21e: a narrower tree's slow first rounds, at the server's start, floored
+    # the 64- and 128-trees out of exploration for ~250 rounds. Simulated (auto_flat_sim.json's tiny-like case,
+    # mean / min of the best rate): 0.981 / 0.887 -> 0.990 / 0.979 at 64 rounds, the 8B-like batch-16 case 0.998 ->
+    # 0.993 (the wide trees explored once, then probed when stale). Off until a GPU run decides
+    # (SGLANG_DDTREE_AUTO_FLOOR_FRESH; lease_steps.sh tiny-twins with TW_FLOOR_FRESH).
+    floor_fresh: int | None = None
     probe_every: int = 64
     half_life_rounds: float = 200.0
     expected: list[_Decayed] = field(default_factory=list)  # expected tokens per request
@@ -297,13 +304,15 @@ class AutoBudgetPolicy:
         own = self._least_ms(b, i)
         if own is not None:
             return own * (1.0 - NOISE)
+        usable = [bool(b.recent[j]) and (not self.floor_fresh or b.rounds - b.last_measured[j] <= self.floor_fresh)
+                  for j in range(len(self.candidates))]
         narrower = [self._least_ms(b, j) for j in range(len(self.candidates))
-                    if j != i and self.widths[j] <= self.widths[i] and b.recent[j]]
+                    if j != i and self.widths[j] <= self.widths[i] and usable[j]]
         if not narrower:
             return None
         floor = max(narrower)
         trees = [(self.widths[j], self._least_ms(b, j)) for j in range(len(self.candidates))
-                 if j != i and self.candidates[j] != CHAIN and self.widths[j] < self.widths[i] and b.recent[j]]
+                 if j != i and self.candidates[j] != CHAIN and self.widths[j] < self.widths[i] and usable[j]]
         if len(trees) >= 2:
             (w1, t1), (w2, t2) = min(trees), max(trees)
             if w2 > w1:
@@ -461,6 +470,22 @@ def auto_shrink_z() -> float | None:
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"SGLANG_DDTREE_AUTO_SHRINK_Z must be a number >= 0 (standard errors), got {raw!r}.")
     return value
+
+
+def auto_floor_fresh() -> int | None:
+    """SGLANG_DDTREE_AUTO_FLOOR_FRESH: the policy's floor_fresh for this server (None when unset or 0: every recent
+    time bounds the wider candidates), for an A/B in one interleaved run (lease_steps.sh tiny-twins,
+    TW_FLOOR_FRESH)."""
+    raw = os.environ.get("SGLANG_DDTREE_AUTO_FLOOR_FRESH")
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"SGLANG_DDTREE_AUTO_FLOOR_FRESH must be a round count >= 0 (0: off), got {raw!r}.")
+    return value or None
 
 
 def auto_log_every() -> int:

@@ -63,8 +63,8 @@ from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
-from sglang_ddtree.sglang.auto import (AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, auto_log_every,
-                                      auto_shrink_z)
+from sglang_ddtree.sglang.auto import (AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, auto_floor_fresh,
+                                      auto_log_every, auto_shrink_z)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -315,7 +315,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 for sampled in (True, False)})
         policy = AutoBudgetPolicy(list(candidates), widths=widths,
                                   explore_all=os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_ALL") == "1",
-                                  shrink_z=auto_shrink_z())
+                                  shrink_z=auto_shrink_z(), floor_fresh=auto_floor_fresh())
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
         calibration = CalibrationMonitor(calibrator, self.stats.prometheus)
