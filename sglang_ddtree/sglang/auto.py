@@ -349,7 +349,7 @@ class AutoBudgetPolicy:
         # a narrower one's is estimated at the narrower one's tokens (est_tokens), and SHRINK_Z pools times that
         # noise cannot tell apart, yet per round the wider tree commits at least as much and observes every
         # narrower tree's tokens. The narrowest won such ties until lease 21, whose tiny batch-1 servers ran the
-        # 16- to 64-trees in 58-63% of their rounds. Simulated (simulate_auto_flat.py, 8-20 seeds, mean / min of
+        # 16- to 64-trees in 70% / 64% of their rounds (leases 21 / 21b). Simulated (simulate_auto_flat.py, 8-20 seeds, mean / min of
         # the best rate): token noise and content drift 0.990 / 0.964 -> 0.995 / 0.989, the lock-out test
         # 0.993 / 0.971 -> 0.996 / 0.988, the cases without exact ties unchanged.
         known = [(r, i) for i, r in enumerate(rates) if r is not None and math.isfinite(r)]
