@@ -701,3 +701,25 @@ def test_split_chunk_parts_install_one_call_at_a_time(tmp_path):
         run_install([part], bad_site, "auto")
     res = run_install([parts[-1]], bad_site, "auto")
     assert res.returncode == 2 and "sha256" in res.stderr and not (bad_site / "pkg").exists()
+
+
+def test_vcpu_speed_samples_every_vcpu_and_restores_the_affinity(tmp_path):
+    """scripts/device/vcpu_speed.py (lease 21's per-vCPU speed, over time): every allowed vCPU sampled each pass,
+    the process's own affinity restored, and the lag-1 correlation right on known series."""
+    mod = load_script("vcpu_speed")
+    before = os.sched_getaffinity(0)
+    out = tmp_path / "v.json"
+    assert mod.main(["--seconds", "0.3", "--iterations", "2000", "--out", str(out)]) == 0
+    assert os.sched_getaffinity(0) == before
+    result = json.loads(out.read_text())
+    cpus = sorted(before)
+    assert result["cpus"] == cpus and result["passes"] >= 1
+    assert len(result["samples"]) == result["passes"] * len(cpus)
+    assert all(s["s"] > 0 for s in result["samples"])
+    assert set(result["per_cpu"]) == {str(c) for c in cpus}
+    assert result["max_over_min"] >= 1.0
+    assert mod.lag1_correlation([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(1.0)
+    assert mod.lag1_correlation([1.0, -1.0, 1.0, -1.0, 1.0]) == pytest.approx(-1.0)
+    assert mod.lag1_correlation([2.0, 2.0, 2.0]) is None and mod.lag1_correlation([1.0, 2.0]) is None
+    with pytest.raises(SystemExit):
+        mod.main(["--seconds", "0", "--out", str(out)])
