@@ -456,36 +456,32 @@ def observed_candidates(candidates: list[int], chosen: int) -> list[bool]:
     return [b != CHAIN and b <= c for b in candidates]
 
 
+def _env_at_least(name: str, kind, minimum, what: str):
+    """A knob from the environment: None when unset or empty, else kind(value) >= minimum (ValueError otherwise)."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or (isinstance(value, float) and not math.isfinite(value)) or value < minimum:
+        raise ValueError(f"{name} must be {what}, got {raw!r}.")
+    return value
+
+
 def auto_shrink_z() -> float | None:
     """SGLANG_DDTREE_AUTO_SHRINK_Z: the policy's SHRINK_Z for this server (None when unset: the module's value), so
     that one interleaved sweep can run `auto` with and without the time shrinkage side by side (lease_steps.sh
     auto-final with AF_SHRINK_AB=1; lease 20 changed two things at once and could not tell them apart)."""
-    raw = os.environ.get("SGLANG_DDTREE_AUTO_SHRINK_Z")
-    if raw is None or raw == "":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"SGLANG_DDTREE_AUTO_SHRINK_Z must be a number >= 0 (standard errors), got {raw!r}.")
-    return value
+    return _env_at_least("SGLANG_DDTREE_AUTO_SHRINK_Z", float, 0.0, "a number >= 0 (standard errors)")
 
 
 def auto_floor_fresh() -> int | None:
     """SGLANG_DDTREE_AUTO_FLOOR_FRESH: the policy's floor_fresh for this server (None when unset or 0: every recent
     time bounds the wider candidates), for an A/B in one interleaved run (lease_steps.sh tiny-twins,
     TW_FLOOR_FRESH)."""
-    raw = os.environ.get("SGLANG_DDTREE_AUTO_FLOOR_FRESH")
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"SGLANG_DDTREE_AUTO_FLOOR_FRESH must be a round count >= 0 (0: off), got {raw!r}.")
-    return value or None
+    return _env_at_least("SGLANG_DDTREE_AUTO_FLOOR_FRESH", int, 0, "a round count >= 0 (0: off)") or None
 
 
 def auto_log_every() -> int:
