@@ -3,8 +3,9 @@ widest tree, and how close its picks stay to the best candidate's rate, when eve
 same and wider trees commit more - lease 19's tiny pair (sweep_auto_tiny_lease19.jsonl: at batch 1 the chooser timed
 the 32-, 64- and 128-trees at 4.31 / 4.41 / 4.32 ms and gave the narrower ones 32% of its rounds). Next to it:
 8B-like cases where the chain should win, a case with real cost gaps, and the scenarios of tests/test_sglang_auto.py
-that guard against lock-outs (a slow start, one slow sample, slow host phases). `--shrink-z Z` and `--recent N`
-evaluate the chooser with auto.SHRINK_Z / auto.RECENT set to them (0: no shrinkage).
+that guard against lock-outs (a slow start, one slow sample, slow host phases). `--shrink-z Z`, `--recent N` and
+`--floor-fresh N` evaluate the chooser with auto.SHRINK_Z / auto.RECENT / auto.FLOOR_FRESH set to them (0: no
+shrinkage; no freshness limit).
 
     python benchmarks/simulate_auto_flat.py --out benchmarks/results/auto_flat_sim.json
     python benchmarks/simulate_auto_flat.py --shrink-z 0 --out benchmarks/results/auto_flat_sim_z0.json
@@ -92,6 +93,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", type=int, default=300, help="first rounds left out (exploration)")
     ap.add_argument("--shrink-z", type=float, default=None, help="auto.SHRINK_Z for this run (default: the code's)")
     ap.add_argument("--recent", type=int, default=None, help="auto.RECENT for this run (default: the code's)")
+    ap.add_argument("--floor-fresh", type=int, default=None,
+                    help="auto.FLOOR_FRESH for this run (rounds; 0: off; default: the code's)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.rounds <= args.skip:
@@ -100,6 +103,10 @@ def main(argv=None) -> int:
         if args.recent < 1:
             ap.error("--recent must be >= 1")
         auto.RECENT = args.recent  # read when a bucket's deques are made
+    if args.floor_fresh is not None:
+        if args.floor_fresh < 0:
+            ap.error("--floor-fresh must be >= 0")
+        auto.FLOOR_FRESH = args.floor_fresh
     if args.shrink_z is not None:
         if args.shrink_z < 0:
             ap.error("--shrink-z must be >= 0")
@@ -131,7 +138,8 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps({
             "date": time.strftime("%Y-%m-%d"), "machine": "CPU (this repo's dev machine, 2 cores)",
             "command": "python benchmarks/simulate_auto_flat.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "recent": auto.RECENT, "shrink_z": auto.SHRINK_Z, "cases": rows}, indent=1))
+            "recent": auto.RECENT, "shrink_z": auto.SHRINK_Z, "floor_fresh": auto.FLOOR_FRESH,
+            "cases": rows}, indent=1))
     return 0
 
 

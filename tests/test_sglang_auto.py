@@ -685,7 +685,7 @@ def test_floor_fresh_from_the_environment_and_its_effect_on_a_slow_start(monkeyp
 
     monkeypatch.delenv("SGLANG_DDTREE_AUTO_FLOOR_FRESH", raising=False)
     assert auto.auto_floor_fresh() is None
-    for raw, want in (("0", None), ("64", 64)):
+    for raw, want in (("0", 0), ("64", 64)):
         monkeypatch.setenv("SGLANG_DDTREE_AUTO_FLOOR_FRESH", raw)
         assert auto.auto_floor_fresh() == want
     for bad in ("-1", "soon", "1.5"):

@@ -106,6 +106,10 @@ SHRINK_Z = 1.0
 # - probe and exploration rounds carry the expectations (`probing`), so a probe also refreshes the ratio.
 STALE_ROUNDS = 256
 
+# Cost floors use other candidates' times from the bucket's last FLOOR_FRESH rounds only (0: every recent time).
+# Off by default; see AutoBudgetPolicy.floor_fresh.
+FLOOR_FRESH = 0
+
 
 @dataclass
 class _Decayed:
@@ -145,8 +149,8 @@ class AutoBudgetPolicy:
     # GPU: one slow 64-tree time ruled the 128-tree out at batch 1 for all of a short test).
     explore_all: bool = False
     shrink_z: float | None = None  # the trees' time shrinkage for this policy (None: the module's SHRINK_Z)
-    # Cost floors from other candidates' times measured in the bucket's last floor_fresh rounds only (None or 0:
-    # every recent time, as before). Lease 21e: a narrower tree's slow first rounds, at the server's start, floored
+    # Cost floors from other candidates' times measured in the bucket's last floor_fresh rounds only (None: the
+    # module's FLOOR_FRESH; 0: every recent time, as before). Lease 21e: a narrower tree's slow first rounds, at the server's start, floored
     # the 64- and 128-trees out of exploration for ~250 rounds. Simulated (auto_flat_sim.json's tiny-like case,
     # mean / min of the best rate): 0.981 / 0.887 -> 0.990 / 0.979 at 64 rounds, the 8B-like batch-16 case 0.998 ->
     # 0.993 (the wide trees explored once, then probed when stale). Off until a GPU run decides
@@ -304,7 +308,8 @@ class AutoBudgetPolicy:
         own = self._least_ms(b, i)
         if own is not None:
             return own * (1.0 - NOISE)
-        usable = [bool(b.recent[j]) and (not self.floor_fresh or b.rounds - b.last_measured[j] <= self.floor_fresh)
+        fresh = FLOOR_FRESH if self.floor_fresh is None else self.floor_fresh
+        usable = [bool(b.recent[j]) and (not fresh or b.rounds - b.last_measured[j] <= fresh)
                   for j in range(len(self.candidates))]
         narrower = [self._least_ms(b, j) for j in range(len(self.candidates))
                     if j != i and self.widths[j] <= self.widths[i] and usable[j]]
@@ -349,9 +354,10 @@ class AutoBudgetPolicy:
         # a narrower one's is estimated at the narrower one's tokens (est_tokens), and SHRINK_Z pools times that
         # noise cannot tell apart, yet per round the wider tree commits at least as much and observes every
         # narrower tree's tokens. The narrowest won such ties until lease 21, whose tiny batch-1 servers ran the
-        # 16- to 64-trees in 70% / 64% of their rounds (leases 21 / 21b). Simulated (simulate_auto_flat.py, 8-20 seeds, mean / min of
-        # the best rate): token noise and content drift 0.990 / 0.964 -> 0.995 / 0.989, the lock-out test
-        # 0.993 / 0.971 -> 0.996 / 0.988, the cases without exact ties unchanged.
+        # 16- to 64-trees in 70% / 64% of their rounds (leases 21 / 21b). Simulated (simulate_auto_flat.py, mean /
+        # min of the best rate over 8-20 seeds, auto_flat_sim_narrowest_ties.json against auto_flat_sim.json): token
+        # noise and content drift 0.990 / 0.964 -> 0.995 / 0.989, the lock-out test 0.993 / 0.971 -> 0.996 / 0.988,
+        # every other case within 0.001 of its mean or better.
         known = [(r, i) for i, r in enumerate(rates) if r is not None and math.isfinite(r)]
         best = max(known)[1] if known else None
         best_rate = rates[best] if best is not None else None
@@ -478,10 +484,10 @@ def auto_shrink_z() -> float | None:
 
 
 def auto_floor_fresh() -> int | None:
-    """SGLANG_DDTREE_AUTO_FLOOR_FRESH: the policy's floor_fresh for this server (None when unset or 0: every recent
-    time bounds the wider candidates), for an A/B in one interleaved run (lease_steps.sh tiny-twins,
-    TW_FLOOR_FRESH)."""
-    return _env_at_least("SGLANG_DDTREE_AUTO_FLOOR_FRESH", int, 0, "a round count >= 0 (0: off)") or None
+    """SGLANG_DDTREE_AUTO_FLOOR_FRESH: the policy's floor_fresh for this server (None when unset: the module's
+    FLOOR_FRESH; 0: every recent time bounds the wider candidates), for an A/B in one interleaved run
+    (lease_steps.sh tiny-twins, TW_FLOOR_FRESH)."""
+    return _env_at_least("SGLANG_DDTREE_AUTO_FLOOR_FRESH", int, 0, "a round count >= 0 (0: off)")
 
 
 def auto_log_every() -> int:
