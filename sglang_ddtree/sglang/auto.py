@@ -150,11 +150,12 @@ class AutoBudgetPolicy:
     explore_all: bool = False
     shrink_z: float | None = None  # the trees' time shrinkage for this policy (None: the module's SHRINK_Z)
     # Cost floors from other candidates' times measured in the bucket's last floor_fresh rounds only (None: the
-    # module's FLOOR_FRESH; 0: every recent time, as before). Lease 21e: a narrower tree's slow first rounds, at the server's start, floored
-    # the 64- and 128-trees out of exploration for ~250 rounds. Simulated (the tiny-like case, mean / min of the
-    # best rate, auto_flat_sim.json against auto_flat_sim_floor_fresh64.json): 0.981 / 0.887 -> 0.990 / 0.979 at
-    # 64 rounds, the 8B-like batch-16 case 0.998 -> 0.993 (the wide trees explored once, then probed when stale). Off until a GPU run decides
-    # (SGLANG_DDTREE_AUTO_FLOOR_FRESH; lease_steps.sh tiny-twins with TW_FLOOR_FRESH).
+    # module's FLOOR_FRESH; 0: every recent time, as before). Lease 21e: a narrower tree's slow first rounds, at the
+    # server's start, floored the 64- and 128-trees out of exploration for ~250 rounds. Simulated (the tiny-like
+    # case, mean / min of the best rate, auto_flat_sim.json against auto_flat_sim_floor_fresh64.json): 0.981 / 0.887
+    # -> 0.990 / 0.979 at 64 rounds, the 8B-like batch-16 case 0.998 -> 0.993 (the wide trees explored once, then
+    # probed when stale). Off until a GPU run decides (SGLANG_DDTREE_AUTO_FLOOR_FRESH; lease_steps.sh tiny-twins
+    # with TW_FLOOR_FRESH).
     floor_fresh: int | None = None
     probe_every: int = 64
     half_life_rounds: float = 200.0
