@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sglang_ddtree.bench import plan as plan_mod  # noqa: E402
 from sglang_ddtree.bench.results import RESULTS_NAME, ResultsWriter, format_table, read_rows  # noqa: E402
 from sglang_ddtree.bench.sweep import Sweep, SweepOptions, gpu_facts, id_prompts, run_facts, text_prompts  # noqa: E402
+from sglang_ddtree.bench.server import SubprocessLauncher, format_cpu_list, parse_cpu_list, pin_process  # noqa: E402
 
 TUPLE_FIELDS = {"methods": str, "budgets": int, "batch_sizes": int, "server_env": str}
 SCALAR_FIELDS = {"max_new_tokens": int, "warmup_new_tokens": int, "prompt_tokens": int, "graph_token_cap": int,
@@ -168,8 +169,15 @@ def parse_args(argv):
     ap.add_argument("--interleave", action="store_true", help="within a wave, measure the rows of one batch size a "
                     "run at a time across the servers (A run 1, B run 1, ..., A run 2, ...), so slow phases of the "
                     "host fall on all of them alike (host-bound comparisons, e.g. auto against fixed budgets)")
+    ap.add_argument("--rotate-prompts", action="store_true", help="run r of a row measures prompt groups r .. "
+                    "r + G - 1 (G = --prompt-groups), not the same ones each run: with --interleave the servers' "
+                    "r-th runs time the same prompts, so benchmarks/paired_ratios.py can compare them run by run")
     ap.add_argument("--log-dir", default=None, help="server logs (default $GPU_SUITE_LOG_DIR, else <out>/logs)")
     ap.add_argument("--commit", default=None, help="commit to record (default: git here, else $DDTREE_COMMIT)")
+    ap.add_argument("--server-cpus", default=None, metavar="LIST",
+                    help="pin every server (all its processes) to these CPUs, e.g. 4-7: with --interleave the "
+                         "servers then share one set of vCPUs instead of wherever the OS put each (lease 21b: two "
+                         "identical host-bound servers measured 11%% apart)")
     ap.add_argument("--extra-server-args", default="", help="appended to every launch_server command (shell words)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan (servers, args, memory, waves) and exit")
     return ap.parse_args(argv)
@@ -191,6 +199,7 @@ def main(argv=None) -> int:
         mem_budget = args.mem_budget_gib or default_mem_budget(args.dry_run)
         plan = plan_mod.expand(chosen, mem_fraction=args.mem_fraction_static,
                                extra_args=tuple(shlex.split(args.extra_server_args)), mem_budget_gib=mem_budget)
+        server_cpus = parse_cpu_list(args.server_cpus) if args.server_cpus else None
         prompts = build_prompts([s for s in chosen if any(sv.setup.name == s.name for sv in plan.servers)],
                                 args.prompts_file)
     except ValueError as exc:
@@ -201,6 +210,8 @@ def main(argv=None) -> int:
         waves = plan_mod.plan_waves(plan.servers, mem_budget_gib=mem_budget, max_parallel=args.max_parallel)
         print(f"memory budget per wave: {mem_budget:.1f} GiB; {len(plan.servers)} servers, {len(plan.rows)} rows, "
               f"{len(plan.skipped)} skipped, {len(waves)} waves")
+        if server_cpus:
+            print(f"every server pinned to CPUs {format_cpu_list(server_cpus)} once it is ready")
         for i, wave in enumerate(waves, 1):
             need = sum(s.memory.resident_gib for s in wave) + max(s.memory.activation_gib for s in wave)
             est = sum(s.est_row_seconds(r) for s in wave for r in s.rows) * args.repeats * args.prompt_groups
@@ -230,7 +241,6 @@ def main(argv=None) -> int:
         writer.close()
     log_dir = Path(args.log_dir or os.environ.get("GPU_SUITE_LOG_DIR") or out_dir / "logs")
 
-    from sglang_ddtree.bench.server import SubprocessLauncher
 
     def on_term(signum, frame):
         raise KeyboardInterrupt
@@ -240,9 +250,16 @@ def main(argv=None) -> int:
                            max_parallel=args.max_parallel, start_timeout_s=args.start_timeout,
                            request_timeout_s=args.request_timeout, retry_failed=args.retry_failed,
                            first_start_estimate_s=args.first_start_estimate, repeats=args.repeats,
-                           prompt_groups=args.prompt_groups, interleave=args.interleave)
+                           prompt_groups=args.prompt_groups, interleave=args.interleave,
+                           rotate_prompts=args.rotate_prompts)
     try:
-        sweep = Sweep(plan, SubprocessLauncher(log_dir), prompts, options, run_facts(argv, args.commit))
+        launcher = SubprocessLauncher(log_dir, cpus=server_cpus)  # servers start on every CPU this process has
+        client_cpus = frozenset(os.sched_getaffinity(0)) - (server_cpus or frozenset())
+        if server_cpus and client_cpus:  # the client's requests and stream reading off the measured servers' CPUs
+            pin_process(os.getpid(), client_cpus)
+            print(f"servers pinned to CPUs {format_cpu_list(server_cpus)} once ready; this sweep runs on "
+                  f"{format_cpu_list(client_cpus)}", flush=True)
+        sweep = Sweep(plan, launcher, prompts, options, run_facts(argv, args.commit))
         report = sweep.run()
     finally:
         signal.signal(signal.SIGTERM, previous)

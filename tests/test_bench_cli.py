@@ -13,7 +13,8 @@ import time
 import pytest
 
 from sglang_ddtree.bench import plan as P
-from sglang_ddtree.bench.server import ServerStartError, SubprocessServer, server_env, wait_all_ready
+from sglang_ddtree.bench.server import (ServerStartError, SubprocessServer, format_cpu_list, parse_cpu_list,
+                                        server_env, wait_all_ready)
 
 spec = importlib.util.spec_from_file_location("bench_budgets", P.REPO_ROOT / "benchmarks" / "bench_budgets.py")
 bench = importlib.util.module_from_spec(spec)
@@ -129,7 +130,9 @@ FAKE_SERVER = textwrap.dedent("""
         def do_GET(self):
             self.send_response(200 if self.path == "/health" else 404)
             self.end_headers()
-    print("serving", args, flush=True)
+    import threading
+    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()  # a second thread, as servers have
+    print("serving", args, "on CPUs", sorted(os.sched_getaffinity(0)), flush=True)
     http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 """)
 
@@ -163,6 +166,32 @@ def test_subprocess_server_starts_answers_and_stops(tmp_path, fake_python):
     with pytest.raises(ProcessLookupError):
         os.killpg(ok.proc.pid, 0)  # the whole group is gone
     assert "serving" in ok.log_path.read_text()
+
+
+def test_server_cpus_pin_the_whole_server_and_bad_lists_are_refused(tmp_path, fake_python, monkeypatch):
+    allowed = sorted(os.sched_getaffinity(0))
+    with monkeypatch.context() as m:  # a 16-vCPU machine like the device's
+        m.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+        assert parse_cpu_list("4-7, 9") == {4, 5, 6, 7, 9} and parse_cpu_list("3") == {3}
+        with pytest.raises(ValueError, match=r"CPUs 16-17 are not available here \(this process may run on 0-15\)"):
+            parse_cpu_list("14-17")
+    assert format_cpu_list({0, 1, 2, 5, 7, 8}) == "0-2,5,7-8" and format_cpu_list([3]) == "3"
+    assert parse_cpu_list(format_cpu_list(allowed)) == frozenset(allowed)
+    for bad, match in (("a", "not a CPU number"), ("3-1", "first <= last"), ("-1", "not a CPU number"),
+                       (f"{max(allowed) + 1}", "not available here")):
+        with pytest.raises(ValueError, match=match):
+            parse_cpu_list(bad)
+    pinned = SubprocessServer("pinned", [], tmp_path, python=fake_python, cpus=frozenset(allowed[:1]),
+                              start_cpus=frozenset(allowed))
+    pinned.start()
+    try:
+        assert isinstance(wait_all_ready([pinned], deadline=time.monotonic() + 30)["pinned"], float)
+        assert f"on CPUs {allowed}" in pinned.log_path.read_text()  # it started on every CPU
+        assert pinned.pinned_threads >= 2  # then, once ready, both its threads went to the one CPU
+        tids = os.listdir(f"/proc/{pinned.proc.pid}/task")
+        assert len(tids) >= 2 and all(os.sched_getaffinity(int(t)) == {allowed[0]} for t in tids)
+    finally:
+        pinned.stop()
 
 
 def test_start_deadline_turns_into_errors(tmp_path, fake_python):

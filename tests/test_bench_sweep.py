@@ -186,6 +186,23 @@ def test_a_full_run_measures_every_row_once_in_waves(tmp_path):
         assert last_start < first_gen
     blocks = [e[1] for i, e in enumerate(ev) if e[0] == "generate" and (i == 0 or ev[i - 1] != e)]
     assert len(blocks) == len(set(blocks)) == len(plan.servers)
+    assert not any("cpus" in r for r in rows if r["kind"] == "server")  # no pinning asked for, none recorded
+
+
+def test_server_rows_record_the_cpus_their_servers_were_pinned_to(tmp_path):
+    clock = Clock()
+    launcher = FakeLauncher(clock)
+    create = launcher.create
+
+    def pinned(plan):
+        server = create(plan)
+        server.cpus, server.pinned_threads = frozenset({5, 4}), 7
+        return server
+
+    launcher.create = pinned
+    assert sweep(tmp_path, make_plan(TINY), launcher, clock).run().exit_code == 0
+    servers = [r for r in read_rows(tmp_path / "results.jsonl") if r["kind"] == "server"]
+    assert servers and all(r["cpus"] == [4, 5] and r["pinned_threads"] == 7 for r in servers)
 
 
 def test_rows_carry_the_numbers_and_the_stage_split(tmp_path):
@@ -329,6 +346,26 @@ def test_prompt_groups_time_consecutive_batches_of_different_prompts(tmp_path):
     assert prompt_group([1, 2, 3], 2, 1) == [3, 1]  # wraps around when the prompts run out
     with pytest.raises(ValueError, match="prompt_groups"):
         sweep(tmp_path, make_plan(setup), FakeLauncher(clock), clock, prompt_groups=0)
+
+
+def test_rotate_prompts_gives_each_run_the_next_groups_and_the_same_ones_across_servers(tmp_path):
+    """SweepOptions.rotate_prompts: run r measures prompt groups r .. r + G - 1; with interleave the servers' r-th
+    runs send the same prompts (what benchmarks/paired_ratios.py pairs)."""
+    setup = dataclasses.replace(TINY, budgets=(64,), batch_sizes=(1,), methods=("dflash", "ddtree"))
+    clock = Clock()
+    launcher = FakeLauncher(clock)
+    report = sweep(tmp_path, make_plan(setup), launcher, clock, repeats=4, prompt_groups=2, interleave=True,
+                   rotate_prompts=True).run()
+    assert report.exit_code == 0
+    texts = [p["text"] for p in PROMPTS["tiny"]]
+    warm = 1 if setup.warmup_new_tokens > 0 else 0
+    for name in ("tiny-dflash", "tiny-ddtree-b64"):
+        seen = launcher.created[name].prompts_seen[warm:]
+        assert seen == [texts[r + g] for r in range(4) for g in range(2)]  # runs 0..3, each two groups of one
+    row = results(tmp_path)[P.row_key("tiny", "ddtree", 64, 1)]
+    assert row["rotate_prompts"] is True and row["requests"] == 2 and len(row["decode_tokens_per_s_runs"]) == 4
+    header = next(r for r in read_rows(tmp_path / "results.jsonl") if r["kind"] == "run")
+    assert header["options"]["rotate_prompts"] is True
 
 
 def test_too_few_prompts_are_refused(tmp_path):

@@ -41,6 +41,11 @@
 #   bash scripts/device/lease_steps.sh tiny-twins OUTDIR COMMIT   # one GPU, ALONE, ~3-7 min: two servers each of
 #        DDTREE 128 and auto (setup tiny and its copy tiny-b), interleaved, batch TW_BATCH_SIZES (default 1);
 #        TW_FLOOR_FRESH=N gives tiny-b's auto SGLANG_DDTREE_AUTO_FLOOR_FRESH=N
+#   bash scripts/device/lease_steps.sh tiny-paired OUTDIR COMMIT   # one GPU, ALONE, ~12 min (detach it): the tiny
+#        pair's DFLASH, DDTREE 32 / 128 and auto, a second DDTREE 128 (the noise left) and a second auto with
+#        SGLANG_DDTREE_AUTO_FLOOR_FRESH=TP_FLOOR_FRESH (64; 0: a plain twin), every server pinned to TP_CPUS (2-9)
+#        once ready, interleaved, prompts rotating per run, TP_REPEATS (30) short runs (TP_NEW_TOKENS 512) per batch
+#        size of TP_BATCH_SIZES (1,4,16,64); then benchmarks/paired_ratios.py over DDTREE 128
 #   bash scripts/device/lease_steps.sh detach NAME STEP [ARGS...]   # any step above, detached (outlives the call)
 #        from a copy of the repo in /tmp/detached/NAME/repo; log /tmp/detached/NAME.log, exit status NAME.rc
 #   bash scripts/device/lease_steps.sh wait-detached NAME WAIT_S   # waits up to WAIT_S; exit 3 while it runs
@@ -494,6 +499,31 @@ tiny-twins)
     cp /tmp/tw/sweep/bench_budgets.jsonl "$out/sweep_twins.jsonl" || true
     tar -cJf "$out/tiny_twins_logs.tar.xz" -C /tmp tw/run.log tw/logs
     tail -n 8 /tmp/tw/run.log
+    ;;
+tiny-paired)
+    # Lease 21: a ratio of two host-bound servers' medians moved by 3-11% with nothing different between them. Here
+    # every server runs on the same vCPUs (--server-cpus), each round's runs send the same prompt (--rotate-prompts)
+    # and the ratios are taken round by round with a 95% interval (sglang_ddtree/bench/paired.py).
+    out=${1:?outdir}
+    commit=${2:?commit}
+    rm -rf /tmp/tp
+    mkdir -p "$out" /tmp/tp
+    rc=0
+    CUDA_VISIBLE_DEVICES=0 timeout "${TP_TIMEOUT_S:-1080}" python3 benchmarks/bench_budgets.py --setups tiny,tiny-b \
+        --copy-setup tiny-b=tiny --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=32,128 \
+        --set tiny-b.methods=ddtree,auto --set tiny-b.budgets=128 \
+        --set all.batch_sizes="${TP_BATCH_SIZES:-1,4,16,64}" --set all.max_new_tokens="${TP_NEW_TOKENS:-512}" \
+        --set all.warmup_new_tokens=128 --set all.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 \
+        --set tiny-b.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100,SGLANG_DDTREE_AUTO_FLOOR_FRESH=${TP_FLOOR_FRESH:-64} \
+        --server-cpus "${TP_CPUS:-2-9}" --repeats "${TP_REPEATS:-30}" --prompt-groups 1 --rotate-prompts \
+        --interleave --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes "${TP_MINUTES:-17}" \
+        --out /tmp/tp/sweep --log-dir /tmp/tp/logs --commit "$commit" > /tmp/tp/run.log 2>&1 || rc=$?
+    echo "tiny paired exit $rc" | tee -a /tmp/tp/run.log
+    cp /tmp/tp/sweep/bench_budgets.jsonl "$out/sweep_paired.jsonl" || true
+    python3 benchmarks/paired_ratios.py /tmp/tp/sweep/bench_budgets.jsonl --base "tiny|ddtree-128" \
+        --json "$out/paired_ratios.json" 2>&1 | tee -a /tmp/tp/run.log || true
+    tar -cJf "$out/tiny_paired_logs.tar.xz" -C /tmp tp/run.log tp/logs
+    tail -n 30 /tmp/tp/run.log
     ;;
 detach)
     name=${1:?name}

@@ -102,6 +102,39 @@ def launch_command(python: str, args: list[str], port: int) -> list[str]:
     return [python, "-m", "sglang.launch_server", *args, *nccl, "--host", "127.0.0.1", "--port", str(port)]
 
 
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """A CPU list as taskset writes it ("4-7,9") -> {4, 5, 6, 7, 9}. Every CPU must be one this process may run
+    on: a server pinned to a CPU it cannot use would fail inside SGLang's start with a less helpful message."""
+    cpus: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        lo, dash, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi if dash else lo)
+        except ValueError:
+            raise ValueError(f"CPU list {text!r}: {part!r} is not a CPU number or a range like 4-7.") from None
+        if first < 0 or last < first:
+            raise ValueError(f"CPU list {text!r}: {part!r} is not a range of CPU numbers (first <= last, >= 0).")
+        cpus.update(range(first, last + 1))
+    allowed = os.sched_getaffinity(0)
+    if not cpus <= allowed:
+        raise ValueError(f"CPU list {text!r}: CPUs {format_cpu_list(cpus - allowed)} are not available here "
+                         f"(this process may run on {format_cpu_list(allowed)}).")
+    return frozenset(cpus)
+
+
+def format_cpu_list(cpus) -> str:
+    """The inverse of parse_cpu_list: {0, 1, 2, 5} -> "0-2,5"."""
+    parts, run = [], []
+    for c in sorted(cpus):
+        if run and c != run[-1] + 1:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(c)
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(parts)
+
+
 def log_tail(path: Path | None, lines: int = 40) -> str:
     if path is None:
         return "(no log)"
@@ -120,9 +153,50 @@ def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def pin_process(pid: int, cpus: frozenset[int]) -> int:
+    """Every thread of process `pid` may run only on `cpus` from now on (threads started later inherit it from
+    their parent thread). Returns how many threads were pinned. Linux only (/proc)."""
+    pinned = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, PermissionError):
+        return 0  # gone meanwhile, or not ours
+    for tid in tids:
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+            pinned += 1
+        except (ProcessLookupError, FileNotFoundError):
+            pass
+    return pinned
+
+
+def pin_process_group(pgid: int, cpus: frozenset[int]) -> int:
+    """pin_process for every live process of process group `pgid`; the number of threads pinned."""
+    pinned = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry)) != pgid:
+                continue
+        except ProcessLookupError:
+            continue
+        pinned += pin_process(int(entry), cpus)
+    return pinned
+
+
 class SubprocessServer:
+    """One launch_server process group on a free port.
+
+    cpus: once the server answers /health, every thread of its processes (the HTTP server, SGLang's scheduler and
+    detokenizer) is pinned to these CPUs; None leaves the placement to the OS. Pinned only when ready: a dozen
+    servers compiling kernels and capturing graphs at once start much faster on the whole machine. start_cpus:
+    the CPUs the process starts on (the parent's own, when it has narrowed itself since: bench_budgets.py moves
+    its client off the servers' CPUs)."""
+
     def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
-                 python: str = sys.executable):
+                 python: str = sys.executable, cpus: frozenset[int] | None = None,
+                 start_cpus: frozenset[int] | None = None):
         for flag in ("--host", "--port"):
             if flag in args:
                 raise ValueError(f"the launcher picks {flag} itself; remove it from the server args.")
@@ -134,6 +208,9 @@ class SubprocessServer:
         self.log_dir = log_dir
         self.env = server_env(env)
         self.python = python
+        self.cpus = cpus
+        self.start_cpus = start_cpus
+        self.pinned_threads: int | None = None  # set when pinned (cpus)
         self.proc: subprocess.Popen | None = None
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -146,8 +223,10 @@ class SubprocessServer:
         with open(self.log_path, "w") as logf:
             logf.write("$ " + " ".join(cmd) + "\n")
             logf.flush()
+            start = self.start_cpus
             self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=self.env, cwd=REPO_ROOT,
-                                         start_new_session=True)
+                                         start_new_session=True,
+                                         preexec_fn=None if start is None else lambda: os.sched_setaffinity(0, start))
         with open(self.log_dir / "servers.pgids", "a") as fh:  # run_gpu_suite.py kills leftovers by these
             fh.write(f"{self.proc.pid}\n")
 
@@ -160,9 +239,12 @@ class SubprocessServer:
                                    f"{self.log_path}:\n{log_tail(self.log_path)}")
         try:
             with self._opener.open(self.base_url + "/health", timeout=2) as resp:
-                return resp.status == 200
+                ready = resp.status == 200
         except (urllib.error.URLError, OSError):
             return False
+        if ready and self.cpus is not None and self.pinned_threads is None:
+            self.pinned_threads = pin_process_group(self.proc.pid, self.cpus)
+        return ready
 
     def client(self) -> Client:
         return HttpClient(self.base_url)
@@ -192,16 +274,24 @@ class SubprocessServer:
 
 
 class SubprocessLauncher:
-    def __init__(self, log_dir: Path, env: dict[str, str] | None = None, python: str = sys.executable):
+    """cpus: every server's CPUs once it is ready (SubprocessServer). One set for all: servers of an interleaved
+    sweep, measured one at a time, then run on the same vCPUs, whose speeds differ on the lent machines (lease
+    21b: 0.32-0.68 s for one loop pinned to each vCPU in turn), instead of wherever the OS placed each process.
+    Servers start on the CPUs this process had when the launcher was made."""
+
+    def __init__(self, log_dir: Path, env: dict[str, str] | None = None, python: str = sys.executable,
+                 cpus: frozenset[int] | None = None):
         self.log_dir = Path(log_dir)
         self.env = env
         self.python = python
+        self.cpus = cpus
+        self.start_cpus = frozenset(os.sched_getaffinity(0)) if cpus is not None else None
 
     def create(self, plan: ServerPlan) -> SubprocessServer:
         env = self.env
         if plan.setup.server_env:  # the setup's own entries over the launcher's environment
             env = {**(os.environ if env is None else env), **plan.setup.env()}
-        return SubprocessServer(plan.name, plan.args, self.log_dir, env, self.python)
+        return SubprocessServer(plan.name, plan.args, self.log_dir, env, self.python, self.cpus, self.start_cpus)
 
 
 def wait_all_ready(handles: list[ServerHandle], deadline: float, clock=time.monotonic, sleep=time.sleep,

@@ -60,6 +60,11 @@ class SweepOptions:
     # (host-bound rows, one server after the other): runs of one row spread by up to 30%, and the fixed budgets did
     # not order consistently (B=64 slower than 32 and 128 at batch 1).
     interleave: bool = False
+    # Run r of a row measures prompt groups r .. r + prompt_groups - 1 instead of the same groups every time. With
+    # `interleave` the servers' r-th runs then time the same prompts at about the same moment, so a ratio of two
+    # rows taken run by run (benchmarks/paired_ratios.py) cancels the prompt and most of the host's drift, and a
+    # row's runs cover `repeats` different prompt groups (a batch-1 row: that many prompts).
+    rotate_prompts: bool = False
     first_start_estimate_s: float = 150.0  # before any wave has started: a fresh-ish machine, a dozen servers
     stop_reserve_s: float = 15.0  # kept free at the end to stop the servers
 
@@ -218,7 +223,8 @@ class Sweep:
         writer.write({"kind": "run", "run_id": self.run_id, **self.run_info,
                       "options": {"max_minutes": self.opt.max_minutes, "mem_budget_gib": self.opt.mem_budget_gib,
                                   "max_parallel": self.opt.max_parallel, "retry_failed": self.opt.retry_failed,
-                                  "repeats": self.opt.repeats, "prompt_groups": self.opt.prompt_groups},
+                                  "repeats": self.opt.repeats, "prompt_groups": self.opt.prompt_groups,
+                                  **({"rotate_prompts": True} if self.opt.rotate_prompts else {})},
                       "plan": {"servers": [s.name for s in self.plan.servers],
                                "waves": [[s.name for s in w] for w in waves],
                                "rows": len(self.plan.rows), "skipped": len(self.plan.skipped),
@@ -293,6 +299,8 @@ class Sweep:
             writer.write({"kind": "server", "run_id": self.run_id, "server": server.name, "ok": True,
                           "setup": server.setup.name, "method": server.method, "budget": server.budget,
                           "args": server.args, "server_env": list(server.setup.server_env),
+                          **({"cpus": sorted(handle.cpus), "pinned_threads": handle.pinned_threads}
+                             if getattr(handle, "cpus", None) else {}),
                           "start_s": round(settled[server.name], 1), "server_info": info,
                           "command": handle.command() if hasattr(handle, "command") else None,
                           "memory_estimate_gib": {"resident": round(server.memory.resident_gib, 2),
@@ -448,7 +456,8 @@ class Sweep:
         """A row's warm-up and the Prometheus counters before its runs."""
         setup = server.setup
         run = _RowRun(handle, server, row, handle.client(), t_row=self.clock())
-        groups = [prompt_group(self.prompts[setup.name], row.batch_size, g) for g in range(self.opt.prompt_groups)]
+        count = self.opt.prompt_groups + (self.opt.repeats - 1 if self.opt.rotate_prompts else 0)
+        groups = [prompt_group(self.prompts[setup.name], row.batch_size, g) for g in range(count)]
         try:
             warm_tokens = setup.warmup_tokens(server.method)
             log_path = getattr(handle, "log_path", None)
@@ -480,12 +489,14 @@ class Sweep:
         try:
             run.client.flush_cache()
             captured = count_captures(log_path)
+            first = len(run.runs) if self.opt.rotate_prompts else 0
+            groups = run.payloads[first:first + self.opt.prompt_groups]
             results = []
-            for group in run.payloads:
+            for group in groups:
                 results += run_batch(run.client, group, self._timeout())
             after = count_captures(log_path)
             run.runs.append({**summarize(results, method=run.server.method,
-                                         max_new_tokens=run.server.setup.max_new_tokens, groups=len(run.payloads)),
+                                         max_new_tokens=run.server.setup.max_new_tokens, groups=len(groups)),
                              "started_s": round(t - self._t0, 3), "run_s": round(self.clock() - t, 3),
                              "captures": None if captured is None or after is None else after - captured})
         except Exception as exc:
@@ -515,7 +526,8 @@ class Sweep:
         return self._result(server, row, "ok", wall_s=round(run.seconds, 3), row_s=round(self.clock() - run.t_row, 3),
                             **numbers, stage_ms=(stages or {}).get("stage_ms"), ddtree_metrics=stages,
                             metrics_scraped=before is not None and after is not None,
-                            **({"interleaved": True} if self.opt.interleave else {}))
+                            **({"interleaved": True} if self.opt.interleave else {}),
+                            **({"rotate_prompts": True} if self.opt.rotate_prompts else {}))
 
     def _log_row(self, r: dict) -> None:
         if r["status"] != "ok":

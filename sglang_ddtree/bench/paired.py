@@ -1,0 +1,94 @@
+"""Ratios of two rows of an interleaved sweep taken run by run, with a confidence interval.
+
+On the lent machines a host-bound row's tokens/s moves by up to a third between runs (lease 21b: two identical
+DDTREE 128 servers, per-run ratios 0.65-0.92), so the ratio of two rows' medians cannot show a few percent. In an
+interleaved sweep (SweepOptions.interleave) run r of every row of one batch size is measured in the same round,
+one server after the other; with rotate_prompts those runs also send the same prompts. The ratio of run r of A to
+run r of B then cancels what the round shares (the prompt, a slow phase of the host), and the spread of those
+per-round ratios says how far their mean can be trusted:
+
+    d_r = ln(a_r / b_r),  ratio = exp(mean d),  95% interval = exp(mean d +- t(0.975, n - 1) * sd(d) / sqrt(n))
+
+This is the geometric mean of the per-round ratios. It cannot remove a difference that lasts the whole run between
+two servers' processes (lease 21: whole schedulers ran at different speeds); pinning every server to the same CPUs
+(bench_budgets.py --server-cpus) is for that, and two identical servers in the same run show what is left.
+"""
+
+from __future__ import annotations
+
+import math
+
+# Student's t, 0.975 quantile, by degrees of freedom (standard tables); between entries, interpolated in 1 / df.
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
+         29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+_T975_INF = 1.960
+
+
+def t975(df: int) -> float:
+    """The 0.975 quantile of Student's t with df degrees of freedom (df >= 1)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}.")
+    if df in _T975:
+        return _T975[df]
+    known = sorted(_T975)
+    above = [k for k in known if k > df]
+    if not above:  # past 120: between t(120) and the normal quantile, linear in 1 / df
+        lo_df, lo_t, w = 120, _T975[120], (1 / 120 - 1 / df) / (1 / 120)
+        return lo_t + (_T975_INF - lo_t) * w
+    hi_df = above[0]
+    lo_df = max(k for k in known if k < df)
+    w = (1 / lo_df - 1 / df) / (1 / lo_df - 1 / hi_df)
+    return _T975[lo_df] + (_T975[hi_df] - _T975[lo_df]) * w
+
+
+def paired_ratio(a: list[float], b: list[float]) -> dict:
+    """a over b, run r against run r: {"ratio", "ci95": [lo, hi], "rounds", "sd_log"}. Both lists must be the
+    same length (the same rounds) and hold at least two positive numbers."""
+    if len(a) != len(b):
+        raise ValueError(f"paired runs must come in the same rounds: {len(a)} against {len(b)} runs.")
+    if len(a) < 2:
+        raise ValueError(f"a paired ratio needs at least 2 rounds, got {len(a)}.")
+    if any(x <= 0 for x in (*a, *b)):
+        raise ValueError("tokens/s must be positive in every run.")
+    d = [math.log(x / y) for x, y in zip(a, b)]
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    half = t975(n - 1) * sd / math.sqrt(n)
+    return {"ratio": round(math.exp(mean), 4), "ci95": [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)],
+            "rounds": n, "sd_log": round(sd, 4)}
+
+
+def row_label(row: dict) -> str:
+    """setup|method or setup|method-budget, as the paired tables name rows."""
+    budget = row.get("budget")
+    return f"{row['setup']}|{row['method']}" + ("" if budget is None else f"-{budget}")
+
+
+def paired_table(rows: list[dict], base: str) -> dict:
+    """Per batch size, every measured row over the row labelled `base` (row_label), run by run. `rows`: the latest
+    result rows of one interleaved sweep. Rows measured without interleaving cannot be paired and are refused;
+    a batch size without the base row is left out. {batch_size: {label: paired_ratio(...)}}."""
+    by_bs: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        if r.get("kind", "result") != "result" or r.get("status") != "ok":
+            continue
+        if not r.get("interleaved"):
+            raise ValueError(f"{r.get('key', row_label(r))}: measured without --interleave; its runs cannot be "
+                             "paired with another row's.")
+        by_bs.setdefault(int(r["batch_size"]), {})[row_label(r)] = r
+    table: dict[int, dict] = {}
+    for bs, labelled in sorted(by_bs.items()):
+        if base not in labelled:
+            continue
+        base_runs = labelled[base].get("decode_tokens_per_s_runs") or []
+        out = {}
+        for label, r in sorted(labelled.items()):
+            if label == base:
+                continue
+            # an interleaved row is written only once all its rounds are in, so ok rows have the same count
+            out[label] = paired_ratio(r.get("decode_tokens_per_s_runs") or [], base_runs)
+        table[bs] = out
+    return table
