@@ -263,12 +263,30 @@ class FakeTimer:
 
 
 def test_unsampled_rounds_count_time_only():
+    """An unsampled round sends no vector (its walk computes no observed tokens: the policy reads them only next to
+    the same round's expectations); its time counts, and the policy's estimates are those of a round whose
+    observed tokens were sent and ignored."""
     policy = AutoBudgetPolicy([CHAIN, 16])
     feedback = AutoFeedback(policy, "cpu")
-    feedback.push(torch.tensor([0.0, 0.0, 7.0, 0.0, 0.0, 0.0, 0.0]), FakeTimer({"verify": 2.0}), 1, 0, 1, sampled=False)
+    feedback.push(None, FakeTimer({"verify": 2.0}), 1, 0, 1, sampled=False)
+    assert feedback.index == 0  # no ring slot used
     assert feedback.drain() == 1
-    assert policy.buckets[1].round_ms[0].mean() == pytest.approx(2.0)
+    assert policy.buckets[1].round_ms[0].mean() == pytest.approx(2.0) and policy.rounds_observed == 1
     assert policy.expected[0].mean() is None and policy.observed[0].mean() is None
+    with pytest.raises(ValueError, match="sampled round must bring"):
+        feedback.push(None, FakeTimer({"verify": 2.0}), 1, 0, 1, sampled=True)
+    # the same rounds observed with their observed tokens on unsampled rounds too (what the feedback passed before
+    # unsampled walks stopped computing them) leave the same policy state
+    twin = AutoBudgetPolicy([CHAIN, 16])
+    twin_feedback = AutoFeedback(twin, "cpu")
+    sent = AutoBudgetPolicy([CHAIN, 16])
+    for r in range(12):
+        sampled = r % 4 == 0
+        vector = torch.tensor([4.0, 6.0, 3.0 + r % 3, 0.0, 0.0, 0.0, 0.0])
+        twin_feedback.push(vector if sampled else None, FakeTimer({"verify": 2.0 + r}), 1, 0, 1, sampled=sampled)
+        twin_feedback.drain()
+        sent.observe(1, 0, 1, 2.0 + r, [4.0, 6.0] if sampled else None, [3.0 + r % 3, None])
+        assert twin.export() == sent.export() and twin.choose(1) == sent.choose(1)
 
 
 def test_feedback_reads_completed_rounds_only():

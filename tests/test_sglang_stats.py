@@ -84,6 +84,7 @@ class _ClockEvent:
     """Stands in for torch.cuda.Event on CPU: record() reads a scripted GPU clock (ms)."""
 
     clock = [0.0]
+    elapsed_calls = 0
 
     def __init__(self, enable_timing=False):
         self.t = None
@@ -95,6 +96,7 @@ class _ClockEvent:
         return True
 
     def elapsed_time(self, end):
+        _ClockEvent.elapsed_calls += 1
         return end.t - self.t
 
 
@@ -127,6 +129,10 @@ def test_round_timers_chain_so_stages_add_up_to_the_gpu_time_per_round(monkeypat
     stats.other_batch()
     third = round_at(40.0, (41.0, 41.5, 44.0, 44.2, 45.0))
     assert "between" not in third and sum(third.values()) == pytest.approx(5.0)
+    calls = _ClockEvent.elapsed_calls
+    timer = stats.round_timer()  # with `between` (the third round's end) and one stage: two elapsed_time calls
+    timer.mark("draft")
+    assert timer.elapsed_ms() is timer.elapsed_ms() and _ClockEvent.elapsed_calls == calls + 2  # read once, kept
 
 
 def test_debug_dump_carries_the_auto_candidate_and_the_chooser_table(tmp_path):

@@ -603,21 +603,27 @@ class AutoFeedback:
         self.index = 0
         self.dropped = 0
 
-    def push(self, vector: torch.Tensor, timer, bucket: int, chosen: int, batch_size: int, cold: bool = False,
-             sampled: bool = True) -> None:
+    def push(self, vector: torch.Tensor | None, timer, bucket: int, chosen: int, batch_size: int,
+             cold: bool = False, sampled: bool = True) -> None:
         """vector: [expected per candidate (sum over the batch), observed per candidate (0 where not observed),
-        calibration errors (ops.calibration_round; zeros when the round did not score)].
+        calibration errors (ops.calibration_round; zeros when the round did not score)]; None on a round that did
+        not sample (the policy learns only its time: observe() reads observed tokens only next to the same round's
+        expectations, so the round's walk does not compute them and nothing is copied).
         cold: the round did one-time work (graph captures): its tokens count, its time does not.
         sampled: the round computed the expectations (else only its time counts)."""
+        if sampled and vector is None:
+            raise ValueError("a sampled round must bring its feedback vector.")
         if len(self.pending) >= self.RING:
             self.dropped += 1
             return
-        slot = self.ring[self.index % self.RING]
-        self.index += 1
-        slot.copy_(vector, non_blocking=True)
-        event = torch.cuda.Event() if vector.is_cuda else None
-        if event is not None:
-            event.record()
+        slot = event = None
+        if sampled:
+            slot = self.ring[self.index % self.RING]
+            self.index += 1
+            slot.copy_(vector, non_blocking=True)
+            if vector.is_cuda:
+                event = torch.cuda.Event()
+                event.record()
         self.pending.append((event, slot, None if cold else timer, bucket, chosen, batch_size, sampled))
 
     def drain(self) -> int:
@@ -627,13 +633,17 @@ class AutoFeedback:
             if (event is not None and not event.query()) or (timer is not None and not timer.done()):
                 break
             self.pending.popleft()
-            values = slot.tolist()
             n = len(self.policy.candidates)
-            seen = observed_candidates(self.policy.candidates, chosen)
-            observed = [values[n + i] if seen[i] else None for i in range(n)]
             stages = timer.elapsed_ms() if timer is not None and timer.enabled and timer.marks else {}
             round_ms = sum(stages.values()) if stages else None
-            self.policy.observe(bucket, chosen, batch_size, round_ms, values[:n] if sampled else None, observed)
+            if slot is None:  # an unsampled round: its time only
+                self.policy.observe(bucket, chosen, batch_size, round_ms, None, [None] * n)
+                done += 1
+                continue
+            values = slot.tolist()
+            seen = observed_candidates(self.policy.candidates, chosen)
+            observed = [values[n + i] if seen[i] else None for i in range(n)]
+            self.policy.observe(bucket, chosen, batch_size, round_ms, values[:n], observed)
             if self.calibration is not None:
                 self.calibration.errors(*values[2 * n: 2 * n + self.CALIBRATION])
             done += 1

@@ -57,6 +57,7 @@ class RoundTimer:
         self._previous_end = previous_end
         self._host_start = time.perf_counter()
         self.host_ms: float | None = None
+        self._elapsed: dict[str, float] | None = None
         self._range = None
         if enabled:
             self._start = torch.cuda.Event(enable_timing=True)
@@ -89,12 +90,17 @@ class RoundTimer:
         return not self.enabled or not self.marks or self.marks[-1][1].query()
 
     def elapsed_ms(self) -> dict[str, float]:
+        """Each stage's ms (and `between`), once done(). Computed once: the metrics and `auto`'s feedback both read
+        every round's, and each elapsed_time is a CUDA call (~6 a round). Callers must not change the dict."""
+        if self._elapsed is not None:
+            return self._elapsed
         out, prev = {}, getattr(self, "_start", None)
         if self._previous_end is not None and prev is not None:
             out["between"] = self._previous_end.elapsed_time(prev)
         for stage, event in self.marks:
             out[stage] = prev.elapsed_time(event)
             prev = event
+        self._elapsed = out
         return out
 
 

@@ -305,10 +305,12 @@ class DDTreeWorker(DFlashWorkerV2):
                 name=f"auto tree {candidate_label(c)}{' sampled' if sampled else ''}", enabled=self.round_graphs,
                 borrow=(0, 1), unpad=ops.unpad_tree_stage, rows_arg=self.pad_stages, **pad)
                 for sampled in (True, False)})
-            # one walk stage per tree stage: a stage borrows its inputs from exactly one producer (graphs.py)
+            # one walk stage per tree stage: a stage borrows its inputs from exactly one producer (graphs.py). Only a
+            # sampled walk computes the candidates' observed tokens (ops.observed_tokens, 36 kernels at the 128-tree): the
+            # policy reads them next to the same round's expectations only (AutoFeedback.push).
             walk_stages.append({sampled: GraphedStage(
                 partial(ops.walk_commit_plan, self.block_size, self.use_kernels, self.stats.prometheus is not None,
-                        auto=(candidates, c), top1_chain=c == CHAIN,
+                        auto=(candidates, c) if sampled else None, top1_chain=c == CHAIN,
                         calibrator=calibrator if sampled and c != CHAIN else None),
                 name=f"auto walk {candidate_label(c)}{' sampled' if sampled else ''}", enabled=self.round_graphs,
                 borrow=(0, 1, 2, 3, 4, 5), unpad=ops.unpad_commit_plan, rows_arg=self.pad_stages, **pad)
@@ -527,9 +529,11 @@ class DDTreeWorker(DFlashWorkerV2):
                                    self.auto.late_captures)
             cold = built or captured or self.auto.first_use(bucket, chosen)
             scored = plan.calibration is not None
-            self.auto.feedback.push(
-                torch.cat([expected, plan.observed, plan.calibration if scored else self.auto.no_calibration]),
-                timer, bucket, chosen, bs, cold=cold, sampled=sampled)
+            # an unsampled round's walk computes no observed tokens (the policy reads them only next to the same
+            # round's expectations) and sends nothing but its time
+            vector = torch.cat([expected, plan.observed, plan.calibration if scored else self.auto.no_calibration]) \
+                if sampled else None
+            self.auto.feedback.push(vector, timer, bucket, chosen, bs, cold=cold, sampled=sampled)
             if scored:  # the table learns now, in stream order before the next sampled walk stage reads it
                 self.auto.calibration.learn(plan.calibration_delta, plan.calibration)
             self.auto.calibration.after_round()
