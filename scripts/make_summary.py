@@ -289,6 +289,9 @@ SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.js
 # Servers of one configuration started side by side in one interleaved run (a setup and its --copy-setup copy): how
 # far two identical servers' tokens/s lie apart on this host.
 SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl")
+# Interleaved sweeps with every server pinned to the same CPUs once ready and the prompts rotating per run
+# (lease_steps.sh tiny-paired): every row over the base row run by run, with 95% intervals (bench/paired.py).
+PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128"}
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
@@ -457,8 +460,27 @@ def sglang_calibration(out: dict) -> None:
     out["sglang_tau_mae_source"] = SGLANG_CALIBRATION_SWEEP
 
 
+def paired(out: dict) -> None:
+    """PAIRED_SWEEPS: per sweep and batch size, each row's tokens/s over the base row's, the geometric mean of the
+    per-round ratios with its 95% interval (lease 22, tiny pair: `tiny-b|ddtree-128` is a second DDTREE 128 server,
+    the noise left; `tiny-b|auto` runs SGLANG_DDTREE_AUTO_FLOOR_FRESH=64)."""
+    sys.path.insert(0, str(RESULTS.parents[1]))
+    from sglang_ddtree.bench.paired import paired_table, pooled_ratios
+    from sglang_ddtree.bench.results import latest_results, read_rows
+
+    table = {}
+    for name, base in PAIRED_SWEEPS.items():
+        if not (RESULTS / name).exists():
+            raise FileNotFoundError(name)
+        rows = list(latest_results(read_rows(RESULTS / name)).values())
+        table[name] = {"base": base,
+                       "by_batch_size": {str(bs): ratios for bs, ratios in paired_table(rows, base).items()},
+                       "all_batch_sizes": pooled_ratios(rows, base)}
+    out["sglang_paired_ratios"] = table
+
+
 EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, round_graphs, budgets, tp2, hybrid, adaptive,
-              sglang_auto, same_config_servers, pad_stages, sglang_hybrid, sglang_calibration]
+              sglang_auto, same_config_servers, pad_stages, sglang_hybrid, sglang_calibration, paired]
 
 
 def build() -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ddtree.bench.paired import paired_ratio, paired_table, row_label, t975
+from sglang_ddtree.bench.paired import paired_ratio, paired_table, pooled_ratios, row_label, t975
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,15 +86,31 @@ def test_paired_table_divides_every_row_by_the_base_per_batch_size():
         paired_table([_row("tiny", "auto", None, 1, [1.0, 2.0], interleaved=False)], "tiny|auto")
 
 
+def test_pooled_ratios_pair_within_each_batch_size_and_put_the_rounds_together():
+    rows = [_row("tiny", "ddtree", 128, 1, [100.0, 200.0]), _row("tiny", "auto", None, 1, [90.0, 190.0]),
+            _row("tiny", "ddtree", 128, 4, [400.0, 300.0, 500.0]), _row("tiny", "auto", None, 4, [390.0, 310.0, 480.0])]
+    pooled = pooled_ratios(rows, "tiny|ddtree-128")
+    assert list(pooled) == ["tiny|auto"]
+    assert pooled["tiny|auto"] == paired_ratio([90.0, 190.0, 390.0, 310.0, 480.0], [100.0, 200.0, 400.0, 300.0, 500.0])
+    assert pooled["tiny|auto"]["rounds"] == 5
+    with pytest.raises(ValueError, match="1 runs against 2"):
+        pooled_ratios([rows[0], _row("tiny", "auto", None, 1, [90.0])], "tiny|ddtree-128")
+
+
 def test_paired_ratios_script_prints_and_writes_the_table(tmp_path):
     results = tmp_path / "r.jsonl"
-    rows = [_row("tiny", "ddtree", 128, 1, [100.0, 200.0, 150.0]), _row("tiny", "auto", None, 1, [97.0, 194.0, 145.5])]
+    rows = [_row("tiny", "ddtree", 128, 1, [100.0, 200.0, 150.0]), _row("tiny", "auto", None, 1, [97.0, 194.0, 145.5]),
+            _row("tiny", "ddtree", 128, 4, [400.0, 500.0]), _row("tiny", "auto", None, 4, [388.0, 485.0])]
     results.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "t.json"
     cmd = [sys.executable, str(REPO / "benchmarks" / "paired_ratios.py"), str(results)]
     done = subprocess.run(cmd + ["--base", "tiny|ddtree-128", "--json", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "tiny|auto" in done.stdout and "x0.970" in done.stdout and "3 rounds" in done.stdout
-    assert json.loads(out.read_text())["by_batch_size"]["1"]["tiny|auto"]["ratio"] == pytest.approx(0.97)
+    written = json.loads(out.read_text())
+    assert written["by_batch_size"]["1"]["tiny|auto"]["ratio"] == pytest.approx(0.97)
+    assert "all batch sizes together" in done.stdout and "5 rounds" in done.stdout
+    assert written["all_batch_sizes"]["tiny|auto"]["ratio"] == pytest.approx(0.97) and \
+        written["all_batch_sizes"]["tiny|auto"]["rounds"] == 5
     bad = subprocess.run(cmd + ["--base", "tiny|dflash"], capture_output=True, text=True)
     assert bad.returncode == 2 and "tiny|auto, tiny|ddtree-128" in bad.stderr

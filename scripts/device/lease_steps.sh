@@ -41,7 +41,7 @@
 #   bash scripts/device/lease_steps.sh tiny-twins OUTDIR COMMIT   # one GPU, ALONE, ~3-7 min: two servers each of
 #        DDTREE 128 and auto (setup tiny and its copy tiny-b), interleaved, batch TW_BATCH_SIZES (default 1);
 #        TW_FLOOR_FRESH=N gives tiny-b's auto SGLANG_DDTREE_AUTO_FLOOR_FRESH=N
-#   bash scripts/device/lease_steps.sh tiny-paired OUTDIR COMMIT   # one GPU, ALONE, ~12 min (detach it): the tiny
+#   bash scripts/device/lease_steps.sh tiny-paired OUTDIR COMMIT   # one GPU, ALONE, ~10 min (detach it): the tiny
 #        pair's DFLASH, DDTREE 32 / 128 and auto, a second DDTREE 128 (the noise left) and a second auto with
 #        SGLANG_DDTREE_AUTO_FLOOR_FRESH=TP_FLOOR_FRESH (64; 0: a plain twin), every server pinned to TP_CPUS (2-9)
 #        once ready, interleaved, prompts rotating per run, TP_REPEATS (30) short runs (TP_NEW_TOKENS 512) per batch

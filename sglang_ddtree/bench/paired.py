@@ -67,10 +67,7 @@ def row_label(row: dict) -> str:
     return f"{row['setup']}|{row['method']}" + ("" if budget is None else f"-{budget}")
 
 
-def paired_table(rows: list[dict], base: str) -> dict:
-    """Per batch size, every measured row over the row labelled `base` (row_label), run by run. `rows`: the latest
-    result rows of one interleaved sweep. Rows measured without interleaving cannot be paired and are refused;
-    a batch size without the base row is left out. {batch_size: {label: paired_ratio(...)}}."""
+def _rows_by_batch_size(rows: list[dict]) -> dict[int, dict[str, dict]]:
     by_bs: dict[int, dict[str, dict]] = {}
     for r in rows:
         if r.get("kind", "result") != "result" or r.get("status") != "ok":
@@ -79,6 +76,34 @@ def paired_table(rows: list[dict], base: str) -> dict:
             raise ValueError(f"{r.get('key', row_label(r))}: measured without --interleave; its runs cannot be "
                              "paired with another row's.")
         by_bs.setdefault(int(r["batch_size"]), {})[row_label(r)] = r
+    return by_bs
+
+
+def pooled_ratios(rows: list[dict], base: str) -> dict:
+    """Every row over `base` with the rounds of all batch sizes together (each round still paired within its batch
+    size): one ratio per row label and a tighter interval when the batch sizes agree. {label: paired_ratio(...)}."""
+    runs: dict[str, tuple[list, list]] = {}
+    for labelled in _rows_by_batch_size(rows).values():
+        if base not in labelled:
+            continue
+        base_runs = labelled[base].get("decode_tokens_per_s_runs") or []
+        for label, r in labelled.items():
+            if label != base:
+                a, b = runs.setdefault(label, ([], []))
+                mine = r.get("decode_tokens_per_s_runs") or []
+                if len(mine) != len(base_runs):
+                    raise ValueError(f"{label}: {len(mine)} runs against {len(base_runs)} of {base} at batch "
+                                     f"{r['batch_size']}.")
+                a += mine
+                b += base_runs
+    return {label: paired_ratio(a, b) for label, (a, b) in sorted(runs.items())}
+
+
+def paired_table(rows: list[dict], base: str) -> dict:
+    """Per batch size, every measured row over the row labelled `base` (row_label), run by run. `rows`: the latest
+    result rows of one interleaved sweep. Rows measured without interleaving cannot be paired and are refused;
+    a batch size without the base row is left out. {batch_size: {label: paired_ratio(...)}}."""
+    by_bs = _rows_by_batch_size(rows)
     table: dict[int, dict] = {}
     for bs, labelled in sorted(by_bs.items()):
         if base not in labelled:
