@@ -11,7 +11,9 @@ per-round ratios says how far their mean can be trusted:
 
 This is the geometric mean of the per-round ratios. It cannot remove a difference that lasts the whole run between
 two servers' processes (lease 21: whole schedulers ran at different speeds); pinning every server to the same CPUs
-(bench_budgets.py --server-cpus) is for that, and two identical servers in the same run show what is left.
+(bench_budgets.py --server-cpus) is for that, and two identical servers in the same run show what is left (lease
+22, tiny pair, pinned: x1.005 [0.960, 1.051] over 96 rounds). On that host the runs of one round still varied
+independently (log-ratio spread ~0.2 a round), so the interval narrows with the number of rounds only.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ def paired_ratio(a: list[float], b: list[float]) -> dict:
     mean = sum(d) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
     half = t975(n - 1) * sd / math.sqrt(n)
-    return {"ratio": round(math.exp(mean), 4), "ci95": [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)],
+    return {"ratio": round(math.exp(mean), 4),
+            "ci95": [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)],
             "rounds": n, "sd_log": round(sd, 4)}
 
 

@@ -62,8 +62,9 @@ class SweepOptions:
     interleave: bool = False
     # Run r of a row measures prompt groups r .. r + prompt_groups - 1 instead of the same groups every time. With
     # `interleave` the servers' r-th runs then time the same prompts at about the same moment, so a ratio of two
-    # rows taken run by run (benchmarks/paired_ratios.py) cancels the prompt and most of the host's drift, and a
-    # row's runs cover `repeats` different prompt groups (a batch-1 row: that many prompts).
+    # rows taken run by run (benchmarks/paired_ratios.py) cancels the prompt and whatever of the host's drift the
+    # round shares (lease 22, tiny pair: little; the per-round spread stayed ~0.2 in log ratio), and a row's runs
+    # cover `repeats` different prompt groups (a batch-1 row: that many prompts).
     rotate_prompts: bool = False
     first_start_estimate_s: float = 150.0  # before any wave has started: a fresh-ish machine, a dozen servers
     stop_reserve_s: float = 15.0  # kept free at the end to stop the servers

@@ -306,8 +306,8 @@ class DDTreeWorker(DFlashWorkerV2):
                 borrow=(0, 1), unpad=ops.unpad_tree_stage, rows_arg=self.pad_stages, **pad)
                 for sampled in (True, False)})
             # one walk stage per tree stage: a stage borrows its inputs from exactly one producer (graphs.py). Only a
-            # sampled walk computes the candidates' observed tokens (ops.observed_tokens, 36 kernels at the 128-tree): the
-            # policy reads them next to the same round's expectations only (AutoFeedback.push).
+            # sampled walk computes the candidates' observed tokens (ops.observed_tokens, 36 kernels at the
+            # 128-tree): the policy reads them next to the same round's expectations only (AutoFeedback.push).
             walk_stages.append({sampled: GraphedStage(
                 partial(ops.walk_commit_plan, self.block_size, self.use_kernels, self.stats.prometheus is not None,
                         auto=(candidates, c) if sampled else None, top1_chain=c == CHAIN,
