@@ -154,8 +154,9 @@ class AutoBudgetPolicy:
     # server's start, floored the 64- and 128-trees out of exploration for ~250 rounds. Simulated (the tiny-like
     # case, mean / min of the best rate, auto_flat_sim.json against auto_flat_sim_floor_fresh64.json): 0.981 / 0.887
     # -> 0.990 / 0.979 at 64 rounds, the 8B-like batch-16 case 0.998 -> 0.993 (the wide trees explored once, then
-    # probed when stale). Off until a GPU run decides (SGLANG_DDTREE_AUTO_FLOOR_FRESH; lease_steps.sh tiny-twins
-    # with TW_FLOOR_FRESH).
+    # probed when stale). Off until a GPU run decides (SGLANG_DDTREE_AUTO_FLOOR_FRESH): lease 22's paired tiny sweep,
+    # with no lock-out in either server, could not tell 64 from off (x0.954 [0.906, 1.004] against x0.914 [0.873,
+    # 0.958] of DDTREE 128).
     floor_fresh: int | None = None
     probe_every: int = 64
     half_life_rounds: float = 200.0
