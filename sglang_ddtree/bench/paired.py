@@ -70,7 +70,11 @@ def row_label(row: dict) -> str:
     return f"{row['setup']}|{row['method']}" + ("" if budget is None else f"-{budget}")
 
 
-def _rows_by_batch_size(rows: list[dict]) -> dict[int, dict[str, dict]]:
+def _pairs(rows: list[dict], base: str) -> list[tuple[int, list, list[tuple[str, list]]]]:
+    """Per batch size that has the base row, in order: (batch size, the base row's runs, [(label, runs) of every
+    other measured row, by label]). Rows measured without interleaving cannot be paired and are refused. An
+    interleaved row is written only once all its rounds are in, so ok rows of one batch size have the same number
+    of runs (paired_ratio checks)."""
     by_bs: dict[int, dict[str, dict]] = {}
     for r in rows:
         if r.get("kind", "result") != "result" or r.get("status") != "ok":
@@ -79,44 +83,29 @@ def _rows_by_batch_size(rows: list[dict]) -> dict[int, dict[str, dict]]:
             raise ValueError(f"{r.get('key', row_label(r))}: measured without --interleave; its runs cannot be "
                              "paired with another row's.")
         by_bs.setdefault(int(r["batch_size"]), {})[row_label(r)] = r
-    return by_bs
+    return [(bs, labelled[base].get("decode_tokens_per_s_runs") or [],
+             [(label, r.get("decode_tokens_per_s_runs") or []) for label, r in sorted(labelled.items())
+              if label != base])
+            for bs, labelled in sorted(by_bs.items()) if base in labelled]
+
+
+def paired_table(rows: list[dict], base: str) -> dict:
+    """Per batch size, every measured row over the row labelled `base` (row_label), run by run. `rows`: the latest
+    result rows of one interleaved sweep; a batch size without the base row is left out.
+    {batch_size: {label: paired_ratio(...)}}."""
+    return {bs: {label: paired_ratio(runs, base_runs) for label, runs in others}
+            for bs, base_runs, others in _pairs(rows, base)}
 
 
 def pooled_ratios(rows: list[dict], base: str) -> dict:
     """Every row over `base` with the rounds of all batch sizes together (each round still paired within its batch
     size): one ratio per row label and a tighter interval when the batch sizes agree. {label: paired_ratio(...)}."""
     runs: dict[str, tuple[list, list]] = {}
-    for labelled in _rows_by_batch_size(rows).values():
-        if base not in labelled:
-            continue
-        base_runs = labelled[base].get("decode_tokens_per_s_runs") or []
-        for label, r in labelled.items():
-            if label != base:
-                a, b = runs.setdefault(label, ([], []))
-                mine = r.get("decode_tokens_per_s_runs") or []
-                if len(mine) != len(base_runs):
-                    raise ValueError(f"{label}: {len(mine)} runs against {len(base_runs)} of {base} at batch "
-                                     f"{r['batch_size']}.")
-                a += mine
-                b += base_runs
+    for bs, base_runs, others in _pairs(rows, base):
+        for label, mine in others:
+            if len(mine) != len(base_runs):
+                raise ValueError(f"{label}: {len(mine)} runs against {len(base_runs)} of {base} at batch {bs}.")
+            a, b = runs.setdefault(label, ([], []))
+            a += mine
+            b += base_runs
     return {label: paired_ratio(a, b) for label, (a, b) in sorted(runs.items())}
-
-
-def paired_table(rows: list[dict], base: str) -> dict:
-    """Per batch size, every measured row over the row labelled `base` (row_label), run by run. `rows`: the latest
-    result rows of one interleaved sweep. Rows measured without interleaving cannot be paired and are refused;
-    a batch size without the base row is left out. {batch_size: {label: paired_ratio(...)}}."""
-    by_bs = _rows_by_batch_size(rows)
-    table: dict[int, dict] = {}
-    for bs, labelled in sorted(by_bs.items()):
-        if base not in labelled:
-            continue
-        base_runs = labelled[base].get("decode_tokens_per_s_runs") or []
-        out = {}
-        for label, r in sorted(labelled.items()):
-            if label == base:
-                continue
-            # an interleaved row is written only once all its rounds are in, so ok rows have the same count
-            out[label] = paired_ratio(r.get("decode_tokens_per_s_runs") or [], base_runs)
-        table[bs] = out
-    return table
