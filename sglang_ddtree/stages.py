@@ -10,3 +10,6 @@ add up to the GPU time per round, with nothing counted twice.
 
 STAGES = ("draft", "tree", "verify", "walk", "commit")
 SERVER_STAGES = ("between",) + STAGES
+# The worker's host time per stage of its round call (stats.RoundTimer.host_stage_ms): `choose` is `auto`'s chooser
+# (before the draft), `after` the call's work after the commit (stats, `auto`'s feedback), both host-only.
+HOST_STAGES = ("choose",) + STAGES + ("after",)

@@ -725,3 +725,47 @@ def test_floor_fresh_from_the_environment_and_its_effect_on_a_slow_start(monkeyp
 
     before, after = worst(None), worst(64)
     assert before < 0.92 and after > 0.95, (before, after)
+
+
+def test_walk_schedule_scores_the_first_sampled_tree_round_then_one_in_every():
+    """Unsampled rounds walk plain, sampled chain rounds sampled (never scored), and of the sampled tree rounds the
+    first and then every CALIBRATION_EVERY-th run the calibration scoring, however chain rounds interleave."""
+    from sglang_ddtree.sglang.auto import CALIBRATION_EVERY, WalkSchedule
+
+    assert CALIBRATION_EVERY == WalkSchedule().every > 1
+    schedule = WalkSchedule(every=3)
+    rounds = [(False, False), (False, True), (True, True), (False, True), (False, False), (False, True),
+              (True, True), (False, True), (False, True), (True, False), (False, True)]  # (chain, sampled)
+    got = [schedule.variant(chain, sampled) for chain, sampled in rounds]
+    assert got == ["plain", "scored", "sampled", "sampled", "plain", "sampled", "sampled", "scored", "sampled",
+                   "plain", "sampled"]
+    assert [WalkSchedule(every=1).variant(False, True) for _ in range(3)] == ["scored"] * 3
+    with pytest.raises(ValueError, match="every >= 1"):
+        WalkSchedule(every=0)
+
+
+def test_bucket_statistics_kept_per_round_equal_recomputing_them():
+    """_Bucket keeps each candidate's median / spread / least of its last RECENT times and the count of non-chain
+    choices in its last CHAIN_RUN choices as rounds arrive (the chooser reads them every round): equal to
+    recomputing them from the windows, across the windows' roll-over."""
+    import random
+
+    from sglang_ddtree.sglang import auto
+
+    policy = AutoBudgetPolicy([0, 16, 64])
+    b = policy._bucket(1)
+    rng = random.Random(3)
+    for _ in range(300):
+        i = rng.randrange(3)
+        b.timed(i, rng.uniform(3.0, 6.0))
+        b.chose(rng.choice([0, 0, 0, 1, 2]))
+        for j in range(3):
+            xs = sorted(b.recent[j])
+            if not xs:
+                assert b.median[j] is None and b.least[j] is None
+                continue
+            n = len(xs)
+            assert (b.median[j], b.least[j]) == (xs[n // 2], xs[0])
+            assert b.spread[j] == pytest.approx(0.7413 * (xs[(3 * n) // 4] - xs[n // 4]))
+        assert len(b.last_choices) <= auto.CHAIN_RUN
+        assert b.others_in_run == sum(c != 0 for c in b.last_choices)

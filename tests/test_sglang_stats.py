@@ -175,3 +175,58 @@ def test_debug_dump_carries_the_auto_candidate_and_the_chooser_table(tmp_path):
     assert len(rows) == 8 and all(x["auto_candidate"] == "8" for x in rows)
     dump = read_debug_dump(path)
     assert dump.rows_without_rid == 0 and sorted(dump.rows_by_rid) == ["a", "b"]
+
+
+def test_host_stage_times_are_summed_per_stage_and_read_back_as_means(monkeypatch):
+    """The worker's host time per stage (RoundTimer.host_stage_ms, DDTreeStats.finish_round): each mark closes the
+    stage since the previous one (`choose`, a host-only mark, is `auto`'s chooser before the draft), `after` runs to
+    the end of the round call; sums go to Prometheus every HOST_FLUSH_ROUNDS rounds with their round count, and
+    bench.prom.ddtree_summary reads the means back. Scripted clocks: no CUDA."""
+    import torch
+
+    from sglang_ddtree.bench import prom
+    from sglang_ddtree.sglang import stats as stats_mod
+
+    monkeypatch.setattr(torch.cuda, "Event", _ClockEvent)
+    host = [100.0]  # seconds
+    monkeypatch.setattr(stats_mod.time, "perf_counter", lambda: host[0])
+    registry = prometheus_client.CollectorRegistry()
+    stats = stats_mod.DDTreeStats(enable_metrics=False, debug_path=None, depth_limit=3, budget=8)
+    stats.enabled = True
+    stats.prometheus = _Prometheus(depth_limit=3, budget=8, registry=registry)
+    before = prom.parse(prometheus_client.generate_latest(registry).decode())
+    steps = [("choose", 0.05), ("draft", 1.0), ("tree", 0.3), ("verify", 1.2), ("walk", 0.1), ("commit", 0.7)]
+
+    def one_round(auto: bool):
+        timer = stats.round_timer()
+        for name, ms in steps:
+            host[0] += ms / 1e3
+            if name == "choose":
+                if auto:
+                    timer.host_mark(name)
+            else:
+                timer.mark(name)
+        host[0] += 0.4e-3
+        return timer
+
+    timer = one_round(auto=True)
+    expected = {**dict(steps), "after": 0.4}
+    assert timer.host_stage_ms(host[0]) == pytest.approx(expected)
+    assert timer.host_ms == pytest.approx(sum(ms for _, ms in steps))  # to the commit, as before
+    stats.finish_round(timer)
+    for _ in range(stats.HOST_FLUSH_ROUNDS - 2):
+        stats.finish_round(one_round(auto=True))
+    assert value(registry, "sglang:ddtree_stage_host_rounds_total") == 0  # not yet flushed
+    stats.finish_round(one_round(auto=True))
+    n = stats.HOST_FLUSH_ROUNDS
+    assert value(registry, "sglang:ddtree_stage_host_rounds_total") == n
+    assert value(registry, "sglang:ddtree_stage_host_seconds_total", stage="verify") == pytest.approx(n * 1.2e-3)
+    after = prom.parse(prometheus_client.generate_latest(registry).decode())
+    summary = prom.ddtree_summary(prom.diff(after, before), budget=8)
+    assert summary["host_stage_ms"] == pytest.approx(expected)
+    # a fixed-budget round marks no `choose`: the draft's host time starts at the timer, `choose` reads 0
+    for _ in range(n):
+        stats.finish_round(one_round(auto=False))
+    later = prom.parse(prometheus_client.generate_latest(registry).decode())
+    fixed = prom.ddtree_summary(prom.diff(later, after), budget=8)["host_stage_ms"]
+    assert fixed == pytest.approx({**expected, "choose": 0.0, "draft": 1.05})

@@ -509,12 +509,15 @@ tiny-paired)
     rm -rf /tmp/tp
     mkdir -p "$out" /tmp/tp
     rc=0
-    CUDA_VISIBLE_DEVICES=0 timeout "${TP_TIMEOUT_S:-1080}" python3 benchmarks/bench_budgets.py --setups tiny,tiny-b \
-        --copy-setup tiny-b=tiny --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=32,128 \
-        --set tiny-b.methods=ddtree,auto --set tiny-b.budgets=128 \
+    # TP_TWIN=0 leaves out the second setup (a DDTREE 128 twin and an `auto` with FLOOR_FRESH), for more rounds
+    # (--set applies in order: the twin's server_env after all.server_env)
+    twin=(--setups tiny,tiny-b --copy-setup tiny-b=tiny --set tiny-b.methods=ddtree,auto --set tiny-b.budgets=128)
+    twin_env=(--set "tiny-b.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100,SGLANG_DDTREE_AUTO_FLOOR_FRESH=${TP_FLOOR_FRESH:-64}")
+    [ "${TP_TWIN:-1}" = 1 ] || { twin=(--setups tiny); twin_env=(); }
+    CUDA_VISIBLE_DEVICES=0 timeout "${TP_TIMEOUT_S:-1080}" python3 benchmarks/bench_budgets.py "${twin[@]}" \
+        --set tiny.methods="${TP_METHODS:-dflash,ddtree,auto}" --set tiny.budgets="${TP_BUDGETS:-32,128}" \
         --set all.batch_sizes="${TP_BATCH_SIZES:-1,4,16,64}" --set all.max_new_tokens="${TP_NEW_TOKENS:-512}" \
-        --set all.warmup_new_tokens=128 --set all.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 \
-        --set tiny-b.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100,SGLANG_DDTREE_AUTO_FLOOR_FRESH=${TP_FLOOR_FRESH:-64} \
+        --set all.warmup_new_tokens=128 --set all.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 "${twin_env[@]}" \
         --server-cpus "${TP_CPUS:-2-9}" --repeats "${TP_REPEATS:-30}" --prompt-groups 1 --rotate-prompts \
         --interleave --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes "${TP_MINUTES:-17}" \
         --out /tmp/tp/sweep --log-dir /tmp/tp/logs --commit "$commit" > /tmp/tp/run.log 2>&1 || rc=$?

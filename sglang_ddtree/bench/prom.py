@@ -3,6 +3,8 @@
 The DDTREE worker exports (sglang_ddtree/sglang/stats.py), all labelled with `budget`:
   sglang:ddtree_stage_seconds{stage=between|draft|tree|verify|walk|commit}   histogram, one observation per round
   sglang:ddtree_round_host_seconds   histogram, the host's time in the worker's round call (host_ms)
+  sglang:ddtree_stage_host_seconds_total{stage}, sglang:ddtree_stage_host_rounds_total   the host's time per stage
+                                                                     of the round call (host_stage_ms)
   sglang:ddtree_rounds_total, sglang:ddtree_accepted_tokens_total    counters per request-round
   sglang:ddtree_depth_reached_total{depth=d}                         request-rounds that accepted >= d draft tokens
   sglang:ddtree_branch_accepted_total, sglang:ddtree_expected_accept_length_sum(_total)
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from sglang_ddtree.stages import HOST_STAGES
 from sglang_ddtree.stages import SERVER_STAGES as STAGES
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
@@ -114,13 +117,19 @@ def ddtree_summary(delta: dict[Sample, float], budget: int | str | None = None) 
             stage_ms[stage] = 1e3 * total / count
             stage_rounds[stage] = int(round(count))
     rounds = _total(delta, "sglang:ddtree_rounds_total", **labels)
-    if not stage_ms and rounds <= 0:
+    host_rounds = _total(delta, "sglang:ddtree_stage_host_rounds_total", **labels)
+    if not stage_ms and rounds <= 0 and host_rounds <= 0:
         return None
     out: dict = {"stage_ms": stage_ms, "stage_ms_sum": sum(stage_ms.values()) if stage_ms else None,
                  "batch_rounds": max(stage_rounds.values()) if stage_rounds else 0, "request_rounds": int(rounds)}
     host_count = _total(delta, "sglang:ddtree_round_host_seconds_count", **labels)
     if host_count > 0:
         out["host_ms"] = 1e3 * _total(delta, "sglang:ddtree_round_host_seconds_sum", **labels) / host_count
+    if host_rounds > 0:
+        out["host_stage_ms"] = {stage: 1e3 * _total(delta, "sglang:ddtree_stage_host_seconds_total", stage=stage,
+                                                    **labels) / host_rounds
+                                for stage in HOST_STAGES
+                                if _select(delta, ("sglang:ddtree_stage_host_seconds_total",), stage=stage, **labels)}
     if rounds > 0:
         accepted = _total(delta, "sglang:ddtree_accepted_tokens_total", **labels)
         out["tau"] = accepted / rounds

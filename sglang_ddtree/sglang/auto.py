@@ -61,6 +61,15 @@ CLOSE = 0.25
 CHAIN_RUN = 32
 CHAIN_RUN_OTHERS = 2
 
+# The calibration table scores and learns on one sampled tree round in CALIBRATION_EVERY (the others run a walk
+# without it). Since lease 20 it feeds only the prediction metrics and the exported table, not the choice, yet it was
+# the sampled walk's largest part: ops.calibration_round is ~185 small kernels (lease 22b's batch-4 profile: `auto`
+# 344 kernels a round against DDTREE 128's 268, ~46 of the difference the scoring), plus ~6 eager launches to learn.
+# On a host-bound pair every graph node and launch is host time (lease 22b: cudaGraphLaunch 0.41 against 0.25 ms a
+# round). Expected: ~35 kernels and ~1.5 launches fewer a round, ~1-2% of a tiny-pair round; the table sees a
+# quarter of the observations (it still learns from thousands of nodes a minute).
+CALIBRATION_EVERY = 4
+
 # Relative timing noise the chooser allows for when it bounds a candidate's round time (_cost_floor). An allowance,
 # not a measurement: whole runs of one tiny-pair configuration moved 10-20% in lease 10 (sweep_auto_lease10.jsonl);
 # a decayed mean over many rounds of one server should move less.
@@ -134,8 +143,33 @@ class _Bucket:
     last_measured: list[int]  # round index of the last measurement
     waited: list[int]  # rounds exploration waited for the candidate's first timed round
     recent: list[collections.deque]  # the last RECENT measured round ms per candidate
+    # per candidate, of `recent` (_Bucket.timed keeps them current): its median, interquartile spread as a normal
+    # sigma and least; kept, not recomputed, because the chooser reads them every round and only the timed
+    # candidate's change (sorting every candidate's times each round was ~half of choose())
+    median: list = field(default_factory=list)
+    spread: list = field(default_factory=list)
+    least: list = field(default_factory=list)
     rounds: int = 0
     last_choices: collections.deque = field(default_factory=lambda: collections.deque(maxlen=CHAIN_RUN))
+    others_in_run: int = 0  # of last_choices, those not the chain (index 0)
+
+    def __post_init__(self):
+        n = len(self.recent)
+        self.median, self.spread, self.least = [None] * n, [None] * n, [None] * n
+
+    def chose(self, i: int) -> None:
+        if len(self.last_choices) == self.last_choices.maxlen and self.last_choices[0] != 0:
+            self.others_in_run -= 1  # leaves the window
+        self.last_choices.append(i)
+        self.others_in_run += i != 0
+
+    def timed(self, i: int, ms: float) -> None:
+        """Candidate i's round took ms: into its recent times and their statistics."""
+        self.recent[i].append(ms)
+        xs = sorted(self.recent[i])
+        n = len(xs)
+        self.median[i], self.least[i] = xs[n // 2], xs[0]
+        self.spread[i] = 0.7413 * (xs[(3 * n) // 4] - xs[n // 4])  # the interquartile range as a normal sigma
 
 
 @dataclass
@@ -173,8 +207,13 @@ class AutoBudgetPolicy:
     # they bound, reuse them (the same picks: auto_sim, 6 seeds x 3000 rounds). choose + sample_interval + observe a
     # round on the CPU machine (benchmarks/simulate_auto_phases.py): 29.7 us at a72dd6a, 25.1 with this and
     # SHRINK_Z's shrinkage (auto_chooser_cpu_a72dd6a.json, auto_chooser_cpu.json).
+    # Tokens change only on a round that brought expectations (one in SAMPLE_EVERY or fewer): their own version,
+    # so that the rounds between reuse them (choose: 28 -> ~15 us a round on the CPU machine with the bucket's
+    # time statistics kept, _Bucket.timed).
     _version: int = 0
+    _tokens_version: int = 0
     _memo: dict = field(default_factory=dict)  # ("tokens", None) / ("rates", bucket) -> (version, values)
+    _explore_order: list[int] = field(default_factory=list)  # candidate indices, narrowest verify first
 
     def __post_init__(self):
         self.candidates = [int(c) for c in self.candidates]
@@ -195,6 +234,7 @@ class AutoBudgetPolicy:
         self.observed_expected = [_Decayed() for _ in range(n)]
         self.chosen_total = [0] * n
         self._last_observed = [0] * n
+        self._explore_order = sorted(range(n), key=lambda i: (self.widths[i], i))
 
     @property
     def keep(self) -> float:
@@ -221,12 +261,12 @@ class AutoBudgetPolicy:
         exp = self.expected[i].mean()
         return None if exp is None else exp * self.ratio(i)
 
-    def _cached(self, key, compute):
+    def _cached(self, key, compute, version: int):
         hit = self._memo.get(key)
-        if hit is not None and hit[0] == self._version:
+        if hit is not None and hit[0] == version:
             return hit[1]
         values = compute()
-        self._memo[key] = (self._version, values)
+        self._memo[key] = (version, values)
         return values
 
     def _all_tokens(self) -> list[float | None]:
@@ -245,33 +285,29 @@ class AutoBudgetPolicy:
         """Candidate i's estimated committed tokens per request: its expectation x ratio, and for a tree at least
         a narrower tree candidate's estimate (the narrower tree is its first slots: per round it commits at least
         as much)."""
-        return self._cached(("tokens", None), self._all_tokens)[i]
+        return self._cached(("tokens", None), self._all_tokens, self._tokens_version)[i]
 
     @staticmethod
     def _typical_ms(b: _Bucket, i: int) -> float | None:
         """Candidate i's round ms for its rate: the median of its last RECENT timed rounds once there are 3 (one
         slow round cannot move it), before that the decayed mean."""
         if len(b.recent[i]) >= 3:
-            xs = sorted(b.recent[i])
-            return xs[len(xs) // 2]
+            return b.median[i]
         return b.round_ms[i].mean()
 
     @staticmethod
     def _least_ms(b: _Bucket, i: int) -> float | None:
         """The least of candidate i's last RECENT timed rounds in this bucket (None: none timed)."""
-        return min(b.recent[i]) if b.recent[i] else None
+        return b.least[i]
 
     def rates(self, bucket: int) -> list[float | None]:
-        return list(self._cached(("rates", bucket), lambda: self._rates(bucket)))
+        return list(self._cached(("rates", bucket), lambda: self._rates(bucket), self._version))
 
     def _rates(self, bucket: int) -> list[float | None]:
         b = self._bucket(bucket)
         ms = self._shrunk_tree_ms(b)
-        out = []
-        for i in range(len(self.candidates)):
-            tokens = self.est_tokens(i)
-            out.append(tokens / ms[i] if tokens is not None and ms[i] else None)
-        return out
+        tokens = self._cached(("tokens", None), self._all_tokens, self._tokens_version)
+        return [t / m if t is not None and m else None for t, m in zip(tokens, ms)]
 
     def _shrunk_tree_ms(self, b: _Bucket) -> list[float | None]:
         """Every candidate's round ms for its rate (_typical_ms), the tree candidates' drawn toward their pooled
@@ -286,10 +322,7 @@ class AutoBudgetPolicy:
         weights = [len(b.recent[i]) for i in trees]
         pooled = sum(ms[i] * w for i, w in zip(trees, weights)) / sum(weights)
         for i in trees:
-            xs = sorted(b.recent[i])
-            n = len(xs)
-            spread = 0.7413 * (xs[(3 * n) // 4] - xs[n // 4])  # the interquartile range as a normal sigma
-            error = z * 1.25 * spread / math.sqrt(n)  # the median's standard error, ~1.25 sigma / sqrt(n)
+            error = z * 1.25 * b.spread[i] / math.sqrt(len(b.recent[i]))  # the median's standard error
             gap = ms[i] - pooled
             ms[i] = pooled + math.copysign(max(0.0, abs(gap) - error), gap)
         return ms
@@ -364,7 +397,7 @@ class AutoBudgetPolicy:
         best = max(known)[1] if known else None
         best_rate = rates[best] if best is not None else None
         choice = None
-        for i in sorted(range(n), key=lambda i: (self.widths[i], i)):  # explore: narrowest unmeasured first
+        for i in self._explore_order:  # explore: narrowest unmeasured first
             if b.measured[i] >= self.explore:
                 continue
             if b.tried[i] < self.explore and (self.explore_all or self._could_win(b, i, best_rate)):
@@ -383,7 +416,7 @@ class AutoBudgetPolicy:
         if choice is None:
             choice = best if best is not None else 0
         b.tried[choice] += 1
-        b.last_choices.append(choice)
+        b.chose(choice)
         self.chosen_total[choice] += 1
         return choice
 
@@ -394,7 +427,7 @@ class AutoBudgetPolicy:
         (_best_case_rate) by more than CLOSE."""
         b = self._bucket(bucket)
         if (len(b.last_choices) == CHAIN_RUN
-                and sum(c != 0 for c in b.last_choices) <= CHAIN_RUN_OTHERS):  # index 0 is the chain
+                and b.others_in_run <= CHAIN_RUN_OTHERS):
             return SAMPLE_EVERY_IDLE
         rates = self.rates(bucket)
         if rates[0] is None:
@@ -413,11 +446,13 @@ class AutoBudgetPolicy:
         if batch_size < 1:
             return
         self._version += 1
+        if expected_sum:
+            self._tokens_version += 1
         keep = self.keep
         b = self._bucket(bucket)
         if round_ms is not None and math.isfinite(round_ms) and round_ms > 0:
             b.round_ms[chosen].add(round_ms, 1.0, keep)
-            b.recent[chosen].append(round_ms)
+            b.timed(chosen, round_ms)
             b.measured[chosen] += 1
             b.last_measured[chosen] = b.rounds
         self.rounds_observed += 1
@@ -449,6 +484,30 @@ class AutoBudgetPolicy:
             "round_ms": {str(bucket): {k: _r(b.round_ms[i].mean()) for i, k in enumerate(labels)}
                          for bucket, b in sorted(self.buckets.items())},
         }
+
+
+class WalkSchedule:
+    """Which of a candidate's walk stages a round runs: "plain" (an unsampled round: no feedback but its time),
+    "sampled" (every observed candidate's committed tokens, for the chooser), "scored" (those and the calibration
+    table's scoring and delta: the first sampled tree round and then one in `every`, CALIBRATION_EVERY). The chain
+    is never scored (a chain teaches only the top-1 cells, which every tree's first path teaches too)."""
+
+    VARIANTS = ("plain", "sampled", "scored")
+
+    def __init__(self, every: int = CALIBRATION_EVERY):
+        if every < 1:
+            raise ValueError(f"the calibration scores one sampled tree round in every >= 1, got {every}.")
+        self.every = every
+        self.sampled_tree_rounds = 0
+
+    def variant(self, chain: bool, sampled: bool) -> str:
+        if not sampled:
+            return "plain"
+        if chain:
+            return "sampled"
+        scored = self.sampled_tree_rounds % self.every == 0
+        self.sampled_tree_rounds += 1
+        return "scored" if scored else "sampled"
 
 
 def _r(x):
@@ -507,10 +566,10 @@ def auto_log_every() -> int:
 
 
 class CalibrationMonitor:
-    """The host side of the server's calibration table (adaptive.ScoreCalibrator, on the GPU; the sampled rounds'
-    walk stages compute what it learns, the worker applies it: `learn`).
+    """The host side of the server's calibration table (adaptive.ScoreCalibrator, on the GPU; the scored rounds'
+    walk stages (one sampled tree round in CALIBRATION_EVERY) compute what it learns, the worker applies it: `learn`).
 
-    - Prediction errors: each sampled tree round's |raw prediction - committed| and |calibrated prediction - committed|
+    - Prediction errors: each scored round's |raw prediction - committed| and |calibrated prediction - committed|
       summed over its requests (ops.calibration_round), both predicted before the table learns the round, arrive
       through AutoFeedback: running totals here (mean absolute error per request-round, raw against calibrated:
       the issue's measure of whether calibration predicts better), Prometheus counters.

@@ -292,7 +292,7 @@ class CommitPlan:
     branch_lens: torch.Tensor  # [bs] int32: accepted draft tokens off the drafter's top-1 (stats.branch_counts)
     summary: torch.Tensor | None  # stats.round_summary_vector, when metrics are on
     observed: torch.Tensor | None = None  # `auto`: observed_tokens
-    calibration: torch.Tensor | None = None  # `auto`, sampled tree rounds: calibration_round's errors
+    calibration: torch.Tensor | None = None  # `auto`, scored tree rounds: calibration_round's errors
     calibration_delta: torch.Tensor | None = None  # ... and the table's delta (batch sums, as summary)
 
 

@@ -18,11 +18,13 @@ Metric names (all `sglang:ddtree_*`, label `budget`; counters are request-rounds
   expected_tokens_total (the drafter's own expectation: 1 + sum of node probabilities, for calibration),
   stage_seconds{stage} (histogram per batch round: between, draft, tree, verify, walk, commit; `between` only
   for a round that directly follows another decode round, see sglang_ddtree.stages),
-  round_host_seconds (histogram per batch round: the host's time in the worker's round call).
+  round_host_seconds (histogram per batch round: the host's time in the worker's round call, to the commit),
+  stage_host_seconds_total{stage} and stage_host_rounds_total (the host's time per stage of the round call:
+  choose (`auto`), draft, tree, verify, walk, commit, after; mean = the sum / stage_host_rounds_total).
 `auto` adds auto_rounds_total{candidate} (batch rounds per verified candidate) and, from its calibration table
 (sglang_ddtree.sglang.auto.CalibrationMonitor): auto_tau_abs_error_total{scores=raw|calibrated} and
-auto_tau_scored_total (mean absolute error of the predicted committed tokens per request-round, sampled tree
-rounds),
+auto_tau_scored_total (mean absolute error of the predicted committed tokens per request-round, scored tree
+rounds: one sampled tree round in auto.CALIBRATION_EVERY),
 calibration_ratio{depth,path_class,rank_class} and calibration_observations{...} (gauges: the table's factors and
 decayed node counts, refreshed every 256 rounds and at a reset).
 """
@@ -37,7 +39,7 @@ import time
 import torch
 
 from sglang_ddtree.metrics import JsonlWriter, records_from_round
-from sglang_ddtree.stages import SERVER_STAGES, STAGES
+from sglang_ddtree.stages import HOST_STAGES, SERVER_STAGES, STAGES
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,7 @@ class RoundTimer:
         self._previous_end = previous_end
         self._host_start = time.perf_counter()
         self.host_ms: float | None = None
+        self._host_marks: list[tuple[str, float]] = []  # (stage, perf_counter) at every mark, host-only ones too
         self._elapsed: dict[str, float] | None = None
         self._range = None
         if enabled:
@@ -80,7 +83,28 @@ class RoundTimer:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             self.marks.append((stage, event))
-            self.host_ms = 1e3 * (time.perf_counter() - self._host_start)
+            now = time.perf_counter()
+            self._host_marks.append((stage, now))
+            self.host_ms = 1e3 * (now - self._host_start)
+
+    def host_mark(self, stage: str) -> None:
+        """A host-only boundary (no CUDA event): the host's time from the previous mark is reported as `stage`
+        (host_stage_ms), the next GPU stage's time is unchanged. `auto` marks `choose` (its chooser, before the
+        draft), so that the draft's host time is the draft's alone."""
+        if self.enabled:
+            self._host_marks.append((stage, time.perf_counter()))
+
+    def host_stage_ms(self, end: float | None = None) -> dict[str, float]:
+        """The host's ms per stage of the worker's round call: from the timer's creation (or the previous mark) to
+        each mark, and `after` from the last mark to `end` (perf_counter; the end of the round call). Pure host
+        times: readable at once, no CUDA event involved."""
+        out, prev = {}, self._host_start
+        for stage, t in self._host_marks:
+            out[stage] = out.get(stage, 0.0) + 1e3 * (t - prev)
+            prev = t
+        if end is not None and self._host_marks:
+            out["after"] = 1e3 * (end - prev)
+        return out
 
     @property
     def end_event(self) -> torch.cuda.Event | None:
@@ -138,10 +162,17 @@ class _Prometheus:
                               "above the GPU seconds per round, the round is host-bound.", names,
                               buckets=[1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1],
                               registry=registry).labels(**labels)
+        # Counters, not histograms: only the means are read, and the host stages are seven series a round
+        host_stage = counter("stage_host_seconds_total", "Host (CPU) seconds of the worker's round call by stage "
+                             "(choose = `auto`'s chooser; after = from the commit to the end of the call).", "stage")
+        self.host_stage = {name: host_stage.labels(**labels, stage=name) for name in HOST_STAGES}
+        self.host_stage_rounds = counter("stage_host_rounds_total", "Batch rounds in "
+                                         "sglang:ddtree_stage_host_seconds_total.").labels(**labels)
         self.depth_limit = depth_limit
         self._auto = counter("auto_rounds_total", "`auto`: rounds (batches) that verified this candidate budget "
                              "('chain' = the drafter's top-1 path).", "candidate")
         self._auto_labels = labels
+        self._auto_children: dict = {}
         # `auto`'s calibration table (sglang_ddtree.sglang.auto.CalibrationMonitor): created at first use, so that
         # fixed-budget servers export no empty series
         self._registry, self._names = registry, names
@@ -149,7 +180,15 @@ class _Prometheus:
         self._cal_published: set[tuple[str, str, str]] = set()
 
     def auto_round(self, candidate: str) -> None:
-        self._auto.labels(**self._auto_labels, candidate=candidate).inc()
+        child = self._auto_children.get(candidate)
+        if child is None:  # resolved once per candidate: labels() builds and locks a lookup every call (~8 us)
+            child = self._auto_children[candidate] = self._auto.labels(**self._auto_labels, candidate=candidate)
+        child.inc()
+
+    def host_stages(self, totals: dict[str, float], rounds: int) -> None:
+        for name, ms in totals.items():
+            self.host_stage[name].inc(ms / 1e3)
+        self.host_stage_rounds.inc(rounds)
 
     def _calibration_series(self) -> None:
         if self._tau_error is not None:
@@ -157,13 +196,13 @@ class _Prometheus:
         from prometheus_client import Counter, Gauge
 
         names, registry = self._names, self._registry
-        self._tau_error = Counter("sglang:ddtree_auto_tau_abs_error_total", "`auto`, sampled tree rounds: sum over "
+        self._tau_error = Counter("sglang:ddtree_auto_tau_abs_error_total", "`auto`, scored tree rounds: sum over "
                                   "request-rounds of |predicted - committed tokens|, by the scores that predicted "
                                   "(raw drafter scores or the calibration table's), both before the table learnt "
                                   "the round. MAE = this / ddtree_auto_tau_scored_total.", names + ["scores"],
                                   registry=registry)
         self._tau_scored = Counter("sglang:ddtree_auto_tau_scored_total", "`auto`: request-rounds whose prediction "
-                                   "error was scored (sampled tree rounds).", names, registry=registry)
+                                   "error was scored (scored tree rounds).", names, registry=registry)
         cell = names + ["depth", "path_class", "rank_class"]
         self._cal_ratio = Gauge("sglang:ddtree_calibration_ratio", "`auto`'s calibration table: (accepted + m) / "
                                 "(predicted + m) of the draft nodes of a (depth, path class = off-top-1 ancestors, "
@@ -279,6 +318,9 @@ class DDTreeStats:
     # receive rounds of the one before (lease 3: a server's warm-up rounds, JIT compiles included, landed in the
     # first measured workload's stage means); now at most the one or two rounds still in flight spill over.
     FLUSH_ROUNDS = 1
+    # Host stage times are published in sums of this many rounds (eight counters a flush): a workload's scrape can
+    # miss its last few rounds' host times, never mix a round's stages (sums and their round count go together).
+    HOST_FLUSH_ROUNDS = 8
 
     def __init__(self, *, enable_metrics: bool, debug_path: str | None, depth_limit: int, budget: int,
                  timing: bool = False, budget_label: str | None = None):
@@ -298,6 +340,8 @@ class DDTreeStats:
         self.rounds_seen = 0
         self.stage_ms: list[dict[str, float]] = []
         self._last_round_end: torch.cuda.Event | None = None
+        self._host_totals: dict[str, float] = {}
+        self._host_rounds = 0
         # Profiler ranges per stage (a few microseconds of host time per round): for profiling runs only.
         self.profile_ranges = os.environ.get("SGLANG_DDTREE_PROFILE_RANGES") == "1"
         width = depth_limit + 1 + 4
@@ -308,6 +352,21 @@ class DDTreeStats:
         timer = RoundTimer(self.enabled, previous_end=self._last_round_end, ranges=self.profile_ranges)
         self._last_round_end = None
         return timer
+
+    def finish_round(self, timer: RoundTimer) -> None:
+        """The end of the worker's decode round call: its host time per stage (HOST_STAGES) is added to running
+        sums, published every HOST_FLUSH_ROUNDS rounds (host times need no CUDA event, so this round's are final)."""
+        if self.prometheus is None or not timer.enabled:
+            return
+        for name, ms in timer.host_stage_ms(time.perf_counter()).items():
+            self._host_totals[name] = self._host_totals.get(name, 0.0) + ms
+        self._host_rounds += 1
+        if self._host_rounds >= self.HOST_FLUSH_ROUNDS:
+            try:
+                self.prometheus.host_stages(self._host_totals, self._host_rounds)
+            except Exception:  # metrics must never take the server down
+                logger.exception("DDTREE metrics update failed")
+            self._host_totals, self._host_rounds = {}, 0
 
     def other_batch(self) -> None:
         """A prefill or idle batch ran: the next decode round's `between` would count it, so it has none."""

@@ -63,8 +63,8 @@ from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
-from sglang_ddtree.sglang.auto import (AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, auto_floor_fresh,
-                                      auto_log_every, auto_shrink_z)
+from sglang_ddtree.sglang.auto import (AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, WalkSchedule,
+                                      auto_floor_fresh, auto_log_every, auto_shrink_z)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -79,12 +79,12 @@ ORACLE_LOG = 200
 class _AutoState:
     """`auto` (sglang_ddtree.sglang.auto): per candidate index its verify width and graphed stages; the extra
     verify states by width; the host policy and its GPU -> host feedback; the calibration table's host side (the
-    table lives on the GPU: the sampled walk stages score its predictions and compute what it learns)."""
+    table lives on the GPU: the scored walk stages score its predictions and compute what it learns)."""
 
     candidates: tuple[int, ...]
     widths: list[int]
     tree_stages: list[dict[bool, GraphedStage]]  # [candidate][sampled]
-    walk_stages: list[dict[bool, GraphedStage]]  # [candidate][sampled]
+    walk_stages: list[dict[str, GraphedStage]]  # [candidate][WalkSchedule.VARIANTS entry]; no "scored" chain
     verify_states: dict | None  # (width, causal) -> (attention backend, verify graphs), built at the first round
     policy: AutoBudgetPolicy
     feedback: AutoFeedback
@@ -95,6 +95,7 @@ class _AutoState:
     seen: set = field(default_factory=set)  # (bucket, candidate index) pairs that ran once
     captured_buckets: set = field(default_factory=set)  # buckets whose stages were all captured (_capture_bucket)
     late_captures: int = 0  # stage captures in rounds after their bucket's _capture_bucket (expected: none)
+    walks: WalkSchedule = field(default_factory=WalkSchedule)  # which walk stage variant a round runs
 
     def first_use(self, bucket: int, chosen) -> bool:
         """The first round of a candidate (index) at a batch-size bucket (eager paths compile kernels there)."""
@@ -286,17 +287,17 @@ class DDTreeWorker(DFlashWorkerV2):
                              f"{self.num_nodes} (the drafter block is {self.block_size}).")
         tree_stages, walk_stages = [], []
         pad = self._pad
-        # The calibration table learns from every sampled tree round's walk and predicts its committed tokens next to
-        # the raw scores (both scored and exported: CalibrationMonitor). Not from chain rounds: a chain teaches only
-        # the top-1 cells, which every tree's first path teaches too, and the scoring is ~140 small kernels (lease
-        # 20c, 8B shapes, batch 1, the chain in 375 of 384 rounds: walk stage 0.13 ms a round against lease 19's
-        # 0.09; expected back to ~0.09 there, not measured yet). The choice stays on raw expectations times each
-        # candidate's observed / expected ratio (auto.py). Lease 20 fed the table's expectations to the chooser: it
-        # cost every sampled tree stage the table's work and `auto` measured x0.83 / 0.79 / 0.92 / 0.92 of DDTREE
-        # 128 at batch 1 / 4 / 16 / 64 on the tiny pair (a noisy, slow host; cause not separated, and a simulated
-        # moving basis alone costs nothing: auto_drift_sim.json), with no gain projected offline for calibrated
-        # choices; the trees stay the raw scores' best-b (offline, selecting them by calibrated scores projected no
-        # faster: docs/adaptive-budget.md).
+        # The calibration table learns from one sampled tree round's walk in CALIBRATION_EVERY (auto.py) and predicts
+        # its committed tokens next to the raw scores (both scored and exported: CalibrationMonitor). Not from chain
+        # rounds: a chain teaches only the top-1 cells, which every tree's first path teaches too, and the scoring is
+        # ~140 small kernels (lease 20c, 8B shapes, batch 1, the chain in 375 of 384 rounds: walk stage 0.13 ms a round
+        # against lease 19's 0.09; expected back to ~0.09 there, not measured yet). The choice stays on raw expectations
+        # times each candidate's observed / expected ratio (auto.py). Lease 20 fed the table's expectations to the
+        # chooser: it cost every sampled tree stage the table's work and `auto` measured x0.83 / 0.79 / 0.92 / 0.92 of
+        # DDTREE 128 at batch 1 / 4 / 16 / 64 on the tiny pair (a noisy, slow host; cause not separated, and a simulated
+        # moving basis alone costs nothing: auto_drift_sim.json), with no gain projected offline for calibrated choices;
+        # the trees stay the raw scores' best-b (offline, selecting them by calibrated scores projected no faster:
+        # docs/adaptive-budget.md).
         calibrator = ScoreCalibrator(CalibratorConfig(depth_limit=self.depth_limit), device=self.device)
         for c in candidates:
             tree_stages.append({sampled: GraphedStage(
@@ -305,16 +306,18 @@ class DDTreeWorker(DFlashWorkerV2):
                 name=f"auto tree {candidate_label(c)}{' sampled' if sampled else ''}", enabled=self.round_graphs,
                 borrow=(0, 1), unpad=ops.unpad_tree_stage, rows_arg=self.pad_stages, **pad)
                 for sampled in (True, False)})
-            # one walk stage per tree stage: a stage borrows its inputs from exactly one producer (graphs.py). Only a
-            # sampled walk computes the candidates' observed tokens (ops.observed_tokens, 36 kernels at the
-            # 128-tree): the policy reads them next to the same round's expectations only (AutoFeedback.push).
-            walk_stages.append({sampled: GraphedStage(
+            # walk stages after a tree stage: a stage borrows its inputs from exactly one producer (graphs.py). Only
+            # a sampled walk computes the candidates' observed tokens (ops.observed_tokens, 36 kernels at the
+            # 128-tree): the policy reads them next to the same round's expectations only (AutoFeedback.push); only
+            # a scored one the calibration's (WalkSchedule, CALIBRATION_EVERY). The chain is not scored.
+            walk_stages.append({variant: GraphedStage(
                 partial(ops.walk_commit_plan, self.block_size, self.use_kernels, self.stats.prometheus is not None,
-                        auto=(candidates, c) if sampled else None, top1_chain=c == CHAIN,
-                        calibrator=calibrator if sampled and c != CHAIN else None),
-                name=f"auto walk {candidate_label(c)}{' sampled' if sampled else ''}", enabled=self.round_graphs,
-                borrow=(0, 1, 2, 3, 4, 5), unpad=ops.unpad_commit_plan, rows_arg=self.pad_stages, **pad)
-                for sampled in (True, False)})
+                        auto=None if variant == "plain" else (candidates, c), top1_chain=c == CHAIN,
+                        calibrator=calibrator if variant == "scored" else None),
+                name=f"auto walk {candidate_label(c)}{'' if variant == 'plain' else ' ' + variant}",
+                enabled=self.round_graphs, borrow=(0, 1, 2, 3, 4, 5), unpad=ops.unpad_commit_plan,
+                rows_arg=self.pad_stages, **pad)
+                for variant in WalkSchedule.VARIANTS if not (c == CHAIN and variant == "scored")})
         policy = AutoBudgetPolicy(list(candidates), widths=widths,
                                   explore_all=os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_ALL") == "1",
                                   shrink_z=auto_shrink_z(), floor_fresh=auto_floor_fresh())
@@ -343,25 +346,24 @@ class DDTreeWorker(DFlashWorkerV2):
             width = self.auto.widths[i]
             slots = self._verify_slots(batch, prefix_lens, bs, width)
             choices = torch.zeros((bs, width), dtype=choice_dtype, device=slots.device)
-            for sampled in (True, False):
+            for variant, walk_stage in self.auto.walk_stages[i].items():
+                sampled = variant != "plain"
                 top1 = candidate == CHAIN and not sampled and self.scripted is None  # as the round picks its head
                 tree, _, _, _ = self.auto.tree_stages[i][sampled](*heads[1 if top1 else self.topk], roots,
                                                                   prefix_lens, rows=bs)
-                self.auto.walk_stages[i][sampled](tree.tokens, tree.parents, tree.depth, tree.scores, tree.ranks,
-                                                  tree.valid, choices, slots, prefix_lens, rows=bs)
+                walk_stage(tree.tokens, tree.parents, tree.depth, tree.scores, tree.ranks, tree.valid, choices, slots,
+                           prefix_lens, rows=bs)
         self.auto.captured_buckets.add(bucket)
         self.stats.other_batch()  # the next round's `between` would hold these captures
         if self.ps.tp_rank == 0:
             logger.info("DDTREE auto: batch-size bucket %d: %d stage graphs captured together in %.0f ms", bucket,
                         self._stage_captures() - before, 1e3 * (time.perf_counter() - started))
 
-    def _stage_captures(self) -> int:
-        """Stage graphs captured so far, all stages together: a round that changed it did one-time work."""
-        stages = [self._topk_stage, self._top1_stage]
-        if self.auto is not None:
-            stages += [stage for kind in (self.auto.tree_stages, self.auto.walk_stages) for by_sampled in kind
-                       for stage in by_sampled.values()]
-        return sum(stage.captures for stage in stages)
+    @staticmethod
+    def _stage_captures() -> int:
+        """Stage graphs captured so far, all stages of the process together: a round that changed it did one-time
+        work."""
+        return GraphedStage.total_captures
 
     def _ensure_auto_verify_states(self) -> bool:
         """Keyed (width, causal): the chain verifies causally (no custom mask, as DFLASH does), trees with the
@@ -452,6 +454,7 @@ class DDTreeWorker(DFlashWorkerV2):
             # a probe or exploration round always samples: it is how a rarely chosen candidate's ratio refreshes
             sampled = (self.auto.rounds % self.auto.policy.sample_interval(bucket) == 0) or self.auto.policy.probing
             captures = self._stage_captures()
+            timer.host_mark("choose")
         top1_only = (self.auto is not None and self.auto.candidates[chosen] == CHAIN and not sampled
                      and self.scripted is None)
 
@@ -469,7 +472,9 @@ class DDTreeWorker(DFlashWorkerV2):
         else:
             if self.stats.prometheus is not None:
                 self.stats.prometheus.auto_round(candidate_label(self.auto.candidates[chosen]))
-            width, walk_stage = self.auto.widths[chosen], self.auto.walk_stages[chosen][sampled]
+            width = self.auto.widths[chosen]
+            walk_stage = self.auto.walk_stages[chosen][self.auto.walks.variant(self.auto.candidates[chosen] == CHAIN,
+                                                                                 sampled)]
             tree, verify_ids, verify_positions, expected = self.auto.tree_stages[chosen][sampled](
                 topk_values, topk_tokens, roots, prefix_lens, rows=bs)
         causal = self.auto is not None and self.auto.candidates[chosen] == CHAIN  # a chain needs no tree mask
@@ -550,7 +555,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if self.auto is not None and self.pad_stages and bucket not in self.auto.captured_buckets:
             self._capture_bucket(batch, bucket, bs, draft_hidden, roots, prefix_lens, choices.dtype)
 
-        return GenerationBatchResult(
+        result = GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=out_tokens.reshape(-1),
             accept_lens=commit_lens,
@@ -562,6 +567,8 @@ class DDTreeWorker(DFlashWorkerV2):
             speculative_num_draft_tokens=self.block_size,
             new_seq_lens=new_seq_lens,
         )
+        self.stats.finish_round(timer)
+        return result
 
     # ------------------------------------------------------------------------------------------------------------
     # Stages
