@@ -465,6 +465,30 @@ collect-chains)
         2>/dev/null || tar -cJf "$out/chain_logs.tar.xz" -C /tmp detached/gpu0.log detached/gpu1.log
     ls -la "$out"
     ;;
+auto-cost)
+    # Lease 23: after a change to `auto`'s cost per round, in one detached step (~20 min without a JIT cache): the
+    # graphed auto stages against eager (test_core_cuda), the paired tiny sweep of DFLASH / DDTREE 128 / `auto`
+    # (tiny-paired with TP_TWIN=0 TP_BUDGETS=128; AC_REPEATS rounds, default 60), then the `ddtree-auto` server
+    # module (lossless), returning its JIT cache. Stops after a failed core test.
+    out=${1:?outdir}
+    commit=${2:?commit}
+    mkdir -p "$out" /tmp/ac
+    rc=0
+    python3 scripts/device/run_gpu_suite.py tests/gpu/test_core_cuda.py --out /tmp/ac/core --deadline-s 300 \
+        > /tmp/ac/core.log 2>&1 || rc=$?
+    echo "core module exit $rc" | tee -a /tmp/ac/core.log
+    cp /tmp/ac/core/gpu_suite.json "$out/gpu_suite_core.json" || true
+    [ "$rc" = 0 ] || { tail -n 30 /tmp/ac/core.log; exit "$rc"; }
+    TP_TWIN=0 TP_BUDGETS=128 TP_REPEATS="${AC_REPEATS:-60}" TP_MINUTES="${AC_MINUTES:-11}" \
+        bash scripts/device/lease_steps.sh tiny-paired "$out" "$commit"
+    rc=0
+    DDTREE_GPU_CONFIGS=ddtree-auto python3 scripts/device/run_gpu_suite.py tests/gpu/test_ddtree_server.py \
+        --out /tmp/ac/server --deadline-s "${AC_SERVER_S:-540}" --return-jit-cache > /tmp/ac/server.log 2>&1 || rc=$?
+    echo "server module exit $rc" | tee -a /tmp/ac/server.log
+    cp /tmp/ac/server/gpu_suite.json "$out/gpu_suite_server_auto.json" || true
+    cp /tmp/ac/server/jit-cache.tar.xz "$out/" 2>/dev/null || true
+    tail -n 5 /tmp/ac/server.log
+    ;;
 tiny-auto-profile)
     out=${1:?outdir}
     commit=${2:?commit}
