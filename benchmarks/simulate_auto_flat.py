@@ -4,8 +4,8 @@ same and wider trees commit more - lease 19's tiny pair (sweep_auto_tiny_lease19
 the 32-, 64- and 128-trees at 4.31 / 4.41 / 4.32 ms and gave the narrower ones 32% of its rounds). Next to it:
 8B-like cases where the chain should win, a case with real cost gaps, and the scenarios of tests/test_sglang_auto.py
 that guard against lock-outs (a slow start, one slow sample, slow host phases). `--shrink-z Z`, `--recent N` and
-`--floor-fresh N` evaluate the chooser with auto.SHRINK_Z / auto.RECENT / auto.FLOOR_FRESH set to them (0: no
-shrinkage; no freshness limit).
+`--floor-fresh N` and `--hold N` evaluate the chooser with auto.SHRINK_Z / auto.RECENT / auto.FLOOR_FRESH /
+auto.HOLD_ROUNDS set to them (0: no shrinkage; no freshness limit; 1: a decision every round).
 
     python benchmarks/simulate_auto_flat.py --out benchmarks/results/auto_flat_sim.json
     python benchmarks/simulate_auto_flat.py --shrink-z 0 --out benchmarks/results/auto_flat_sim_z0.json
@@ -95,8 +95,14 @@ def main(argv=None) -> int:
     ap.add_argument("--recent", type=int, default=None, help="auto.RECENT for this run (default: the code's)")
     ap.add_argument("--floor-fresh", type=int, default=None,
                     help="auto.FLOOR_FRESH for this run (rounds; 0: off; default: the code's)")
+    ap.add_argument("--hold", type=int, default=None,
+                    help="auto.HOLD_ROUNDS for this run (rounds a decision holds; 1: decide every round)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    if args.hold is not None:
+        if args.hold < 1:
+            ap.error("--hold must be >= 1")
+        auto.HOLD_ROUNDS = args.hold
     if args.rounds <= args.skip:
         ap.error("--rounds must exceed --skip")
     if args.recent is not None:

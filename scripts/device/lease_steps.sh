@@ -474,7 +474,9 @@ auto-cost)
     commit=${2:?commit}
     mkdir -p "$out" /tmp/ac
     rc=0
-    python3 scripts/device/run_gpu_suite.py tests/gpu/test_core_cuda.py --out /tmp/ac/core --deadline-s 300 \
+    jit=()  # a JIT cache carried in (.device-cache/jit, from an earlier lease's --return-jit-cache): servers start faster
+    [ -f .device-cache/jit/jit-cache.tar.xz ] && jit=(--jit-cache .device-cache/jit/jit-cache.tar.xz)
+    python3 scripts/device/run_gpu_suite.py tests/gpu/test_core_cuda.py --out /tmp/ac/core --deadline-s 300 "${jit[@]}" \
         > /tmp/ac/core.log 2>&1 || rc=$?
     echo "core module exit $rc" | tee -a /tmp/ac/core.log
     cp /tmp/ac/core/gpu_suite.json "$out/gpu_suite_core.json" || true
@@ -483,7 +485,8 @@ auto-cost)
         bash scripts/device/lease_steps.sh tiny-paired "$out" "$commit"
     rc=0
     DDTREE_GPU_CONFIGS=ddtree-auto python3 scripts/device/run_gpu_suite.py tests/gpu/test_ddtree_server.py \
-        --out /tmp/ac/server --deadline-s "${AC_SERVER_S:-540}" --return-jit-cache > /tmp/ac/server.log 2>&1 || rc=$?
+        --out /tmp/ac/server --deadline-s "${AC_SERVER_S:-540}" "${jit[@]}" --return-jit-cache \
+        > /tmp/ac/server.log 2>&1 || rc=$?
     echo "server module exit $rc" | tee -a /tmp/ac/server.log
     cp /tmp/ac/server/gpu_suite.json "$out/gpu_suite_server_auto.json" || true
     cp /tmp/ac/server/jit-cache.tar.xz "$out/" 2>/dev/null || true

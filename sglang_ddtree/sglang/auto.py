@@ -70,6 +70,15 @@ CHAIN_RUN_OTHERS = 2
 # quarter of the observations (it still learns from thousands of nodes a minute).
 CALIBRATION_EVERY = 4
 
+# A decision of the best candidate holds for HOLD_ROUNDS rounds of its bucket (exploration and probes are single
+# rounds), and the worker drains the feedback only before a decision (AutoBudgetPolicy.deciding). Why: lease 23's
+# host stages timed the worker's chooser block (feedback drain, choose, sample_interval) at 0.15-0.17 ms a round on
+# the tiny pair (host_stage_ms `choose`), ~4% of a host-bound round, where the same Python on the device's CPU, hot
+# in a loop, takes ~45 us (auto_host_costs_lease23): inside the server every round's Python runs ~3x slower. The
+# choice changes rarely (the 128-tree in 76-97% of the rounds at batch 4-64) and its feedback lags one or two rounds
+# anyway. Expected: the block at ~1/HOLD_ROUNDS of its cost, ~0.1 ms a tiny round.
+HOLD_ROUNDS = 4
+
 # Relative timing noise the chooser allows for when it bounds a candidate's round time (_cost_floor). An allowance,
 # not a measurement: whole runs of one tiny-pair configuration moved 10-20% in lease 10 (sweep_auto_lease10.jsonl);
 # a decayed mean over many rounds of one server should move less.
@@ -152,6 +161,9 @@ class _Bucket:
     rounds: int = 0
     last_choices: collections.deque = field(default_factory=lambda: collections.deque(maxlen=CHAIN_RUN))
     others_in_run: int = 0  # of last_choices, those not the chain (index 0)
+    held: int = 0  # the last decision, repeated while hold > 0
+    hold: int = 0  # rounds the held choice still runs without a decision (HOLD_ROUNDS)
+    next_probe: int = 0  # the first round at which a probe may run again (probe_every)
 
     def __post_init__(self):
         n = len(self.recent)
@@ -193,6 +205,7 @@ class AutoBudgetPolicy:
     # 0.958] of DDTREE 128).
     floor_fresh: int | None = None
     probe_every: int = 64
+    hold_rounds: int = 0  # a decision holds this many rounds of its bucket (0: the module's HOLD_ROUNDS)
     half_life_rounds: float = 200.0
     expected: list[_Decayed] = field(default_factory=list)  # expected tokens per request
     observed: list[_Decayed] = field(default_factory=list)  # (observed, expected) pairs: see ratio()
@@ -212,7 +225,7 @@ class AutoBudgetPolicy:
     # time statistics kept, _Bucket.timed).
     _version: int = 0
     _tokens_version: int = 0
-    _memo: dict = field(default_factory=dict)  # ("tokens", None) / ("rates", bucket) -> (version, values)
+    _memo: dict = field(default_factory=dict)  # ("tokens" | "rates" | "interval", bucket) -> (version, values)
     _explore_order: list[int] = field(default_factory=list)  # candidate indices, narrowest verify first
 
     def __post_init__(self):
@@ -222,8 +235,9 @@ class AutoBudgetPolicy:
                              f"{self.candidates}.")
         if len(self.candidates) < 2:
             raise ValueError("auto needs at least one tree budget besides the chain.")
-        if self.explore < 1 or self.probe_every < 1 or self.half_life_rounds <= 0:
-            raise ValueError("explore and probe_every must be >= 1 and half_life_rounds > 0.")
+        if self.explore < 1 or self.probe_every < 1 or self.half_life_rounds <= 0 or self.hold_rounds < 0:
+            raise ValueError("explore and probe_every must be >= 1, half_life_rounds > 0 and hold_rounds >= 0.")
+        self.hold_rounds = self.hold_rounds or HOLD_ROUNDS
         n = len(self.candidates)
         if self.widths is None:
             self.widths = [16 if c == CHAIN else c + 1 for c in self.candidates]
@@ -244,7 +258,8 @@ class AutoBudgetPolicy:
         if bucket not in self.buckets:
             n = len(self.candidates)
             self.buckets[bucket] = _Bucket([_Decayed() for _ in range(n)], [0] * n, [0] * n, [-1] * n, [0] * n,
-                                           [collections.deque(maxlen=RECENT) for _ in range(n)])
+                                           [collections.deque(maxlen=RECENT) for _ in range(n)],
+                                           next_probe=self.probe_every)
         return self.buckets[bucket]
 
     # ---------------------------------------------------------------------------------------------- estimates
@@ -383,6 +398,10 @@ class AutoBudgetPolicy:
         narrower ones' times, never blind."""
         b = self._bucket(bucket)
         b.rounds += 1
+        if b.hold > 0:  # the last decision holds (HOLD_ROUNDS)
+            b.hold -= 1
+            self.probing = False
+            return self._chosen(b, b.held)
         n = len(self.candidates)
         rates = self.rates(bucket)
         # Ties go to the wider candidate. They are exact on a flat cost curve: a tree whose own estimate fell below
@@ -396,7 +415,7 @@ class AutoBudgetPolicy:
         known = [(r, i) for i, r in enumerate(rates) if r is not None and math.isfinite(r)]
         best = max(known)[1] if known else None
         best_rate = rates[best] if best is not None else None
-        choice = None
+        choice, waiting = None, False
         for i in self._explore_order:  # explore: narrowest unmeasured first
             if b.measured[i] >= self.explore:
                 continue
@@ -405,8 +424,10 @@ class AutoBudgetPolicy:
                 break
             if b.tried[i] > 0 and b.measured[i] == 0 and b.waited[i] < MAX_UNMEASURED:
                 b.waited[i] += 1  # its time is in flight: run the best known meanwhile, explore nothing wider yet
+                waiting = True
                 break
-        if choice is None and b.rounds % self.probe_every == 0:
+        if choice is None and b.rounds >= b.next_probe:
+            b.next_probe = b.rounds + self.probe_every
             # re-measure the stalest that could still win, or whose times are stale (STALE_ROUNDS)
             probes = [i for i in range(n) if i != best and (
                 self._could_win(b, i, best_rate) or (b.recent[i] and b.rounds - b.last_measured[i] > STALE_ROUNDS))]
@@ -415,10 +436,22 @@ class AutoBudgetPolicy:
         self.probing = choice is not None
         if choice is None:
             choice = best if best is not None else 0
+        # exploration and probes are one round each, and so is a choice made while exploration waits for a time (it
+        # counts its waits in decisions); a choice of the best holds
+        b.held, b.hold = choice, 0 if self.probing or waiting else self.hold_rounds - 1
+        return self._chosen(b, choice)
+
+    def _chosen(self, b: _Bucket, choice: int) -> int:
         b.tried[choice] += 1
         b.chose(choice)
         self.chosen_total[choice] += 1
         return choice
+
+    def deciding(self, bucket: int) -> bool:
+        """Whether the bucket's next choose() decides (else it repeats the held choice): the worker drains the
+        feedback only before a decision."""
+        b = self.buckets.get(bucket)
+        return b is None or b.hold == 0
 
     def sample_interval(self, bucket: int) -> int:
         """Rounds between sampled rounds (SAMPLE_EVERY_IDLE divides by SAMPLE_EVERY, so a round counter modulo
@@ -429,6 +462,10 @@ class AutoBudgetPolicy:
         if (len(b.last_choices) == CHAIN_RUN
                 and b.others_in_run <= CHAIN_RUN_OTHERS):
             return SAMPLE_EVERY_IDLE
+        # the rest changes only with the estimates (observe): kept between, as the worker asks every round
+        return self._cached(("interval", bucket), lambda: self._chain_lead_interval(b, bucket), self._version)
+
+    def _chain_lead_interval(self, b: _Bucket, bucket: int) -> int:
         rates = self.rates(bucket)
         if rates[0] is None:
             return SAMPLE_EVERY

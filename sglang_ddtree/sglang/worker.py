@@ -448,8 +448,9 @@ class DDTreeWorker(DFlashWorkerV2):
             self._oracle_state = {(self.oracle_width, True): self._build_verify_state(self.oracle_width, True)}
         if self.auto is not None:  # chosen before the draft: a chain round that samples nothing needs only top-1
             built = self._ensure_auto_verify_states()
-            self.auto.feedback.drain()
             bucket = self._graph_bucket(bs)
+            if self.auto.policy.deciding(bucket):  # a held choice reads nothing (auto.HOLD_ROUNDS)
+                self.auto.feedback.drain()
             chosen = self.auto.policy.choose(bucket)
             # a probe or exploration round always samples: it is how a rarely chosen candidate's ratio refreshes
             sampled = (self.auto.rounds % self.auto.policy.sample_interval(bucket) == 0) or self.auto.policy.probing
