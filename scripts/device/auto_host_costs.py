@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,6 @@ def main(argv=None) -> int:
     cands = [0, 16, 32, 64, 128]
     policy = AutoBudgetPolicy(cands, widths=[16, 17, 33, 65, 129])
     feedback = AutoFeedback(policy, device)
-    rng = random.Random(0)
     vector = torch.tensor([5.0, 6, 7, 8, 9, 4, 5, 5.5, 6, 6.5, 0, 0, 0], device=device)
     parts = {"drain": 0.0, "choose": 0.0, "sample_interval": 0.0, "timer": 0.0, "push": 0.0}
     x = torch.zeros(1, device=device)
