@@ -144,7 +144,7 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps({
             "date": time.strftime("%Y-%m-%d"), "machine": "CPU (this repo's dev machine, 2 cores)",
             "command": "python benchmarks/simulate_auto_flat.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "recent": auto.RECENT, "shrink_z": auto.SHRINK_Z, "floor_fresh": auto.FLOOR_FRESH,
+            "recent": auto.RECENT, "shrink_z": auto.SHRINK_Z, "floor_fresh": auto.FLOOR_FRESH, "hold": auto.HOLD_ROUNDS,
             "cases": rows}, indent=1))
     return 0
 

@@ -283,15 +283,21 @@ def adaptive(out: dict) -> None:
 #   lease 20 (52a645d) for batch 16 / 64 (that chooser ran the chain in 383 / 396 of 384 / 397 rounds, as lease 19's
 #   did), lease 20b (c916db4, the current chooser) for batch 4, and lease 20c (0a762d0, the current chooser and
 #   table) for batch 1 (lease 20b's batch 1: x0.953, the results README).
+# - tiny pair, since lease 23b (971cdb1: decisions held HOLD_ROUNDS, the calibration scored on one sampled tree round
+#   in four): the paired sweep (DFLASH, DDTREE 128, auto; servers pinned, 40 runs of 512 tokens a row), medians.
 SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.jsonl", "sweep_auto_8b_lease20.jsonl",
                       "sweep_auto_8b_lease20b.jsonl", "sweep_auto_8b_bs1_lease20c.jsonl",
-                      "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl")
+                      "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl",
+                      "sweep_paired_tiny_lease23b.jsonl")
 # Servers of one configuration started side by side in one interleaved run (a setup and its --copy-setup copy): how
 # far two identical servers' tokens/s lie apart on this host.
 SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl")
 # Interleaved sweeps with every server pinned to the same CPUs once ready and the prompts rotating per run
 # (lease_steps.sh tiny-paired): every row over the base row run by run, with 95% intervals (bench/paired.py).
-PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128"}
+# Lease 23 (217d929) and 23b (971cdb1, the current code): DFLASH, DDTREE 128 and auto only.
+PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
+                 "sweep_paired_tiny_lease23.jsonl": "tiny|ddtree-128",
+                 "sweep_paired_tiny_lease23b.jsonl": "tiny|ddtree-128"}
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
@@ -439,7 +445,9 @@ def pad_stages(out: dict) -> None:
 # a row's error is that of a table warmed by every earlier row of its server. (Lease 20's sweep,
 # sweep_auto_tiny_lease20.jsonl, had every table reset 2-12 times a row: 1.666 / 2.092 / 2.432 / 2.376 raw against
 # 1.475 / 1.666 / 2.062 / 1.915 calibrated.)
-SGLANG_CALIBRATION_SWEEP = "sweep_auto_tiny_lease21.jsonl"
+# Since lease 23b the standing is the current code's (the table scores one sampled tree round in four; its table
+# warms from the server's start as in lease 21): sweep_paired_tiny_lease23b.jsonl.
+SGLANG_CALIBRATION_SWEEP = "sweep_paired_tiny_lease23b.jsonl"
 
 
 def sglang_calibration(out: dict) -> None:

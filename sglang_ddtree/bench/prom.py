@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from sglang_ddtree.stages import HOST_STAGES
-from sglang_ddtree.stages import SERVER_STAGES as STAGES
+from sglang_ddtree.stages import HOST_STAGES, SERVER_STAGES as STAGES
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
 

@@ -67,7 +67,9 @@ CHAIN_RUN_OTHERS = 2
 # 344 kernels a round against DDTREE 128's 268, ~46 of the difference the scoring), plus ~6 eager launches to learn.
 # On a host-bound pair every graph node and launch is host time (lease 22b: cudaGraphLaunch 0.41 against 0.25 ms a
 # round). Expected: ~35 kernels and ~1.5 launches fewer a round, ~1-2% of a tiny-pair round; the table sees a
-# quarter of the observations (it still learns from thousands of nodes a minute).
+# quarter of the observations (it still learns from thousands of nodes a minute). Measured with 217d929's other
+# chooser changes (lease 23, sweep_paired_tiny_lease23.jsonl): x0.922 [0.890, 0.955] of DDTREE 128 against lease
+# 22's x0.914 [0.873, 0.958], a difference the two runs cannot resolve.
 CALIBRATION_EVERY = 4
 
 # A decision of the best candidate holds for HOLD_ROUNDS rounds of its bucket (exploration and probes are single
@@ -76,7 +78,10 @@ CALIBRATION_EVERY = 4
 # the tiny pair (host_stage_ms `choose`), ~4% of a host-bound round, where the same Python on the device's CPU, hot
 # in a loop, takes ~45 us (auto_host_costs_lease23): inside the server every round's Python runs ~3x slower. The
 # choice changes rarely (the 128-tree in 76-97% of the rounds at batch 4-64) and its feedback lags one or two rounds
-# anyway. Expected: the block at ~1/HOLD_ROUNDS of its cost, ~0.1 ms a tiny round.
+# anyway. Expected: the block at ~1/HOLD_ROUNDS of its cost, ~0.1 ms a tiny round. Measured (lease 23b, another
+# machine, sweep_paired_tiny_lease23b.jsonl): `choose` 0.12-0.14 ms (of which 0.04-0.10 the round's preparation,
+# counted as the draft's since), `auto`'s host time a round 0.00-0.21 ms above DDTREE 128's (lease 23: 0.19-0.46),
+# and x0.973 [0.932, 1.016] of DDTREE 128 over all batch sizes (lease 23: x0.922 [0.890, 0.955]).
 HOLD_ROUNDS = 4
 
 # Relative timing noise the chooser allows for when it bounds a candidate's round time (_cost_floor). An allowance,

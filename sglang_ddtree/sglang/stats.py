@@ -88,9 +88,10 @@ class RoundTimer:
             self.host_ms = 1e3 * (now - self._host_start)
 
     def host_mark(self, stage: str) -> None:
-        """A host-only boundary (no CUDA event): the host's time from the previous mark is reported as `stage`
-        (host_stage_ms), the next GPU stage's time is unchanged. `auto` marks `choose` (its chooser, before the
-        draft), so that the draft's host time is the draft's alone."""
+        """A host-only boundary (no CUDA event): the host's time from the previous mark is added to `stage`
+        (host_stage_ms; a stage may be marked more than once), the next GPU stage's time is unchanged. `auto` marks
+        `draft` (the round's preparation) and then `choose` (its chooser block, before the draft forward), so that
+        its draft host time means what a fixed-budget round's does."""
         if self.enabled:
             self._host_marks.append((stage, time.perf_counter()))
 

@@ -447,6 +447,7 @@ class DDTreeWorker(DFlashWorkerV2):
             # backend after this worker) and before the round's first verify, as `auto` builds its own
             self._oracle_state = {(self.oracle_width, True): self._build_verify_state(self.oracle_width, True)}
         if self.auto is not None:  # chosen before the draft: a chain round that samples nothing needs only top-1
+            timer.host_mark("draft")  # the round's preparation so far is the draft's host time, as in a fixed round
             built = self._ensure_auto_verify_states()
             bucket = self._graph_bucket(bs)
             if self.auto.policy.deciding(bucket):  # a held choice reads nothing (auto.HOLD_ROUNDS)
