@@ -305,7 +305,11 @@ class AutoBudgetPolicy:
         """Candidate i's estimated committed tokens per request: its expectation x ratio, and for a tree at least
         a narrower tree candidate's estimate (the narrower tree is its first slots: per round it commits at least
         as much)."""
-        return self._cached(("tokens", None), self._all_tokens, self._tokens_version)[i]
+        return self._tokens()[i]
+
+    def _tokens(self) -> list[float | None]:
+        """Every candidate's est_tokens, recomputed only after a round that brought expectations."""
+        return self._cached(("tokens", None), self._all_tokens, self._tokens_version)
 
     @staticmethod
     def _typical_ms(b: _Bucket, i: int) -> float | None:
@@ -326,7 +330,7 @@ class AutoBudgetPolicy:
     def _rates(self, bucket: int) -> list[float | None]:
         b = self._bucket(bucket)
         ms = self._shrunk_tree_ms(b)
-        tokens = self._cached(("tokens", None), self._all_tokens, self._tokens_version)
+        tokens = self._tokens()
         return [t / m if t is not None and m else None for t, m in zip(tokens, ms)]
 
     def _shrunk_tree_ms(self, b: _Bucket) -> list[float | None]:
