@@ -226,8 +226,10 @@ class AutoBudgetPolicy:
     # round on the CPU machine (benchmarks/simulate_auto_phases.py): 29.7 us at a72dd6a, 25.1 with this and
     # SHRINK_Z's shrinkage (auto_chooser_cpu_a72dd6a.json, auto_chooser_cpu.json).
     # Tokens change only on a round that brought expectations (one in SAMPLE_EVERY or fewer): their own version,
-    # so that the rounds between reuse them (choose: 28 -> ~15 us a round on the CPU machine with the bucket's
-    # time statistics kept, _Bucket.timed).
+    # so that the rounds between reuse them. With the bucket's time statistics kept (_Bucket.timed) and decisions
+    # held (HOLD_ROUNDS), the same script: 32.4 us a round at c52e322 -> 16.6 at 28dfe2d, run one after the other
+    # (auto_chooser_cpu_c52e322.json, auto_chooser_cpu_28dfe2d.json; the machine reads 25.1 -> 32.4 for c52e322's
+    # policy against the older file, so only ratios within one session compare).
     _version: int = 0
     _tokens_version: int = 0
     _memo: dict = field(default_factory=dict)  # ("tokens" | "rates" | "interval", bucket) -> (version, values)
