@@ -197,7 +197,7 @@ def test_a_ratio_decays_with_the_rounds_since_it_was_last_observed():
 
 
 def test_probes_and_exploration_are_sampled_and_stale_times_are_probed():
-    """`probing` marks the rounds that explore or probe (the worker samples them, so a probe also refreshes the
+    """`sampling` marks the rounds that explore or probe (the worker samples them, so a probe also refreshes the
     ratio); a candidate whose last timed round is more than STALE_ROUNDS back is probed even when its old times
     say it cannot win (then re-measured at its real cost, it wins)."""
     from sglang_ddtree.sglang.auto import STALE_ROUNDS
@@ -208,7 +208,7 @@ def test_probes_and_exploration_are_sampled_and_stale_times_are_probed():
     for r in range(3 * STALE_ROUNDS):
         i = policy.choose(1)
         picks.append(i)
-        flags.append(policy.probing)
+        flags.append(policy.sampling)
         ms = (slow if r < 20 else fast)[i]  # the 64-tree's first rounds ran 3.5x slow
         policy.observe(1, i, 1, ms, [1.5 * t for t in tokens],
                        [t if s else None for t, s in zip(tokens, observed_candidates(policy.candidates, i))])
@@ -810,3 +810,79 @@ def test_a_decision_holds_for_hold_rounds_and_the_feedback_is_read_only_before_o
     assert all(b - a == HOLD_ROUNDS for a, b in zip(settled, settled[1:]))  # then one decision in HOLD_ROUNDS
     assert picks[10:40] == [2] * 30 and picks[-30:] == [1] * 30
     assert picks.index(1, 10) <= 40 + 2 * HOLD_ROUNDS  # the dearer 64-tree left within two decisions
+
+
+def test_sampled_apart_times_plain_rounds_only_and_decides_the_sampling():
+    """sampled_apart: a sampled round's time goes to the candidate's sampled times (exported apart), never into the
+    plain times that rates and floors read; exploration samples its first round and times the others plain; a
+    probe of a candidate whose ratio is fresh is one plain round, one whose ratio is stale samples and then runs a
+    plain round; a choice of the best leaves the sampling to the schedule (None)."""
+    from sglang_ddtree.sglang.auto import PROBE_ROUNDS, STALE_ROUNDS
+
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=50, sampled_apart=True)
+    tokens, plain_ms, extra = [3.0, 4.0, 4.4], [1.0, 1.0, 1.0], 0.5
+    log = []  # (round, choice, sampling, sampled)
+    for r in range(700):
+        i = policy.choose(1)
+        sampled = policy.sampled(r, 1)
+        log.append((r, i, policy.sampling, sampled))
+        seen = observed_candidates(policy.candidates, i)
+        policy.observe(1, i, 1, plain_ms[i] + (extra if sampled else 0.0),
+                       [1.5 * t for t in tokens] if sampled else None,
+                       [t if s and sampled else None for t, s in zip(tokens, seen)])
+    b = policy.buckets[1]
+    assert all(ms == pytest.approx(1.0) for q in b.recent for ms in q)  # no sampled time among the plain ones
+    assert b.sampled_ms[2].mean() == pytest.approx(1.5)
+    exported = policy.export()
+    assert exported["round_ms"]["1"]["64"] == pytest.approx(1.0)
+    assert exported["sampled_round_ms"]["1"]["64"] == pytest.approx(1.5)
+    # exploration: narrowest first, a sampled first round, then plain ones until `explore` plain rounds are timed
+    assert [(i, s) for _, i, s, _ in log[:9]] == [(0, True), (0, False), (0, False), (1, True), (1, False),
+                                                   (1, False), (2, True), (2, False), (2, False)]
+    assert {s for _, i, s, _ in log[9:] if i == 2} == {None}  # the 64-tree wins: the schedule samples it
+    probes = [(r, i, s) for r, i, s, _ in log[9:] if i != 2]
+    # the 16-tree is observed by every sampled 64-tree round (fresh ratio): one plain round; the chain only by its
+    # own rounds: stale once STALE_ROUNDS have passed, then a sampled round and PROBE_ROUNDS - 1 plain ones
+    assert {s for _, i, s in probes if i == 1} == {False}
+    chain = [(r, s) for r, i, s in probes if i == 0]
+    stale = [r for r, s in chain if s]
+    assert stale and all(r > STALE_ROUNDS for r in stale)
+    assert all((r + k, False) in chain for r in stale for k in range(1, PROBE_ROUNDS))
+
+
+def test_sampled_apart_lets_a_probed_tree_win_what_sampled_times_kept_from_it():
+    """The incumbent advantage: every sampled round costs 0.9 ms more (the top-K and tree at the largest budget);
+    the incumbent's times are mostly plain rounds, a probed tree's were all sampled. The 128-tree is the best
+    (a little cheaper and commits the most); timed together with its sampled rounds' extra it lost whole runs to
+    the incumbent (its share 0.43-0.98 over these seeds), timed apart it runs 0.98 of the rounds in every seed."""
+    from sglang_ddtree.bench import auto_sim
+
+    tokens, expected = [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
+    base = [4.4, 4.4, 4.4, 4.4, 4.2]
+
+    def shares(apart):
+        out = []
+        for seed in range(6):
+            policy = AutoBudgetPolicy(list(auto_sim.CANDIDATES), widths=[16, 17, 33, 65, 129], sampled_apart=apart)
+            picks = auto_sim.simulate(seed, base, tokens, expected, 1500, 1, 0.05, 0.0, 2, sampled_ms=0.9,
+                                      policy=policy)[300:]
+            out.append(picks.count(4) / len(picks))
+        return out
+
+    mixed, apart = shares(False), shares(True)
+    assert min(apart) >= 0.95
+    assert min(mixed) < 0.8  # the effect this guards against, present in the same simulation without it
+
+
+def test_sampled_apart_from_the_environment(monkeypatch):
+    from sglang_ddtree.sglang.auto import auto_sampled_apart
+
+    monkeypatch.delenv("SGLANG_DDTREE_AUTO_SAMPLED_APART", raising=False)
+    assert auto_sampled_apart() is None
+    for raw, value in (("1", True), ("0", False)):
+        monkeypatch.setenv("SGLANG_DDTREE_AUTO_SAMPLED_APART", raw)
+        assert auto_sampled_apart() is value
+        assert AutoBudgetPolicy([CHAIN, 16], sampled_apart=auto_sampled_apart()).sampled_apart is value
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SAMPLED_APART", "yes")
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        auto_sampled_apart()

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
         t1 = time.perf_counter()
         c = policy.choose(1)
         t2 = time.perf_counter()
-        sampled = r % policy.sample_interval(1) == 0 or policy.probing
+        sampled = policy.sampled(r, 1)
         t3 = time.perf_counter()
         timer = RoundTimer(cuda)
         for stage in ("draft", "tree", "verify", "walk", "commit"):

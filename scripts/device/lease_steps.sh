@@ -469,21 +469,26 @@ auto-cost)
     # Lease 23: after a change to `auto`'s cost per round, in one detached step (~20 min without a JIT cache): the
     # graphed auto stages against eager (test_core_cuda), the paired tiny sweep of DFLASH / DDTREE 128 / `auto`
     # (tiny-paired with TP_TWIN=0 TP_BUDGETS=128; AC_REPEATS rounds, default 60), then the `ddtree-auto` server
-    # module (lossless), returning its JIT cache. Stops after a failed core test.
+    # module (lossless), returning its JIT cache. Stops after a failed core test. AC_SKIP_CORE=1 leaves the core
+    # module out (a change on the host side only); AC_TWIN=1 adds tiny-paired's twin setup (TP_TWIN_METHODS,
+    # TP_TWIN_ENV, TP_ENV pass through); AC_SERVER_ENV=NAME=VALUE is exported for the server module's servers.
     out=${1:?outdir}
     commit=${2:?commit}
     mkdir -p "$out" /tmp/ac
     rc=0
     jit=()  # a JIT cache carried in (.device-cache/jit, from an earlier lease's --return-jit-cache): servers start faster
     [ -f .device-cache/jit/jit-cache.tar.xz ] && jit=(--jit-cache .device-cache/jit/jit-cache.tar.xz)
-    python3 scripts/device/run_gpu_suite.py tests/gpu/test_core_cuda.py --out /tmp/ac/core --deadline-s 300 "${jit[@]}" \
-        > /tmp/ac/core.log 2>&1 || rc=$?
-    echo "core module exit $rc" | tee -a /tmp/ac/core.log
-    cp /tmp/ac/core/gpu_suite.json "$out/gpu_suite_core.json" || true
-    [ "$rc" = 0 ] || { tail -n 30 /tmp/ac/core.log; exit "$rc"; }
-    TP_TWIN=0 TP_BUDGETS=128 TP_REPEATS="${AC_REPEATS:-60}" TP_MINUTES="${AC_MINUTES:-11}" \
+    if [ "${AC_SKIP_CORE:-0}" != 1 ]; then
+        python3 scripts/device/run_gpu_suite.py tests/gpu/test_core_cuda.py --out /tmp/ac/core --deadline-s 300 \
+            "${jit[@]}" > /tmp/ac/core.log 2>&1 || rc=$?
+        echo "core module exit $rc" | tee -a /tmp/ac/core.log
+        cp /tmp/ac/core/gpu_suite.json "$out/gpu_suite_core.json" || true
+        [ "$rc" = 0 ] || { tail -n 30 /tmp/ac/core.log; exit "$rc"; }
+    fi
+    TP_TWIN="${AC_TWIN:-0}" TP_BUDGETS=128 TP_REPEATS="${AC_REPEATS:-60}" TP_MINUTES="${AC_MINUTES:-11}" \
         bash scripts/device/lease_steps.sh tiny-paired "$out" "$commit"
     rc=0
+    [ -z "${AC_SERVER_ENV:-}" ] || export "${AC_SERVER_ENV?}"
     DDTREE_GPU_CONFIGS=ddtree-auto python3 scripts/device/run_gpu_suite.py tests/gpu/test_ddtree_server.py \
         --out /tmp/ac/server --deadline-s "${AC_SERVER_S:-540}" "${jit[@]}" --return-jit-cache \
         > /tmp/ac/server.log 2>&1 || rc=$?
@@ -536,15 +541,21 @@ tiny-paired)
     rm -rf /tmp/tp
     mkdir -p "$out" /tmp/tp
     rc=0
-    # TP_TWIN=0 leaves out the second setup (a DDTREE 128 twin and an `auto` with FLOOR_FRESH), for more rounds
-    # (--set applies in order: the twin's server_env after all.server_env)
-    twin=(--setups tiny,tiny-b --copy-setup tiny-b=tiny --set tiny-b.methods=ddtree,auto --set tiny-b.budgets=128)
-    twin_env=(--set "tiny-b.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100,SGLANG_DDTREE_AUTO_FLOOR_FRESH=${TP_FLOOR_FRESH:-64}")
+    # TP_TWIN=0 leaves out the second setup (TP_TWIN_METHODS, default a DDTREE 128 twin and an `auto`, with
+    # TP_TWIN_ENV, default FLOOR_FRESH), for more rounds. TP_ENV: more server environment for setup tiny (e.g. an A/B:
+    # TP_ENV=SGLANG_DDTREE_AUTO_SAMPLED_APART=1 TP_TWIN_METHODS=auto TP_TWIN_ENV=SGLANG_DDTREE_AUTO_SAMPLED_APART=0).
+    # --set applies in order: the setups' server_env after all.server_env.
+    twin=(--setups tiny,tiny-b --copy-setup tiny-b=tiny --set "tiny-b.methods=${TP_TWIN_METHODS:-ddtree,auto}"
+          --set tiny-b.budgets=128)
+    twin_env=(--set "tiny-b.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100,${TP_TWIN_ENV:-SGLANG_DDTREE_AUTO_FLOOR_FRESH=${TP_FLOOR_FRESH:-64}}")
     [ "${TP_TWIN:-1}" = 1 ] || { twin=(--setups tiny); twin_env=(); }
+    main_env=()
+    [ -z "${TP_ENV:-}" ] || main_env=(--set "tiny.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100,$TP_ENV")
     CUDA_VISIBLE_DEVICES=0 timeout "${TP_TIMEOUT_S:-1080}" python3 benchmarks/bench_budgets.py "${twin[@]}" \
         --set tiny.methods="${TP_METHODS:-dflash,ddtree,auto}" --set tiny.budgets="${TP_BUDGETS:-32,128}" \
         --set all.batch_sizes="${TP_BATCH_SIZES:-1,4,16,64}" --set all.max_new_tokens="${TP_NEW_TOKENS:-512}" \
-        --set all.warmup_new_tokens=128 --set all.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 "${twin_env[@]}" \
+        --set all.warmup_new_tokens=128 --set all.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 "${main_env[@]}" \
+        "${twin_env[@]}" \
         --server-cpus "${TP_CPUS:-2-9}" --repeats "${TP_REPEATS:-30}" --prompt-groups 1 --rotate-prompts \
         --interleave --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes "${TP_MINUTES:-17}" \
         --out /tmp/tp/sweep --log-dir /tmp/tp/logs --commit "$commit" > /tmp/tp/run.log 2>&1 || rc=$?

@@ -16,7 +16,7 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
              noise: float, outlier: float = 0.0, lag: int = 2, phase_mult: float = 1.0,
              phase_len: float | None = None, start_rounds: int = 0, start_mult: float = 1.0,
              start_tokens: list[float] | None = None, policy: AutoBudgetPolicy | None = None,
-             expected_scale=None, sampled_ms: float = 0.0, drift_sigma: float = 0.0,
+             expected_scale=None, sampled_ms: float | list[float] = 0.0, drift_sigma: float = 0.0,
              drift_rounds: float | None = None, content_sigma: float = 0.0, content_rounds: float | None = None,
              token_noise: float = 0.0, expected_follows: float = 0.5, prompt_sigma: float = 0.0,
              prompt_rounds: int | None = None, poisson_tokens: bool = False) -> list[int]:
@@ -28,8 +28,9 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
     start_tokens (default tokens). policy: a fresh AutoBudgetPolicy over CANDIDATES unless given (to read its state
     afterwards). expected_scale: round -> a factor per candidate on the expectations a sampled round reports (a
     basis that moves, as calibrated expectations do while their table learns; None: fixed). sampled_ms: what a sampled
-    round costs on top (the top-K and the tree at the largest budget, the walk's per-candidate counts; the same for
-    every candidate). drift_sigma / drift_rounds: the host's speed drifts (every round's ms x exp(x), x an AR(1)
+    round costs on top (the top-K and the tree at the largest budget, the walk's per-candidate counts): one value for
+    every candidate, or one per candidate (the chain's plain round drafts a top-1 and builds no tree, so its extra
+    is larger). drift_sigma / drift_rounds: the host's speed drifts (every round's ms x exp(x), x an AR(1)
     process with standard deviation drift_sigma and correlation time drift_rounds rounds: lease 21's vCPUs ran one
     Python loop in 0.32-0.68 s, their order changing from one pass to the next). content_sigma / content_rounds /
     token_noise: what a round commits moves with the text (every candidate's tokens x exp(y) x lognormal(token_noise),
@@ -60,14 +61,15 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
         if phase_len is not None and rng.random() < 1.0 / phase_len:
             slow = not slow
         i = policy.choose(batch)
-        sampled = r % policy.sample_interval(batch) == 0 or policy.probing  # as the worker decides
+        sampled = policy.sampled(r, batch)  # as the worker decides
         picks.append(i)
         cold = i not in used
         used.add(i)
         seen = observed_candidates(policy.candidates, i)
         ms = base[i] * rng.lognormvariate(0, noise) * (2.0 if rng.random() < outlier else 1.0)
         ms *= phase_mult if slow else 1.0
-        ms += sampled_ms if sampled else 0.0
+        if sampled:
+            ms += sampled_ms[i] if isinstance(sampled_ms, (list, tuple)) else sampled_ms
         ms *= math.exp(drift)
         starting = r < start_rounds
         ms *= start_mult if starting else 1.0

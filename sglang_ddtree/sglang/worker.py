@@ -64,7 +64,7 @@ from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
 from sglang_ddtree.sglang.auto import (AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, WalkSchedule,
-                                      auto_floor_fresh, auto_log_every, auto_shrink_z)
+                                      auto_floor_fresh, auto_log_every, auto_sampled_apart, auto_shrink_z)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -320,7 +320,8 @@ class DDTreeWorker(DFlashWorkerV2):
                 for variant in WalkSchedule.VARIANTS if not (c == CHAIN and variant == "scored")})
         policy = AutoBudgetPolicy(list(candidates), widths=widths,
                                   explore_all=os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_ALL") == "1",
-                                  shrink_z=auto_shrink_z(), floor_fresh=auto_floor_fresh())
+                                  shrink_z=auto_shrink_z(), floor_fresh=auto_floor_fresh(),
+                                  sampled_apart=auto_sampled_apart())
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
         calibration = CalibrationMonitor(calibrator, self.stats.prometheus)
@@ -453,8 +454,8 @@ class DDTreeWorker(DFlashWorkerV2):
             if self.auto.policy.deciding(bucket):  # a held choice reads nothing (auto.HOLD_ROUNDS)
                 self.auto.feedback.drain()
             chosen = self.auto.policy.choose(bucket)
-            # a probe or exploration round always samples: it is how a rarely chosen candidate's ratio refreshes
-            sampled = (self.auto.rounds % self.auto.policy.sample_interval(bucket) == 0) or self.auto.policy.probing
+            # exploration and probes decide their own sampling (a candidate's ratio, plain timings: auto.SAMPLED_APART)
+            sampled = self.auto.policy.sampled(self.auto.rounds, bucket)
             captures = self._stage_captures()
             timer.host_mark("choose")
         top1_only = (self.auto is not None and self.auto.candidates[chosen] == CHAIN and not sampled
