@@ -19,7 +19,8 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
              expected_scale=None, sampled_ms: float | list[float] = 0.0, drift_sigma: float = 0.0,
              drift_rounds: float | None = None, content_sigma: float = 0.0, content_rounds: float | None = None,
              token_noise: float = 0.0, expected_follows: float = 0.5, prompt_sigma: float = 0.0,
-             prompt_rounds: int | None = None, poisson_tokens: bool = False) -> list[int]:
+             prompt_rounds: int | None = None, poisson_tokens: bool = False, stall_ms: float = 0.0,
+             stall_p: float = 0.0) -> list[int]:
     """Candidate i's round costs base[i] ms x lognormal(noise), doubled with probability `outlier`, and x phase_mult
     while the host is in a slow phase (phases flip with probability 1 / phase_len a round; none without phase_len);
     a round commits tokens[i] per request; the drafter expects expected[i]. First rounds of a candidate are cold
@@ -40,11 +41,14 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
     lease 21e's batch-1 rows ran 4 prompts of ~350 rounds each). poisson_tokens: a round's committed tokens are
     drawn, not scaled: the chain and the narrowest tree 1 + Poisson((tokens[i] - 1) x exp(y)) each, every wider tree
     the next narrower one's plus Poisson((tokens[j] - tokens[j - 1]) x exp(y)) (per round a wider tree commits at
-    least as much, by a count that is often 0). Returns the candidate index chosen each round."""
+    least as much, by a count that is often 0). stall_ms / stall_p: a candidate's first timed round (its second
+    use; the first is cold) stalls stall_ms longer with probability stall_p (one-time work the worker does not flag
+    as cold: lease 24's servers timed a 32-tree's and the chain's first plain rounds at tens of ms). Returns the
+    candidate index chosen each round."""
     rng = random.Random(seed)
     widths = [16] + [c + 1 for c in CANDIDATES[1:]]
     policy = policy if policy is not None else AutoBudgetPolicy(list(CANDIDATES), widths=widths)
-    queue, picks, used = [], [], set()
+    queue, picks, used, uses = [], [], set(), [0] * len(base)
     slow = False
     keep = math.exp(-1.0 / drift_rounds) if drift_rounds else 0.0
     drift = rng.gauss(0.0, drift_sigma) if drift_sigma > 0 else 0.0
@@ -65,6 +69,7 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
         picks.append(i)
         cold = i not in used
         used.add(i)
+        uses[i] += 1
         seen = observed_candidates(policy.candidates, i)
         ms = base[i] * rng.lognormvariate(0, noise) * (2.0 if rng.random() < outlier else 1.0)
         ms *= phase_mult if slow else 1.0
@@ -73,6 +78,8 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
         ms *= math.exp(drift)
         starting = r < start_rounds
         ms *= start_mult if starting else 1.0
+        if stall_p > 0 and uses[i] == 2 and rng.random() < stall_p:
+            ms += stall_ms
         committed = start_tokens if starting and start_tokens is not None else tokens
         scale = expected_scale(r) if expected_scale is not None else [1.0] * len(expected)
         text = content + prompt

@@ -152,6 +152,9 @@ STALE_ROUNDS = 256
 # The simulation's extra is a guess from that table; the GPU decides: off until an interleaved A/B
 # (SGLANG_DDTREE_AUTO_SAMPLED_APART=1 next to 0, lease_steps.sh tiny-paired with TP_TWIN_ENV).
 SAMPLED_APART = False
+TYPICAL_FEW = "mean"
+STALE_CLEAR = False
+RATIO_PRIOR = 0.0
 PROBE_ROUNDS = 2
 
 # Cost floors use other candidates' times from the bucket's last FLOOR_FRESH rounds only (0: every recent time).
@@ -316,7 +319,8 @@ class AutoBudgetPolicy:
         for j in range(i, -1, -1):
             obs, exp = self.observed[j].mean(), self.observed_expected[j].mean()
             if obs is not None and exp:
-                return obs / exp
+                w = self.observed[j].weight
+                return (obs / exp * w + RATIO_PRIOR) / (w + RATIO_PRIOR)
         return 1.0
 
     def _own_tokens(self, i: int) -> float | None:
@@ -360,6 +364,8 @@ class AutoBudgetPolicy:
         rounds' (dearer: SAMPLED_APART)."""
         if len(b.recent[i]) >= 3:
             return b.median[i]
+        if TYPICAL_FEW == "least" and b.recent[i]:
+            return b.least[i]
         plain = b.round_ms[i].mean()
         return plain if plain is not None else b.sampled_ms[i].mean()
 
@@ -575,6 +581,9 @@ class AutoBudgetPolicy:
                 b.sampled_ms[chosen].add(round_ms, 1.0, keep)
             else:
                 b.measured[chosen] += 1
+                if STALE_CLEAR and b.recent[chosen] and b.rounds - b.last_measured[chosen] > STALE_ROUNDS:
+                    b.recent[chosen].clear()
+                    b.round_ms[chosen] = _Decayed()
                 b.round_ms[chosen].add(round_ms, 1.0, keep)
                 b.timed(chosen, round_ms)
                 b.last_measured[chosen] = b.rounds

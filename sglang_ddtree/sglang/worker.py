@@ -550,7 +550,8 @@ class DDTreeWorker(DFlashWorkerV2):
         self.stats.record_round(tree, walk, timer, batch_size=bs, reqs=getattr(batch, "reqs", None),
                                 seq_lens=prefix_lens, summary=summary,
                                 extra=None if self.auto is None else
-                                {"auto_candidate": candidate_label(self.auto.candidates[chosen])})
+                                {"auto_candidate": candidate_label(self.auto.candidates[chosen]),
+                                 "auto_sampled": sampled, "auto_cold": cold})
         if self.auto is not None and self.stats.debug is not None:
             self.stats.dump_state("auto", self.auto.policy.export(), every=100)
             self.stats.dump_state("calibration", {**self.auto.calibration.export(),
