@@ -543,7 +543,7 @@ tiny-paired)
     rc=0
     # TP_TWIN=0 leaves out the second setup (TP_TWIN_METHODS, default a DDTREE 128 twin and an `auto`, with
     # TP_TWIN_ENV, default FLOOR_FRESH), for more rounds. TP_ENV: more server environment for setup tiny (e.g. an A/B:
-    # TP_ENV=SGLANG_DDTREE_AUTO_SAMPLED_APART=1 TP_TWIN_METHODS=auto TP_TWIN_ENV=SGLANG_DDTREE_AUTO_SAMPLED_APART=0).
+    # TP_TWIN_METHODS=auto TP_TWIN_ENV=SGLANG_DDTREE_AUTO_WARM_ROUNDS=0: `auto` at the default next to a knob).
     # --set applies in order: the setups' server_env after all.server_env.
     twin=(--setups tiny,tiny-b --copy-setup tiny-b=tiny --set "tiny-b.methods=${TP_TWIN_METHODS:-ddtree,auto}"
           --set tiny-b.budgets=128)

@@ -19,8 +19,7 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
              expected_scale=None, sampled_ms: float | list[float] = 0.0, drift_sigma: float = 0.0,
              drift_rounds: float | None = None, content_sigma: float = 0.0, content_rounds: float | None = None,
              token_noise: float = 0.0, expected_follows: float = 0.5, prompt_sigma: float = 0.0,
-             prompt_rounds: int | None = None, poisson_tokens: bool = False, stall_ms: float = 0.0,
-             stall_p: float = 0.0) -> list[int]:
+             prompt_rounds: int | None = None, poisson_tokens: bool = False, warm_mult: tuple = ()) -> list[int]:
     """Candidate i's round costs base[i] ms x lognormal(noise), doubled with probability `outlier`, and x phase_mult
     while the host is in a slow phase (phases flip with probability 1 / phase_len a round; none without phase_len);
     a round commits tokens[i] per request; the drafter expects expected[i]. First rounds of a candidate are cold
@@ -41,10 +40,9 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
     lease 21e's batch-1 rows ran 4 prompts of ~350 rounds each). poisson_tokens: a round's committed tokens are
     drawn, not scaled: the chain and the narrowest tree 1 + Poisson((tokens[i] - 1) x exp(y)) each, every wider tree
     the next narrower one's plus Poisson((tokens[j] - tokens[j - 1]) x exp(y)) (per round a wider tree commits at
-    least as much, by a count that is often 0). stall_ms / stall_p: a candidate's first timed round (its second
-    use; the first is cold) stalls stall_ms longer with probability stall_p (one-time work the worker does not flag
-    as cold: lease 24's servers timed a 32-tree's and the chain's first plain rounds at tens of ms). Returns the
-    candidate index chosen each round."""
+    least as much, by a count that is often 0). warm_mult: a candidate's rounds after its cold first one cost warm_mult[0], warm_mult[1], ... times more (lease 24's debug
+    dump at batch 1: the first timed round of each candidate 1.13-1.47x its median, the second 1.04-1.17x).
+    Returns the candidate index chosen each round."""
     rng = random.Random(seed)
     widths = [16] + [c + 1 for c in CANDIDATES[1:]]
     policy = policy if policy is not None else AutoBudgetPolicy(list(CANDIDATES), widths=widths)
@@ -78,8 +76,8 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
         ms *= math.exp(drift)
         starting = r < start_rounds
         ms *= start_mult if starting else 1.0
-        if stall_p > 0 and uses[i] == 2 and rng.random() < stall_p:
-            ms += stall_ms
+        if 2 <= uses[i] < 2 + len(warm_mult):
+            ms *= warm_mult[uses[i] - 2]
         committed = start_tokens if starting and start_tokens is not None else tokens
         scale = expected_scale(r) if expected_scale is not None else [1.0] * len(expected)
         text = content + prompt

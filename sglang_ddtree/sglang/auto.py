@@ -16,13 +16,12 @@ pads to, since verify cost follows it):
 where expected(c) is a decayed mean of the drafter's expectation per request, ratio(c) the decayed observed /
 expected of the sampled rounds in which c's tokens were observed (the drafter is over-confident off its top-1
 path, more so for larger trees; a candidate never observed borrows the ratio of the nearest smaller observed one),
-and round_ms(bucket, c) the median of its last RECENT timed unsampled rounds (the decayed mean until there are 3;
-sampled rounds are timed apart, SAMPLED_APART), a tree's drawn toward the trees' pooled time by the median's standard
-error (SHRINK_Z).
-Unmeasured cells are explored first (each candidate until `explore` unsampled rounds are timed, per bucket, narrowest
-first) and the stalest
-candidate is re-measured every `probe_every` rounds, so the estimates follow context growth; both skip a candidate
-that cannot win (its estimated tokens over a floor of its round time, `_cost_floor`, do not beat the best rate).
+and round_ms(bucket, c) the median of its last RECENT measured round times (the decayed mean until there are 3),
+a tree's drawn toward the trees' pooled time by the median's standard error (SHRINK_Z).
+Unmeasured cells are explored first (each candidate `explore` + WARM_ROUNDS - 1 rounds per bucket, the first
+WARM_ROUNDS untimed, narrowest first) and the stalest candidate is re-measured every `probe_every` rounds, so the
+estimates follow context growth; both skip a candidate that cannot win (its estimated tokens over a floor of its
+round time, `_cost_floor`, do not beat the best rate).
 The chain (DFLASH's top-1 path, verified causally like DFLASH) is always a candidate: the choice can only be slower
 than the chain by estimation error, exploration and the per-round cost of the decision.
 Lag: decisions use rounds that completed on the GPU, typically the ones one or two before the current round
@@ -128,34 +127,23 @@ SHRINK_Z = 1.0
 # - a candidate whose last timed round lies more than STALE_ROUNDS rounds of its bucket back is a probe (one round
 #   in probe_every re-measures the stalest probe) even when its estimates say it cannot win: its times also
 #   bound the wider candidates' cost floors; a candidate never timed stays unexplored while it cannot win;
-# - an exploration's first round and a probe's carry the expectations (`sampling`), so a probe also refreshes the
-#   ratio (since SAMPLED_APART only a probe of a candidate whose ratio is stale).
+# - probe and exploration rounds carry the expectations (`sampling`), so a probe also refreshes the ratio.
 STALE_ROUNDS = 256
 
-# A sampled round costs more than a plain one (the top-K and the tree at the largest budget, every candidate's
-# expectation, the walk's per-candidate counts; for the chain also the top-K where its plain round drafts a top-1).
-# A candidate's times mix both kinds: the incumbent's are three plain rounds in four, a probed or explored
-# candidate's all sampled (probes and exploration sample, to refresh their ratio), so every candidate but the
-# incumbent reads dearer by the sampled rounds' extra. Lease 23b's batch-1 chooser table
-# (auto_chooser_log_tiny_lease23b.txt, decayed means of all timed rounds): the 16-tree 4.8-4.9 ms while only probed,
-# 4.2 once it had run ~120 rounds; the 128-tree 5.8 from its three exploration rounds, 3.9-4.3 once it ran; the chain,
-# only probed, 4.5; meanwhile the 64-tree, incumbent, held the 128-tree out for ~650 rounds.
-# With SAMPLED_APART: rates and floors take a candidate's unsampled rounds' times (the sampled extra is the same
-# stages for every tree, so it does not change which tree wins; the chain's larger extra is paid one round in
-# SAMPLE_EVERY_IDLE once it leads); its sampled rounds' times are kept apart (exported as `sampled_round_ms`, and
-# its estimate until its first unsampled round); an exploration's first round samples and its others are plain, a
-# probe samples only when the candidate's ratio is stale and then runs PROBE_ROUNDS rounds, the later ones plain.
-# Expected: the tiny-like batch-1 case from the start with that extra (simulate_auto_flat.py, sampled rounds +0.6 ms,
-# the chain's +0.9) above its 0.960 / 0.827 (mean / min best rate, 24 seeds). Simulated: 0.966 / 0.887, but every
-# case without a per-kind extra 0.001-0.009 lower in mean (auto_flat_sim_sampled_apart.json against
-# auto_flat_sim_sampled_mixed.json): plain timings are fewer, so a probed candidate's window refreshes more slowly.
-# The simulation's extra is a guess from that table; the GPU decides: off until an interleaved A/B
-# (SGLANG_DDTREE_AUTO_SAMPLED_APART=1 next to 0, lease_steps.sh tiny-paired with TP_TWIN_ENV).
-SAMPLED_APART = False
-TYPICAL_FEW = "mean"
-STALE_CLEAR = False
-RATIO_PRIOR = 0.0
-PROBE_ROUNDS = 2
+# A candidate's first WARM_ROUNDS rounds in a bucket are not timed (the first is cold anyway: the worker drops its
+# time), and exploration tries it WARM_ROUNDS - 1 more rounds to time as many as before. Lease 24's debug dump (tiny
+# pair, batch 1, every round's stage times, debug_rounds_tiny_lease24.json): the round after a candidate's cold
+# first use took 1.13-1.47x the candidate's median, the next 1.04-1.17x, in every candidate (a round's host-side
+# first uses: lazy initialisation, allocator, caches). Exploration timed exactly those two rounds, so an explored
+# candidate read ~20% dearer than the incumbent's many rounds, and was probed again only once its times went stale:
+# lease 23b's batch-1 server ran the 64-tree ~650 rounds while the 128-tree, explored at 5.8 ms, ran at 3.9-4.3
+# later (auto_chooser_log_tiny_lease23b.txt). Simulated (simulate_auto_flat.py, 48 seeds, mean / min best rate,
+# auto_flat_sim_warm3.json against auto_flat_sim_warm0.json): the tiny-like batch-1 start with that warm-up
+# (x1.3, x1.08) 0.967 / 0.861 -> 0.983 / 0.897, the same start without it 0.987 / 0.899 -> 0.983 / 0.897; the
+# older cases within 0.004 of their means but the two starts whose first 20 rounds all run 1.5x slow (lease 21e's
+# guess of what the warm-up measured here was): 0.986 / 0.953 -> 0.975 / 0.840 and 0.960 / 0.827 -> 0.953 / 0.741
+# (exploration takes longer, so more of it falls in the slow rounds).
+WARM_ROUNDS = 3
 
 # Cost floors use other candidates' times from the bucket's last FLOOR_FRESH rounds only (0: every recent time).
 # Off by default; see AutoBudgetPolicy.floor_fresh.
@@ -179,12 +167,12 @@ class _Decayed:
 
 @dataclass
 class _Bucket:
-    round_ms: list[_Decayed]  # unsampled rounds (SAMPLED_APART)
-    measured: list[int]  # timed unsampled rounds per candidate (SAMPLED_APART; else every timed round)
+    round_ms: list[_Decayed]
+    measured: list[int]  # rounds measured per candidate
     tried: list[int]  # rounds chosen per candidate (exploration counts choices, not the lagged measurements)
-    last_measured: list[int]  # round index of the last timed unsampled round
+    last_measured: list[int]  # round index of the last measurement
     waited: list[int]  # rounds exploration waited for the candidate's first timed round
-    recent: list[collections.deque]  # the last RECENT timed unsampled rounds' ms per candidate
+    recent: list[collections.deque]  # the last RECENT measured round ms per candidate
     # per candidate, of `recent` (_Bucket.timed keeps them current): its median, interquartile spread as a normal
     # sigma and least; kept, not recomputed, because the chooser reads them every round and only the timed
     # candidate's change (sorting every candidate's times each round was ~half of choose())
@@ -197,13 +185,12 @@ class _Bucket:
     held: int = 0  # the last decision, repeated while hold > 0
     hold: int = 0  # rounds the held choice still runs without a decision (HOLD_ROUNDS)
     next_probe: int = 0  # the first round at which a probe may run again (probe_every)
-    held_sampling: bool | None = None  # the held rounds' sampling (AutoBudgetPolicy.sampling)
-    sampled_ms: list = field(default_factory=list)  # _Decayed per candidate: its sampled rounds' times
+    seen: list = field(default_factory=list)  # rounds observed per candidate, timed or not (WARM_ROUNDS)
 
     def __post_init__(self):
         n = len(self.recent)
         self.median, self.spread, self.least = [None] * n, [None] * n, [None] * n
-        self.sampled_ms = [_Decayed() for _ in range(n)]
+        self.seen = [0] * n
 
     def chose(self, i: int) -> None:
         if len(self.last_choices) == self.last_choices.maxlen and self.last_choices[0] != 0:
@@ -224,7 +211,7 @@ class _Bucket:
 class AutoBudgetPolicy:
     candidates: list[int]  # sorted, CHAIN (0) first
     widths: list[int] | None = None  # verify tokens per request of each candidate (default: chain 16, b + 1)
-    explore: int = 3  # timed unsampled rounds a candidate is explored for, per bucket (at most 2x as many tries)
+    explore: int = 3
     # Explore every candidate `explore` rounds per bucket, even one that cannot win (SGLANG_DDTREE_AUTO_EXPLORE_ALL=1,
     # a testing mode): the GPU server tests then verify every candidate's tree losslessly. Off, a candidate whose
     # best case cannot beat the best measured rate is skipped (lease 19's server module, ten servers sharing the
@@ -240,9 +227,9 @@ class AutoBudgetPolicy:
     # with no lock-out in either server, could not tell 64 from off (x0.954 [0.906, 1.004] against x0.914 [0.873,
     # 0.958] of DDTREE 128).
     floor_fresh: int | None = None
-    # Sampled rounds timed apart from plain ones (None: the module's SAMPLED_APART), for an A/B in one interleaved
-    # run (SGLANG_DDTREE_AUTO_SAMPLED_APART, lease_steps.sh tiny-paired with TP_TWIN_ENV).
-    sampled_apart: bool | None = None
+    # A candidate's first rounds per bucket left untimed (None: the module's WARM_ROUNDS), for an A/B in one
+    # interleaved run (SGLANG_DDTREE_AUTO_WARM_ROUNDS; lease_steps.sh tiny-paired with TP_TWIN_ENV).
+    warm_rounds: int | None = None
     probe_every: int = 64
     hold_rounds: int = 0  # a decision holds this many rounds of its bucket (0: the module's HOLD_ROUNDS)
     half_life_rounds: float = 200.0
@@ -254,9 +241,7 @@ class AutoBudgetPolicy:
     rounds_observed: int = 0
     _last_sampled: int = 0  # rounds_observed at the last round that carried expectations
     _last_observed: list[int] = field(default_factory=list)  # rounds_observed at each ratio's last sample
-    # the last choice's sampling: True (an exploration's or a probe's first round), False (their other rounds: timed
-    # plain), None (the schedule's: sampled())
-    sampling: bool | None = None
+    sampling: bool | None = None  # the last choice's sampling: True (it explores or probes), None (the schedule's)
     # The estimates change only in observe(): choose() and sample_interval() of one round, and every best case
     # they bound, reuse them (the same picks: auto_sim, 6 seeds x 3000 rounds). choose + sample_interval + observe a
     # round on the CPU machine (benchmarks/simulate_auto_phases.py): 29.7 us at a72dd6a, 25.1 with this and
@@ -270,6 +255,7 @@ class AutoBudgetPolicy:
     _tokens_version: int = 0
     _memo: dict = field(default_factory=dict)  # ("tokens" | "rates" | "interval", bucket) -> (version, values)
     _explore_order: list[int] = field(default_factory=list)  # candidate indices, narrowest verify first
+    _explore_tries: int = field(default=0, init=False)
 
     def __post_init__(self):
         self.candidates = [int(c) for c in self.candidates]
@@ -281,7 +267,11 @@ class AutoBudgetPolicy:
         if self.explore < 1 or self.probe_every < 1 or self.half_life_rounds <= 0 or self.hold_rounds < 0:
             raise ValueError("explore and probe_every must be >= 1, half_life_rounds > 0 and hold_rounds >= 0.")
         self.hold_rounds = self.hold_rounds or HOLD_ROUNDS
-        self.sampled_apart = SAMPLED_APART if self.sampled_apart is None else bool(self.sampled_apart)
+        self.warm_rounds = WARM_ROUNDS if self.warm_rounds is None else self.warm_rounds
+        if self.warm_rounds < 0:
+            raise ValueError(f"warm_rounds must be >= 0, got {self.warm_rounds}.")
+        # exploration's tries per candidate: as many timed rounds as `explore` rounds with a cold first one gave
+        self._explore_tries = self.explore + max(0, self.warm_rounds - 1)
         n = len(self.candidates)
         if self.widths is None:
             self.widths = [16 if c == CHAIN else c + 1 for c in self.candidates]
@@ -293,12 +283,6 @@ class AutoBudgetPolicy:
         self.chosen_total = [0] * n
         self._last_observed = [0] * n
         self._explore_order = sorted(range(n), key=lambda i: (self.widths[i], i))
-
-    @property
-    def _explore_tries(self) -> int:
-        """Rounds exploration may choose a candidate: a cold first round is not timed and sampled ones are timed
-        apart (SAMPLED_APART), so up to twice `explore` rounds to get `explore` plain timings."""
-        return 2 * self.explore if self.sampled_apart else self.explore
 
     @property
     def keep(self) -> float:
@@ -319,8 +303,7 @@ class AutoBudgetPolicy:
         for j in range(i, -1, -1):
             obs, exp = self.observed[j].mean(), self.observed_expected[j].mean()
             if obs is not None and exp:
-                w = self.observed[j].weight
-                return (obs / exp * w + RATIO_PRIOR) / (w + RATIO_PRIOR)
+                return obs / exp
         return 1.0
 
     def _own_tokens(self, i: int) -> float | None:
@@ -359,20 +342,15 @@ class AutoBudgetPolicy:
 
     @staticmethod
     def _typical_ms(b: _Bucket, i: int) -> float | None:
-        """Candidate i's round ms for its rate: the median of its last RECENT timed unsampled rounds once there are
-        3 (one slow round cannot move it), before that their decayed mean, before its first such round its sampled
-        rounds' (dearer: SAMPLED_APART)."""
+        """Candidate i's round ms for its rate: the median of its last RECENT timed rounds once there are 3 (one
+        slow round cannot move it), before that the decayed mean."""
         if len(b.recent[i]) >= 3:
             return b.median[i]
-        if TYPICAL_FEW == "least" and b.recent[i]:
-            return b.least[i]
-        plain = b.round_ms[i].mean()
-        return plain if plain is not None else b.sampled_ms[i].mean()
+        return b.round_ms[i].mean()
 
     @staticmethod
     def _least_ms(b: _Bucket, i: int) -> float | None:
-        """The least of candidate i's last RECENT timed unsampled rounds in this bucket (None: none timed; a sampled
-        round's time is no floor of a plain round's)."""
+        """The least of candidate i's last RECENT timed rounds in this bucket (None: none timed)."""
         return b.least[i]
 
     def rates(self, bucket: int) -> list[float | None]:
@@ -458,9 +436,9 @@ class AutoBudgetPolicy:
         narrower ones' times, never blind."""
         b = self._bucket(bucket)
         b.rounds += 1
-        if b.hold > 0:  # the last decision holds (HOLD_ROUNDS; a probe's later rounds, PROBE_ROUNDS)
+        if b.hold > 0:  # the last decision holds (HOLD_ROUNDS)
             b.hold -= 1
-            self.sampling = b.held_sampling
+            self.sampling = None
             return self._chosen(b, b.held)
         n = len(self.candidates)
         rates = self.rates(bucket)
@@ -475,12 +453,12 @@ class AutoBudgetPolicy:
         known = [(r, i) for i, r in enumerate(rates) if r is not None and math.isfinite(r)]
         best = max(known)[1] if known else None
         best_rate = rates[best] if best is not None else None
-        choice, waiting, exploring = None, False, False
+        choice, waiting = None, False
         for i in self._explore_order:  # explore: narrowest unmeasured first
             if b.measured[i] >= self.explore:
                 continue
             if b.tried[i] < self._explore_tries and (self.explore_all or self._could_win(b, i, best_rate)):
-                choice, exploring = i, True
+                choice = i
                 break
             if b.tried[i] > 0 and b.measured[i] == 0 and b.waited[i] < MAX_UNMEASURED:
                 b.waited[i] += 1  # its time is in flight: run the best known meanwhile, explore nothing wider yet
@@ -490,42 +468,22 @@ class AutoBudgetPolicy:
             b.next_probe = b.rounds + self.probe_every
             # re-measure the stalest that could still win, or whose times are stale (STALE_ROUNDS)
             probes = [i for i in range(n) if i != best and (
-                self._could_win(b, i, best_rate)
-                or ((b.measured[i] or b.sampled_ms[i].weight) and b.rounds - b.last_measured[i] > STALE_ROUNDS))]
+                self._could_win(b, i, best_rate) or (b.recent[i] and b.rounds - b.last_measured[i] > STALE_ROUNDS))]
             if probes:
                 choice = min(probes, key=lambda i: (b.last_measured[i], i))
-        probing = choice is not None and not exploring
-        # An exploration's first round samples, and so does a probe's first round when the candidate's ratio is stale
-        # (the chain and the trees wider than the incumbent are observed only by their own rounds; the narrower
-        # trees by every sampled round of a wider one): that refreshes the ratio. Their other rounds are plain
-        # whatever the sampling schedule, so that they time what the incumbent's plain rounds time (SAMPLED_APART);
-        # a probe that samples runs PROBE_ROUNDS rounds. Without SAMPLED_APART every such round samples.
-        if not (probing or exploring):
-            self.sampling = None
-        elif not self.sampled_apart:
-            self.sampling = True
-        elif exploring:
-            self.sampling = b.tried[choice] == 0
-        else:
-            self.sampling = self.rounds_observed - self._last_observed[choice] > STALE_ROUNDS
+        probing = choice is not None
+        self.sampling = True if probing else None
         if choice is None:
             choice = best if best is not None else 0
-        # exploration rounds are decided one at a time, and so is a choice made while exploration waits for a time
-        # (it counts its waits in decisions); a choice of the best holds
-        b.held_sampling = None
-        if exploring or waiting:
-            b.hold = 0
-        elif probing:
-            b.hold = PROBE_ROUNDS - 1 if self.sampled_apart and self.sampling else 0
-            b.held_sampling = False
-        else:
-            b.hold = self.hold_rounds - 1
-        b.held = choice
+        # exploration and probes are one round each, and so is a choice made while exploration waits for a time (it
+        # counts its waits in decisions); a choice of the best holds
+        b.held, b.hold = choice, 0 if probing or waiting else self.hold_rounds - 1
         return self._chosen(b, choice)
 
     def sampled(self, counter: int, bucket: int) -> bool:
-        """Whether the round just chosen (choose) computes the expectations: as its choice says (`sampling`), else
-        one round in sample_interval of the worker's round counter."""
+        """Whether the round just chosen computes the expectations: an exploration or probe round always (it is how
+        a rarely chosen candidate's ratio refreshes), any other one in sample_interval of the worker's round
+        counter."""
         if self.sampling is not None:
             return self.sampling
         return counter % self.sample_interval(bucket) == 0
@@ -576,17 +534,13 @@ class AutoBudgetPolicy:
             self._tokens_version += 1
         keep = self.keep
         b = self._bucket(bucket)
-        if round_ms is not None and math.isfinite(round_ms) and round_ms > 0:
-            if expected_sum and self.sampled_apart:  # a sampled round: timed apart
-                b.sampled_ms[chosen].add(round_ms, 1.0, keep)
-            else:
-                b.measured[chosen] += 1
-                if STALE_CLEAR and b.recent[chosen] and b.rounds - b.last_measured[chosen] > STALE_ROUNDS:
-                    b.recent[chosen].clear()
-                    b.round_ms[chosen] = _Decayed()
-                b.round_ms[chosen].add(round_ms, 1.0, keep)
-                b.timed(chosen, round_ms)
-                b.last_measured[chosen] = b.rounds
+        b.seen[chosen] += 1
+        warm = b.seen[chosen] > self.warm_rounds  # else a first use of the candidate in this bucket (WARM_ROUNDS)
+        if warm and round_ms is not None and math.isfinite(round_ms) and round_ms > 0:
+            b.round_ms[chosen].add(round_ms, 1.0, keep)
+            b.timed(chosen, round_ms)
+            b.measured[chosen] += 1
+            b.last_measured[chosen] = b.rounds
         self.rounds_observed += 1
         if expected_sum:
             # One sampled round stands for the SAMPLE_EVERY-round stretches since the last one, so the decayed
@@ -615,8 +569,6 @@ class AutoBudgetPolicy:
             "observed_over_expected": {k: _r(self.ratio(i)) for i, k in enumerate(labels)},
             "round_ms": {str(bucket): {k: _r(b.round_ms[i].mean()) for i, k in enumerate(labels)}
                          for bucket, b in sorted(self.buckets.items())},
-            "sampled_round_ms": {str(bucket): {k: _r(b.sampled_ms[i].mean()) for i, k in enumerate(labels)}
-                                 for bucket, b in sorted(self.buckets.items())},
         }
 
 
@@ -685,15 +637,10 @@ def auto_floor_fresh() -> int | None:
     return _env_at_least("SGLANG_DDTREE_AUTO_FLOOR_FRESH", int, 0, "a round count >= 0 (0: off)")
 
 
-def auto_sampled_apart() -> bool | None:
-    """SGLANG_DDTREE_AUTO_SAMPLED_APART (0 or 1): the policy's sampled_apart for this server (None when unset: the
-    module's SAMPLED_APART), so that one interleaved sweep can run `auto` both ways side by side."""
-    raw = os.environ.get("SGLANG_DDTREE_AUTO_SAMPLED_APART")
-    if raw is None or raw == "":
-        return None
-    if raw not in ("0", "1"):
-        raise ValueError(f"SGLANG_DDTREE_AUTO_SAMPLED_APART must be 0 or 1, got {raw!r}.")
-    return raw == "1"
+def auto_warm_rounds() -> int | None:
+    """SGLANG_DDTREE_AUTO_WARM_ROUNDS: the policy's warm_rounds for this server (None when unset: the module's
+    WARM_ROUNDS; 0: every timed round counts), for an A/B in one interleaved run."""
+    return _env_at_least("SGLANG_DDTREE_AUTO_WARM_ROUNDS", int, 0, "a round count >= 0")
 
 
 def auto_log_every() -> int:

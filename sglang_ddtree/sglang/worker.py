@@ -64,7 +64,7 @@ from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
 from sglang_ddtree.sglang.auto import (AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, WalkSchedule,
-                                      auto_floor_fresh, auto_log_every, auto_sampled_apart, auto_shrink_z)
+                                      auto_floor_fresh, auto_log_every, auto_shrink_z, auto_warm_rounds)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -321,7 +321,7 @@ class DDTreeWorker(DFlashWorkerV2):
         policy = AutoBudgetPolicy(list(candidates), widths=widths,
                                   explore_all=os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_ALL") == "1",
                                   shrink_z=auto_shrink_z(), floor_fresh=auto_floor_fresh(),
-                                  sampled_apart=auto_sampled_apart())
+                                  warm_rounds=auto_warm_rounds())
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
         calibration = CalibrationMonitor(calibrator, self.stats.prometheus)
@@ -454,7 +454,6 @@ class DDTreeWorker(DFlashWorkerV2):
             if self.auto.policy.deciding(bucket):  # a held choice reads nothing (auto.HOLD_ROUNDS)
                 self.auto.feedback.drain()
             chosen = self.auto.policy.choose(bucket)
-            # exploration and probes decide their own sampling (a candidate's ratio, plain timings: auto.SAMPLED_APART)
             sampled = self.auto.policy.sampled(self.auto.rounds, bucket)
             captures = self._stage_captures()
             timer.host_mark("choose")
