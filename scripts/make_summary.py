@@ -294,10 +294,15 @@ SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.js
 SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl")
 # Interleaved sweeps with every server pinned to the same CPUs once ready and the prompts rotating per run
 # (lease_steps.sh tiny-paired): every row over the base row run by run, with 95% intervals (bench/paired.py).
-# Lease 23 (217d929) and 23b (971cdb1, the current code): DFLASH, DDTREE 128 and auto only.
+# Lease 23 (217d929) and 23b (971cdb1): DFLASH, DDTREE 128 and auto only. Lease 24 (8fec388): DFLASH, DDTREE 128,
+# `tiny|auto` with SGLANG_DDTREE_AUTO_SAMPLED_APART=1 (a trial, removed since) and `tiny-b|auto` as the code is (the
+# rows' server_env says which). Lease 24c (55fff9a, batch 1 and 4): DDTREE 128, `tiny|auto` with WARM_ROUNDS = 3
+# (that commit's default, off since) and `tiny-b|auto` with SGLANG_DDTREE_AUTO_WARM_ROUNDS=0 (as the code is).
 PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease23.jsonl": "tiny|ddtree-128",
-                 "sweep_paired_tiny_lease23b.jsonl": "tiny|ddtree-128"}
+                 "sweep_paired_tiny_lease23b.jsonl": "tiny|ddtree-128",
+                 "sweep_paired_tiny_lease24.jsonl": "tiny|ddtree-128",
+                 "sweep_paired_tiny_lease24c.jsonl": "tiny|ddtree-128"}
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 

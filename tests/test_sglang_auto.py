@@ -42,14 +42,6 @@ def test_auto_flags():
 # ------------------------------------------------------------------------------------------------------ policy
 
 
-@pytest.fixture(autouse=True)
-def _time_every_round(monkeypatch):
-    """The scenarios here time a candidate's rounds from its first one (their drivers have no warm-up); the tests of
-    auto.WARM_ROUNDS set it on their policies."""
-    from sglang_ddtree.sglang import auto
-
-    monkeypatch.setattr(auto, "WARM_ROUNDS", 0)
-
 
 def run_policy(policy, bucket, tokens, ms, rounds, lag=0):
     """Drive the policy: a round of candidate i commits tokens[i] per request (the drafter expects 1.5x that)

@@ -130,20 +130,21 @@ SHRINK_Z = 1.0
 # - probe and exploration rounds carry the expectations (`sampling`), so a probe also refreshes the ratio.
 STALE_ROUNDS = 256
 
-# A candidate's first WARM_ROUNDS rounds in a bucket are not timed (the first is cold anyway: the worker drops its
-# time), and exploration tries it WARM_ROUNDS - 1 more rounds to time as many as before. Lease 24's debug dump (tiny
-# pair, batch 1, every round's stage times, debug_rounds_tiny_lease24.json): the round after a candidate's cold
-# first use took 1.13-1.47x the candidate's median, the next 1.04-1.17x, in every candidate (a round's host-side
-# first uses: lazy initialisation, allocator, caches). Exploration timed exactly those two rounds, so an explored
-# candidate read ~20% dearer than the incumbent's many rounds, and was probed again only once its times went stale:
-# lease 23b's batch-1 server ran the 64-tree ~650 rounds while the 128-tree, explored at 5.8 ms, ran at 3.9-4.3
-# later (auto_chooser_log_tiny_lease23b.txt). Simulated (simulate_auto_flat.py, 48 seeds, mean / min best rate,
-# auto_flat_sim_warm3.json against auto_flat_sim_warm0.json): the tiny-like batch-1 start with that warm-up
-# (x1.3, x1.08) 0.967 / 0.861 -> 0.983 / 0.897, the same start without it 0.987 / 0.899 -> 0.983 / 0.897; the
-# older cases within 0.004 of their means but the two starts whose first 20 rounds all run 1.5x slow (lease 21e's
-# guess of what the warm-up measured here was): 0.986 / 0.953 -> 0.975 / 0.840 and 0.960 / 0.827 -> 0.953 / 0.741
-# (exploration takes longer, so more of it falls in the slow rounds).
-WARM_ROUNDS = 3
+# A candidate's first WARM_ROUNDS rounds in a bucket can be left untimed (the first is cold anyway: the worker drops
+# its time), exploration then trying it WARM_ROUNDS - 1 more rounds to time as many as before. Why one would: lease
+# 24's debug dump (tiny pair, batch 1, every round's stage times, debug_rounds_tiny_lease24.json) timed the round
+# after each candidate's cold first use at 1.13-1.47x the candidate's median and the next at 1.04-1.17x, and
+# exploration times exactly those, so an explored candidate reads dearer than the incumbent's many rounds; lease
+# 23b's batch-1 server ran the 64-tree ~650 rounds while the 128-tree, explored at 5.8 ms, ran at 3.9-4.3 later.
+# Simulated (simulate_auto_flat.py, 48 seeds, mean / min best rate, auto_flat_sim_warm3.json against
+# auto_flat_sim.json): the tiny-like batch-1 start with that warm-up 0.967 / 0.861 -> 0.983 / 0.897, without it
+# 0.987 / 0.899 -> 0.983 / 0.897, the two starts whose first 20 rounds all run 1.5x slow 0.986 / 0.953 ->
+# 0.975 / 0.840 and 0.960 / 0.827 -> 0.953 / 0.741, the rest within 0.004. Measured on the GPU (lease 24c,
+# sweep_paired_tiny_lease24c.jsonl, both servers interleaved with DDTREE 128 from their start): x0.921 / 0.970 of
+# DDTREE 128 at batch 1 / 4 with WARM_ROUNDS = 3, x0.951 / 1.004 with 0. The 3-server's first explored tree still
+# read 5.4 ms against the chain's 3.0 after its two warm rounds were dropped, so it ran the chain ~850 rounds and
+# left the 32- to 128-trees unexplored: a server's first rounds vary more than two dropped rounds absorb. Off.
+WARM_ROUNDS = 0
 
 # Cost floors use other candidates' times from the bucket's last FLOOR_FRESH rounds only (0: every recent time).
 # Off by default; see AutoBudgetPolicy.floor_fresh.
