@@ -72,9 +72,9 @@ CASES = {
     # The same from the start with a sampled-round extra guessed from lease 23b's batch-1 chooser table (the 16- and
     # 64-trees' probed / explored rounds 0.6-1.1 ms above their times once they ran; the chain, only probed, 4.5 ms),
     # and the 128-tree's round a little cheaper than the narrower trees' as that table read it. Lease 24 measured the
-    # extra directly (a server timing sampled rounds apart, sweep_paired_tiny_lease24_ab.jsonl's logs): 0-0.3 ms for
-    # the trees, ~0.5 for the chain at batch 4, about none at batch 1; the gap in that table was mostly the warm-up
-    # of the cases below.
+    # extra directly (a server timing sampled rounds apart, auto_chooser_log_tiny_lease24.txt): 0.13-0.33 ms (3-8%)
+    # for the 128-tree at batch 1-64, ~0.5 ms for the chain at batch 4: smaller than guessed here; the rounds after a
+    # candidate's first use (the cases below) were slower than that.
     "tiny-like batch 1 from the start, sampled rounds +0.6 ms (chain +0.9)": dict(
         base=[3.75, 4.4, 4.4, 4.4, 4.2], noise=0.10, outlier=0.05, rounds=1400, skip=0, seeds=24, batch=1,
         poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350, start_rounds=20, start_mult=1.5,

@@ -541,6 +541,11 @@ tiny-paired)
     rm -rf /tmp/tp
     mkdir -p "$out" /tmp/tp
     rc=0
+    # a JIT cache carried in (.device-cache/jit): unpacked where env.sh points the JIT caches (run_gpu_suite.py does
+    # this with a version check; lease 24 ran this step without it, ~115 s server starts instead of ~50)
+    if [ -f .device-cache/jit/jit-cache.tar.xz ] && [ -n "${DDTREE_JIT_ROOT:-}" ]; then
+        mkdir -p "$DDTREE_JIT_ROOT" && tar -xJf .device-cache/jit/jit-cache.tar.xz -C "$DDTREE_JIT_ROOT" || true
+    fi
     # TP_TWIN=0 leaves out the second setup (TP_TWIN_METHODS, default a DDTREE 128 twin and an `auto`, with
     # TP_TWIN_ENV, default FLOOR_FRESH), for more rounds. TP_ENV: more server environment for setup tiny (e.g. an A/B:
     # TP_TWIN_METHODS=auto TP_TWIN_ENV=SGLANG_DDTREE_AUTO_WARM_ROUNDS=0: `auto` at the default next to a knob).

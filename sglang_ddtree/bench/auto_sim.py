@@ -40,9 +40,9 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
     lease 21e's batch-1 rows ran 4 prompts of ~350 rounds each). poisson_tokens: a round's committed tokens are
     drawn, not scaled: the chain and the narrowest tree 1 + Poisson((tokens[i] - 1) x exp(y)) each, every wider tree
     the next narrower one's plus Poisson((tokens[j] - tokens[j - 1]) x exp(y)) (per round a wider tree commits at
-    least as much, by a count that is often 0). warm_mult: a candidate's rounds after its cold first one cost warm_mult[0], warm_mult[1], ... times more (lease 24's debug
-    dump at batch 1: the first timed round of each candidate 1.13-1.47x its median, the second 1.04-1.17x).
-    Returns the candidate index chosen each round."""
+    least as much, by a count that is often 0). warm_mult: a candidate's rounds after its cold first one cost
+    warm_mult[0], warm_mult[1], ... times more (lease 24's debug dump at batch 1: the first timed round of each
+    candidate 1.13-1.47x its median, the second 1.04-1.17x). Returns the candidate index chosen each round."""
     rng = random.Random(seed)
     widths = [16] + [c + 1 for c in CANDIDATES[1:]]
     policy = policy if policy is not None else AutoBudgetPolicy(list(CANDIDATES), widths=widths)

@@ -18,10 +18,10 @@ expected of the sampled rounds in which c's tokens were observed (the drafter is
 path, more so for larger trees; a candidate never observed borrows the ratio of the nearest smaller observed one),
 and round_ms(bucket, c) the median of its last RECENT measured round times (the decayed mean until there are 3),
 a tree's drawn toward the trees' pooled time by the median's standard error (SHRINK_Z).
-Unmeasured cells are explored first (each candidate `explore` + WARM_ROUNDS - 1 rounds per bucket, the first
-WARM_ROUNDS untimed, narrowest first) and the stalest candidate is re-measured every `probe_every` rounds, so the
-estimates follow context growth; both skip a candidate that cannot win (its estimated tokens over a floor of its
-round time, `_cost_floor`, do not beat the best rate).
+Unmeasured cells are explored first (each candidate `explore` rounds per bucket, WARM_ROUNDS - 1 more when its
+first WARM_ROUNDS are left untimed; narrowest first) and the stalest candidate is re-measured every `probe_every`
+rounds, so the estimates follow context growth; both skip a candidate that cannot win (its estimated tokens over a
+floor of its round time, `_cost_floor`, do not beat the best rate).
 The chain (DFLASH's top-1 path, verified causally like DFLASH) is always a candidate: the choice can only be slower
 than the chain by estimation error, exploration and the per-round cost of the decision.
 Lag: decisions use rounds that completed on the GPU, typically the ones one or two before the current round

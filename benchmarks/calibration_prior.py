@@ -1,0 +1,97 @@
+"""How a calibration table that starts empty predicts while it is young, by its prior mass (tiny pair, CPU).
+
+The server's table starts empty and, at batch 1 (a sweep's first rows), has learnt from only a few hundred
+request-rounds when it is scored: there its calibrated predictions came out worse than the raw scores in four runs
+(leases 22-24). This replays that start offline: one fixed-budget DDTree decode of HumanEval prompts, with several
+empty tables (`adaptive.ScoreCalibrator`, one per `--masses` prior mass) that each predict a round's committed
+length before learning from it, as the server's do. Prints and writes the mean absolute error of the raw and of each
+table's prediction over round windows (the first 100, the next 200, the rest, all).
+
+    python benchmarks/calibration_prior.py --budget 128 --offset 40 --out benchmarks/results/calibration_prior_b128.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+WINDOWS = ((0, 100), (100, 300), (300, None), (0, None))
+
+
+def window_mae(pred: list[float], obs: list[int]) -> dict:
+    out = {}
+    for lo, hi in WINDOWS:
+        p, o = pred[lo:hi], obs[lo:hi]
+        if o:
+            out[f"{lo}-{hi if hi is not None else 'end'}"] = round(sum(abs(a - b) for a, b in zip(p, o)) / len(o), 4)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--budget", type=int, default=128, help="the fixed DDTree budget decoded")
+    ap.add_argument("--prompts", type=int, default=40)
+    ap.add_argument("--offset", type=int, default=40, help="first HumanEval prompt (file order)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--masses", default="1,3,10,30,100", help="prior masses, one empty table each")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    masses = [float(m) for m in args.masses.split(",") if m.strip()]
+    if not masses or any(m <= 0 for m in masses) or args.budget < 1 or args.prompts < 1:
+        ap.error("--masses must be positive numbers; --budget and --prompts >= 1")
+
+    import torch
+
+    from sglang_ddtree.adaptive import CalibratorConfig, ScoreCalibrator
+    from sglang_ddtree.datasets import encode_prompt, load_prompts
+    from sglang_ddtree.offline.auto import AutoPolicy, auto_decode
+    from sglang_ddtree.offline.cli_commands import _eos_ids, _load_models
+    from sglang_ddtree.offline.drafts import DFlashDraftSource
+
+    torch.set_num_threads(args.threads)
+    model_args = argparse.Namespace(tiny=True, target=None, drafter=None, tokenizer=None, device="cpu",
+                                    dtype="float32", attn="sdpa")
+    target, drafter, tokenizer, _ = _load_models(model_args)
+    eos = _eos_ids(tokenizer, target)
+    prompts = load_prompts("humaneval", None)[args.offset: args.offset + args.prompts]
+    ids = [encode_prompt(tokenizer, p) for p in prompts]
+    depth = int(drafter.config.block_size) - 1
+    tables = {f"mass_{m:g}": ScoreCalibrator(CalibratorConfig(depth_limit=depth, prior_mass=m)) for m in masses}
+    policy = AutoPolicy(candidates=[args.budget], observers=tables)
+    started = time.time()
+    records = []
+    for i, p in enumerate(ids):
+        records += auto_decode(target, [DFlashDraftSource(drafter, target)], [p], policy=policy,
+                               max_new_tokens=args.max_new_tokens, eos_token_ids=eos)
+        print(f"prompt {i + 1}/{len(ids)}: {sum(len(r.accept_lengths) for r in records)} rounds", file=sys.stderr)
+    observed = [a for r in records for a in r.accept_lengths]
+    mae = {name: window_mae([x for r in records for x in r.extra["auto"][f"pred_{name}"]], observed)
+           for name in ["raw", *tables]}
+    for name, row in mae.items():
+        print(f"{name:>10}  " + "  ".join(f"{w} {v:.3f}" for w, v in row.items()))
+    if args.out:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({
+            "what": "per-round MAE of the predicted committed length: raw scores and empty calibration tables by "
+                    "prior mass, each predicting before it learns the round (round windows)",
+            "date": dt.date.today().isoformat(), "machine": "CPU (this repo's dev machine), float32, tiny pair",
+            "commit": head.stdout.strip() or None,
+            "command": "python benchmarks/calibration_prior.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "budget": args.budget, "prompts": [p.id for p in prompts], "rounds": len(observed),
+            "tau": round(sum(observed) / len(observed), 4), "wall_s": round(time.time() - started, 1),
+            "mae": mae}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
