@@ -747,6 +747,11 @@ def test_walk_schedule_scores_the_first_sampled_tree_round_then_one_in_every():
     assert got == ["plain", "scored", "sampled", "sampled", "plain", "sampled", "sampled", "scored", "sampled",
                    "plain", "sampled"]
     assert [WalkSchedule(every=1).variant(False, True) for _ in range(3)] == ["scored"] * 3
+    # while the table is young every sampled tree round scores, and the cadence goes on from there afterwards
+    schedule = WalkSchedule(every=3)
+    young = [schedule.variant(False, True, young=True) for _ in range(4)] + [schedule.variant(True, True, True)]
+    assert young == ["scored"] * 4 + ["sampled"]  # the chain never scores
+    assert [schedule.variant(False, True) for _ in range(4)] == ["sampled", "sampled", "scored", "sampled"]
     with pytest.raises(ValueError, match="every >= 1"):
         WalkSchedule(every=0)
 

@@ -72,6 +72,15 @@ CHAIN_RUN_OTHERS = 2
 # chooser changes (lease 23, sweep_paired_tiny_lease23.jsonl): x0.922 [0.890, 0.955] of DDTREE 128 against lease
 # 22's x0.914 [0.873, 0.958], a difference the two runs cannot resolve.
 CALIBRATION_EVERY = 4
+# ... except while the table is young: until it has scored CALIBRATION_YOUNG request-rounds (its half-life; again
+# after a reset) every sampled tree round is scored. Why: at batch 1, a sweep's first rows, the table had learnt from
+# only ~200-270 scored request-rounds when measured, and its predictions came out worse than the raw scores there
+# in every run since lease 22 (MAE raw / calibrated 1.30 / 1.39, lease 22; 1.235 / 1.243, 23b; 1.402 / 1.464, 24;
+# 0.894 / 1.215, 24c) while better at batch 4-64. Offline, an empty table beats the raw scores only after a few
+# hundred rounds (benchmarks/calibration_prior.py: rounds 300+ 1.211 against 1.250 at budget 128, the first 100 1.605
+# against 1.113). Expected: ~4x the data by the batch-1 rows, calibrated at or below raw there; the extra scoring
+# runs only in those first rounds (~185 kernels on a sampled round). Not yet run on a GPU.
+CALIBRATION_YOUNG = 2000
 
 # A decision of the best candidate holds for HOLD_ROUNDS rounds of its bucket (exploration and probes are single
 # rounds), and the worker drains the feedback only before a decision (AutoBudgetPolicy.deciding). Why: lease 23's
@@ -576,8 +585,9 @@ class AutoBudgetPolicy:
 class WalkSchedule:
     """Which of a candidate's walk stages a round runs: "plain" (an unsampled round: no feedback but its time),
     "sampled" (every observed candidate's committed tokens, for the chooser), "scored" (those and the calibration
-    table's scoring and delta: the first sampled tree round and then one in `every`, CALIBRATION_EVERY). The chain
-    is never scored (a chain teaches only the top-1 cells, which every tree's first path teaches too)."""
+    table's scoring and delta: the first sampled tree round and then one in `every`, CALIBRATION_EVERY; every one
+    while the table is young, CALIBRATION_YOUNG). The chain is never scored (a chain teaches only the top-1 cells,
+    which every tree's first path teaches too)."""
 
     VARIANTS = ("plain", "sampled", "scored")
 
@@ -587,12 +597,13 @@ class WalkSchedule:
         self.every = every
         self.sampled_tree_rounds = 0
 
-    def variant(self, chain: bool, sampled: bool) -> str:
+    def variant(self, chain: bool, sampled: bool, young: bool = False) -> str:
+        """young: the table has scored fewer than CALIBRATION_YOUNG request-rounds."""
         if not sampled:
             return "plain"
         if chain:
             return "sampled"
-        scored = self.sampled_tree_rounds % self.every == 0
+        scored = young or self.sampled_tree_rounds % self.every == 0
         self.sampled_tree_rounds += 1
         return "scored" if scored else "sampled"
 

@@ -63,8 +63,8 @@ from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
-from sglang_ddtree.sglang.auto import (AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, WalkSchedule,
-                                      auto_floor_fresh, auto_log_every, auto_shrink_z, auto_warm_rounds)
+from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, AutoBudgetPolicy, AutoFeedback, CalibrationMonitor,
+                                      WalkSchedule, auto_floor_fresh, auto_log_every, auto_shrink_z, auto_warm_rounds)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -475,8 +475,9 @@ class DDTreeWorker(DFlashWorkerV2):
             if self.stats.prometheus is not None:
                 self.stats.prometheus.auto_round(candidate_label(self.auto.candidates[chosen]))
             width = self.auto.widths[chosen]
+            young = self.auto.calibration.request_rounds < CALIBRATION_YOUNG
             walk_stage = self.auto.walk_stages[chosen][self.auto.walks.variant(self.auto.candidates[chosen] == CHAIN,
-                                                                                 sampled)]
+                                                                                 sampled, young)]
             tree, verify_ids, verify_positions, expected = self.auto.tree_stages[chosen][sampled](
                 topk_values, topk_tokens, roots, prefix_lens, rows=bs)
         causal = self.auto is not None and self.auto.candidates[chosen] == CHAIN  # a chain needs no tree mask
