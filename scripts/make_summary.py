@@ -298,11 +298,13 @@ SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease
 # `tiny|auto` with SGLANG_DDTREE_AUTO_SAMPLED_APART=1 (a trial, removed since) and `tiny-b|auto` as the code is (the
 # rows' server_env says which). Lease 24c (55fff9a, batch 1 and 4): DDTREE 128, `tiny|auto` with WARM_ROUNDS = 3
 # (that commit's default, off since) and `tiny-b|auto` with SGLANG_DDTREE_AUTO_WARM_ROUNDS=0 (as the code is).
+# Lease 24d (445c2e8, batch 1 and 4): DDTREE 128 and `auto` as the code is (the young table scored every round).
 PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease23.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease23b.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease24.jsonl": "tiny|ddtree-128",
-                 "sweep_paired_tiny_lease24c.jsonl": "tiny|ddtree-128"}
+                 "sweep_paired_tiny_lease24c.jsonl": "tiny|ddtree-128",
+                 "sweep_paired_tiny_lease24d.jsonl": "tiny|ddtree-128"}
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
@@ -451,26 +453,31 @@ def pad_stages(out: dict) -> None:
 # sweep_auto_tiny_lease20.jsonl, had every table reset 2-12 times a row: 1.666 / 2.092 / 2.432 / 2.376 raw against
 # 1.475 / 1.666 / 2.062 / 1.915 calibrated.)
 # Since lease 23b the standing is the current code's (the table scores one sampled tree round in four; its table
-# warms from the server's start as in lease 21): sweep_paired_tiny_lease23b.jsonl.
-SGLANG_CALIBRATION_SWEEP = "sweep_paired_tiny_lease23b.jsonl"
+# warms from the server's start as in lease 21): sweep_paired_tiny_lease23b.jsonl, and for batch 1 and 4 lease 24d's
+# (445c2e8: every sampled tree round scored while the table is young, auto.CALIBRATION_YOUNG; at batch 16 / 64 23b's
+# tables were past that, 2868 / 12224 scored request-rounds). A later sweep replaces an earlier one per (setup, batch
+# size); each entry says which sweep it came from.
+SGLANG_CALIBRATION_SWEEPS = ("sweep_paired_tiny_lease23b.jsonl", "sweep_paired_tiny_lease24d.jsonl")
 
 
 def sglang_calibration(out: dict) -> None:
     """Mean absolute error per request-round of the predicted committed tokens in the `auto` server's sampled
     rounds, raw drafter scores against the calibration table (both predicted before the table learnt the round),
     per batch size: the rows' `auto_calibration` (Prometheus differences of the measured runs)."""
-    rows = _sweep_rows(SGLANG_CALIBRATION_SWEEP)
     table: dict = {}
-    for (setup, method, _, bs), r in rows.items():
-        cal = (r.get("ddtree_metrics") or {}).get("auto_calibration") if method == "auto" else None
-        if cal:
-            table.setdefault(setup, {})[str(bs)] = {"raw": round(cal["tau_mae_raw"], 4),
-                                                    "calibrated": round(cal["tau_mae_calibrated"], 4),
-                                                    "request_rounds": cal["scored_request_rounds"]}
+    for name in SGLANG_CALIBRATION_SWEEPS:
+        rows = _sweep_rows(name)
+        for (setup, method, _, bs), r in rows.items():
+            cal = (r.get("ddtree_metrics") or {}).get("auto_calibration") if method == "auto" else None
+            if cal:
+                table.setdefault(setup, {})[str(bs)] = {"raw": round(cal["tau_mae_raw"], 4),
+                                                        "calibrated": round(cal["tau_mae_calibrated"], 4),
+                                                        "request_rounds": cal["scored_request_rounds"],
+                                                        "source": name}
     if not table:
-        raise FileNotFoundError(f"{SGLANG_CALIBRATION_SWEEP}: no auto_calibration in its rows")
+        raise FileNotFoundError(f"{SGLANG_CALIBRATION_SWEEPS}: no auto_calibration in their rows")
     out["sglang_tau_mae_raw_vs_calibrated"] = _by_batch_size(table)
-    out["sglang_tau_mae_source"] = SGLANG_CALIBRATION_SWEEP
+    out["sglang_tau_mae_source"] = list(SGLANG_CALIBRATION_SWEEPS)
 
 
 def paired(out: dict) -> None:
