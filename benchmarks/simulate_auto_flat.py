@@ -121,28 +121,18 @@ def main(argv=None) -> int:
                     help="auto.WARM_ROUNDS for this run (a candidate's first rounds per bucket left untimed)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    if args.hold is not None:
-        if args.hold < 1:
-            ap.error("--hold must be >= 1")
-        auto.HOLD_ROUNDS = args.hold
-    if args.warm_rounds is not None:
-        if args.warm_rounds < 0:
-            ap.error("--warm-rounds must be >= 0")
-        auto.WARM_ROUNDS = args.warm_rounds
     if args.rounds <= args.skip:
         ap.error("--rounds must exceed --skip")
-    if args.recent is not None:
-        if args.recent < 1:
-            ap.error("--recent must be >= 1")
-        auto.RECENT = args.recent  # read when a bucket's deques are made
-    if args.floor_fresh is not None:
-        if args.floor_fresh < 0:
-            ap.error("--floor-fresh must be >= 0")
-        auto.FLOOR_FRESH = args.floor_fresh
-    if args.shrink_z is not None:
-        if args.shrink_z < 0:
-            ap.error("--shrink-z must be >= 0")
-        auto.SHRINK_Z = args.shrink_z
+    # each option sets the auto module's constant of that name for this run (RECENT is read when a bucket's deques
+    # are made, the others when a policy is made or decides)
+    for option, constant, minimum in (("hold", "HOLD_ROUNDS", 1), ("warm_rounds", "WARM_ROUNDS", 0),
+                                      ("recent", "RECENT", 1), ("floor_fresh", "FLOOR_FRESH", 0),
+                                      ("shrink_z", "SHRINK_Z", 0)):
+        value = getattr(args, option)
+        if value is not None:
+            if value < minimum:
+                ap.error(f"--{option.replace('_', '-')} must be >= {minimum}")
+            setattr(auto, constant, value)
     rows = []
     for name, case in CASES.items():
         tokens, expected = case.get("tokens", TOKENS), case.get("expected", EXPECTED)
