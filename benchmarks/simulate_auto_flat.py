@@ -119,6 +119,8 @@ def main(argv=None) -> int:
                     help="auto.HOLD_ROUNDS for this run (rounds a decision holds; 1: decide every round)")
     ap.add_argument("--warm-rounds", type=int, default=None,
                     help="auto.WARM_ROUNDS for this run (a candidate's first rounds per bucket left untimed)")
+    ap.add_argument("--explore-all", action="store_true",
+                    help="policies with explore_all (exploration ignores cost floors: SGLANG_DDTREE_AUTO_EXPLORE_ALL)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.rounds <= args.skip:
@@ -142,8 +144,10 @@ def main(argv=None) -> int:
                                       "poisson_tokens", "prompt_sigma", "prompt_rounds", "warm_mult") if k in case}
         ratios, shares = [], [0] * len(tokens)
         for seed in range(seeds):
+            policy = auto.AutoBudgetPolicy(list(auto_sim.CANDIDATES), widths=auto_sim.WIDTHS,
+                                           explore_all=True) if args.explore_all else None
             picks = auto_sim.simulate(seed, case["base"], tokens, expected, rounds, case.get("batch", 4), case["noise"],
-                                      case["outlier"], 2, phase_mult=case.get("phase_mult", 1.0),
+                                      case["outlier"], 2, policy=policy, phase_mult=case.get("phase_mult", 1.0),
                                       phase_len=case.get("phase_len"), **start)[skip:]
             ratios.append(auto_sim.rate_over_best(picks, case["base"], tokens))
             for i in picks:
@@ -162,6 +166,7 @@ def main(argv=None) -> int:
             "command": "python benchmarks/simulate_auto_flat.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "recent": auto.RECENT, "shrink_z": auto.SHRINK_Z, "floor_fresh": auto.FLOOR_FRESH, "hold": auto.HOLD_ROUNDS,
             "warm_rounds": auto.WARM_ROUNDS,
+            "explore_all": args.explore_all,
             "cases": rows}, indent=1))
     return 0
 

@@ -532,6 +532,45 @@ tiny-twins)
     tar -cJf "$out/tiny_twins_logs.tar.xz" -C /tmp tw/run.log tw/logs
     tail -n 8 /tmp/tw/run.log
     ;;
+tiny-starts)
+    # Lease 24: at a server's start the few rounds `auto`'s exploration times vary from server to server by more than
+    # a chooser change moves them (one 16-tree read 5.4 ms in one server, 3.3 in its twin), so one server per arm is
+    # one draw. Here TS_COPIES servers per arm (setups a1..aN with TS_ENV_A, b1..bN with TS_ENV_B, all `auto`) start
+    # together with one DDTREE 128 server (setup tiny), pinned and interleaved as in tiny-paired, at TS_BATCH_SIZES
+    # (default 1: the start is what is compared). Every copy's rounds over DDTREE 128 in paired_ratios.json; pool a
+    # copy's ratios per arm. E.g. TS_ENV_B=SGLANG_DDTREE_AUTO_EXPLORE_ALL=1 or SGLANG_DDTREE_AUTO_WARM_ROUNDS=3.
+    out=${1:?outdir}
+    commit=${2:?commit}
+    rm -rf /tmp/ts
+    mkdir -p "$out" /tmp/ts
+    rc=0
+    if [ -f .device-cache/jit/jit-cache.tar.xz ] && [ -n "${DDTREE_JIT_ROOT:-}" ]; then
+        mkdir -p "$DDTREE_JIT_ROOT" && tar -xJf .device-cache/jit/jit-cache.tar.xz -C "$DDTREE_JIT_ROOT" || true
+    fi
+    setups=tiny
+    copies=()
+    for arm in a b; do
+        env_var="TS_ENV_${arm^^}"
+        env="SGLANG_DDTREE_AUTO_LOG_EVERY=100${!env_var:+,${!env_var}}"
+        for i in $(seq 1 "${TS_COPIES:-3}"); do
+            setups="$setups,$arm$i"
+            copies+=(--copy-setup "$arm$i=tiny" --set "$arm$i.methods=auto" --set "$arm$i.server_env=$env")
+        done
+    done
+    CUDA_VISIBLE_DEVICES=0 timeout "${TS_TIMEOUT_S:-540}" python3 benchmarks/bench_budgets.py --setups "$setups" \
+        "${copies[@]}" --set tiny.methods=ddtree --set all.budgets=128 \
+        --set all.batch_sizes="${TS_BATCH_SIZES:-1}" --set all.max_new_tokens="${TS_NEW_TOKENS:-512}" \
+        --set all.warmup_new_tokens=128 --server-cpus "${TS_CPUS:-2-9}" --repeats "${TS_REPEATS:-24}" \
+        --prompt-groups 1 --rotate-prompts --interleave --prompts-file runs/bench/humaneval_prompts.jsonl \
+        --max-minutes "${TS_MINUTES:-14}" --out /tmp/ts/sweep --log-dir /tmp/ts/logs --commit "$commit" \
+        > /tmp/ts/run.log 2>&1 || rc=$?
+    echo "tiny starts exit $rc" | tee -a /tmp/ts/run.log
+    cp /tmp/ts/sweep/bench_budgets.jsonl "$out/sweep_starts.jsonl" || true
+    python3 benchmarks/paired_ratios.py /tmp/ts/sweep/bench_budgets.jsonl --base "tiny|ddtree-128" \
+        --json "$out/paired_ratios.json" 2>&1 | tee -a /tmp/ts/run.log || true
+    tar -cJf "$out/tiny_starts_logs.tar.xz" -C /tmp ts/run.log ts/logs
+    tail -n 30 /tmp/ts/run.log
+    ;;
 tiny-paired)
     # Lease 21: a ratio of two host-bound servers' medians moved by 3-11% with nothing different between them. Here
     # every server runs on the same vCPUs (--server-cpus), each round's runs send the same prompt (--rotate-prompts)

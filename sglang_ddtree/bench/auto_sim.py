@@ -10,6 +10,7 @@ from sglang_ddtree.adaptive import CHAIN
 from sglang_ddtree.sglang.auto import AutoBudgetPolicy, observed_candidates
 
 CANDIDATES = (CHAIN, 16, 32, 64, 128)
+WIDTHS = [16] + [c + 1 for c in CANDIDATES[1:]]  # verify tokens per request: the chain's block, a tree's nodes + 1
 
 
 def simulate(seed: int, base: list[float], tokens: list[float], expected: list[float], rounds: int, batch: int,
@@ -44,8 +45,7 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
     warm_mult[0], warm_mult[1], ... times more (lease 24's debug dump at batch 1: the first timed round of each
     candidate 1.13-1.47x its median, the second 1.04-1.17x). Returns the candidate index chosen each round."""
     rng = random.Random(seed)
-    widths = [16] + [c + 1 for c in CANDIDATES[1:]]
-    policy = policy if policy is not None else AutoBudgetPolicy(list(CANDIDATES), widths=widths)
+    policy = policy if policy is not None else AutoBudgetPolicy(list(CANDIDATES), widths=WIDTHS)
     queue, picks, used, uses = [], [], set(), [0] * len(base)
     slow = False
     keep = math.exp(-1.0 / drift_rounds) if drift_rounds else 0.0
