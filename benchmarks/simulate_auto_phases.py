@@ -23,11 +23,11 @@ EXPECTED = [8.0, 9.0, 10.5, 12.0, 13.0]
 
 
 def host_us_per_round(rounds: int) -> float:
-    from sglang_ddtree.bench.auto_sim import CANDIDATES
+    from sglang_ddtree.bench.auto_sim import CANDIDATES, WIDTHS
     from sglang_ddtree.sglang.auto import AutoBudgetPolicy
 
     rng = random.Random(0)
-    policy = AutoBudgetPolicy(list(CANDIDATES), widths=[16] + [c + 1 for c in CANDIDATES[1:]])
+    policy = AutoBudgetPolicy(list(CANDIDATES), widths=WIDTHS)
 
     def one(r):
         c = policy.choose(64)
