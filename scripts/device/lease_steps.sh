@@ -46,6 +46,9 @@
 #        SGLANG_DDTREE_AUTO_FLOOR_FRESH=TP_FLOOR_FRESH (64; 0: a plain twin), every server pinned to TP_CPUS (2-9)
 #        once ready, interleaved, prompts rotating per run, TP_REPEATS (30) short runs (TP_NEW_TOKENS 512) per batch
 #        size of TP_BATCH_SIZES (1,4,16,64); then benchmarks/paired_ratios.py over DDTREE 128
+#   bash scripts/device/lease_steps.sh tiny-starts OUTDIR COMMIT   # one GPU, ALONE, ~5-8 min: TS_COPIES (3) auto
+#        servers per arm (TS_ENV_A / TS_ENV_B) and one DDTREE 128, started together, pinned, interleaved, batch
+#        TS_BATCH_SIZES (1), TS_REPEATS (24) runs; then benchmarks/paired_ratios.py over DDTREE 128
 #   bash scripts/device/lease_steps.sh detach NAME STEP [ARGS...]   # any step above, detached (outlives the call)
 #        from a copy of the repo in /tmp/detached/NAME/repo; log /tmp/detached/NAME.log, exit status NAME.rc
 #   bash scripts/device/lease_steps.sh wait-detached NAME WAIT_S   # waits up to WAIT_S; exit 3 while it runs
@@ -89,6 +92,14 @@ kernel_bench() {  # COMMIT: bench_tree's production stages (triton_fused), unsur
             --commit "${BASE_COMMIT:-unknown}") > "/tmp/kc/bench_base$scale.log" 2>&1 || rc=$?
         echo "base bench scale $scale exit $rc" >> "/tmp/kc/bench_base$scale.log"
     done
+}
+
+unpack_jit_cache() {  # a JIT cache carried in (.device-cache/jit), unpacked where env.sh points the JIT caches
+    # (run_gpu_suite.py does this with a version check; lease 24 ran tiny-paired without it: ~115 s server starts
+    # instead of ~50-70)
+    if [ -f .device-cache/jit/jit-cache.tar.xz ] && [ -n "${DDTREE_JIT_ROOT:-}" ]; then
+        mkdir -p "$DDTREE_JIT_ROOT" && tar -xJf .device-cache/jit/jit-cache.tar.xz -C "$DDTREE_JIT_ROOT" || true
+    fi
 }
 
 profile_kernels() {  # GPU OUTDIR COMMIT TIMEOUT_S: the select kernel's split on confident drafts, B = 256 and 1024
@@ -544,9 +555,7 @@ tiny-starts)
     rm -rf /tmp/ts
     mkdir -p "$out" /tmp/ts
     rc=0
-    if [ -f .device-cache/jit/jit-cache.tar.xz ] && [ -n "${DDTREE_JIT_ROOT:-}" ]; then
-        mkdir -p "$DDTREE_JIT_ROOT" && tar -xJf .device-cache/jit/jit-cache.tar.xz -C "$DDTREE_JIT_ROOT" || true
-    fi
+    unpack_jit_cache
     setups=tiny
     copies=()
     for arm in a b; do
@@ -580,11 +589,7 @@ tiny-paired)
     rm -rf /tmp/tp
     mkdir -p "$out" /tmp/tp
     rc=0
-    # a JIT cache carried in (.device-cache/jit): unpacked where env.sh points the JIT caches (run_gpu_suite.py does
-    # this with a version check; lease 24 ran this step without it, ~115 s server starts instead of ~50)
-    if [ -f .device-cache/jit/jit-cache.tar.xz ] && [ -n "${DDTREE_JIT_ROOT:-}" ]; then
-        mkdir -p "$DDTREE_JIT_ROOT" && tar -xJf .device-cache/jit/jit-cache.tar.xz -C "$DDTREE_JIT_ROOT" || true
-    fi
+    unpack_jit_cache
     # TP_TWIN=0 leaves out the second setup (TP_TWIN_METHODS, default a DDTREE 128 twin and an `auto`, with
     # TP_TWIN_ENV, default FLOOR_FRESH), for more rounds. TP_ENV: more server environment for setup tiny (e.g. an A/B:
     # TP_TWIN_METHODS=auto TP_TWIN_ENV=SGLANG_DDTREE_AUTO_WARM_ROUNDS=0: `auto` at the default next to a knob).
