@@ -102,6 +102,17 @@ unpack_jit_cache() {  # a JIT cache carried in (.device-cache/jit), unpacked whe
     fi
 }
 
+paired_outputs() {  # NAME OUTDIR RC: a pinned interleaved tiny sweep run in /tmp/<ws> (tp: tiny-paired, ts:
+    # tiny-starts) -> OUTDIR/sweep_NAME.jsonl, its rows over DDTREE 128 run by run (paired_ratios.json), the logs
+    local name=$1 out=$2 rc=$3 ws=/tmp/t${1:0:1}
+    echo "tiny $name exit $rc" | tee -a "$ws/run.log"
+    cp "$ws/sweep/bench_budgets.jsonl" "$out/sweep_$name.jsonl" || true
+    python3 benchmarks/paired_ratios.py "$ws/sweep/bench_budgets.jsonl" --base "tiny|ddtree-128" \
+        --json "$out/paired_ratios.json" 2>&1 | tee -a "$ws/run.log" || true
+    tar -cJf "$out/tiny_${name}_logs.tar.xz" -C /tmp "${ws#/tmp/}/run.log" "${ws#/tmp/}/logs"
+    tail -n 30 "$ws/run.log"
+}
+
 profile_kernels() {  # GPU OUTDIR COMMIT TIMEOUT_S: the select kernel's split on confident drafts, B = 256 and 1024
     CUDA_VISIBLE_DEVICES=$1 timeout "$4" python3 benchmarks/profile_kernels.py --budgets 256,1024 --warps 8 \
         --repeats 20 --commit "$3" --out "$2/profile_kernels.json" > "$2/pk.log" 2>&1
@@ -573,12 +584,7 @@ tiny-starts)
         --prompt-groups 1 --rotate-prompts --interleave --prompts-file runs/bench/humaneval_prompts.jsonl \
         --max-minutes "${TS_MINUTES:-14}" --out /tmp/ts/sweep --log-dir /tmp/ts/logs --commit "$commit" \
         > /tmp/ts/run.log 2>&1 || rc=$?
-    echo "tiny starts exit $rc" | tee -a /tmp/ts/run.log
-    cp /tmp/ts/sweep/bench_budgets.jsonl "$out/sweep_starts.jsonl" || true
-    python3 benchmarks/paired_ratios.py /tmp/ts/sweep/bench_budgets.jsonl --base "tiny|ddtree-128" \
-        --json "$out/paired_ratios.json" 2>&1 | tee -a /tmp/ts/run.log || true
-    tar -cJf "$out/tiny_starts_logs.tar.xz" -C /tmp ts/run.log ts/logs
-    tail -n 30 /tmp/ts/run.log
+    paired_outputs starts "$out" "$rc"
     ;;
 tiny-paired)
     # Lease 21: a ratio of two host-bound servers' medians moved by 3-11% with nothing different between them. Here
@@ -608,12 +614,7 @@ tiny-paired)
         --server-cpus "${TP_CPUS:-2-9}" --repeats "${TP_REPEATS:-30}" --prompt-groups 1 --rotate-prompts \
         --interleave --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes "${TP_MINUTES:-17}" \
         --out /tmp/tp/sweep --log-dir /tmp/tp/logs --commit "$commit" > /tmp/tp/run.log 2>&1 || rc=$?
-    echo "tiny paired exit $rc" | tee -a /tmp/tp/run.log
-    cp /tmp/tp/sweep/bench_budgets.jsonl "$out/sweep_paired.jsonl" || true
-    python3 benchmarks/paired_ratios.py /tmp/tp/sweep/bench_budgets.jsonl --base "tiny|ddtree-128" \
-        --json "$out/paired_ratios.json" 2>&1 | tee -a /tmp/tp/run.log || true
-    tar -cJf "$out/tiny_paired_logs.tar.xz" -C /tmp tp/run.log tp/logs
-    tail -n 30 /tmp/tp/run.log
+    paired_outputs paired "$out" "$rc"
     ;;
 detach)
     name=${1:?name}
