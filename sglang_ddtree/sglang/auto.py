@@ -673,7 +673,8 @@ def auto_log_every() -> int:
 
 class CalibrationMonitor:
     """The host side of the server's calibration table (adaptive.ScoreCalibrator, on the GPU; the scored rounds'
-    walk stages (one sampled tree round in CALIBRATION_EVERY) compute what it learns, the worker applies it: `learn`).
+    walk stages (one sampled tree round in CALIBRATION_EVERY, every one while the table is young: CALIBRATION_YOUNG)
+    compute what it learns, the worker applies it: `learn`).
 
     - Prediction errors: each scored round's |raw prediction - committed| and |calibrated prediction - committed|
       summed over its requests (ops.calibration_round), both predicted before the table learns the round, arrive

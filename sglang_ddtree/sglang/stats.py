@@ -24,7 +24,7 @@ Metric names (all `sglang:ddtree_*`, label `budget`; counters are request-rounds
 `auto` adds auto_rounds_total{candidate} (batch rounds per verified candidate) and, from its calibration table
 (sglang_ddtree.sglang.auto.CalibrationMonitor): auto_tau_abs_error_total{scores=raw|calibrated} and
 auto_tau_scored_total (mean absolute error of the predicted committed tokens per request-round, scored tree
-rounds: one sampled tree round in auto.CALIBRATION_EVERY),
+rounds: one sampled tree round in auto.CALIBRATION_EVERY, every one while the table is young),
 calibration_ratio{depth,path_class,rank_class} and calibration_observations{...} (gauges: the table's factors and
 decayed node counts, refreshed every 256 rounds and at a reset).
 """

@@ -287,7 +287,8 @@ class DDTreeWorker(DFlashWorkerV2):
                              f"{self.num_nodes} (the drafter block is {self.block_size}).")
         tree_stages, walk_stages = [], []
         pad = self._pad
-        # The calibration table learns from one sampled tree round's walk in CALIBRATION_EVERY (auto.py) and predicts
+        # The calibration table learns from the scored sampled tree rounds' walks (auto.WalkSchedule: one in
+        # CALIBRATION_EVERY, every one while the table is young) and predicts
         # its committed tokens next to the raw scores (both scored and exported: CalibrationMonitor). Not from chain
         # rounds: a chain teaches only the top-1 cells, which every tree's first path teaches too, and the scoring is
         # ~140 small kernels (lease 20c, 8B shapes, batch 1, the chain in 375 of 384 rounds: walk stage 0.13 ms a round
