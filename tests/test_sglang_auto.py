@@ -874,3 +874,45 @@ def test_warm_rounds_from_the_environment(monkeypatch):
     monkeypatch.setenv("SGLANG_DDTREE_AUTO_WARM_ROUNDS", "-2")
     with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_WARM_ROUNDS"):
         auto_warm_rounds()
+
+
+def test_switch_settle_leaves_switch_rounds_untimed_and_probes_two_rounds():
+    """switch_settle: a round whose candidate differs from the bucket's previous round's is not timed (here such
+    rounds take 10x and none reaches the times), exploration is unchanged (a candidate's explored rounds follow one
+    another), and a probe runs two rounds, the second timed. Off, the probe is one round and its slow time counts."""
+    tokens, ms = [3.0, 4.0, 5.0], [1.0, 0.9, 1.1]  # rates 3.0, 4.44, 4.55: the 16-tree is probed (it could win)
+
+    def run(settle):
+        policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=3, probe_every=20, switch_settle=settle)
+        picks = []
+        for _ in range(120):
+            i = policy.choose(1)
+            slow = 10.0 if picks and picks[-1] != i else 1.0
+            cold = i not in picks
+            picks.append(i)
+            policy.observe(1, i, 1, None if cold else ms[i] * slow, [1.5 * t for t in tokens],
+                           [t if s else None for t, s in zip(tokens, observed_candidates(policy.candidates, i))])
+        return policy, picks
+
+    policy, picks = run(True)
+    assert picks[:9] == [0] * 3 + [1] * 3 + [2] * 3  # exploration as without it: narrowest first, explore each
+    probes = [n for n in range(10, 120) if picks[n] != 2]
+    assert probes and all(picks[n + 1] == picks[n] for n in probes[::2])  # probes come in pairs
+    assert all(t < 2.0 for q in policy.buckets[1].recent for t in q)
+    assert picks[9:].count(2) >= 90  # the 64-tree's rate stays the best
+    policy, picks = run(False)
+    assert any(t >= 5.0 for q in policy.buckets[1].recent for t in q)  # a probe's switch round timed as it ran
+    assert all(picks[n + 1] == 2 for n in range(10, 119) if picks[n] != 2)  # one-round probes
+
+
+def test_switch_settle_from_the_environment(monkeypatch):
+    from sglang_ddtree.sglang.auto import SWITCH_SETTLE, auto_switch_settle
+
+    monkeypatch.delenv("SGLANG_DDTREE_AUTO_SWITCH_SETTLE", raising=False)
+    assert auto_switch_settle() is None
+    assert AutoBudgetPolicy([CHAIN, 16], switch_settle=auto_switch_settle()).switch_settle is SWITCH_SETTLE
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SWITCH_SETTLE", "1")
+    assert AutoBudgetPolicy([CHAIN, 16], switch_settle=auto_switch_settle()).switch_settle is True
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SWITCH_SETTLE", "yes")
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_SWITCH_SETTLE"):
+        auto_switch_settle()

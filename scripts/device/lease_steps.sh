@@ -47,8 +47,9 @@
 #        once ready, interleaved, prompts rotating per run, TP_REPEATS (30) short runs (TP_NEW_TOKENS 512) per batch
 #        size of TP_BATCH_SIZES (1,4,16,64); then benchmarks/paired_ratios.py over DDTREE 128
 #   bash scripts/device/lease_steps.sh tiny-starts OUTDIR COMMIT   # one GPU, ALONE, ~5-8 min: TS_COPIES (3) auto
-#        servers per arm (TS_ENV_A / TS_ENV_B) and one DDTREE 128, started together, pinned, interleaved, batch
-#        TS_BATCH_SIZES (1), TS_REPEATS (24) runs; then benchmarks/paired_ratios.py over DDTREE 128
+#        servers per arm (TS_ENV_A / TS_ENV_B; TS_ARMS="a b c" adds TS_ENV_C) and one DDTREE 128, started together,
+#        pinned, interleaved, batch TS_BATCH_SIZES (1), TS_REPEATS (24) runs; then benchmarks/paired_ratios.py over
+#        DDTREE 128
 #   bash scripts/device/lease_steps.sh detach NAME STEP [ARGS...]   # any step above, detached (outlives the call)
 #        from a copy of the repo in /tmp/detached/NAME/repo; log /tmp/detached/NAME.log, exit status NAME.rc
 #   bash scripts/device/lease_steps.sh wait-detached NAME WAIT_S   # waits up to WAIT_S; exit 3 while it runs
@@ -569,7 +570,7 @@ tiny-starts)
     unpack_jit_cache
     setups=tiny
     copies=()
-    for arm in a b; do
+    for arm in ${TS_ARMS:-a b}; do  # TS_ARMS="a b c" adds a third arm (TS_ENV_C)
         env_var="TS_ENV_${arm^^}"
         env="SGLANG_DDTREE_AUTO_LOG_EVERY=100${!env_var:+,${!env_var}}"
         for i in $(seq 1 "${TS_COPIES:-3}"); do

@@ -20,7 +20,8 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
              expected_scale=None, sampled_ms: float | list[float] = 0.0, drift_sigma: float = 0.0,
              drift_rounds: float | None = None, content_sigma: float = 0.0, content_rounds: float | None = None,
              token_noise: float = 0.0, expected_follows: float = 0.5, prompt_sigma: float = 0.0,
-             prompt_rounds: int | None = None, poisson_tokens: bool = False, warm_mult: tuple = ()) -> list[int]:
+             prompt_rounds: int | None = None, poisson_tokens: bool = False, warm_mult: tuple = (),
+             switch_mult: float = 1.0, switch_outlier: float = 0.0) -> list[int]:
     """Candidate i's round costs base[i] ms x lognormal(noise), doubled with probability `outlier`, and x phase_mult
     while the host is in a slow phase (phases flip with probability 1 / phase_len a round; none without phase_len);
     a round commits tokens[i] per request; the drafter expects expected[i]. First rounds of a candidate are cold
@@ -43,7 +44,11 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
     the next narrower one's plus Poisson((tokens[j] - tokens[j - 1]) x exp(y)) (per round a wider tree commits at
     least as much, by a count that is often 0). warm_mult: a candidate's rounds after its cold first one cost
     warm_mult[0], warm_mult[1], ... times more (lease 24's debug dump at batch 1: the first timed round of each
-    candidate 1.13-1.47x its median, the second 1.04-1.17x). Returns the candidate index chosen each round."""
+    candidate 1.13-1.47x its median, the second 1.04-1.17x). switch_mult / switch_outlier: a round whose candidate
+    is not the previous round's costs switch_mult times more, and 1.5x more again with probability switch_outlier
+    (the same dump, batch 1, rounds after a candidate's first three: such rounds' quartiles 0.995 / 1.035 / 1.088 of
+    the candidate's median against 0.967 / 0.999 / 1.036 for the others, 9% of them >= 1.4x against 4%). Returns the
+    candidate index chosen each round."""
     rng = random.Random(seed)
     policy = policy if policy is not None else AutoBudgetPolicy(list(CANDIDATES), widths=WIDTHS)
     queue, picks, used, uses = [], [], set(), [0] * len(base)
@@ -63,6 +68,7 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
         if phase_len is not None and rng.random() < 1.0 / phase_len:
             slow = not slow
         i = policy.choose(batch)
+        switched = bool(picks) and picks[-1] != i
         sampled = policy.sampled(r, batch)  # as the worker decides
         picks.append(i)
         cold = i not in used
@@ -78,6 +84,8 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
         ms *= start_mult if starting else 1.0
         if 2 <= uses[i] < 2 + len(warm_mult):
             ms *= warm_mult[uses[i] - 2]
+        if switched:
+            ms *= switch_mult * (1.5 if switch_outlier and rng.random() < switch_outlier else 1.0)
         committed = start_tokens if starting and start_tokens is not None else tokens
         scale = expected_scale(r) if expected_scale is not None else [1.0] * len(expected)
         text = content + prompt

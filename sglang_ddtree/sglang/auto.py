@@ -157,6 +157,20 @@ STALE_ROUNDS = 256
 # left the 32- to 128-trees unexplored: a server's first rounds vary more than two dropped rounds absorb. Off.
 WARM_ROUNDS = 0
 
+# With SWITCH_SETTLE a round whose candidate is not the bucket's previous round's is left untimed, and a probe runs
+# two rounds (the second timed). Why one would: lease 24's debug dump (debug_rounds_tiny_lease24.json, batch 1,
+# rounds after each candidate's first three) timed the rounds right after a switch at quartiles 0.995 / 1.035 /
+# 1.088 of the candidate's median, the others at 0.967 / 0.999 / 1.036, and 9% of them at >= 1.4x against 4%. A
+# probe is always such a round, the incumbent's rounds almost never, so every rarely chosen candidate's recent
+# times carry that extra: against a tree whose rate lies within ~4% of the incumbent's, the incumbent wins. The
+# second probe round is the price: one round in probe_every more of a candidate that may be slower, and fewer timed
+# rounds. Simulated (simulate_auto_flat.py, auto_flat_sim_switch_settle.json against auto_flat_sim.json, mean / min
+# of the best rate): the tiny-like start with switch costs x1.04 (+5% at x1.5) 0.967 / 0.685 -> 0.963 / 0.811, its
+# rounds 1400-6000 0.997 / 0.990 -> 0.993 / 0.989, every other case 0.000-0.007 lower in mean: no gain expected
+# from the simulation, whose switch costs are a model of one debug dump (every round synchronised there). Off until
+# a GPU A/B decides (SGLANG_DDTREE_AUTO_SWITCH_SETTLE=1; lease_steps.sh tiny-starts).
+SWITCH_SETTLE = False
+
 # Cost floors use other candidates' times from the bucket's last FLOOR_FRESH rounds only (0: every recent time).
 # Off by default; see AutoBudgetPolicy.floor_fresh.
 FLOOR_FRESH = 0
@@ -198,6 +212,7 @@ class _Bucket:
     hold: int = 0  # rounds the held choice still runs without a decision (HOLD_ROUNDS)
     next_probe: int = 0  # the first round at which a probe may run again (probe_every)
     seen: list = field(default_factory=list)  # rounds observed per candidate, timed or not (WARM_ROUNDS)
+    last_observed_choice: int = -1  # the candidate of the bucket's last observed round (SWITCH_SETTLE)
 
     def __post_init__(self):
         n = len(self.recent)
@@ -242,6 +257,9 @@ class AutoBudgetPolicy:
     # A candidate's first rounds per bucket left untimed (None: the module's WARM_ROUNDS), for an A/B in one
     # interleaved run (SGLANG_DDTREE_AUTO_WARM_ROUNDS; lease_steps.sh tiny-paired with TP_TWIN_ENV).
     warm_rounds: int | None = None
+    # Rounds right after a switch of candidate untimed, probes two rounds long (None: the module's SWITCH_SETTLE),
+    # for an A/B in one interleaved run (SGLANG_DDTREE_AUTO_SWITCH_SETTLE=1).
+    switch_settle: bool | None = None
     probe_every: int = 64
     hold_rounds: int = 0  # a decision holds this many rounds of its bucket (0: the module's HOLD_ROUNDS)
     half_life_rounds: float = 200.0
@@ -284,6 +302,7 @@ class AutoBudgetPolicy:
             raise ValueError(f"warm_rounds must be >= 0, got {self.warm_rounds}.")
         # exploration's tries per candidate: as many timed rounds as `explore` rounds with a cold first one gave
         self._explore_tries = self.explore + max(0, self.warm_rounds - 1)
+        self.switch_settle = SWITCH_SETTLE if self.switch_settle is None else bool(self.switch_settle)
         n = len(self.candidates)
         if self.widths is None:
             self.widths = [16 if c == CHAIN else c + 1 for c in self.candidates]
@@ -476,20 +495,25 @@ class AutoBudgetPolicy:
                 b.waited[i] += 1  # its time is in flight: run the best known meanwhile, explore nothing wider yet
                 waiting = True
                 break
+        probe = False
         if choice is None and b.rounds >= b.next_probe:
             b.next_probe = b.rounds + self.probe_every
             # re-measure the stalest that could still win, or whose times are stale (STALE_ROUNDS)
             probes = [i for i in range(n) if i != best and (
                 self._could_win(b, i, best_rate) or (b.recent[i] and b.rounds - b.last_measured[i] > STALE_ROUNDS))]
             if probes:
-                choice = min(probes, key=lambda i: (b.last_measured[i], i))
+                choice, probe = min(probes, key=lambda i: (b.last_measured[i], i)), True
         probing = choice is not None
         self.sampling = True if probing else None
         if choice is None:
             choice = best if best is not None else 0
-        # exploration and probes are one round each, and so is a choice made while exploration waits for a time (it
-        # counts its waits in decisions); a choice of the best holds
-        b.held, b.hold = choice, 0 if probing or waiting else self.hold_rounds - 1
+        # exploration and probes are one round each (a probe two with switch_settle: its first is untimed), and so
+        # is a choice made while exploration waits for a time (it counts its waits in decisions); a choice of the
+        # best holds
+        if probing or waiting:
+            b.held, b.hold = choice, 1 if probe and self.switch_settle else 0
+        else:
+            b.held, b.hold = choice, self.hold_rounds - 1
         return self._chosen(b, choice)
 
     def sampled(self, counter: int, bucket: int) -> bool:
@@ -548,6 +572,9 @@ class AutoBudgetPolicy:
         b = self._bucket(bucket)
         b.seen[chosen] += 1
         warm = b.seen[chosen] > self.warm_rounds  # else a first use of the candidate in this bucket (WARM_ROUNDS)
+        if self.switch_settle and b.last_observed_choice not in (-1, chosen):
+            warm = False  # the round right after a switch of candidate (SWITCH_SETTLE)
+        b.last_observed_choice = chosen
         if warm and round_ms is not None and math.isfinite(round_ms) and round_ms > 0:
             b.round_ms[chosen].add(round_ms, 1.0, keep)
             b.timed(chosen, round_ms)
@@ -655,6 +682,17 @@ def auto_warm_rounds() -> int | None:
     """SGLANG_DDTREE_AUTO_WARM_ROUNDS: the policy's warm_rounds for this server (None when unset: the module's
     WARM_ROUNDS; 0: every timed round counts), for an A/B in one interleaved run."""
     return _env_at_least("SGLANG_DDTREE_AUTO_WARM_ROUNDS", int, 0, "a round count >= 0")
+
+
+def auto_switch_settle() -> bool | None:
+    """SGLANG_DDTREE_AUTO_SWITCH_SETTLE: the policy's switch_settle for this server (None when unset: the module's
+    SWITCH_SETTLE; 1 on, 0 off), for an A/B in one interleaved run."""
+    raw = os.environ.get("SGLANG_DDTREE_AUTO_SWITCH_SETTLE")
+    if raw is None or raw == "":
+        return None
+    if raw not in ("0", "1"):
+        raise ValueError(f"SGLANG_DDTREE_AUTO_SWITCH_SETTLE must be 0 or 1, got {raw!r}.")
+    return raw == "1"
 
 
 def auto_log_every() -> int:
