@@ -4,7 +4,12 @@
 
 prints, per batch size, each row's tokens/s over the base row's (the geometric mean of the per-round ratios), its
 95% interval and the number of rounds, then the same with the rounds of every batch size together; `--json PATH`
-writes the same tables. Rows are named setup|method or setup|method-budget.
+writes the same tables. Rows are named setup|method or setup|method-budget. `--arm NAME=LABEL,LABEL,...` (repeated)
+adds, per batch size, each arm's servers together over the base row and over the first arm (group_ratio: per round
+the mean over an arm's copies), for lease_steps.sh tiny-starts:
+
+    python benchmarks/paired_ratios.py sweep_starts.jsonl --base "tiny|ddtree-128" \
+        --arm "default=a1|auto,a2|auto,a3|auto" --arm "settle=b1|auto,b2|auto,b3|auto"
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sglang_ddtree.bench.paired import paired_table, pooled_ratios, row_label  # noqa: E402
+from sglang_ddtree.bench.paired import arm_table, paired_table, pooled_ratios, row_label  # noqa: E402
 from sglang_ddtree.bench.results import latest_results, read_rows  # noqa: E402
 
 
@@ -25,11 +30,21 @@ def main(argv=None) -> int:
     ap.add_argument("results", help="a bench_budgets.py results file (JSONL) of an --interleave sweep")
     ap.add_argument("--base", required=True, help="the row every other row is divided by, e.g. 'tiny|ddtree-128'")
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the table as JSON")
+    ap.add_argument("--arm", action="append", default=[], metavar="NAME=LABEL,LABEL,...",
+                    help="servers of one configuration, pooled per round (repeat for each arm; the first is the "
+                         "reference of the others)")
     args = ap.parse_args(argv)
+    arms = {}
+    for spec in args.arm:
+        name, sep, labels = spec.partition("=")
+        if not sep or not name or not labels or name in arms:
+            ap.error(f"--arm wants a new NAME=LABEL,LABEL,..., got {spec!r}")
+        arms[name] = [x.strip() for x in labels.split(",") if x.strip()]
     try:
         rows = list(latest_results(read_rows(args.results)).values())
         table = paired_table(rows, args.base)
         pooled = pooled_ratios(rows, args.base)
+        by_arm = arm_table(rows, args.base, arms) if arms else {}
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -48,10 +63,18 @@ def main(argv=None) -> int:
         for label, r in pooled.items():
             lo, hi = r["ci95"]
             print(f"  {label:28s} x{r['ratio']:.3f}  [{lo:.3f}, {hi:.3f}]  {r['rounds']} rounds")
+    for bs, ratios in by_arm.items():
+        print(f"batch {bs}: arms (each server's runs pooled per round)")
+        for label, r in ratios.items():
+            lo, hi = r["ci95"]
+            print(f"  {label:40s} x{r['ratio']:.3f}  [{lo:.3f}, {hi:.3f}]  {r['rounds']} rounds")
     if args.json:
-        Path(args.json).write_text(json.dumps({"base": args.base, "results": str(args.results),
-                                               "by_batch_size": {str(k): v for k, v in table.items()},
-                                               "all_batch_sizes": pooled}, indent=1) + "\n")
+        out = {"base": args.base, "results": str(args.results),
+               "by_batch_size": {str(k): v for k, v in table.items()}, "all_batch_sizes": pooled}
+        if arms:
+            out["arms"] = arms
+            out["arms_by_batch_size"] = {str(k): v for k, v in by_arm.items()}
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

@@ -916,3 +916,16 @@ def test_switch_settle_from_the_environment(monkeypatch):
     monkeypatch.setenv("SGLANG_DDTREE_AUTO_SWITCH_SETTLE", "yes")
     with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_SWITCH_SETTLE"):
         auto_switch_settle()
+
+
+def test_calibration_prior_mass_from_the_environment(monkeypatch):
+    from sglang_ddtree.sglang.auto import calibration_prior_mass
+
+    monkeypatch.delenv("SGLANG_DDTREE_CALIBRATION_PRIOR_MASS", raising=False)
+    assert calibration_prior_mass() is None
+    monkeypatch.setenv("SGLANG_DDTREE_CALIBRATION_PRIOR_MASS", "10")
+    assert adaptive.ScoreCalibrator(prior_mass=calibration_prior_mass()).config.prior_mass == 10.0
+    for bad in ("0", "-1", "nan", "x"):
+        monkeypatch.setenv("SGLANG_DDTREE_CALIBRATION_PRIOR_MASS", bad)
+        with pytest.raises(ValueError, match="SGLANG_DDTREE_CALIBRATION_PRIOR_MASS"):
+            calibration_prior_mass()

@@ -48,14 +48,26 @@ def t975(df: int) -> float:
 def paired_ratio(a: list[float], b: list[float]) -> dict:
     """a over b, run r against run r: {"ratio", "ci95": [lo, hi], "rounds", "sd_log"}. Both lists must be the
     same length (the same rounds) and hold at least two positive numbers."""
-    if len(a) != len(b):
-        raise ValueError(f"paired runs must come in the same rounds: {len(a)} against {len(b)} runs.")
-    if len(a) < 2:
-        raise ValueError(f"a paired ratio needs at least 2 rounds, got {len(a)}.")
-    if any(x <= 0 for x in (*a, *b)):
+    return group_ratio([a], [b])
+
+
+def group_ratio(a: list[list[float]], b: list[list[float]]) -> dict:
+    """Servers a over servers b (several copies of one configuration each, measured in the same rounds), round by
+    round: d_r = mean over a's copies of ln(run r) - the same over b's, then as paired_ratio (which is one copy
+    each). Why copies: a server's first rounds (`auto`'s exploration) vary from one server start to the next by more
+    than a chooser change moves them (lease 24c), so an arm of a chooser A/B is several servers (lease_steps.sh
+    tiny-starts), and their mean per round is one sample of the arm."""
+    groups = [*a, *b]
+    if not a or not b:
+        raise ValueError("a group ratio needs at least one server on each side.")
+    n = len(groups[0])
+    if any(len(g) != n for g in groups):
+        raise ValueError(f"paired runs must come in the same rounds: {[len(g) for g in groups]} runs.")
+    if n < 2:
+        raise ValueError(f"a paired ratio needs at least 2 rounds, got {n}.")
+    if any(x <= 0 for g in groups for x in g):
         raise ValueError("tokens/s must be positive in every run.")
-    d = [math.log(x / y) for x, y in zip(a, b)]
-    n = len(d)
+    d = [sum(math.log(g[r]) for g in a) / len(a) - sum(math.log(g[r]) for g in b) / len(b) for r in range(n)]
     mean = sum(d) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
     half = t975(n - 1) * sd / math.sqrt(n)
@@ -95,6 +107,27 @@ def paired_table(rows: list[dict], base: str) -> dict:
     {batch_size: {label: paired_ratio(...)}}."""
     return {bs: {label: paired_ratio(runs, base_runs) for label, runs in others}
             for bs, base_runs, others in _pairs(rows, base)}
+
+
+def arm_table(rows: list[dict], base: str, arms: dict[str, list[str]]) -> dict:
+    """Per batch size, each arm (its servers' row labels) over the row `base` and over the first arm, by
+    group_ratio. {batch_size: {"<arm> over <base>" | "<arm> over <first arm>": group_ratio(...)}}."""
+    if not arms:
+        raise ValueError("no arms given.")
+    out = {}
+    first = next(iter(arms))
+    for bs, base_runs, others in _pairs(rows, base):
+        runs = dict(others)
+        missing = [label for labels in arms.values() for label in labels if label not in runs]
+        if missing:
+            raise ValueError(f"batch {bs}: no measured row {', '.join(missing)}; rows: {', '.join(sorted(runs))}.")
+        table = {}
+        for name, labels in arms.items():
+            table[f"{name} over {base}"] = group_ratio([runs[x] for x in labels], [base_runs])
+        for name, labels in list(arms.items())[1:]:
+            table[f"{name} over {first}"] = group_ratio([runs[x] for x in labels], [runs[x] for x in arms[first]])
+        out[bs] = table
+    return out
 
 
 def pooled_ratios(rows: list[dict], base: str) -> dict:

@@ -695,6 +695,13 @@ def auto_switch_settle() -> bool | None:
     return raw == "1"
 
 
+def calibration_prior_mass() -> float | None:
+    """SGLANG_DDTREE_CALIBRATION_PRIOR_MASS: the server's calibration table's prior mass (None when unset:
+    adaptive.CalibratorConfig's), for an A/B of young tables in one interleaved run (benchmarks/calibration_prior.py
+    compares masses offline)."""
+    return _env_at_least("SGLANG_DDTREE_CALIBRATION_PRIOR_MASS", float, 1e-9, "a positive number (probability mass)")
+
+
 def auto_log_every() -> int:
     """SGLANG_DDTREE_AUTO_LOG_EVERY (default 2000): rounds between `auto`'s chooser-table log lines. Benchmarks set
     it lower (lease_steps.sh auto-final: 100) so that a row of a few hundred rounds carries the table it ran with

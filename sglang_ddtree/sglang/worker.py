@@ -65,7 +65,7 @@ from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
 from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, AutoBudgetPolicy, AutoFeedback, CalibrationMonitor,
                                       WalkSchedule, auto_floor_fresh, auto_log_every, auto_shrink_z, auto_switch_settle,
-                                      auto_warm_rounds)
+                                      auto_warm_rounds, calibration_prior_mass)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -300,7 +300,10 @@ class DDTreeWorker(DFlashWorkerV2):
         # moving basis alone costs nothing: auto_drift_sim.json), with no gain projected offline for calibrated choices;
         # the trees stay the raw scores' best-b (offline, selecting them by calibrated scores projected no faster:
         # docs/adaptive-budget.md).
-        calibrator = ScoreCalibrator(CalibratorConfig(depth_limit=self.depth_limit), device=self.device)
+        mass = calibration_prior_mass()
+        calibrator = ScoreCalibrator(CalibratorConfig(depth_limit=self.depth_limit,
+                                                      **({} if mass is None else {"prior_mass": mass})),
+                                     device=self.device)
         for c in candidates:
             tree_stages.append({sampled: GraphedStage(
                 partial(ops.auto_tree_stage, self.budget, c, candidates, self.options.prune, self.use_kernels,
