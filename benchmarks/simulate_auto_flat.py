@@ -4,9 +4,9 @@ same and wider trees commit more - lease 19's tiny pair (sweep_auto_tiny_lease19
 the 32-, 64- and 128-trees at 4.31 / 4.41 / 4.32 ms and gave the narrower ones 32% of its rounds). Next to it:
 8B-like cases where the chain should win, a case with real cost gaps, and the scenarios of tests/test_sglang_auto.py
 that guard against lock-outs (a slow start, one slow sample, slow host phases). `--shrink-z Z`, `--recent N` and
-`--floor-fresh N`, `--hold N`, `--warm-rounds N` and `--switch-settle 0|1` evaluate the chooser with auto.SHRINK_Z /
-auto.RECENT / auto.FLOOR_FRESH / auto.HOLD_ROUNDS / auto.WARM_ROUNDS / auto.SWITCH_SETTLE set to them (0: no
-shrinkage; no freshness limit; 1: a decision every round; 0: every timed round counts; 1: switch rounds untimed).
+`--floor-fresh N`, `--hold N` and `--warm-rounds N` evaluate the chooser with auto.SHRINK_Z / auto.RECENT /
+auto.FLOOR_FRESH / auto.HOLD_ROUNDS / auto.WARM_ROUNDS set to them (0: no shrinkage; no freshness limit; 1: a
+decision every round; 0: every timed round counts).
 
     python benchmarks/simulate_auto_flat.py --out benchmarks/results/auto_flat_sim.json
     python benchmarks/simulate_auto_flat.py --shrink-z 0 --out benchmarks/results/auto_flat_sim_z0.json
@@ -90,7 +90,8 @@ CASES = {
         poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350),
     # The same dump's rounds right after a switch of candidate (after its first three uses): ~4% dearer at the
     # median, twice as often >= 1.4x (auto_sim.simulate's switch_mult / switch_outlier). Probes time only such
-    # rounds; SWITCH_SETTLE leaves them untimed and times a probe's second round.
+    # rounds. (ebae9a7's SWITCH_SETTLE left them untimed and timed a probe's second round: no gain simulated,
+    # auto_flat_sim_switch_settle.json, none measured, sweep_starts_tiny_lease25.jsonl; removed.)
     "tiny-like batch 1 from the start, switches x1.04 (+5% at x1.5)": dict(
         base=[3.75, 4.4, 4.4, 4.4, 4.2], noise=0.10, outlier=0.05, rounds=1400, skip=0, seeds=48, batch=1,
         poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350, warm_mult=(1.3, 1.08), switch_mult=1.04,
@@ -105,6 +106,22 @@ CASES = {
                                                             outlier=0.01, tokens=[1.0] * 5,
                                                             expected=[1.5, 2.0, 3.0, 4.0, 6.0], switch_mult=1.04,
                                                             switch_outlier=0.05),
+    # A new batch-size bucket after another (the policy keeps the first bucket's state; `first` is run before the
+    # measured rounds at its own batch size). Lease 25's tiny sweep at batch 4, after batch 1 where the 128-tree led:
+    # the 64-tree's first timed rounds read 6.86 ms against the 32-tree's 3.9 and floored the 128-tree out for ~900
+    # rounds (EXPLORE_BEST_ELSEWHERE). The costs are that bucket's medians from the server's log.
+    "tiny-like batch 4 after batch 1, first uses slow (x1.6, x1.3)": dict(
+        base=[4.8, 5.2, 3.9, 4.3, 4.0], noise=0.10, outlier=0.05, rounds=1500, skip=0, seeds=24, batch=4,
+        poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350, warm_mult=(1.6, 1.3),
+        first=dict(base=[3.75, 4.4, 4.4, 4.4, 4.2], batch=1, rounds=1500, warm_mult=(1.3, 1.08))),
+    "8B-like batch 16 after batch 1 (convex; the 128-tree best at batch 1)": dict(
+        base=[11.0, 11.5, 20.0, 38.0, 73.0], noise=0.03, outlier=0.01, tokens=[3.0, 4.0, 4.5, 5.0, 5.5],
+        expected=[4.0, 5.0, 6.0, 7.0, 8.0], rounds=1500, skip=0, seeds=16, batch=16,
+        first=dict(base=[8.0, 8.2, 8.5, 9.0, 10.0], batch=1, rounds=1500)),
+    "8B-like batch 16 after batch 1 (milder convex)": dict(
+        base=[11.0, 11.5, 13.0, 16.0, 22.0], noise=0.03, outlier=0.01, tokens=[3.0, 4.0, 4.5, 5.0, 5.5],
+        expected=[4.0, 5.0, 6.0, 7.0, 8.0], rounds=1500, skip=0, seeds=16, batch=16,
+        first=dict(base=[8.0, 8.2, 8.5, 9.0, 10.0], batch=1, rounds=1500)),
     # tests/test_sglang_auto.py's scenarios, with more seeds
     "slow start committing little (lock-out test)": dict(base=[4.4, 4.5, 4.6, 4.68, 4.75], noise=0.08, outlier=0.0,
                                                          tokens=LOCKOUT_TOKENS, expected=[4.0, 4.8, 5.2, 5.5, 5.9],
@@ -138,8 +155,8 @@ def main(argv=None) -> int:
                     help="auto.WARM_ROUNDS for this run (a candidate's first rounds per bucket left untimed)")
     ap.add_argument("--explore-all", action="store_true",
                     help="policies with explore_all (exploration ignores cost floors: SGLANG_DDTREE_AUTO_EXPLORE_ALL)")
-    ap.add_argument("--switch-settle", type=int, choices=(0, 1), default=None,
-                    help="auto.SWITCH_SETTLE for this run (1: rounds right after a switch untimed, probes two rounds)")
+    ap.add_argument("--explore-best-elsewhere", action="store_true",
+                    help="auto.EXPLORE_BEST_ELSEWHERE for this run (a new bucket also explores other buckets' best)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.rounds <= args.skip:
@@ -148,12 +165,14 @@ def main(argv=None) -> int:
     # are made, the others when a policy is made or decides)
     for option, constant, minimum in (("hold", "HOLD_ROUNDS", 1), ("warm_rounds", "WARM_ROUNDS", 0),
                                       ("recent", "RECENT", 1), ("floor_fresh", "FLOOR_FRESH", 0),
-                                      ("shrink_z", "SHRINK_Z", 0), ("switch_settle", "SWITCH_SETTLE", 0)):
+                                      ("shrink_z", "SHRINK_Z", 0)):
         value = getattr(args, option)
         if value is not None:
             if value < minimum:
                 ap.error(f"--{option.replace('_', '-')} must be >= {minimum}")
             setattr(auto, constant, value)
+    if args.explore_best_elsewhere:
+        auto.EXPLORE_BEST_ELSEWHERE = True
     rows = []
     for name, case in CASES.items():
         tokens, expected = case.get("tokens", TOKENS), case.get("expected", EXPECTED)
@@ -165,7 +184,14 @@ def main(argv=None) -> int:
         ratios, shares = [], [0] * len(tokens)
         for seed in range(seeds):
             policy = auto.AutoBudgetPolicy(list(auto_sim.CANDIDATES), widths=auto_sim.WIDTHS,
-                                           explore_all=True) if args.explore_all else None
+                                           explore_all=args.explore_all)
+            if "first" in case:  # another bucket's rounds first, same policy (its own noise, no start effects)
+                first = case["first"]
+                auto_sim.simulate(seed + 10_000, first["base"], tokens, expected, first["rounds"], first["batch"],
+                                  case["noise"], case["outlier"], 2, policy=policy,
+                                  warm_mult=first.get("warm_mult", ()),
+                                  **{k: case[k] for k in ("poisson_tokens", "prompt_sigma", "prompt_rounds")
+                                     if k in case})
             picks = auto_sim.simulate(seed, case["base"], tokens, expected, rounds, case.get("batch", 4), case["noise"],
                                       case["outlier"], 2, policy=policy, phase_mult=case.get("phase_mult", 1.0),
                                       phase_len=case.get("phase_len"), **start)[skip:]
@@ -185,7 +211,7 @@ def main(argv=None) -> int:
             "date": time.strftime("%Y-%m-%d"), "machine": "CPU (this repo's dev machine, 2 cores)",
             "command": "python benchmarks/simulate_auto_flat.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "recent": auto.RECENT, "shrink_z": auto.SHRINK_Z, "floor_fresh": auto.FLOOR_FRESH, "hold": auto.HOLD_ROUNDS,
-            "warm_rounds": auto.WARM_ROUNDS, "switch_settle": auto.SWITCH_SETTLE,
+            "warm_rounds": auto.WARM_ROUNDS, "explore_best_elsewhere": auto.EXPLORE_BEST_ELSEWHERE,
             "explore_all": args.explore_all,
             "cases": rows}, indent=1))
     return 0

@@ -876,48 +876,6 @@ def test_warm_rounds_from_the_environment(monkeypatch):
         auto_warm_rounds()
 
 
-def test_switch_settle_leaves_switch_rounds_untimed_and_probes_two_rounds():
-    """switch_settle: a round whose candidate differs from the bucket's previous round's is not timed (here such
-    rounds take 10x and none reaches the times), exploration is unchanged (a candidate's explored rounds follow one
-    another), and a probe runs two rounds, the second timed. Off, the probe is one round and its slow time counts."""
-    tokens, ms = [3.0, 4.0, 5.0], [1.0, 0.9, 1.1]  # rates 3.0, 4.44, 4.55: the 16-tree is probed (it could win)
-
-    def run(settle):
-        policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=3, probe_every=20, switch_settle=settle)
-        picks = []
-        for _ in range(120):
-            i = policy.choose(1)
-            slow = 10.0 if picks and picks[-1] != i else 1.0
-            cold = i not in picks
-            picks.append(i)
-            policy.observe(1, i, 1, None if cold else ms[i] * slow, [1.5 * t for t in tokens],
-                           [t if s else None for t, s in zip(tokens, observed_candidates(policy.candidates, i))])
-        return policy, picks
-
-    policy, picks = run(True)
-    assert picks[:9] == [0] * 3 + [1] * 3 + [2] * 3  # exploration as without it: narrowest first, explore each
-    probes = [n for n in range(10, 120) if picks[n] != 2]
-    assert probes and all(picks[n + 1] == picks[n] for n in probes[::2])  # probes come in pairs
-    assert all(t < 2.0 for q in policy.buckets[1].recent for t in q)
-    assert picks[9:].count(2) >= 90  # the 64-tree's rate stays the best
-    policy, picks = run(False)
-    assert any(t >= 5.0 for q in policy.buckets[1].recent for t in q)  # a probe's switch round timed as it ran
-    assert all(picks[n + 1] == 2 for n in range(10, 119) if picks[n] != 2)  # one-round probes
-
-
-def test_switch_settle_from_the_environment(monkeypatch):
-    from sglang_ddtree.sglang.auto import SWITCH_SETTLE, auto_switch_settle
-
-    monkeypatch.delenv("SGLANG_DDTREE_AUTO_SWITCH_SETTLE", raising=False)
-    assert auto_switch_settle() is None
-    assert AutoBudgetPolicy([CHAIN, 16], switch_settle=auto_switch_settle()).switch_settle is SWITCH_SETTLE
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SWITCH_SETTLE", "1")
-    assert AutoBudgetPolicy([CHAIN, 16], switch_settle=auto_switch_settle()).switch_settle is True
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SWITCH_SETTLE", "yes")
-    with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_SWITCH_SETTLE"):
-        auto_switch_settle()
-
-
 def test_calibration_prior_mass_from_the_environment(monkeypatch):
     from sglang_ddtree.sglang.auto import calibration_prior_mass
 
@@ -929,3 +887,48 @@ def test_calibration_prior_mass_from_the_environment(monkeypatch):
         monkeypatch.setenv("SGLANG_DDTREE_CALIBRATION_PRIOR_MASS", bad)
         with pytest.raises(ValueError, match="SGLANG_DDTREE_CALIBRATION_PRIOR_MASS"):
             calibration_prior_mass()
+
+
+def test_explore_best_elsewhere_tries_another_buckets_best_despite_its_cost_floor():
+    """A new bucket whose narrower tree's first times read slow (10x) floors the 64-tree out of exploration; with
+    explore_best_elsewhere the 64-tree, best in bucket 1, is explored anyway and wins there too. A candidate explored
+    that way is not stale-probed while its best case stays below STALE_HOPE of the best rate; the others still are."""
+    from sglang_ddtree.sglang.auto import STALE_HOPE, STALE_ROUNDS
+
+    tokens = [3.0, 4.0, 5.0]
+
+    def feed(policy, bucket, ms, rounds):
+        picks = []
+        for _ in range(rounds):
+            i = policy.choose(bucket)
+            cold = i not in picks
+            picks.append(i)
+            policy.observe(bucket, i, 1, None if cold else ms[i], [1.5 * t for t in tokens],
+                           [t if s else None for t, s in zip(tokens, observed_candidates(policy.candidates, i))])
+        return picks
+
+    def run(elsewhere, ms4):
+        policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=16, explore_best_elsewhere=elsewhere)
+        assert feed(policy, 1, [1.0, 1.0, 1.0], 40)[-1] == 2  # bucket 1: the 64-tree's rate is the best
+        return feed(policy, 4, ms4, 2 * STALE_ROUNDS)
+
+    assert 2 not in run(False, [1.0, 10.0, 1.1])  # floored out by the 16-tree's 10x: 5 / 10 < the chain's 3 / 1
+    picks = run(True, [1.0, 10.0, 1.1])
+    assert picks.index(2) < 10 and picks[-100:].count(2) >= 90
+    picks = run(True, [1.0, 10.0, 5.0])  # the 64-tree explored, then far from winning: 5 / (5 x 0.9) < 0.5 x 3 / 1
+    assert 5.0 / (5.0 * 0.9) < STALE_HOPE * 3.0 and picks[:10].count(2) == 2
+    assert picks[10:].count(2) == 0 and picks[STALE_ROUNDS:].count(1) >= 1  # the 16-tree is still re-measured
+
+
+def test_explore_best_elsewhere_from_the_environment(monkeypatch):
+    from sglang_ddtree.sglang.auto import EXPLORE_BEST_ELSEWHERE, auto_explore_best_elsewhere
+
+    monkeypatch.delenv("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", raising=False)
+    assert auto_explore_best_elsewhere() is None
+    policy = AutoBudgetPolicy([CHAIN, 16], explore_best_elsewhere=auto_explore_best_elsewhere())
+    assert policy.explore_best_elsewhere is EXPLORE_BEST_ELSEWHERE
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", "1")
+    assert AutoBudgetPolicy([CHAIN, 16], explore_best_elsewhere=auto_explore_best_elsewhere()).explore_best_elsewhere
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", "on")
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE"):
+        auto_explore_best_elsewhere()

@@ -141,6 +141,23 @@ SHRINK_Z = 1.0
 # - probe and exploration rounds carry the expectations (`sampling`), so a probe also refreshes the ratio.
 STALE_ROUNDS = 256
 
+# With EXPLORE_BEST_ELSEWHERE a new bucket's exploration also tries every candidate that has the best rate in another
+# bucket, whatever its cost floor says. Why one would: lease 25's tiny sweep (sweep_paired_tiny_lease25.jsonl, the
+# `auto` server's log) at batch 4, after batch 1 where the 128-tree led: the 64-tree's first timed rounds read 6.86
+# ms against the 32-tree's 3.9, and the floors built on them kept the 128-tree unexplored for ~900 rounds, which
+# then ran at 3.9-4.3 ms and won; `auto` x0.897 [0.836, 0.963] of DDTREE 128 there. Every new batch-size bucket of
+# a server starts that way. The price: a candidate explored that way is then measured, so it is re-probed every
+# STALE_ROUNDS even when it is far from winning (at 8B-like convex costs the 128-tree at batch 16, 6x the chain's
+# round: ~1-3% of the bucket's time simulated), so stale probes skip a candidate explored that way while its best case
+# is below STALE_HOPE of the best rate. (Applied to every stale candidate, that guard cost the lock-out test's
+# scenario 0.995 / 0.987 -> 0.988 / 0.930 mean / min: stale probes are how a candidate misread at a slow start
+# comes back.) Simulated (simulate_auto_flat.py, auto_flat_sim_best_elsewhere.json against auto_flat_sim.json, mean
+# / min of the best rate): tiny-like batch 4 after batch 1 with slow first uses 0.962 / 0.925 -> 0.982 / 0.962,
+# the 8B-like batch 16 after batch 1 cases within ~0.005, the one-bucket cases unchanged (no other bucket).
+# Off until a GPU A/B decides (SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE=1).
+EXPLORE_BEST_ELSEWHERE = False
+STALE_HOPE = 0.5
+
 # A candidate's first WARM_ROUNDS rounds in a bucket can be left untimed (the first is cold anyway: the worker drops
 # its time), exploration then trying it WARM_ROUNDS - 1 more rounds to time as many as before. Why one would: lease
 # 24's debug dump (tiny pair, batch 1, every round's stage times, debug_rounds_tiny_lease24.json) timed the round
@@ -156,20 +173,6 @@ STALE_ROUNDS = 256
 # read 5.4 ms against the chain's 3.0 after its two warm rounds were dropped, so it ran the chain ~850 rounds and
 # left the 32- to 128-trees unexplored: a server's first rounds vary more than two dropped rounds absorb. Off.
 WARM_ROUNDS = 0
-
-# With SWITCH_SETTLE a round whose candidate is not the bucket's previous round's is left untimed, and a probe runs
-# two rounds (the second timed). Why one would: lease 24's debug dump (debug_rounds_tiny_lease24.json, batch 1,
-# rounds after each candidate's first three) timed the rounds right after a switch at quartiles 0.995 / 1.035 /
-# 1.088 of the candidate's median, the others at 0.967 / 0.999 / 1.036, and 9% of them at >= 1.4x against 4%. A
-# probe is always such a round, the incumbent's rounds almost never, so every rarely chosen candidate's recent
-# times carry that extra: against a tree whose rate lies within ~4% of the incumbent's, the incumbent wins. The
-# second probe round is the price: one round in probe_every more of a candidate that may be slower, and fewer timed
-# rounds. Simulated (simulate_auto_flat.py, auto_flat_sim_switch_settle.json against auto_flat_sim.json, mean / min
-# of the best rate): the tiny-like start with switch costs x1.04 (+5% at x1.5) 0.967 / 0.685 -> 0.963 / 0.811, its
-# rounds 1400-6000 0.997 / 0.990 -> 0.993 / 0.989, every other case 0.000-0.007 lower in mean: no gain expected
-# from the simulation, whose switch costs are a model of one debug dump (every round synchronised there). Off until
-# a GPU A/B decides (SGLANG_DDTREE_AUTO_SWITCH_SETTLE=1; lease_steps.sh tiny-starts).
-SWITCH_SETTLE = False
 
 # Cost floors use other candidates' times from the bucket's last FLOOR_FRESH rounds only (0: every recent time).
 # Off by default; see AutoBudgetPolicy.floor_fresh.
@@ -212,7 +215,7 @@ class _Bucket:
     hold: int = 0  # rounds the held choice still runs without a decision (HOLD_ROUNDS)
     next_probe: int = 0  # the first round at which a probe may run again (probe_every)
     seen: list = field(default_factory=list)  # rounds observed per candidate, timed or not (WARM_ROUNDS)
-    last_observed_choice: int = -1  # the candidate of the bucket's last observed round (SWITCH_SETTLE)
+    elsewhere: set = field(default_factory=set)  # candidates explored as another bucket's best (EXPLORE_BEST_ELSEWHERE)
 
     def __post_init__(self):
         n = len(self.recent)
@@ -244,6 +247,9 @@ class AutoBudgetPolicy:
     # best case cannot beat the best measured rate is skipped (lease 19's server module, ten servers sharing the
     # GPU: one slow 64-tree time ruled the 128-tree out at batch 1 for all of a short test).
     explore_all: bool = False
+    # Also explore the candidates with the best rate in another bucket (None: the module's EXPLORE_BEST_ELSEWHERE),
+    # for an A/B in one interleaved run (SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE=1).
+    explore_best_elsewhere: bool | None = None
     shrink_z: float | None = None  # the trees' time shrinkage for this policy (None: the module's SHRINK_Z)
     # Cost floors from other candidates' times measured in the bucket's last floor_fresh rounds only (None: the
     # module's FLOOR_FRESH; 0: every recent time, as before). Lease 21e: a narrower tree's slow first rounds, at the
@@ -257,9 +263,6 @@ class AutoBudgetPolicy:
     # A candidate's first rounds per bucket left untimed (None: the module's WARM_ROUNDS), for an A/B in one
     # interleaved run (SGLANG_DDTREE_AUTO_WARM_ROUNDS; lease_steps.sh tiny-paired with TP_TWIN_ENV).
     warm_rounds: int | None = None
-    # Rounds right after a switch of candidate untimed, probes two rounds long (None: the module's SWITCH_SETTLE),
-    # for an A/B in one interleaved run (SGLANG_DDTREE_AUTO_SWITCH_SETTLE=1).
-    switch_settle: bool | None = None
     probe_every: int = 64
     hold_rounds: int = 0  # a decision holds this many rounds of its bucket (0: the module's HOLD_ROUNDS)
     half_life_rounds: float = 200.0
@@ -302,7 +305,8 @@ class AutoBudgetPolicy:
             raise ValueError(f"warm_rounds must be >= 0, got {self.warm_rounds}.")
         # exploration's tries per candidate: as many timed rounds as `explore` rounds with a cold first one gave
         self._explore_tries = self.explore + max(0, self.warm_rounds - 1)
-        self.switch_settle = SWITCH_SETTLE if self.switch_settle is None else bool(self.switch_settle)
+        if self.explore_best_elsewhere is None:
+            self.explore_best_elsewhere = EXPLORE_BEST_ELSEWHERE
         n = len(self.candidates)
         if self.widths is None:
             self.widths = [16 if c == CHAIN else c + 1 for c in self.candidates]
@@ -453,6 +457,11 @@ class AutoBudgetPolicy:
             return True
         return best_case > best_rate * (1.0 + 1e-6)  # at best a tie (up to rounding) is not a win
 
+    def _within(self, b: _Bucket, i: int, best_rate: float | None, factor: float) -> bool:
+        """Whether candidate i's best case reaches factor x the best measured rate (True when either is unknown)."""
+        best_case = self._best_case_rate(b, i)
+        return best_rate is None or best_case is None or best_case >= factor * best_rate
+
     def _best_case_rate(self, b: _Bucket, i: int) -> float | None:
         """Candidate i's estimated tokens over the floor of its round time (None: either is unknown)."""
         tokens, floor = self.est_tokens(i), self._cost_floor(b, i)
@@ -491,30 +500,44 @@ class AutoBudgetPolicy:
             if b.tried[i] < self._explore_tries and (self.explore_all or self._could_win(b, i, best_rate)):
                 choice = i
                 break
+            if (b.tried[i] < self._explore_tries and self.explore_best_elsewhere
+                    and i in self._best_elsewhere(bucket)):
+                b.elsewhere.add(i)  # explored against its cost floor: its stale probes need hope (STALE_HOPE)
+                choice = i
+                break
             if b.tried[i] > 0 and b.measured[i] == 0 and b.waited[i] < MAX_UNMEASURED:
                 b.waited[i] += 1  # its time is in flight: run the best known meanwhile, explore nothing wider yet
                 waiting = True
                 break
-        probe = False
         if choice is None and b.rounds >= b.next_probe:
             b.next_probe = b.rounds + self.probe_every
             # re-measure the stalest that could still win, or whose times are stale (STALE_ROUNDS)
             probes = [i for i in range(n) if i != best and (
-                self._could_win(b, i, best_rate) or (b.recent[i] and b.rounds - b.last_measured[i] > STALE_ROUNDS))]
+                self._could_win(b, i, best_rate) or (b.recent[i] and b.rounds - b.last_measured[i] > STALE_ROUNDS
+                                                     and (i not in b.elsewhere
+                                                          or self._within(b, i, best_rate, STALE_HOPE))))]
             if probes:
-                choice, probe = min(probes, key=lambda i: (b.last_measured[i], i)), True
+                choice = min(probes, key=lambda i: (b.last_measured[i], i))
         probing = choice is not None
         self.sampling = True if probing else None
         if choice is None:
             choice = best if best is not None else 0
-        # exploration and probes are one round each (a probe two with switch_settle: its first is untimed), and so
-        # is a choice made while exploration waits for a time (it counts its waits in decisions); a choice of the
-        # best holds
-        if probing or waiting:
-            b.held, b.hold = choice, 1 if probe and self.switch_settle else 0
-        else:
-            b.held, b.hold = choice, self.hold_rounds - 1
+        # exploration and probes are one round each, and so is a choice made while exploration waits for a time (it
+        # counts its waits in decisions); a choice of the best holds
+        b.held, b.hold = choice, 0 if probing or waiting else self.hold_rounds - 1
         return self._chosen(b, choice)
+
+    def _best_elsewhere(self, bucket: int) -> set[int]:
+        """The candidates with the best measured rate in another bucket (EXPLORE_BEST_ELSEWHERE)."""
+        out = set()
+        for other, b in self.buckets.items():
+            if other == bucket:
+                continue
+            rates = self.rates(other)
+            known = [(r, i) for i, r in enumerate(rates) if r is not None and math.isfinite(r) and b.measured[i]]
+            if known:
+                out.add(max(known)[1])
+        return out
 
     def sampled(self, counter: int, bucket: int) -> bool:
         """Whether the round just chosen computes the expectations: an exploration or probe round always (it is how
@@ -572,9 +595,6 @@ class AutoBudgetPolicy:
         b = self._bucket(bucket)
         b.seen[chosen] += 1
         warm = b.seen[chosen] > self.warm_rounds  # else a first use of the candidate in this bucket (WARM_ROUNDS)
-        if self.switch_settle and b.last_observed_choice not in (-1, chosen):
-            warm = False  # the round right after a switch of candidate (SWITCH_SETTLE)
-        b.last_observed_choice = chosen
         if warm and round_ms is not None and math.isfinite(round_ms) and round_ms > 0:
             b.round_ms[chosen].add(round_ms, 1.0, keep)
             b.timed(chosen, round_ms)
@@ -684,14 +704,14 @@ def auto_warm_rounds() -> int | None:
     return _env_at_least("SGLANG_DDTREE_AUTO_WARM_ROUNDS", int, 0, "a round count >= 0")
 
 
-def auto_switch_settle() -> bool | None:
-    """SGLANG_DDTREE_AUTO_SWITCH_SETTLE: the policy's switch_settle for this server (None when unset: the module's
-    SWITCH_SETTLE; 1 on, 0 off), for an A/B in one interleaved run."""
-    raw = os.environ.get("SGLANG_DDTREE_AUTO_SWITCH_SETTLE")
+def auto_explore_best_elsewhere() -> bool | None:
+    """SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE: the policy's explore_best_elsewhere for this server (None when
+    unset: the module's EXPLORE_BEST_ELSEWHERE; 1 on, 0 off), for an A/B in one interleaved run."""
+    raw = os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE")
     if raw is None or raw == "":
         return None
     if raw not in ("0", "1"):
-        raise ValueError(f"SGLANG_DDTREE_AUTO_SWITCH_SETTLE must be 0 or 1, got {raw!r}.")
+        raise ValueError(f"SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE must be 0 or 1, got {raw!r}.")
     return raw == "1"
 
 

@@ -64,8 +64,8 @@ from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
 from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, AutoBudgetPolicy, AutoFeedback, CalibrationMonitor,
-                                      WalkSchedule, auto_floor_fresh, auto_log_every, auto_shrink_z, auto_switch_settle,
-                                      auto_warm_rounds, calibration_prior_mass)
+                                      WalkSchedule, auto_explore_best_elsewhere, auto_floor_fresh, auto_log_every,
+                                      auto_shrink_z, auto_warm_rounds, calibration_prior_mass)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -326,7 +326,8 @@ class DDTreeWorker(DFlashWorkerV2):
         policy = AutoBudgetPolicy(list(candidates), widths=widths,
                                   explore_all=os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_ALL") == "1",
                                   shrink_z=auto_shrink_z(), floor_fresh=auto_floor_fresh(),
-                                  warm_rounds=auto_warm_rounds(), switch_settle=auto_switch_settle())
+                                  warm_rounds=auto_warm_rounds(),
+                                  explore_best_elsewhere=auto_explore_best_elsewhere())
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
         calibration = CalibrationMonitor(calibrator, self.stats.prometheus)
