@@ -285,10 +285,14 @@ def adaptive(out: dict) -> None:
 #   table) for batch 1 (lease 20b's batch 1: x0.953, the results README).
 # - tiny pair, since lease 23b (971cdb1: decisions held HOLD_ROUNDS, the calibration scored on one sampled tree round
 #   in four): the paired sweep (DFLASH, DDTREE 128, auto; servers pinned, 40 runs of 512 tokens a row), medians.
+# - lease 25 (ebae9a7, the current chooser with the young table scored every sampled round): the tiny paired sweep
+#   (DFLASH, DDTREE 128, auto; 32 runs of 512 tokens a row) and the 8B shapes (DFLASH and auto, 8 repeats x 4 prompt
+#   groups, interleaved), both at every batch size: the standing of the current code.
 SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.jsonl", "sweep_auto_8b_lease20.jsonl",
                       "sweep_auto_8b_lease20b.jsonl", "sweep_auto_8b_bs1_lease20c.jsonl",
                       "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl",
-                      "sweep_paired_tiny_lease23b.jsonl")
+                      "sweep_paired_tiny_lease23b.jsonl", "sweep_paired_tiny_lease25.jsonl",
+                      "sweep_auto_8b_lease25.jsonl")
 # Servers of one configuration started side by side in one interleaved run (a setup and its --copy-setup copy): how
 # far two identical servers' tokens/s lie apart on this host.
 SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl")
@@ -299,12 +303,19 @@ SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease
 # rows' server_env says which). Lease 24c (55fff9a, batch 1 and 4): DDTREE 128, `tiny|auto` with WARM_ROUNDS = 3
 # (that commit's default, off since) and `tiny-b|auto` with SGLANG_DDTREE_AUTO_WARM_ROUNDS=0 (as the code is).
 # Lease 24d (445c2e8, batch 1 and 4): DDTREE 128 and `auto` as the code is (the young table scored every round).
+# Lease 25 (ebae9a7): DFLASH, DDTREE 128 and `auto` at every batch size; and lease_steps.sh tiny-starts at batch 1
+# (DDTREE 128 and three `auto` servers per arm: a1-a3 as the code is, b1-b3 SGLANG_DDTREE_AUTO_SWITCH_SETTLE=1 (a
+# trial, removed since), c1-c3 SGLANG_DDTREE_AUTO_EXPLORE_ALL=1); lease 25b (253df2b) the same with two per arm,
+# b1-b2 SGLANG_DDTREE_CALIBRATION_PRIOR_MASS=10 (the rows' server_env says which).
 PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease23.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease23b.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease24.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease24c.jsonl": "tiny|ddtree-128",
-                 "sweep_paired_tiny_lease24d.jsonl": "tiny|ddtree-128"}
+                 "sweep_paired_tiny_lease24d.jsonl": "tiny|ddtree-128",
+                 "sweep_paired_tiny_lease25.jsonl": "tiny|ddtree-128",
+                 "sweep_starts_tiny_lease25.jsonl": "tiny|ddtree-128",
+                 "sweep_starts_tiny_lease25b.jsonl": "tiny|ddtree-128"}
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
@@ -456,8 +467,13 @@ def pad_stages(out: dict) -> None:
 # warms from the server's start as in lease 21): sweep_paired_tiny_lease23b.jsonl, and for batch 1 and 4 lease 24d's
 # (445c2e8: every sampled tree round scored while the table is young, auto.CALIBRATION_YOUNG; at batch 16 / 64 23b's
 # tables were past that, 2868 / 12224 scored request-rounds). A later sweep replaces an earlier one per (setup, batch
-# size); each entry says which sweep it came from.
-SGLANG_CALIBRATION_SWEEPS = ("sweep_paired_tiny_lease23b.jsonl", "sweep_paired_tiny_lease24d.jsonl")
+# size); each entry says which sweep it came from. Lease 25 (ebae9a7) measured every batch size again at that code:
+# batch 1 calibrated worse than raw again (24d's was the one run with it ahead), 4-64 better.
+SGLANG_CALIBRATION_SWEEPS = ("sweep_paired_tiny_lease23b.jsonl", "sweep_paired_tiny_lease24d.jsonl",
+                             "sweep_paired_tiny_lease25.jsonl")
+# Batch-1 tables of several servers started together (lease_steps.sh tiny-starts): every `auto` server's MAE over
+# its batch-1 rows, the young table's standing across server starts (not one draw).
+SGLANG_STARTS_SWEEPS = ("sweep_starts_tiny_lease25.jsonl", "sweep_starts_tiny_lease25b.jsonl")
 
 
 def sglang_calibration(out: dict) -> None:
@@ -478,6 +494,20 @@ def sglang_calibration(out: dict) -> None:
         raise FileNotFoundError(f"{SGLANG_CALIBRATION_SWEEPS}: no auto_calibration in their rows")
     out["sglang_tau_mae_raw_vs_calibrated"] = _by_batch_size(table)
     out["sglang_tau_mae_source"] = list(SGLANG_CALIBRATION_SWEEPS)
+    servers = []
+    for name in SGLANG_STARTS_SWEEPS:
+        for (setup, method, _, bs), r in sorted(_sweep_rows(name).items()):
+            cal = (r.get("ddtree_metrics") or {}).get("auto_calibration") if method == "auto" else None
+            if cal and bs == 1:
+                servers.append({"sweep": name, "server": setup,
+                                "env": [e for e in r.get("server_env") or [] if "LOG_EVERY" not in e],
+                                "raw": round(cal["tau_mae_raw"], 4), "calibrated": round(cal["tau_mae_calibrated"], 4),
+                                "request_rounds": cal["scored_request_rounds"]})
+    if not servers:
+        raise FileNotFoundError(f"{SGLANG_STARTS_SWEEPS}: no auto_calibration at batch 1")
+    out["sglang_tau_mae_bs1_per_server_start"] = servers
+    out["sglang_tau_mae_bs1_servers_calibrated_worse"] = f"{sum(x['calibrated'] > x['raw'] for x in servers)} of " \
+                                                         f"{len(servers)}"
 
 
 def paired(out: dict) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ddtree.bench.paired import paired_ratio, paired_table, pooled_ratios, row_label, t975
+from sglang_ddtree.bench.paired import (arm_table, group_ratio, paired_ratio, paired_table, pooled_ratios, row_label,
+                                        t975)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,3 +115,41 @@ def test_paired_ratios_script_prints_and_writes_the_table(tmp_path):
         written["all_batch_sizes"]["tiny|auto"]["rounds"] == 5
     bad = subprocess.run(cmd + ["--base", "tiny|dflash"], capture_output=True, text=True)
     assert bad.returncode == 2 and "tiny|auto, tiny|ddtree-128" in bad.stderr
+
+
+def test_group_ratio_averages_each_sides_logs_per_round():
+    """Copies of one configuration pool per round (the mean of their logs), so one copy each is paired_ratio, and
+    copies whose per-round noise cancels give a tighter interval than either copy alone."""
+    a1, a2, b = [90.0, 210.0, 150.0, 120.0], [110.0, 190.0, 150.0, 120.0], [100.0, 200.0, 150.0, 125.0]
+    assert group_ratio([a1], [b]) == paired_ratio(a1, b)
+    both = group_ratio([a1, a2], [b])
+    d = [(math.log(x) + math.log(y)) / 2 - math.log(z) for x, y, z in zip(a1, a2, b)]
+    assert both["ratio"] == pytest.approx(math.exp(sum(d) / len(d)), abs=1e-4)
+    assert both["ci95"][1] - both["ci95"][0] < paired_ratio(a1, b)["ci95"][1] - paired_ratio(a1, b)["ci95"][0]
+    with pytest.raises(ValueError, match="same rounds"):
+        group_ratio([a1, a2[:3]], [b])
+    with pytest.raises(ValueError, match="one server on each side"):
+        group_ratio([], [b])
+
+
+def test_arm_table_and_the_scripts_arms(tmp_path):
+    rows = [_row("tiny", "ddtree", 128, 1, [100.0, 200.0, 150.0]), _row("a1", "auto", None, 1, [98.0, 196.0, 147.0]),
+            _row("a2", "auto", None, 1, [96.0, 192.0, 144.0]), _row("b1", "auto", None, 1, [90.0, 180.0, 135.0]),
+            _row("b2", "auto", None, 1, [88.0, 176.0, 132.0])]
+    arms = {"a": ["a1|auto", "a2|auto"], "b": ["b1|auto", "b2|auto"]}
+    table = arm_table(rows, "tiny|ddtree-128", arms)[1]
+    assert table["a over tiny|ddtree-128"]["ratio"] == pytest.approx(math.sqrt(0.98 * 0.96), abs=1e-4)
+    assert table["b over a"]["ratio"] == pytest.approx(math.sqrt(0.90 * 0.88 / (0.98 * 0.96)), abs=1e-4)
+    with pytest.raises(ValueError, match="no measured row c1"):
+        arm_table(rows, "tiny|ddtree-128", {"c": ["c1|auto"]})
+    results = tmp_path / "r.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "t.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "paired_ratios.py"), str(results), "--base", "tiny|ddtree-128"]
+    done = subprocess.run(cmd + ["--arm", "a=a1|auto,a2|auto", "--arm", "b=b1|auto,b2|auto", "--json", str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "b over a" in done.stdout
+    assert json.loads(out.read_text())["arms_by_batch_size"]["1"]["b over a"]["rounds"] == 3
+    bad = subprocess.run(cmd + ["--arm", "a"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "NAME=LABEL" in bad.stderr
