@@ -7,6 +7,12 @@ empty tables (`adaptive.ScoreCalibrator`, one per `--masses` prior mass) that ea
 length before learning from it, as the server's do. Prints and writes the mean absolute error of the raw and of each
 table's prediction over round windows (the first 100, the next 200, the rest, all).
 
+`--learn-every N`: the tables learn only from every N-th round and the errors count only those rounds, as in the
+server, where only the sampled rounds (one in auto.SAMPLE_EVERY = 4) are scored and learnt; windows then count
+learnt rounds. `--score-every N` alone: the tables learn from every round, the errors count every N-th (the same
+rounds as `--learn-every N` scores, for a like-for-like comparison). `--young M`: the tables learn from every one
+of the first M rounds, then every `--learn-every`-th.
+
     python benchmarks/calibration_prior.py --budget 128 --offset 40 --out benchmarks/results/calibration_prior_b128.json
 """
 
@@ -35,6 +41,25 @@ def window_mae(pred: list[float], obs: list[int]) -> dict:
     return out
 
 
+def sparse_learner(every: int, config, young: int = 0):
+    """An adaptive.ScoreCalibrator that learns from each of its first `young` updates, then only from every
+    `every`-th (one update a round at batch 1)."""
+    from sglang_ddtree.adaptive import ScoreCalibrator
+
+    class Sparse(ScoreCalibrator):
+        def __init__(self):
+            super().__init__(config)
+            self.updates = 0
+
+        def update(self, tree, path, active=None):
+            self.updates += 1
+            if self.updates > young and (self.updates - young - 1) % every:
+                return self.expected(tree)
+            return super().update(tree, path, active)
+
+    return Sparse()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--budget", type=int, default=128, help="the fixed DDTree budget decoded")
@@ -42,16 +67,23 @@ def main(argv=None) -> int:
     ap.add_argument("--offset", type=int, default=40, help="first HumanEval prompt (file order)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--masses", default="1,3,10,30,100", help="prior masses, one empty table each")
+    ap.add_argument("--learn-every", type=int, default=1, help="tables learn (and are scored) every N-th round")
+    ap.add_argument("--young", type=int, default=0, help="tables learn from every one of the first M rounds")
+    ap.add_argument("--score-every", type=int, default=None,
+                    help="errors counted every N-th round (default: --learn-every's N)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     masses = [float(m) for m in args.masses.split(",") if m.strip()]
-    if not masses or any(m <= 0 for m in masses) or args.budget < 1 or args.prompts < 1:
-        ap.error("--masses must be positive numbers; --budget and --prompts >= 1")
+    score_every = args.learn_every if args.score_every is None else args.score_every
+    if not masses or any(m <= 0 for m in masses) or min(args.budget, args.prompts, args.learn_every, score_every) < 1 \
+            or args.young < 0:
+        ap.error("--masses must be positive numbers; --budget, --prompts, --learn-every and --score-every >= 1; "
+                 "--young >= 0")
 
     import torch
 
-    from sglang_ddtree.adaptive import CalibratorConfig, ScoreCalibrator
+    from sglang_ddtree.adaptive import CalibratorConfig
     from sglang_ddtree.datasets import encode_prompt, load_prompts
     from sglang_ddtree.offline.auto import AutoPolicy, auto_decode
     from sglang_ddtree.offline.cli_commands import _eos_ids, _load_models
@@ -65,7 +97,8 @@ def main(argv=None) -> int:
     prompts = load_prompts("humaneval", None)[args.offset: args.offset + args.prompts]
     ids = [encode_prompt(tokenizer, p) for p in prompts]
     depth = int(drafter.config.block_size) - 1
-    tables = {f"mass_{m:g}": ScoreCalibrator(CalibratorConfig(depth_limit=depth, prior_mass=m)) for m in masses}
+    tables = {f"mass_{m:g}": sparse_learner(args.learn_every, CalibratorConfig(depth_limit=depth, prior_mass=m),
+                                            args.young) for m in masses}
     policy = AutoPolicy(candidates=[args.budget], observers=tables)
     started = time.time()
     records = []
@@ -74,8 +107,10 @@ def main(argv=None) -> int:
                                max_new_tokens=args.max_new_tokens, eos_token_ids=eos)
         print(f"prompt {i + 1}/{len(ids)}: {sum(len(r.accept_lengths) for r in records)} rounds", file=sys.stderr)
     observed = [a for r in records for a in r.accept_lengths]
-    mae = {name: window_mae([x for r in records for x in r.extra["auto"][f"pred_{name}"]], observed)
-           for name in ["raw", *tables]}
+    scored = range(0, len(observed), score_every)  # with --learn-every, the rounds the tables learnt from
+    mae = {name: window_mae([pred[i] for i in scored], [observed[i] for i in scored])
+           for name in ["raw", *tables]
+           for pred in [[x for r in records for x in r.extra["auto"][f"pred_{name}"]]]}
     for name, row in mae.items():
         print(f"{name:>10}  " + "  ".join(f"{w} {v:.3f}" for w, v in row.items()))
     if args.out:
@@ -88,6 +123,7 @@ def main(argv=None) -> int:
             "commit": head.stdout.strip() or None,
             "command": "python benchmarks/calibration_prior.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "budget": args.budget, "prompts": [p.id for p in prompts], "rounds": len(observed),
+            "learn_every": args.learn_every, "young": args.young, "score_every": score_every, "scored_rounds": len(scored),
             "tau": round(sum(observed) / len(observed), 4), "wall_s": round(time.time() - started, 1),
             "mae": mae}, indent=1))
     return 0

@@ -492,3 +492,30 @@ def test_load_tau_prior(tmp_path):
     p.write_text("[]")
     with pytest.raises(ValueError):
         adaptive.load_tau_prior(p)
+
+
+def test_calibration_prior_scripts_sparse_learner_learns_from_every_nth_update_only():
+    """benchmarks/calibration_prior.py --learn-every N: its table learns from updates 1, N + 1, 2N + 1, ... (the
+    server's sampled rounds) and predicts from what it learnt on the others, like a table that saw only those."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "calibration_prior", Path(__file__).resolve().parents[1] / "benchmarks" / "calibration_prior.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    lp = _lp(1, 5, 12, seed=3, scale=1.0)
+    tree = build_tree(lp, 40, torch.tensor([0]))
+    path = walk_choices(tree, torch.zeros_like(tree.tokens)).path
+    sparse = script.sparse_learner(3, CalibratorConfig(depth_limit=5))
+    dense = ScoreCalibrator(depth_limit=5)
+    for k in range(7):
+        before = sparse.expected(tree)
+        assert torch.allclose(sparse.update(tree, path), before)  # what it predicted before this update
+        if k % 3 == 0:
+            dense.update(tree, path)
+    assert int(sparse.rounds) == 3 and torch.equal(sparse.obs, dense.obs) and torch.equal(sparse.pred, dense.pred)
+    young = script.sparse_learner(3, CalibratorConfig(depth_limit=5), young=2)  # learns at updates 1, 2, 3, 6
+    for _ in range(7):
+        young.update(tree, path)
+    assert int(young.rounds) == 4

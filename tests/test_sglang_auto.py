@@ -381,7 +381,9 @@ def test_calibration_round_scores_predictions_and_leaves_learning_to_the_caller(
     assert float(errors[0]) == pytest.approx(float((raw - committed).abs().sum()), rel=1e-5)
     assert float(errors[1]) == pytest.approx(float((cal.expected(tree)[:2] - committed).abs().sum()), rel=1e-5)
     assert float(errors[2]) == 2
-    CalibrationMonitor(cal).learn(delta, errors)
+    monitor = CalibrationMonitor(cal)
+    monitor.learn(delta, errors, 2)
+    assert monitor.learnt == 2
     twin.update(tree, walk.path, active=torch.tensor([True, True, False]))
     for k in ("pred", "obs", "count"):
         assert torch.allclose(getattr(cal, k), getattr(twin, k), rtol=1e-12, atol=1e-12), k
@@ -427,8 +429,9 @@ def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
     assert sample("sglang:ddtree_calibration_observations", **cell) == pytest.approx(first["observations"])
     assert sample("sglang:ddtree_calibration_ratio", **cell) == pytest.approx(first["ratio"]) and first["ratio"] < 1
     ptr = cal.obs.data_ptr()
+    monitor.learnt = 12
     monitor.reset()
-    assert cal.obs.data_ptr() == ptr and float(cal.count.sum()) == 0
+    assert cal.obs.data_ptr() == ptr and float(cal.count.sum()) == 0 and monitor.learnt == 0
     assert monitor.export()["scored_request_rounds"] == 0 and monitor.export()["resets"] == 1
     assert sample("sglang:ddtree_calibration_observations", **cell) == 0
     assert sample("sglang:ddtree_calibration_ratio", **cell) == 1.0
@@ -752,6 +755,12 @@ def test_walk_schedule_scores_the_first_sampled_tree_round_then_one_in_every():
     young = [schedule.variant(False, True, young=True) for _ in range(4)] + [schedule.variant(True, True, True)]
     assert young == ["scored"] * 4 + ["sampled"]  # the chain never scores
     assert [schedule.variant(False, True) for _ in range(4)] == ["sampled", "sampled", "scored", "sampled"]
+    # while it learns all (CALIBRATION_LEARN_ALL) every tree round scores, sampled or not; the chain never does, and
+    # only the sampled tree round moves the cadence (one step: 9 % 3 scores next)
+    learn_all = [schedule.variant(chain, sampled, learn_all=True)
+                 for chain, sampled in [(False, False), (False, True), (True, False), (True, True), (False, False)]]
+    assert learn_all == ["scored", "scored", "plain", "sampled", "scored"]
+    assert [schedule.variant(False, True) for _ in range(3)] == ["scored", "sampled", "sampled"]
     with pytest.raises(ValueError, match="every >= 1"):
         WalkSchedule(every=0)
 
@@ -932,3 +941,15 @@ def test_explore_best_elsewhere_from_the_environment(monkeypatch):
     monkeypatch.setenv("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", "on")
     with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE"):
         auto_explore_best_elsewhere()
+
+
+def test_calibration_learn_all_from_the_environment(monkeypatch):
+    from sglang_ddtree.sglang.auto import CALIBRATION_LEARN_ALL, auto_calibration_learn_all
+
+    monkeypatch.delenv("SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL", raising=False)
+    assert auto_calibration_learn_all() == CALIBRATION_LEARN_ALL == 0
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL", "500")
+    assert auto_calibration_learn_all() == 500
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL", "-1")
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL"):
+        auto_calibration_learn_all()

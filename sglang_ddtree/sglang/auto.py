@@ -83,6 +83,19 @@ CALIBRATION_EVERY = 4
 # a sampled round). Measured (lease 24d, sweep_paired_tiny_lease24d.jsonl, one run): raw 1.024 / calibrated 1.008 at
 # batch 1 on 948 scored request-rounds, 1.005 / 0.967 at batch 4.
 CALIBRATION_YOUNG = 2000
+# ... and with CALIBRATION_LEARN_ALL = N > 0, every tree round learns (sampled or not) until the table has learnt N
+# request-rounds. Why: lease 25's 13 batch-1 tables all predicted worse than raw over ~370-700 scored request-rounds
+# (calibrated 1.26-1.52 against raw 0.86-1.02), and offline (benchmarks/calibration_prior.py, tiny pair, errors on
+# every 4th round either way) a table learning only from every 4th round, as the server's sampled rounds, was worse
+# than raw after ~240-275 of them (1.317 / 1.143 against raw 1.192 / 1.114 in two runs,
+# calibration_prior_b*_every4.json), one learning from every round better (1.170 / 1.079,
+# calibration_prior_b*_score4.json), and one learning from every one of its first 500 rounds and one in four after
+# better too (1.177 / 1.089, calibration_prior_b*_young500.json). The price: the scoring's kernels on every tree
+# round of the first N request-rounds (an unsampled round runs the "scored" walk, whose borrowed tree inputs are
+# then copied in), and those rounds' times carry it (the chain's do not: it is never scored). Expected at N = 500:
+# at batch 1 a few tenths of a second once per server, calibrated at or below raw there. Off until a GPU A/B
+# (SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL=500).
+CALIBRATION_LEARN_ALL = 0
 
 # A decision of the best candidate holds for HOLD_ROUNDS rounds of its bucket (exploration and probes are single
 # rounds), and the worker drains the feedback only before a decision (AutoBudgetPolicy.deciding). Why: lease 23's
@@ -635,8 +648,9 @@ class WalkSchedule:
     """Which of a candidate's walk stages a round runs: "plain" (an unsampled round: no feedback but its time),
     "sampled" (every observed candidate's committed tokens, for the chooser), "scored" (those and the calibration
     table's scoring and delta: the first sampled tree round and then one in `every`, CALIBRATION_EVERY; every one
-    while the table is young, CALIBRATION_YOUNG). The chain is never scored (a chain teaches only the top-1 cells,
-    which every tree's first path teaches too)."""
+    while the table is young, CALIBRATION_YOUNG; every tree round, sampled or not, while it learns all,
+    CALIBRATION_LEARN_ALL). The chain is never scored (a chain teaches only the top-1 cells, which every tree's
+    first path teaches too)."""
 
     VARIANTS = ("plain", "sampled", "scored")
 
@@ -646,13 +660,14 @@ class WalkSchedule:
         self.every = every
         self.sampled_tree_rounds = 0
 
-    def variant(self, chain: bool, sampled: bool, young: bool = False) -> str:
-        """young: the table has scored fewer than CALIBRATION_YOUNG request-rounds."""
-        if not sampled:
-            return "plain"
+    def variant(self, chain: bool, sampled: bool, young: bool = False, learn_all: bool = False) -> str:
+        """young: the table has scored fewer than CALIBRATION_YOUNG request-rounds; learn_all: it has learnt fewer
+        than CALIBRATION_LEARN_ALL."""
         if chain:
-            return "sampled"
-        scored = young or self.sampled_tree_rounds % self.every == 0
+            return "sampled" if sampled else "plain"
+        if not sampled:
+            return "scored" if learn_all else "plain"
+        scored = learn_all or young or self.sampled_tree_rounds % self.every == 0
         self.sampled_tree_rounds += 1
         return "scored" if scored else "sampled"
 
@@ -722,6 +737,13 @@ def calibration_prior_mass() -> float | None:
     return _env_at_least("SGLANG_DDTREE_CALIBRATION_PRIOR_MASS", float, 1e-9, "a positive number (probability mass)")
 
 
+def auto_calibration_learn_all() -> int:
+    """SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL: request-rounds during which every tree round teaches the table
+    (the module's CALIBRATION_LEARN_ALL when unset; 0: off), for an A/B in one interleaved run."""
+    value = _env_at_least("SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL", int, 0, "a request-round count >= 0")
+    return CALIBRATION_LEARN_ALL if value is None else value
+
+
 def auto_log_every() -> int:
     """SGLANG_DDTREE_AUTO_LOG_EVERY (default 2000): rounds between `auto`'s chooser-table log lines. Benchmarks set
     it lower (lease_steps.sh auto-final: 100) so that a row of a few hundred rounds carries the table it ran with
@@ -757,6 +779,7 @@ class CalibrationMonitor:
         self.calibrator = calibrator
         self.prometheus = prometheus
         self.raw_abs = self.calibrated_abs = self.request_rounds = 0.0
+        self.learnt = 0  # request-rounds the table learnt since its last reset (CALIBRATION_LEARN_ALL)
         self.resets = 0
         pin = calibrator.device.type == "cuda"
         self._snapshot = torch.zeros((3, *calibrator.config.shape[:3]), dtype=torch.float64, pin_memory=pin)
@@ -772,9 +795,11 @@ class CalibrationMonitor:
         if self.prometheus is not None:
             self.prometheus.calibration_errors(raw_abs, calibrated_abs, requests)
 
-    def learn(self, delta: torch.Tensor, errors: torch.Tensor) -> None:
-        """A sampled round's table delta (after the round's stages: graph warm-ups and captures never get here)."""
+    def learn(self, delta: torch.Tensor, errors: torch.Tensor, requests: int) -> None:
+        """A scored round's table delta (after the round's stages: graph warm-ups and captures never get here);
+        requests: the round's real requests (errors[2] on the device, here on the host)."""
         self.calibrator.learn(delta, errors[2])
+        self.learnt += requests
 
     def after_round(self) -> None:
         """Every decode round: publish a completed snapshot; every EXPORT_EVERY rounds start the next one."""
@@ -805,6 +830,7 @@ class CalibrationMonitor:
         round already queued may still add its delta."""
         self.calibrator.reset()
         self.raw_abs = self.calibrated_abs = self.request_rounds = 0.0
+        self.learnt = 0
         self.resets += 1
         self._pending = None
         if self.prometheus is not None:

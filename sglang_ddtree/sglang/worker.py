@@ -64,8 +64,9 @@ from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
 from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, AutoBudgetPolicy, AutoFeedback, CalibrationMonitor,
-                                      WalkSchedule, auto_explore_best_elsewhere, auto_floor_fresh, auto_log_every,
-                                      auto_shrink_z, auto_warm_rounds, calibration_prior_mass)
+                                      WalkSchedule, auto_calibration_learn_all, auto_explore_best_elsewhere,
+                                      auto_floor_fresh, auto_log_every, auto_shrink_z, auto_warm_rounds,
+                                      calibration_prior_mass)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -92,6 +93,7 @@ class _AutoState:
     calibration: CalibrationMonitor
     no_calibration: torch.Tensor  # the feedback vector's calibration entries of a round that scored nothing
     log_every: int = 2000
+    learn_all: int = 0  # request-rounds during which every tree round teaches the table (CALIBRATION_LEARN_ALL)
     rounds: int = 0
     seen: set = field(default_factory=set)  # (bucket, candidate index) pairs that ran once
     captured_buckets: set = field(default_factory=set)  # buckets whose stages were all captured (_capture_bucket)
@@ -334,7 +336,7 @@ class DDTreeWorker(DFlashWorkerV2):
         return _AutoState(candidates, widths, tree_stages, walk_stages, None, policy,
                           AutoFeedback(policy, self.device, calibration), calibration,
                           torch.zeros(AutoFeedback.CALIBRATION, dtype=torch.float32, device=self.device),
-                          log_every=auto_log_every())
+                          log_every=auto_log_every(), learn_all=auto_calibration_learn_all())
 
     def _capture_bucket(self, batch, bucket, bs, draft_hidden, roots, prefix_lens, choice_dtype) -> None:
         """`auto`, after a batch-size bucket's first round: every candidate's tree and walk stages (sampled and
@@ -482,8 +484,9 @@ class DDTreeWorker(DFlashWorkerV2):
                 self.stats.prometheus.auto_round(candidate_label(self.auto.candidates[chosen]))
             width = self.auto.widths[chosen]
             young = self.auto.calibration.request_rounds < CALIBRATION_YOUNG
+            learn_all = self.auto.calibration.learnt < self.auto.learn_all
             walk_stage = self.auto.walk_stages[chosen][self.auto.walks.variant(self.auto.candidates[chosen] == CHAIN,
-                                                                                 sampled, young)]
+                                                                                 sampled, young, learn_all)]
             tree, verify_ids, verify_positions, expected = self.auto.tree_stages[chosen][sampled](
                 topk_values, topk_tokens, roots, prefix_lens, rows=bs)
         causal = self.auto is not None and self.auto.candidates[chosen] == CHAIN  # a chain needs no tree mask
@@ -548,8 +551,8 @@ class DDTreeWorker(DFlashWorkerV2):
             vector = torch.cat([expected, plan.observed, plan.calibration if scored else self.auto.no_calibration]) \
                 if sampled else None
             self.auto.feedback.push(vector, timer, bucket, chosen, bs, cold=cold, sampled=sampled)
-            if scored:  # the table learns now, in stream order before the next sampled walk stage reads it
-                self.auto.calibration.learn(plan.calibration_delta, plan.calibration)
+            if scored:  # the table learns now, in stream order before the next scored walk stage reads it
+                self.auto.calibration.learn(plan.calibration_delta, plan.calibration, bs)
             self.auto.calibration.after_round()
             self.auto.maybe_log(self.ps.tp_rank)
         # reqs/seq_lens are only read by the debug dump (after its sync): no host sync on the default path.
