@@ -476,33 +476,32 @@ SGLANG_CALIBRATION_SWEEPS = ("sweep_paired_tiny_lease23b.jsonl", "sweep_paired_t
 SGLANG_STARTS_SWEEPS = ("sweep_starts_tiny_lease25.jsonl", "sweep_starts_tiny_lease25b.jsonl")
 
 
+def _auto_calibration(name: str):
+    """(setup, batch size, row, {"raw", "calibrated", "request_rounds"}) of every `auto` row of a sweep that carries
+    `auto_calibration` (Prometheus differences of its measured runs), in key order."""
+    rows = _sweep_rows(name)
+    for (setup, method, _, bs), r in sorted(rows.items(), key=lambda kv: (*kv[0][:2], kv[0][2] or -1, kv[0][3])):
+        cal = (r.get("ddtree_metrics") or {}).get("auto_calibration") if method == "auto" else None
+        if cal:
+            yield setup, bs, r, {"raw": round(cal["tau_mae_raw"], 4), "calibrated": round(cal["tau_mae_calibrated"], 4),
+                                 "request_rounds": cal["scored_request_rounds"]}
+
+
 def sglang_calibration(out: dict) -> None:
     """Mean absolute error per request-round of the predicted committed tokens in the `auto` server's sampled
     rounds, raw drafter scores against the calibration table (both predicted before the table learnt the round),
     per batch size: the rows' `auto_calibration` (Prometheus differences of the measured runs)."""
     table: dict = {}
     for name in SGLANG_CALIBRATION_SWEEPS:
-        rows = _sweep_rows(name)
-        for (setup, method, _, bs), r in rows.items():
-            cal = (r.get("ddtree_metrics") or {}).get("auto_calibration") if method == "auto" else None
-            if cal:
-                table.setdefault(setup, {})[str(bs)] = {"raw": round(cal["tau_mae_raw"], 4),
-                                                        "calibrated": round(cal["tau_mae_calibrated"], 4),
-                                                        "request_rounds": cal["scored_request_rounds"],
-                                                        "source": name}
+        for setup, bs, _, entry in _auto_calibration(name):
+            table.setdefault(setup, {})[str(bs)] = {**entry, "source": name}
     if not table:
         raise FileNotFoundError(f"{SGLANG_CALIBRATION_SWEEPS}: no auto_calibration in their rows")
     out["sglang_tau_mae_raw_vs_calibrated"] = _by_batch_size(table)
     out["sglang_tau_mae_source"] = list(SGLANG_CALIBRATION_SWEEPS)
-    servers = []
-    for name in SGLANG_STARTS_SWEEPS:
-        for (setup, method, _, bs), r in sorted(_sweep_rows(name).items()):
-            cal = (r.get("ddtree_metrics") or {}).get("auto_calibration") if method == "auto" else None
-            if cal and bs == 1:
-                servers.append({"sweep": name, "server": setup,
-                                "env": [e for e in r.get("server_env") or [] if "LOG_EVERY" not in e],
-                                "raw": round(cal["tau_mae_raw"], 4), "calibrated": round(cal["tau_mae_calibrated"], 4),
-                                "request_rounds": cal["scored_request_rounds"]})
+    servers = [{"sweep": name, "server": setup,
+                "env": [e for e in r.get("server_env") or [] if "LOG_EVERY" not in e], **entry}
+               for name in SGLANG_STARTS_SWEEPS for setup, bs, r, entry in _auto_calibration(name) if bs == 1]
     if not servers:
         raise FileNotFoundError(f"{SGLANG_STARTS_SWEEPS}: no auto_calibration at batch 1")
     out["sglang_tau_mae_bs1_per_server_start"] = servers
