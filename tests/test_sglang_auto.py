@@ -935,7 +935,9 @@ def test_explore_best_elsewhere_from_the_environment(monkeypatch):
     monkeypatch.delenv("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", raising=False)
     assert auto_explore_best_elsewhere() is None
     policy = AutoBudgetPolicy([CHAIN, 16], explore_best_elsewhere=auto_explore_best_elsewhere())
-    assert policy.explore_best_elsewhere is EXPLORE_BEST_ELSEWHERE
+    assert policy.explore_best_elsewhere is EXPLORE_BEST_ELSEWHERE is True  # the default since lease 26
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", "0")
+    assert not AutoBudgetPolicy([CHAIN, 16], explore_best_elsewhere=auto_explore_best_elsewhere()).explore_best_elsewhere
     monkeypatch.setenv("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", "1")
     assert AutoBudgetPolicy([CHAIN, 16], explore_best_elsewhere=auto_explore_best_elsewhere()).explore_best_elsewhere
     monkeypatch.setenv("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", "on")
@@ -947,9 +949,11 @@ def test_calibration_learn_all_from_the_environment(monkeypatch):
     from sglang_ddtree.sglang.auto import CALIBRATION_LEARN_ALL, auto_calibration_learn_all
 
     monkeypatch.delenv("SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL", raising=False)
-    assert auto_calibration_learn_all() == CALIBRATION_LEARN_ALL == 0
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL", "500")
-    assert auto_calibration_learn_all() == 500
+    assert auto_calibration_learn_all() == CALIBRATION_LEARN_ALL == 500  # the default since lease 26
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL", "0")
+    assert auto_calibration_learn_all() == 0
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL", "200")
+    assert auto_calibration_learn_all() == 200
     monkeypatch.setenv("SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL", "-1")
     with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL"):
         auto_calibration_learn_all()

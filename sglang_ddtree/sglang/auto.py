@@ -93,9 +93,11 @@ CALIBRATION_YOUNG = 2000
 # better too (1.177 / 1.089, calibration_prior_b*_young500.json). The price: the scoring's kernels on every tree
 # round of the first N request-rounds (an unsampled round runs the "scored" walk, whose borrowed tree inputs are
 # then copied in), and those rounds' times carry it (the chain's do not: it is never scored). Expected at N = 500:
-# at batch 1 a few tenths of a second once per server, calibrated at or below raw there. Off until a GPU A/B
-# (SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL=500).
-CALIBRATION_LEARN_ALL = 0
+# at batch 1 a few tenths of a second once per server, calibrated at or below raw there. Lease 26's A/B (tiny-starts,
+# three servers per arm, sweep_starts_tiny_lease26.jsonl): batch-1 calibrated MAE 0.906 / 1.107 / 0.940 against raw
+# 0.965 / 0.992 / 0.955 (the arm without: 1.098 / 1.051 / 1.131 against 0.986 / 0.965 / 1.010); tokens/s x0.996
+# [0.932, 1.065] of that arm at batch 1, x1.032 at 4. On by default; SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL=0 off.
+CALIBRATION_LEARN_ALL = 500
 
 # A decision of the best candidate holds for HOLD_ROUNDS rounds of its bucket (exploration and probes are single
 # rounds), and the worker drains the feedback only before a decision (AutoBudgetPolicy.deciding). Why: lease 23's
@@ -167,8 +169,10 @@ STALE_ROUNDS = 256
 # comes back.) Simulated (simulate_auto_flat.py, auto_flat_sim_best_elsewhere.json against auto_flat_sim.json, mean
 # / min of the best rate): tiny-like batch 4 after batch 1 with slow first uses 0.962 / 0.925 -> 0.982 / 0.962,
 # the 8B-like batch 16 after batch 1 cases within ~0.005, the one-bucket cases unchanged (no other bucket).
-# Off until a GPU A/B decides (SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE=1).
-EXPLORE_BEST_ELSEWHERE = False
+# Lease 26's A/B (tiny-starts, three servers per arm, batch 1 then 4, sweep_starts_tiny_lease26.jsonl): at batch 4
+# x1.065 [0.992, 1.142] of the arm without it; the 8B shapes x0.982 of DFLASH pooled against 0.968 without
+# (sweep_auto_8b_lease26.jsonl). On by default; SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE=0 turns it off.
+EXPLORE_BEST_ELSEWHERE = True
 STALE_HOPE = 0.5
 
 # A candidate's first WARM_ROUNDS rounds in a bucket can be left untimed (the first is cold anyway: the worker drops
