@@ -4,9 +4,10 @@ same and wider trees commit more - lease 19's tiny pair (sweep_auto_tiny_lease19
 the 32-, 64- and 128-trees at 4.31 / 4.41 / 4.32 ms and gave the narrower ones 32% of its rounds). Next to it:
 8B-like cases where the chain should win, a case with real cost gaps, and the scenarios of tests/test_sglang_auto.py
 that guard against lock-outs (a slow start, one slow sample, slow host phases). `--shrink-z Z`, `--recent N` and
-`--floor-fresh N`, `--hold N` and `--warm-rounds N` evaluate the chooser with auto.SHRINK_Z / auto.RECENT /
-auto.FLOOR_FRESH / auto.HOLD_ROUNDS / auto.WARM_ROUNDS set to them (0: no shrinkage; no freshness limit; 1: a
-decision every round; 0: every timed round counts).
+`--floor-fresh N`, `--floor-min-times N`, `--hold N`, `--warm-rounds N`, `--explore N` and `--spread iqr|mad`
+evaluate the chooser with auto.SHRINK_Z / auto.RECENT / auto.FLOOR_FRESH / auto.FLOOR_MIN_TIMES / auto.HOLD_ROUNDS /
+auto.WARM_ROUNDS / auto.EXPLORE_ROUNDS / auto.SPREAD set to them (0: no shrinkage; no freshness limit; 1: every timed
+round bounds floors; 1: a decision every round; 0: every timed round counts).
 
     python benchmarks/simulate_auto_flat.py --out benchmarks/results/auto_flat_sim.json
     python benchmarks/simulate_auto_flat.py --shrink-z 0 --out benchmarks/results/auto_flat_sim_z0.json
@@ -88,6 +89,15 @@ CASES = {
     "tiny-like batch 1 from the start, no warm-up": dict(
         base=[3.75, 4.4, 4.4, 4.4, 4.2], noise=0.10, outlier=0.05, rounds=1400, skip=0, seeds=48, batch=1,
         poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350),
+    # Lease 26's ten batch-1 servers (auto_chooser_log_starts_lease26.txt): the first tree explored after the leaders
+    # read 6.3-8.9 ms in its one or two timed rounds against ~4.0-4.4 later (x1.5-2), and the 64- and 128-trees stayed
+    # unexplored until the first stale probe (FLOOR_MIN_TIMES).
+    "tiny-like batch 1 from the start, first uses slower (x1.8, x1.15)": dict(
+        base=[3.75, 4.4, 4.4, 4.4, 4.2], noise=0.10, outlier=0.05, rounds=1400, skip=0, seeds=48, batch=1,
+        poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350, warm_mult=(1.8, 1.15)),
+    "tiny-like batch 1 from the start, first two uses slower (x1.8, x1.5)": dict(
+        base=[3.75, 4.4, 4.4, 4.4, 4.2], noise=0.10, outlier=0.05, rounds=1400, skip=0, seeds=48, batch=1,
+        poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350, warm_mult=(1.8, 1.5)),
     # The same dump's rounds right after a switch of candidate (after its first three uses): ~4% dearer at the
     # median, twice as often >= 1.4x (auto_sim.simulate's switch_mult / switch_outlier). Probes time only such
     # rounds. (ebae9a7's SWITCH_SETTLE left them untimed and timed a probe's second round: no gain simulated,
@@ -153,10 +163,17 @@ def main(argv=None) -> int:
                     help="auto.HOLD_ROUNDS for this run (rounds a decision holds; 1: decide every round)")
     ap.add_argument("--warm-rounds", type=int, default=None,
                     help="auto.WARM_ROUNDS for this run (a candidate's first rounds per bucket left untimed)")
+    ap.add_argument("--spread", choices=("iqr", "mad"), default=None,
+                    help="auto.SPREAD for this run (the spread SHRINK_Z's standard error uses; default: the code's)")
+    ap.add_argument("--explore", type=int, default=None,
+                    help="auto.EXPLORE_ROUNDS for this run (exploration's rounds per candidate; default: the code's)")
+    ap.add_argument("--floor-min-times", type=int, default=None,
+                    help="auto.FLOOR_MIN_TIMES for this run (timed rounds before a candidate's times bound floors)")
     ap.add_argument("--explore-all", action="store_true",
                     help="policies with explore_all (exploration ignores cost floors: SGLANG_DDTREE_AUTO_EXPLORE_ALL)")
-    ap.add_argument("--explore-best-elsewhere", action="store_true",
-                    help="auto.EXPLORE_BEST_ELSEWHERE for this run (a new bucket also explores other buckets' best)")
+    ap.add_argument("--explore-best-elsewhere", action=argparse.BooleanOptionalAction, default=None,
+                    help="auto.EXPLORE_BEST_ELSEWHERE for this run (a new bucket also explores other buckets' best; "
+                         "default: the code's)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.rounds <= args.skip:
@@ -165,14 +182,17 @@ def main(argv=None) -> int:
     # are made, the others when a policy is made or decides)
     for option, constant, minimum in (("hold", "HOLD_ROUNDS", 1), ("warm_rounds", "WARM_ROUNDS", 0),
                                       ("recent", "RECENT", 1), ("floor_fresh", "FLOOR_FRESH", 0),
+                                      ("floor_min_times", "FLOOR_MIN_TIMES", 1), ("explore", "EXPLORE_ROUNDS", 1),
                                       ("shrink_z", "SHRINK_Z", 0)):
         value = getattr(args, option)
         if value is not None:
             if value < minimum:
                 ap.error(f"--{option.replace('_', '-')} must be >= {minimum}")
             setattr(auto, constant, value)
-    if args.explore_best_elsewhere:
-        auto.EXPLORE_BEST_ELSEWHERE = True
+    if args.spread is not None:
+        auto.SPREAD = args.spread
+    if args.explore_best_elsewhere is not None:
+        auto.EXPLORE_BEST_ELSEWHERE = args.explore_best_elsewhere
     rows = []
     for name, case in CASES.items():
         tokens, expected = case.get("tokens", TOKENS), case.get("expected", EXPECTED)
@@ -210,9 +230,10 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps({
             "date": time.strftime("%Y-%m-%d"), "machine": "CPU (this repo's dev machine, 2 cores)",
             "command": "python benchmarks/simulate_auto_flat.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "recent": auto.RECENT, "shrink_z": auto.SHRINK_Z, "floor_fresh": auto.FLOOR_FRESH, "hold": auto.HOLD_ROUNDS,
+            "recent": auto.RECENT, "shrink_z": auto.SHRINK_Z, "floor_fresh": auto.FLOOR_FRESH,
+            "floor_min_times": auto.FLOOR_MIN_TIMES, "spread": auto.SPREAD, "hold": auto.HOLD_ROUNDS,
             "warm_rounds": auto.WARM_ROUNDS, "explore_best_elsewhere": auto.EXPLORE_BEST_ELSEWHERE,
-            "explore_all": args.explore_all,
+            "explore_rounds": auto.EXPLORE_ROUNDS, "explore_all": args.explore_all,
             "cases": rows}, indent=1))
     return 0
 

@@ -723,3 +723,17 @@ def test_vcpu_speed_samples_every_vcpu_and_restores_the_affinity(tmp_path):
     assert mod.lag1_correlation([2.0, 2.0, 2.0]) is None and mod.lag1_correlation([1.0, 2.0]) is None
     with pytest.raises(SystemExit):
         mod.main(["--seconds", "0", "--out", str(out)])
+
+
+def test_parse_junit_ignores_the_nameless_case_of_a_cut_run(tmp_path):
+    """Lease 26: a run stopped by its deadline left `<testcase time="0.000" />` in the JUnit XML, which counted as a
+    pass; it is no test and is left out (a real pass, skip and failure next to it still count)."""
+    path = tmp_path / "junit.xml"
+    path.write_text('<testsuites><testsuite>'
+                    '<testcase classname="m" name="a" time="1.0"><skipped message="not selected">x</skipped></testcase>'
+                    '<testcase classname="m" name="b" time="2.0" />'
+                    '<testcase classname="m" name="c" time="3.0"><failure message="boom">y</failure></testcase>'
+                    '<testcase time="0.000" /></testsuite></testsuites>')
+    tests, counts = run_gpu_suite.parse_junit(path)
+    assert counts == {"passed": 1, "failed": 1, "skipped": 1, "errors": 0}
+    assert [t["id"] for t in tests] == ["m::a", "m::b", "m::c"]

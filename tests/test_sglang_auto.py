@@ -929,6 +929,92 @@ def test_explore_best_elsewhere_tries_another_buckets_best_despite_its_cost_floo
     assert picks[10:].count(2) == 0 and picks[STALE_ROUNDS:].count(1) >= 1  # the 16-tree is still re-measured
 
 
+def test_floor_min_times_keeps_one_slow_first_round_from_flooring_the_wider_trees():
+    """Lease 26's batch-1 starts: the first tree explored after the leaders read ~2x slow in its one timed round
+    (after its cold first one); through the secant that time floored every wider tree out of exploration until a stale
+    probe. With floor_min_times=2 one time bounds no floor: the tree is explored again, reads its true cost, and the
+    128-tree, the best rate on this flat cost curve, is explored and wins within the first rounds."""
+    from sglang_ddtree.sglang.auto import STALE_ROUNDS
+
+    tokens, ms = [3.0, 4.0, 4.5, 5.0, 6.0], [3.75, 4.0, 4.0, 4.0, 4.0]
+
+    def run(floor_min_times):
+        policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], floor_min_times=floor_min_times)
+        picks, timed = [], [0] * 5
+        for _ in range(STALE_ROUNDS - 50):
+            i = policy.choose(1)
+            cold = i not in picks
+            picks.append(i)
+            slow = 2.0 if i == 2 and timed[i] == 0 and not cold else 1.0  # the 32-tree's first timed round
+            timed[i] += not cold
+            policy.observe(1, i, 1, None if cold else ms[i] * slow, [1.5 * t for t in tokens],
+                           [t if s else None for t, s in zip(tokens, observed_candidates(policy.candidates, i))])
+        return picks
+
+    assert 4 not in run(1)  # floored out: the secant of the 16-tree's 4 ms and the 32-tree's one 8 ms
+    picks = run(2)
+    assert picks.index(4) < 40 and picks[100:].count(4) >= 0.9 * len(picks[100:])
+
+
+def test_mad_spread_keeps_two_slow_rounds_from_handing_a_convex_bucket_to_the_chain():
+    """8B-like costs at batch 16 (chain 11 ms, 16-tree 11.5, 32-tree 20): two 2x rounds among the 16-tree's last
+    eight put its interquartile spread at ~8.5 ms, SHRINK_Z then draws its time toward the trees' pooled ~16 and the
+    chain's rate passes it, though the 16-tree commits a third more a round at ~5% more time. The median absolute
+    deviation ignores the two rounds and the 16-tree keeps its lead (SPREAD; simulate_auto_flat.py's convex case)."""
+    tokens = [3.0, 4.0, 4.5]
+    times = {0: [11.0] * 8, 1: [11.5, 11.4, 23.0, 11.6, 23.0, 11.5, 11.4, 11.6], 2: [20.0, 20.2, 19.8, 20.1] * 2}
+
+    def rates_and_spread(spread):
+        policy = AutoBudgetPolicy([CHAIN, 16, 32], widths=[16, 17, 33], spread=spread)
+        for i, ts in times.items():
+            for t in ts:
+                policy.observe(16, i, 16, t, [16 * 1.5 * x for x in tokens],
+                               [16 * x if s else None for x, s in zip(tokens, observed_candidates(policy.candidates, i))])
+        return policy.rates(16), policy.buckets[16].spread[1]
+
+    rates, spread = rates_and_spread("iqr")
+    assert spread > 8.0 and rates[0] > rates[1]  # the effect: the chain's rate ahead of the 16-tree's
+    rates, spread = rates_and_spread("mad")
+    assert spread < 0.5 and rates[1] > 1.2 * rates[0]
+    assert rates[1] == pytest.approx(4.0 / 11.6, rel=0.02)  # its own median time, not drawn toward the pool
+    with pytest.raises(ValueError, match="spread"):
+        AutoBudgetPolicy([CHAIN, 16], spread="std")
+
+
+def test_floor_min_times_and_explore_rounds_from_the_environment(monkeypatch):
+    from sglang_ddtree.sglang.auto import (EXPLORE_ROUNDS, FLOOR_MIN_TIMES, auto_explore_rounds,
+                                           auto_floor_min_times)
+
+    for name, read, field, default in (("SGLANG_DDTREE_AUTO_FLOOR_MIN_TIMES", auto_floor_min_times,
+                                        "floor_min_times", FLOOR_MIN_TIMES),
+                                       ("SGLANG_DDTREE_AUTO_EXPLORE_ROUNDS", auto_explore_rounds, "explore",
+                                        EXPLORE_ROUNDS)):
+        monkeypatch.delenv(name, raising=False)
+        assert read() is None
+        assert getattr(AutoBudgetPolicy([CHAIN, 16], **{field: read()}), field) == default
+        monkeypatch.setenv(name, "4")
+        assert getattr(AutoBudgetPolicy([CHAIN, 16], **{field: read()}), field) == 4
+        for bad in ("0", "x"):
+            monkeypatch.setenv(name, bad)
+            with pytest.raises(ValueError, match=name):
+                read()
+    with pytest.raises(ValueError, match="floor_min_times"):
+        AutoBudgetPolicy([CHAIN, 16], floor_min_times=0)
+
+
+def test_spread_from_the_environment(monkeypatch):
+    from sglang_ddtree.sglang.auto import SPREAD, auto_spread
+
+    monkeypatch.delenv("SGLANG_DDTREE_AUTO_SPREAD", raising=False)
+    assert auto_spread() is None and AutoBudgetPolicy([CHAIN, 16], spread=auto_spread()).spread == SPREAD
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SPREAD", "mad")
+    policy = AutoBudgetPolicy([CHAIN, 16], spread=auto_spread())
+    assert policy.spread == "mad" and policy._bucket(1).mad
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SPREAD", "MAD")
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_SPREAD"):
+        auto_spread()
+
+
 def test_explore_best_elsewhere_from_the_environment(monkeypatch):
     from sglang_ddtree.sglang.auto import EXPLORE_BEST_ELSEWHERE, auto_explore_best_elsewhere
 

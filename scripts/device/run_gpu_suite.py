@@ -224,6 +224,10 @@ def parse_junit(path: Path) -> tuple[list[dict], dict]:
     root = ET.parse(path).getroot()
     for case in root.iter("testcase"):
         cls, name = case.get("classname", ""), case.get("name", "")
+        if not cls and not name:
+            # lease 26: a run cut by its deadline left `<testcase time="0.000" />` (the test under way when pytest
+            # was stopped), which counted as a pass
+            continue
         test_id = f"{cls}::{name}" if cls else name
         outcome, message, details = "passed", "", ""
         # pytest may attach an <error> (teardown) next to a <failure>: the worst one decides.

@@ -140,6 +140,18 @@ RECENT = 8
 # 0.5% apart with real cost gaps (11 / 12.5 ms at 5% noise) 0.996 -> 0.993: real differences shrink by the error
 # too. SHRINK_Z = 2 took the flat cases to 0.997 but the lock-out mean to 0.982. Not yet measured on a GPU.
 SHRINK_Z = 1.0
+# The spread of a candidate's recent times that SHRINK_Z's standard error uses: "iqr" (the interquartile range as a
+# normal sigma) or "mad" (the median absolute deviation as one). Why "mad" would: the IQR of RECENT = 8 times breaks
+# at two outliers. Simulated (simulate_auto_flat.py, 8B-like batch 16 after batch 1, convex): two 2x rounds among the
+# 16-tree's last eight put its spread at 8.4 ms (0.3 before), SHRINK_Z drew its 11.7 ms toward the trees' pooled ~19
+# to 15.4, and the chain (never drawn: it verifies causally) won for hundreds of rounds at a rate ~20% below the
+# 16-tree's, the 16-tree re-timed only by probes (three of sixteen seeds 0.943-0.965 of the best rate; with
+# EXPLORE_ROUNDS = 4 one seed 0.823). The median absolute deviation breaks at half the window. Simulated
+# (auto_flat_sim_lease26_mad*.json against auto_flat_sim_lease26_*.json, mean / min of the best rate): that case
+# 0.987 / 0.943 -> 0.995 / 0.988, with FLOOR_MIN_TIMES = 2 and EXPLORE_ROUNDS = 4 0.970 / 0.823 -> 0.995 / 0.994;
+# every case's mean with all three 0.982 or more (0.892 as the code is). Off ("iqr") until a GPU A/B decides
+# (SGLANG_DDTREE_AUTO_SPREAD=mad).
+SPREAD = "iqr"
 
 # Evidence goes stale. Lease 18's tiny sweep at batch 4 (sweep_auto_tiny_lease18_dchain.jsonl, setup `tiny`): the
 # 128-tree's observed / expected stayed at 0.197 from a few early rounds (every batch-size row reported the same
@@ -195,6 +207,27 @@ WARM_ROUNDS = 0
 # Off by default; see AutoBudgetPolicy.floor_fresh.
 FLOOR_FRESH = 0
 
+# A candidate's times bound cost floors (its own and the wider candidates') only once it has FLOOR_MIN_TIMES timed
+# rounds in the bucket; until then a floor comes from the others' times (None if there are none: exploration goes
+# on). Why: lease 26's batch-1 `auto` servers (auto_chooser_log_starts_lease26.txt, auto_chooser_log_tiny_lease26.txt):
+# in nine of ten a tree explored early read 6.0-8.9 ms in its one or two timed rounds against ~4.0-4.4 once it ran;
+# that time floored the tree itself and, through the secant (a 32-tree at 6.7 ms after a 16-tree at 3.7 extends to
+# ~23 ms at width 129), every wider one, and the 128-tree first ran after 200-600 rounds, mostly at the first stale
+# probe (STALE_ROUNDS). A least of two times is robust to one slow first round.
+# With a cold first round untimed, exploration's EXPLORE_ROUNDS = 3 tries give a candidate two timed rounds, so 2
+# is the most that exploration alone satisfies; EXPLORE_ROUNDS = 4 gives three. Simulated (simulate_auto_flat.py,
+# mean / min of the best rate, auto_flat_sim_lease26_*.json; mean over all cases 0.985 as the code is): FLOOR_MIN_TIMES
+# = 2 0.987, EXPLORE_ROUNDS = 4 0.990, both 0.992; the tiny-like batch-1 starts with slow first uses (x1.3 to x1.8)
+# 0.892-0.967 -> 0.987-0.990 with both, the 8B-like batch 16 after batch 1 (convex; the 128-tree, best at batch 1,
+# explored there 73 ms a round against the chain's 11) 0.987 / 0.943 -> 0.970 / 0.823 over its 1500 rounds (its
+# worst seeds run the chain for the 16-tree, a confusion three of its sixteen seeds show as the code is too).
+# Off (1: every timed round counts) until a GPU A/B decides (SGLANG_DDTREE_AUTO_FLOOR_MIN_TIMES=2,
+# SGLANG_DDTREE_AUTO_EXPLORE_ROUNDS=4).
+FLOOR_MIN_TIMES = 1
+# Exploration's rounds per candidate and bucket (the policy's `explore`): as many timed rounds, the cold first one
+# left untimed by the worker making one fewer.
+EXPLORE_ROUNDS = 3
+
 
 @dataclass
 class _Decayed:
@@ -233,6 +266,7 @@ class _Bucket:
     next_probe: int = 0  # the first round at which a probe may run again (probe_every)
     seen: list = field(default_factory=list)  # rounds observed per candidate, timed or not (WARM_ROUNDS)
     elsewhere: set = field(default_factory=set)  # candidates explored as another bucket's best (EXPLORE_BEST_ELSEWHERE)
+    mad: bool = False  # spread as the median absolute deviation, else the interquartile range (SPREAD)
 
     def __post_init__(self):
         n = len(self.recent)
@@ -251,14 +285,18 @@ class _Bucket:
         xs = sorted(self.recent[i])
         n = len(xs)
         self.median[i], self.least[i] = xs[n // 2], xs[0]
-        self.spread[i] = 0.7413 * (xs[(3 * n) // 4] - xs[n // 4])  # the interquartile range as a normal sigma
+        if self.mad:  # the median absolute deviation as a normal sigma (SPREAD)
+            deviations = sorted(abs(x - xs[n // 2]) for x in xs)
+            self.spread[i] = 1.4826 * deviations[n // 2]
+        else:
+            self.spread[i] = 0.7413 * (xs[(3 * n) // 4] - xs[n // 4])  # the interquartile range as a normal sigma
 
 
 @dataclass
 class AutoBudgetPolicy:
     candidates: list[int]  # sorted, CHAIN (0) first
     widths: list[int] | None = None  # verify tokens per request of each candidate (default: chain 16, b + 1)
-    explore: int = 3
+    explore: int | None = None  # rounds a candidate is explored per bucket (None: the module's EXPLORE_ROUNDS)
     # Explore every candidate `explore` rounds per bucket, even one that cannot win (SGLANG_DDTREE_AUTO_EXPLORE_ALL=1,
     # a testing mode): the GPU server tests then verify every candidate's tree losslessly. Off, a candidate whose
     # best case cannot beat the best measured rate is skipped (lease 19's server module, ten servers sharing the
@@ -280,6 +318,12 @@ class AutoBudgetPolicy:
     # A candidate's first rounds per bucket left untimed (None: the module's WARM_ROUNDS), for an A/B in one
     # interleaved run (SGLANG_DDTREE_AUTO_WARM_ROUNDS; lease_steps.sh tiny-paired with TP_TWIN_ENV).
     warm_rounds: int | None = None
+    # Timed rounds a candidate needs in a bucket before its times bound cost floors (None: the module's
+    # FLOOR_MIN_TIMES), for an A/B in one interleaved run (SGLANG_DDTREE_AUTO_FLOOR_MIN_TIMES).
+    floor_min_times: int | None = None
+    # The spread SHRINK_Z's standard error uses, "iqr" or "mad" (None: the module's SPREAD), for an A/B in one
+    # interleaved run (SGLANG_DDTREE_AUTO_SPREAD).
+    spread: str | None = None
     probe_every: int = 64
     hold_rounds: int = 0  # a decision holds this many rounds of its bucket (0: the module's HOLD_ROUNDS)
     half_life_rounds: float = 200.0
@@ -314,12 +358,19 @@ class AutoBudgetPolicy:
                              f"{self.candidates}.")
         if len(self.candidates) < 2:
             raise ValueError("auto needs at least one tree budget besides the chain.")
+        self.explore = EXPLORE_ROUNDS if self.explore is None else self.explore
         if self.explore < 1 or self.probe_every < 1 or self.half_life_rounds <= 0 or self.hold_rounds < 0:
             raise ValueError("explore and probe_every must be >= 1, half_life_rounds > 0 and hold_rounds >= 0.")
         self.hold_rounds = self.hold_rounds or HOLD_ROUNDS
         self.warm_rounds = WARM_ROUNDS if self.warm_rounds is None else self.warm_rounds
         if self.warm_rounds < 0:
             raise ValueError(f"warm_rounds must be >= 0, got {self.warm_rounds}.")
+        self.spread = SPREAD if self.spread is None else self.spread
+        if self.spread not in ("iqr", "mad"):
+            raise ValueError(f"spread must be 'iqr' or 'mad', got {self.spread!r}.")
+        self.floor_min_times = FLOOR_MIN_TIMES if self.floor_min_times is None else self.floor_min_times
+        if self.floor_min_times < 1:
+            raise ValueError(f"floor_min_times must be >= 1, got {self.floor_min_times}.")
         # exploration's tries per candidate: as many timed rounds as `explore` rounds with a cold first one gave
         self._explore_tries = self.explore + max(0, self.warm_rounds - 1)
         if self.explore_best_elsewhere is None:
@@ -345,7 +396,7 @@ class AutoBudgetPolicy:
             n = len(self.candidates)
             self.buckets[bucket] = _Bucket([_Decayed() for _ in range(n)], [0] * n, [0] * n, [-1] * n, [0] * n,
                                            [collections.deque(maxlen=RECENT) for _ in range(n)],
-                                           next_probe=self.probe_every)
+                                           next_probe=self.probe_every, mad=self.spread == "mad")
         return self.buckets[bucket]
 
     # ---------------------------------------------------------------------------------------------- estimates
@@ -437,6 +488,7 @@ class AutoBudgetPolicy:
     def _cost_floor(self, b: _Bucket, i: int) -> float | None:
         """A lower bound of candidate i's round ms in this bucket, from what is measured (None: nothing is). Every
         time used here is a candidate's least recent one (RECENT), not its mean.
+        A candidate's times count here once it has floor_min_times of them (FLOOR_MIN_TIMES).
         - Measured itself: its least time, less NOISE (a probe re-measures what would win at that price).
         - Otherwise: the dearest measured candidate that verifies no more tokens (a wider verify does not cost
           less), and, from two measured narrower trees, the secant through them extended to i's width: round time
@@ -445,11 +497,11 @@ class AutoBudgetPolicy:
           rule out a candidate that would win. The chain verifies causally (another cost curve): not in the secant.
         Lease 10 (8B shapes, batch 16, a drafter never right), when the floor was the narrower candidates' dearest
         time alone: the 128-tree (2064 verify tokens) was verified in 7 of 382 rounds, the 32-tree in 5."""
-        own = self._least_ms(b, i)
-        if own is not None:
-            return own * (1.0 - NOISE)
+        enough = [len(b.recent[j]) >= self.floor_min_times for j in range(len(self.candidates))]
+        if enough[i]:
+            return self._least_ms(b, i) * (1.0 - NOISE)
         fresh = FLOOR_FRESH if self.floor_fresh is None else self.floor_fresh
-        usable = [bool(b.recent[j]) and (not fresh or b.rounds - b.last_measured[j] <= fresh)
+        usable = [enough[j] and (not fresh or b.rounds - b.last_measured[j] <= fresh)
                   for j in range(len(self.candidates))]
         narrower = [self._least_ms(b, j) for j in range(len(self.candidates))
                     if j != i and self.widths[j] <= self.widths[i] and usable[j]]
@@ -715,6 +767,29 @@ def auto_floor_fresh() -> int | None:
     FLOOR_FRESH; 0: every recent time bounds the wider candidates), for an A/B in one interleaved run
     (lease_steps.sh tiny-twins, TW_FLOOR_FRESH)."""
     return _env_at_least("SGLANG_DDTREE_AUTO_FLOOR_FRESH", int, 0, "a round count >= 0 (0: off)")
+
+
+def auto_spread() -> str | None:
+    """SGLANG_DDTREE_AUTO_SPREAD: the policy's spread for this server, "iqr" or "mad" (None when unset: the
+    module's SPREAD), for an A/B in one interleaved run."""
+    raw = os.environ.get("SGLANG_DDTREE_AUTO_SPREAD")
+    if raw is None or raw == "":
+        return None
+    if raw not in ("iqr", "mad"):
+        raise ValueError(f"SGLANG_DDTREE_AUTO_SPREAD must be iqr or mad, got {raw!r}.")
+    return raw
+
+
+def auto_explore_rounds() -> int | None:
+    """SGLANG_DDTREE_AUTO_EXPLORE_ROUNDS: the policy's explore for this server (None when unset: the module's
+    EXPLORE_ROUNDS), for an A/B in one interleaved run."""
+    return _env_at_least("SGLANG_DDTREE_AUTO_EXPLORE_ROUNDS", int, 1, "a round count >= 1")
+
+
+def auto_floor_min_times() -> int | None:
+    """SGLANG_DDTREE_AUTO_FLOOR_MIN_TIMES: the policy's floor_min_times for this server (None when unset: the
+    module's FLOOR_MIN_TIMES; 1: every timed round counts), for an A/B in one interleaved run."""
+    return _env_at_least("SGLANG_DDTREE_AUTO_FLOOR_MIN_TIMES", int, 1, "a round count >= 1")
 
 
 def auto_warm_rounds() -> int | None:

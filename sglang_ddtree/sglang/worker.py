@@ -65,8 +65,8 @@ from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
 from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, AutoBudgetPolicy, AutoFeedback, CalibrationMonitor,
                                       WalkSchedule, auto_calibration_learn_all, auto_explore_best_elsewhere,
-                                      auto_floor_fresh, auto_log_every, auto_shrink_z, auto_warm_rounds,
-                                      calibration_prior_mass)
+                                      auto_explore_rounds, auto_floor_fresh, auto_floor_min_times, auto_log_every,
+                                      auto_shrink_z, auto_spread, auto_warm_rounds, calibration_prior_mass)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -325,10 +325,10 @@ class DDTreeWorker(DFlashWorkerV2):
                 enabled=self.round_graphs, borrow=(0, 1, 2, 3, 4, 5), unpad=ops.unpad_commit_plan,
                 rows_arg=self.pad_stages, **pad)
                 for variant in WalkSchedule.VARIANTS if not (c == CHAIN and variant == "scored")})
-        policy = AutoBudgetPolicy(list(candidates), widths=widths,
+        policy = AutoBudgetPolicy(list(candidates), widths=widths, explore=auto_explore_rounds(),
                                   explore_all=os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_ALL") == "1",
-                                  shrink_z=auto_shrink_z(), floor_fresh=auto_floor_fresh(),
-                                  warm_rounds=auto_warm_rounds(),
+                                  shrink_z=auto_shrink_z(), spread=auto_spread(), floor_fresh=auto_floor_fresh(),
+                                  warm_rounds=auto_warm_rounds(), floor_min_times=auto_floor_min_times(),
                                   explore_best_elsewhere=auto_explore_best_elsewhere())
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
