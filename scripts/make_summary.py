@@ -488,14 +488,16 @@ SGLANG_STARTS_SWEEPS = ("sweep_starts_tiny_lease25.jsonl", "sweep_starts_tiny_le
 
 
 def _auto_calibration(name: str):
-    """(setup, batch size, row, {"raw", "calibrated", "request_rounds"}) of every `auto` row of a sweep that carries
-    `auto_calibration` (Prometheus differences of its measured runs), in key order."""
+    """(setup, batch size, row, {"raw", "calibrated", ["gated",] "request_rounds"}) of every `auto` row of a sweep
+    that carries `auto_calibration` (Prometheus differences of its measured runs), in key order; "gated" where the
+    server exported it (auto.CALIBRATION_GATE, after lease 26)."""
     rows = _sweep_rows(name)
     for (setup, method, _, bs), r in sorted(rows.items(), key=lambda kv: (*kv[0][:2], kv[0][2] or -1, kv[0][3])):
         cal = (r.get("ddtree_metrics") or {}).get("auto_calibration") if method == "auto" else None
         if cal:
+            gated = {"gated": round(cal["tau_mae_gated"], 4)} if "tau_mae_gated" in cal else {}
             yield setup, bs, r, {"raw": round(cal["tau_mae_raw"], 4), "calibrated": round(cal["tau_mae_calibrated"], 4),
-                                 "request_rounds": cal["scored_request_rounds"]}
+                                 **gated, "request_rounds": cal["scored_request_rounds"]}
 
 
 def sglang_calibration(out: dict) -> None:

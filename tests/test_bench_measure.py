@@ -156,6 +156,11 @@ def test_auto_calibration_of_a_workload():
                    "tau_mae_calibrated": pytest.approx(1.2)}
     assert prom.auto_calibration(prom.diff(prom.parse(after), prom.parse(after))) is None
     assert prom.auto_calibration(prom.diff(prom.parse(AFTER), prom.parse(BEFORE))) is None
+    # a server exporting the gated predictor (after lease 26): its MAE too, from its own series
+    gated_before = before + 'sglang:ddtree_auto_tau_abs_error_total{budget="auto",scores="gated"} 10.0\n'
+    gated_after = after + 'sglang:ddtree_auto_tau_abs_error_total{budget="auto",scores="gated"} 36.0\n'
+    got = prom.auto_calibration(prom.diff(prom.parse(gated_after), prom.parse(gated_before)))
+    assert got["tau_mae_gated"] == pytest.approx(1.3) and got["tau_mae_calibrated"] == pytest.approx(1.2)
 
 
 # -------------------------------------------------------------------------------------------- streaming client

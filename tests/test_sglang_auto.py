@@ -406,19 +406,29 @@ def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
     monkeypatch.setattr(CalibrationMonitor, "EXPORT_EVERY", 4)
     policy = AutoBudgetPolicy([CHAIN, 16])
     feedback = AutoFeedback(policy, "cpu", monitor)
-    feedback.push(torch.tensor([8.0, 12.0, 7.0, 0.0, 3.0, 2.0, 4.0]), FakeTimer({"verify": 2.0}), 4, 0, 4)
+    from sglang_ddtree.sglang.auto import CALIBRATION_GATE
+
+    assert monitor.young()  # the gated predictor is the raw one until the table has learnt CALIBRATION_GATE
+    # request-rounds: a round pushed while young counts its raw error as the gated one, a later one its calibrated
+    feedback.push(torch.tensor([8.0, 12.0, 7.0, 0.0, 3.0, 2.0, 4.0]), FakeTimer({"verify": 2.0}), 4, 0, 4,
+                  young=monitor.young())
     feedback.push(torch.tensor([0.0, 0.0, 0.0, 9.0, 0.0, 0.0, 0.0]), FakeTimer({"verify": 2.0}), 4, 1, 4,
                   sampled=False)
-    assert feedback.drain() == 2
-    assert monitor.export() == {"scored_request_rounds": 4, "resets": 0, "tau_mae_raw": 0.75,
-                                "tau_mae_calibrated": 0.5}
+    monitor.learnt = CALIBRATION_GATE
+    assert not monitor.young()
+    feedback.push(torch.tensor([8.0, 12.0, 7.0, 0.0, 2.0, 1.0, 4.0]), FakeTimer({"verify": 2.0}), 4, 0, 4,
+                  young=monitor.young())
+    assert feedback.drain() == 3
+    assert monitor.export() == {"scored_request_rounds": 8, "resets": 0, "tau_mae_raw": 0.625,
+                                "tau_mae_calibrated": 0.375, "tau_mae_gated": 0.5}
 
     def sample(name, **labels):
         return registry.get_sample_value(name, {"budget": "auto", **labels})
 
-    assert sample("sglang:ddtree_auto_tau_abs_error_total", scores="raw") == 3.0
-    assert sample("sglang:ddtree_auto_tau_abs_error_total", scores="calibrated") == 2.0
-    assert sample("sglang:ddtree_auto_tau_scored_total") == 4.0
+    assert sample("sglang:ddtree_auto_tau_abs_error_total", scores="raw") == 5.0
+    assert sample("sglang:ddtree_auto_tau_abs_error_total", scores="calibrated") == 3.0
+    assert sample("sglang:ddtree_auto_tau_abs_error_total", scores="gated") == 4.0
+    assert sample("sglang:ddtree_auto_tau_scored_total") == 8.0
     cell = {"depth": "1", "path_class": "0", "rank_class": "0"}
     for _ in range(4):
         monitor.after_round()
@@ -431,7 +441,7 @@ def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
     ptr = cal.obs.data_ptr()
     monitor.learnt = 12
     monitor.reset()
-    assert cal.obs.data_ptr() == ptr and float(cal.count.sum()) == 0 and monitor.learnt == 0
+    assert cal.obs.data_ptr() == ptr and float(cal.count.sum()) == 0 and monitor.learnt == 0 and monitor.young()
     assert monitor.export()["scored_request_rounds"] == 0 and monitor.export()["resets"] == 1
     assert sample("sglang:ddtree_calibration_observations", **cell) == 0
     assert sample("sglang:ddtree_calibration_ratio", **cell) == 1.0

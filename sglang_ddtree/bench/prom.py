@@ -95,14 +95,18 @@ def auto_rounds(delta: dict[Sample, float]) -> dict[str, int]:
 
 def auto_calibration(delta: dict[Sample, float]) -> dict | None:
     """`auto` servers: the calibration table's prediction errors in one workload's scrape difference (request-rounds
-    scored, and the mean absolute error per request-round of the raw and of the calibrated predicted committed
-    tokens); None when no round was scored."""
+    scored, and the mean absolute error per request-round of the raw, the calibrated and, where exported, the gated
+    predicted committed tokens); None when no round was scored."""
     scored = _total(delta, "sglang:ddtree_auto_tau_scored_total")
     if scored <= 0:
         return None
-    return {"scored_request_rounds": int(round(scored)),
-            **{f"tau_mae_{scores}": _total(delta, "sglang:ddtree_auto_tau_abs_error_total", scores=scores) / scored
-               for scores in ("raw", "calibrated")}}
+    out = {"scored_request_rounds": int(round(scored)),
+           **{f"tau_mae_{scores}": _total(delta, "sglang:ddtree_auto_tau_abs_error_total", scores=scores) / scored
+              for scores in ("raw", "calibrated")}}
+    # the gated predictor (auto.CALIBRATION_GATE), from servers that export it (after lease 26)
+    if _select(delta, ("sglang:ddtree_auto_tau_abs_error_total", "sglang:ddtree_auto_tau_abs_error"), scores="gated"):
+        out["tau_mae_gated"] = _total(delta, "sglang:ddtree_auto_tau_abs_error_total", scores="gated") / scored
+    return out
 
 
 def ddtree_summary(delta: dict[Sample, float], budget: int | str | None = None) -> dict | None:

@@ -98,6 +98,14 @@ CALIBRATION_YOUNG = 2000
 # 0.965 / 0.992 / 0.955 (the arm without: 1.098 / 1.051 / 1.131 against 0.986 / 0.965 / 1.010); tokens/s x0.996
 # [0.932, 1.065] of that arm at batch 1, x1.032 at 4. On by default; SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL=0 off.
 CALIBRATION_LEARN_ALL = 500
+# The gated predictor, reported next to the raw and the calibrated ones: the raw prediction until the table has learnt
+# CALIBRATION_GATE request-rounds since its last reset, the table's after. Why: offline (calibration_prior.py, tiny
+# pair, learning as the server does), the young table's loss is its first ~100 rounds (1.6-1.8 against 1.1-1.3 raw)
+# and it ends about even with raw over ~1000 rounds (1.177 / 1.288 against 1.192 / 1.282 at budget 128 / 64), where
+# the same table consulted only from its 100th learnt round reads 1.144 / 1.236 (200: 1.157 / 1.242; 25 or 50: no
+# better than ungated; calibration_prior_b*_young500_gates.json). The table feeds no decision in the server, so the
+# gate changes what is reported, not what runs: the calibrated series stays the table's own.
+CALIBRATION_GATE = 100
 
 # A decision of the best candidate holds for HOLD_ROUNDS rounds of its bucket (exploration and probes are single
 # rounds), and the worker drains the feedback only before a decision (AutoBudgetPolicy.deciding). Why: lease 23's
@@ -857,22 +865,31 @@ class CalibrationMonitor:
     def __init__(self, calibrator, prometheus=None):
         self.calibrator = calibrator
         self.prometheus = prometheus
-        self.raw_abs = self.calibrated_abs = self.request_rounds = 0.0
-        self.learnt = 0  # request-rounds the table learnt since its last reset (CALIBRATION_LEARN_ALL)
+        self.raw_abs = self.calibrated_abs = self.gated_abs = self.request_rounds = 0.0
+        self.learnt = 0  # request-rounds the table learnt since its last reset (CALIBRATION_LEARN_ALL, _GATE)
         self.resets = 0
         pin = calibrator.device.type == "cuda"
         self._snapshot = torch.zeros((3, *calibrator.config.shape[:3]), dtype=torch.float64, pin_memory=pin)
         self._pending = None  # the snapshot copy's event (or True on CPU) while one is in flight
         self._rounds = 0
 
-    def errors(self, raw_abs: float, calibrated_abs: float, requests: float) -> None:
+    def young(self) -> bool:
+        """Whether the gated predictor is still the raw one (CALIBRATION_GATE): asked when the round is pushed,
+        before the table learns it, as both predictions were made."""
+        return self.learnt < CALIBRATION_GATE
+
+    def errors(self, raw_abs: float, calibrated_abs: float, requests: float, young: bool = False) -> None:
+        """A scored round's summed errors; young: the table had learnt fewer than CALIBRATION_GATE request-rounds
+        when it predicted (the gated predictor's error is then the raw one)."""
         if requests <= 0:
             return
+        gated_abs = raw_abs if young else calibrated_abs
         self.raw_abs += raw_abs
         self.calibrated_abs += calibrated_abs
+        self.gated_abs += gated_abs
         self.request_rounds += requests
         if self.prometheus is not None:
-            self.prometheus.calibration_errors(raw_abs, calibrated_abs, requests)
+            self.prometheus.calibration_errors(raw_abs, calibrated_abs, requests, gated_abs)
 
     def learn(self, delta: torch.Tensor, errors: torch.Tensor, requests: int) -> None:
         """A scored round's table delta (after the round's stages: graph warm-ups and captures never get here);
@@ -908,7 +925,7 @@ class CalibrationMonitor:
         """Between rounds (the scheduler's request handling): the zeroing runs on the rounds' stream, in order; a
         round already queued may still add its delta."""
         self.calibrator.reset()
-        self.raw_abs = self.calibrated_abs = self.request_rounds = 0.0
+        self.raw_abs = self.calibrated_abs = self.gated_abs = self.request_rounds = 0.0
         self.learnt = 0
         self.resets += 1
         self._pending = None
@@ -920,7 +937,8 @@ class CalibrationMonitor:
         n = self.request_rounds
         return {"scored_request_rounds": int(n), "resets": self.resets,
                 "tau_mae_raw": _r(self.raw_abs / n) if n else None,
-                "tau_mae_calibrated": _r(self.calibrated_abs / n) if n else None}
+                "tau_mae_calibrated": _r(self.calibrated_abs / n) if n else None,
+                "tau_mae_gated": _r(self.gated_abs / n) if n else None}
 
 
 class AutoFeedback:
@@ -941,13 +959,14 @@ class AutoFeedback:
         self.dropped = 0
 
     def push(self, vector: torch.Tensor | None, timer, bucket: int, chosen: int, batch_size: int,
-             cold: bool = False, sampled: bool = True) -> None:
+             cold: bool = False, sampled: bool = True, young: bool = False) -> None:
         """vector: [expected per candidate (sum over the batch), observed per candidate (0 where not observed),
         calibration errors (ops.calibration_round; zeros when the round did not score)]; None on a round that did
         not sample (the policy learns only its time: observe() reads observed tokens only next to the same round's
         expectations, so the round's walk does not compute them and nothing is copied).
         cold: the round did one-time work (graph captures): its tokens count, its time does not.
-        sampled: the round computed the expectations (else only its time counts)."""
+        sampled: the round computed the expectations (else only its time counts).
+        young: the calibration table was young when the round predicted (CalibrationMonitor.young)."""
         if sampled and vector is None:
             raise ValueError("a sampled round must bring its feedback vector.")
         if len(self.pending) >= self.RING:
@@ -961,12 +980,12 @@ class AutoFeedback:
             if vector.is_cuda:
                 event = torch.cuda.Event()
                 event.record()
-        self.pending.append((event, slot, None if cold else timer, bucket, chosen, batch_size, sampled))
+        self.pending.append((event, slot, None if cold else timer, bucket, chosen, batch_size, sampled, young))
 
     def drain(self) -> int:
         done = 0
         while self.pending:
-            event, slot, timer, bucket, chosen, batch_size, sampled = self.pending[0]
+            event, slot, timer, bucket, chosen, batch_size, sampled, young = self.pending[0]
             if (event is not None and not event.query()) or (timer is not None and not timer.done()):
                 break
             self.pending.popleft()
@@ -982,6 +1001,6 @@ class AutoFeedback:
             observed = [values[n + i] if seen[i] else None for i in range(n)]
             self.policy.observe(bucket, chosen, batch_size, round_ms, values[:n], observed)
             if self.calibration is not None:
-                self.calibration.errors(*values[2 * n: 2 * n + self.CALIBRATION])
+                self.calibration.errors(*values[2 * n: 2 * n + self.CALIBRATION], young=young)
             done += 1
         return done

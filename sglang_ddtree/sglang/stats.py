@@ -22,7 +22,7 @@ Metric names (all `sglang:ddtree_*`, label `budget`; counters are request-rounds
   stage_host_seconds_total{stage} and stage_host_rounds_total (the host's time per stage of the round call:
   choose (`auto`), draft, tree, verify, walk, commit, after; mean = the sum / stage_host_rounds_total).
 `auto` adds auto_rounds_total{candidate} (batch rounds per verified candidate) and, from its calibration table
-(sglang_ddtree.sglang.auto.CalibrationMonitor): auto_tau_abs_error_total{scores=raw|calibrated} and
+(sglang_ddtree.sglang.auto.CalibrationMonitor): auto_tau_abs_error_total{scores=raw|calibrated|gated} and
 auto_tau_scored_total (mean absolute error of the predicted committed tokens per request-round, scored tree
 rounds: one sampled tree round in auto.CALIBRATION_EVERY, every one while the table is young),
 calibration_ratio{depth,path_class,rank_class} and calibration_observations{...} (gauges: the table's factors and
@@ -199,8 +199,9 @@ class _Prometheus:
         names, registry = self._names, self._registry
         self._tau_error = Counter("sglang:ddtree_auto_tau_abs_error_total", "`auto`, scored tree rounds: sum over "
                                   "request-rounds of |predicted - committed tokens|, by the scores that predicted "
-                                  "(raw drafter scores or the calibration table's), both before the table learnt "
-                                  "the round. MAE = this / ddtree_auto_tau_scored_total.", names + ["scores"],
+                                  "(raw drafter scores, the calibration table's, or gated: raw until the table has "
+                                  "learnt auto.CALIBRATION_GATE request-rounds, the table's after), all before the "
+                                  "table learnt the round. MAE = this / ddtree_auto_tau_scored_total.", names + ["scores"],
                                   registry=registry)
         self._tau_scored = Counter("sglang:ddtree_auto_tau_scored_total", "`auto`: request-rounds whose prediction "
                                    "error was scored (scored tree rounds).", names, registry=registry)
@@ -213,10 +214,13 @@ class _Prometheus:
                               "of the cell's observed draft nodes (0 after a reset: ddtree_calibration_reset).", cell,
                               registry=registry, multiprocess_mode="mostrecent")
 
-    def calibration_errors(self, raw_abs: float, calibrated_abs: float, requests: float) -> None:
+    def calibration_errors(self, raw_abs: float, calibrated_abs: float, requests: float,
+                           gated_abs: float | None = None) -> None:
         self._calibration_series()
         self._tau_error.labels(**self._auto_labels, scores="raw").inc(raw_abs)
         self._tau_error.labels(**self._auto_labels, scores="calibrated").inc(calibrated_abs)
+        if gated_abs is not None:
+            self._tau_error.labels(**self._auto_labels, scores="gated").inc(gated_abs)
         self._tau_scored.labels(**self._auto_labels).inc(requests)
 
     def calibration_table(self, rows: list[dict]) -> None:

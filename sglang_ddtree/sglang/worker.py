@@ -550,7 +550,8 @@ class DDTreeWorker(DFlashWorkerV2):
             # round's expectations) and sends nothing but its time
             vector = torch.cat([expected, plan.observed, plan.calibration if scored else self.auto.no_calibration]) \
                 if sampled else None
-            self.auto.feedback.push(vector, timer, bucket, chosen, bs, cold=cold, sampled=sampled)
+            self.auto.feedback.push(vector, timer, bucket, chosen, bs, cold=cold, sampled=sampled,
+                                    young=self.auto.calibration.young())
             if scored:  # the table learns now, in stream order before the next scored walk stage reads it
                 self.auto.calibration.learn(plan.calibration_delta, plan.calibration, bs)
             self.auto.calibration.after_round()

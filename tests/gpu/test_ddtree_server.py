@@ -241,12 +241,14 @@ def test_auto_calibration_table_is_scored_exported_and_resettable(servers, outpu
     scored = sum(_metric_values(server, "sglang:ddtree_auto_tau_scored_total").values())
     raw = sum(v for k, v in errors.items() if 'scores="raw"' in k)
     calibrated = sum(v for k, v in errors.items() if 'scores="calibrated"' in k)
+    gated = sum(v for k, v in errors.items() if 'scores="gated"' in k)
     ratios = _metric_values(server, "sglang:ddtree_calibration_ratio")
     gpu_record("ddtree_auto_calibration", config=name, scored_request_rounds=scored, requests_to_publish=sent,
                tau_mae_raw=raw / scored if scored else None, tau_mae_calibrated=calibrated / scored if scored else None,
+               tau_mae_gated=gated / scored if scored else None,
                cells=len(ratios), observations=_observations(server))
     assert sent is not None, "the calibration gauges never showed observations"
-    assert scored > 0 and raw > 0 and calibrated > 0, errors
+    assert scored > 0 and raw > 0 and calibrated > 0 and gated > 0, errors
     assert ratios and any(abs(r - 1.0) > 1e-3 for r in ratios.values()), ratios  # the table learnt something
     assert _post(server, "/flush_cache") is not None, "/flush_cache did not succeed"
     assert _observations(server) > 0  # a flush is not a reset
