@@ -96,8 +96,8 @@ def main(argv=None) -> int:
     score_every = args.learn_every if args.score_every is None else args.score_every
     if not masses or any(m <= 0 for m in masses) or min(args.budget, args.prompts, args.learn_every, score_every) < 1 \
             or args.young < 0 or args.first_rounds < 0 or (args.first_budget is not None and args.first_budget < 1):
-        ap.error("--masses must be positive numbers; --budget, --prompts, --learn-every and --score-every >= 1; "
-                 "--young >= 0")
+        ap.error("--masses must be positive numbers; --budget, --prompts, --learn-every, --score-every and "
+                 "--first-budget >= 1; --young and --first-rounds >= 0")
 
     import torch
 
@@ -159,7 +159,8 @@ def main(argv=None) -> int:
             "command": "python benchmarks/calibration_prior.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "budget": args.budget, "first_budget": args.first_budget, "first_rounds": first_rounds,
             "prompts": [p.id for p in prompts], "rounds": len(observed),
-            "learn_every": args.learn_every, "young": args.young, "gates": gates, "score_every": score_every, "scored_rounds": len(scored),
+            "learn_every": args.learn_every, "young": args.young, "gates": gates, "score_every": score_every,
+            "scored_rounds": len(scored),
             "tau": round(sum(observed) / len(observed), 4), "wall_s": round(time.time() - started, 1),
             "mae": mae, "mae_after_first": after_first}, indent=1))
     return 0

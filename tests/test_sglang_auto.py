@@ -978,8 +978,9 @@ def test_mad_spread_keeps_two_slow_rounds_from_handing_a_convex_bucket_to_the_ch
         policy = AutoBudgetPolicy([CHAIN, 16, 32], widths=[16, 17, 33], spread=spread)
         for i, ts in times.items():
             for t in ts:
+                seen = observed_candidates(policy.candidates, i)
                 policy.observe(16, i, 16, t, [16 * 1.5 * x for x in tokens],
-                               [16 * x if s else None for x, s in zip(tokens, observed_candidates(policy.candidates, i))])
+                               [16 * x if s else None for x, s in zip(tokens, seen)])
         return policy.rates(16), policy.buckets[16].spread[1]
 
     rates, spread = rates_and_spread("iqr")
@@ -1033,7 +1034,8 @@ def test_explore_best_elsewhere_from_the_environment(monkeypatch):
     policy = AutoBudgetPolicy([CHAIN, 16], explore_best_elsewhere=auto_explore_best_elsewhere())
     assert policy.explore_best_elsewhere is EXPLORE_BEST_ELSEWHERE is True  # the default since lease 26
     monkeypatch.setenv("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", "0")
-    assert not AutoBudgetPolicy([CHAIN, 16], explore_best_elsewhere=auto_explore_best_elsewhere()).explore_best_elsewhere
+    policy = AutoBudgetPolicy([CHAIN, 16], explore_best_elsewhere=auto_explore_best_elsewhere())
+    assert not policy.explore_best_elsewhere
     monkeypatch.setenv("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", "1")
     assert AutoBudgetPolicy([CHAIN, 16], explore_best_elsewhere=auto_explore_best_elsewhere()).explore_best_elsewhere
     monkeypatch.setenv("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", "on")

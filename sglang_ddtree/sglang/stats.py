@@ -201,8 +201,8 @@ class _Prometheus:
                                   "request-rounds of |predicted - committed tokens|, by the scores that predicted "
                                   "(raw drafter scores, the calibration table's, or gated: raw until the table has "
                                   "learnt auto.CALIBRATION_GATE request-rounds, the table's after), all before the "
-                                  "table learnt the round. MAE = this / ddtree_auto_tau_scored_total.", names + ["scores"],
-                                  registry=registry)
+                                  "table learnt the round. MAE = this / ddtree_auto_tau_scored_total.",
+                                  names + ["scores"], registry=registry)
         self._tau_scored = Counter("sglang:ddtree_auto_tau_scored_total", "`auto`: request-rounds whose prediction "
                                    "error was scored (scored tree rounds).", names, registry=registry)
         cell = names + ["depth", "path_class", "rank_class"]
