@@ -763,6 +763,16 @@ def _env_at_least(name: str, kind, minimum, what: str):
     return value
 
 
+def _env_choice(name: str, choices: tuple[str, ...]) -> str | None:
+    """A knob from the environment: None when unset or empty, else one of choices (ValueError otherwise)."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    if raw not in choices:
+        raise ValueError(f"{name} must be {' or '.join(choices)}, got {raw!r}.")
+    return raw
+
+
 def auto_shrink_z() -> float | None:
     """SGLANG_DDTREE_AUTO_SHRINK_Z: the policy's SHRINK_Z for this server (None when unset: the module's value), so
     that one interleaved sweep can run `auto` with and without the time shrinkage side by side (lease_steps.sh
@@ -780,12 +790,7 @@ def auto_floor_fresh() -> int | None:
 def auto_spread() -> str | None:
     """SGLANG_DDTREE_AUTO_SPREAD: the policy's spread for this server, "iqr" or "mad" (None when unset: the
     module's SPREAD), for an A/B in one interleaved run."""
-    raw = os.environ.get("SGLANG_DDTREE_AUTO_SPREAD")
-    if raw is None or raw == "":
-        return None
-    if raw not in ("iqr", "mad"):
-        raise ValueError(f"SGLANG_DDTREE_AUTO_SPREAD must be iqr or mad, got {raw!r}.")
-    return raw
+    return _env_choice("SGLANG_DDTREE_AUTO_SPREAD", ("iqr", "mad"))
 
 
 def auto_explore_rounds() -> int | None:
@@ -809,12 +814,8 @@ def auto_warm_rounds() -> int | None:
 def auto_explore_best_elsewhere() -> bool | None:
     """SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE: the policy's explore_best_elsewhere for this server (None when
     unset: the module's EXPLORE_BEST_ELSEWHERE; 1 on, 0 off), for an A/B in one interleaved run."""
-    raw = os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE")
-    if raw is None or raw == "":
-        return None
-    if raw not in ("0", "1"):
-        raise ValueError(f"SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE must be 0 or 1, got {raw!r}.")
-    return raw == "1"
+    raw = _env_choice("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", ("0", "1"))
+    return None if raw is None else raw == "1"
 
 
 def calibration_prior_mass() -> float | None:
