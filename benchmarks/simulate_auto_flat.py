@@ -30,6 +30,10 @@ TOKENS = [2.55, 3.86, 4.13, 4.37, 4.54]
 EXPECTED = [3.85, 4.62, 5.01, 5.36, 5.70]
 LOCKOUT_TOKENS = [3.6, 3.9, 4.1, 4.3, 4.55]
 TINY12_BASE, TINY12_TOKENS = [4.6, 4.7, 4.6, 4.8, 4.7], [5.47, 5.62, 6.05, 6.59, 6.69]
+# The tiny-like batch-1 start (lease 21e's servers, below): the chain's round cheaper, the 128-tree's a little cheaper
+# than the narrower trees', Poisson token counts, a new prompt every 350 rounds; cases override what they vary.
+TINY_START = dict(base=[3.75, 4.4, 4.4, 4.4, 4.2], noise=0.10, outlier=0.05, rounds=1400, skip=0, seeds=48, batch=1,
+                  poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350)
 CASES = {
     "flat, noise 0.10": dict(base=[4.4] * 5, noise=0.10, outlier=0.05),
     "flat, noise 0.20": dict(base=[4.4] * 5, noise=0.20, outlier=0.05),
@@ -68,8 +72,7 @@ CASES = {
     # adding to the narrower one's), a new prompt every 350 rounds, the first 20 rounds 1.5x slow. Both servers kept
     # the 128-tree out for hundreds of rounds: its cost floor came from a narrower tree's slow first rounds.
     "tiny-like batch 1 from the start: Poisson tokens, prompts, slow start": dict(
-        base=[3.75, 4.4, 4.4, 4.4, 4.4], noise=0.10, outlier=0.05, rounds=1400, skip=0, seeds=24, batch=1,
-        poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350, start_rounds=20, start_mult=1.5),
+        TINY_START, base=[3.75, 4.4, 4.4, 4.4, 4.4], seeds=24, start_rounds=20, start_mult=1.5),
     # The same from the start with a sampled-round extra guessed from lease 23b's batch-1 chooser table (the 16- and
     # 64-trees' probed / explored rounds 0.6-1.1 ms above their times once they ran; the chain, only probed, 4.5 ms),
     # and the 128-tree's round a little cheaper than the narrower trees' as that table read it. Lease 24 measured the
@@ -77,38 +80,29 @@ CASES = {
     # for the 128-tree at batch 1-64, ~0.5 ms for the chain at batch 4: smaller than guessed here; the rounds after a
     # candidate's first use (the cases below) were slower than that.
     "tiny-like batch 1 from the start, sampled rounds +0.6 ms (chain +0.9)": dict(
-        base=[3.75, 4.4, 4.4, 4.4, 4.2], noise=0.10, outlier=0.05, rounds=1400, skip=0, seeds=24, batch=1,
-        poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350, start_rounds=20, start_mult=1.5,
+        TINY_START, seeds=24, start_rounds=20, start_mult=1.5,
         sampled_ms=[0.9, 0.6, 0.6, 0.6, 0.6]),
     # Lease 24's debug dump (tiny pair, batch 1, every round timed): a candidate's first timed round (the one after
     # its cold first use) 1.13-1.47x its median, the second 1.04-1.17x; the explored candidates' few times read dear
     # against the incumbent's many. The same tiny-like start with that warm-up and without the slow first rounds.
-    "tiny-like batch 1 from the start, first uses slow (x1.3, x1.08)": dict(
-        base=[3.75, 4.4, 4.4, 4.4, 4.2], noise=0.10, outlier=0.05, rounds=1400, skip=0, seeds=48, batch=1,
-        poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350, warm_mult=(1.3, 1.08)),
-    "tiny-like batch 1 from the start, no warm-up": dict(
-        base=[3.75, 4.4, 4.4, 4.4, 4.2], noise=0.10, outlier=0.05, rounds=1400, skip=0, seeds=48, batch=1,
-        poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350),
+    "tiny-like batch 1 from the start, first uses slow (x1.3, x1.08)": dict(TINY_START, warm_mult=(1.3, 1.08)),
+    "tiny-like batch 1 from the start, no warm-up": dict(TINY_START),
     # Lease 26's ten batch-1 servers (auto_chooser_log_starts_lease26.txt): the first tree explored after the leaders
     # read 6.3-8.9 ms in its one or two timed rounds against ~4.0-4.4 later (x1.5-2), and the 64- and 128-trees stayed
     # unexplored until the first stale probe (FLOOR_MIN_TIMES).
     "tiny-like batch 1 from the start, first uses slower (x1.8, x1.15)": dict(
-        base=[3.75, 4.4, 4.4, 4.4, 4.2], noise=0.10, outlier=0.05, rounds=1400, skip=0, seeds=48, batch=1,
-        poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350, warm_mult=(1.8, 1.15)),
+        TINY_START, warm_mult=(1.8, 1.15)),
     "tiny-like batch 1 from the start, first two uses slower (x1.8, x1.5)": dict(
-        base=[3.75, 4.4, 4.4, 4.4, 4.2], noise=0.10, outlier=0.05, rounds=1400, skip=0, seeds=48, batch=1,
-        poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350, warm_mult=(1.8, 1.5)),
+        TINY_START, warm_mult=(1.8, 1.5)),
     # The same dump's rounds right after a switch of candidate (after its first three uses): ~4% dearer at the
     # median, twice as often >= 1.4x (auto_sim.simulate's switch_mult / switch_outlier). Probes time only such
     # rounds. (ebae9a7's SWITCH_SETTLE left them untimed and timed a probe's second round: no gain simulated,
     # auto_flat_sim_switch_settle.json, none measured, sweep_starts_tiny_lease25.jsonl; removed.)
     "tiny-like batch 1 from the start, switches x1.04 (+5% at x1.5)": dict(
-        base=[3.75, 4.4, 4.4, 4.4, 4.2], noise=0.10, outlier=0.05, rounds=1400, skip=0, seeds=48, batch=1,
-        poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350, warm_mult=(1.3, 1.08), switch_mult=1.04,
+        TINY_START, warm_mult=(1.3, 1.08), switch_mult=1.04,
         switch_outlier=0.05),
     "tiny-like batch 1, switches x1.04 (+5% at x1.5), rounds 1400-6000": dict(
-        base=[3.75, 4.4, 4.4, 4.4, 4.2], noise=0.10, outlier=0.05, rounds=6000, skip=1400, seeds=24, batch=1,
-        poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350, warm_mult=(1.3, 1.08), switch_mult=1.04,
+        TINY_START, rounds=6000, skip=1400, seeds=24, warm_mult=(1.3, 1.08), switch_mult=1.04,
         switch_outlier=0.05),
     "flat, noise 0.10, switches x1.04 (+5% at x1.5)": dict(base=[4.4] * 5, noise=0.10, outlier=0.05,
                                                             switch_mult=1.04, switch_outlier=0.05),
@@ -123,7 +117,7 @@ CASES = {
     "tiny-like batch 4 after batch 1, first uses slow (x1.6, x1.3)": dict(
         base=[4.8, 5.2, 3.9, 4.3, 4.0], noise=0.10, outlier=0.05, rounds=1500, skip=0, seeds=24, batch=4,
         poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350, warm_mult=(1.6, 1.3),
-        first=dict(base=[3.75, 4.4, 4.4, 4.4, 4.2], batch=1, rounds=1500, warm_mult=(1.3, 1.08))),
+        first=dict(base=TINY_START["base"], batch=1, rounds=1500, warm_mult=(1.3, 1.08))),
     "8B-like batch 16 after batch 1 (convex; the 128-tree best at batch 1)": dict(
         base=[11.0, 11.5, 20.0, 38.0, 73.0], noise=0.03, outlier=0.01, tokens=[3.0, 4.0, 4.5, 5.0, 5.5],
         expected=[4.0, 5.0, 6.0, 7.0, 8.0], rounds=1500, skip=0, seeds=16, batch=16,
