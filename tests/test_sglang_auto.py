@@ -61,15 +61,20 @@ def test_policy_explores_then_picks_the_best_rate():
     policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=1000)
     tokens, ms = [3.0, 4.0, 5.0], [1.0, 1.1, 2.0]  # rates 3.0, 3.64, 2.5: the 16-tree wins
     picks = run_policy(policy, 1, tokens, ms, 40)
-    # smallest first, each twice unless one timed round says it cannot win: the 64-tree at 2.0 ms would need
-    # 1.8 ms (10% timing allowance) to beat the 16-tree, so it is not verified again
-    assert picks[:5] == [0, 0, 1, 1, 2]
-    assert picks[5:] == [1] * 35
+    # smallest first, each twice unless its timed rounds say it cannot win. A candidate's own times bound its floor
+    # from its FLOOR_MIN_TIMES-th (2): after the 64-tree's first 2.0 ms its floor is the 16-tree's 1.1 ms, where it
+    # could win (5 / 1.1 > 4 / 1.1), so it runs its second round; its least 2.0 ms then needs 1.8 ms (10% timing
+    # allowance) to beat the 16-tree, so it is not verified again
+    assert picks[:6] == [0, 0, 1, 1, 2, 2]
+    assert picks[6:] == [1] * 34
+    # with floor_min_times=1 its one timed round already ends its exploration
+    assert run_policy(AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=1000, floor_min_times=1), 1, tokens,
+                      ms, 40)[:6] == [0, 0, 1, 1, 2, 1]
     assert policy.ratio(2) == pytest.approx(1 / 1.5) and policy.est_tokens(1) == pytest.approx(4.0)
     # a bucket of its own: costs are per batch size (here the 64-tree is cheap at batch 8)
     picks8 = run_policy(policy, 8, tokens, [1.0, 1.1, 1.15], 20)
     assert picks8[-1] == 2 and picks[-1] == 1
-    assert policy.export()["rounds_chosen"] == {"chain": 4, "16": 39, "64": 17}
+    assert policy.export()["rounds_chosen"] == {"chain": 4, "16": 38, "64": 18}
 
 
 def test_policy_picks_the_chain_when_trees_do_not_pay():
@@ -98,8 +103,14 @@ def test_policy_probes_the_stalest_candidate_that_could_win():
     probes = [(n, i) for n, i in enumerate(picks) if n >= 3 and i != 1]  # after exploration, not the best
     assert {i for _, i in probes} >= {0, 2} and picks.count(1) >= 30
     assert all(b - a >= 10 for (a, _), (b, _) in zip(probes, probes[1:]))  # at most one in probe_every rounds
-    # the 64-tree at 2.0 ms (rate 2.5) would need 1.37 ms to win: measured once, never probed again
+    # the 64-tree at 2.0 ms (rate 2.5) would need 1.37 ms to win. Its own times bound its floor from the second
+    # (FLOOR_MIN_TIMES): after exploration's one round its floor is the 16-tree's 1.1 ms and it is probed once; then
+    # measured twice, it is never probed again
     policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10)
+    picks = run_policy(policy, 1, [3.5, 4.0, 5.0], [1.0, 1.1, 2.0], 60)
+    assert picks.count(2) == 2 and policy.buckets[1].measured[2] == 2 and picks.count(0) >= 2
+    # with floor_min_times=1: measured once, never probed again
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10, floor_min_times=1)
     picks = run_policy(policy, 1, [3.5, 4.0, 5.0], [1.0, 1.1, 2.0], 60)
     assert picks.count(2) == 1 and picks.count(0) >= 2
 
@@ -125,17 +136,30 @@ def test_policy_does_not_explore_wide_trees_blind_at_large_batch():
     """Lease 10, 8B shapes at batch 16 with a dummy drafter that is confident and never right: verify time grows
     with the width (chain 11 ms, 128-tree ~5x), every candidate commits 1 token, the drafter expects more for wider
     trees. Exploration waits for each candidate's first timed round, and the convex cost floor (secant of the
-    16- and 32-trees) rules the 64- and 128-trees out before they are ever verified."""
+    narrower trees' times) rules the wide trees out. With floor_min_times=1 the 16- and 32-trees' secant rules the
+    64- and 128-trees out before they are ever verified. With FLOOR_MIN_TIMES = 2 the 32-tree's one timed round
+    (its exploration ends there: its own rounds commit 1 token) gives no secant, so the 64-tree is explored against
+    the 16-tree's 11.5 ms: three rounds (its observed tokens arrive two rounds late), two timed; the 128-tree once,
+    its cold round, before the secant through the 64-tree's 38 ms floors it at ~72 ms."""
     widths = [16, 17, 33, 65, 129]
     ms = [11.0, 11.5, 20.0, 38.0, 73.0]
-    policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths)
-    picks = run_with_cold_rounds(policy, 16, [1.0] * 5, [1.5, 2.0, 3.0, 4.0, 6.0], ms, 384)
+    one_time = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths, floor_min_times=1)
+    picks = run_with_cold_rounds(one_time, 16, [1.0] * 5, [1.5, 2.0, 3.0, 4.0, 6.0], ms, 384)
     assert 3 not in picks and 4 not in picks
     assert picks.count(0) >= 370
-    # the floor itself: below the true (convex) cost, above what the narrower trees alone would say
+    policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths)
+    picks = run_with_cold_rounds(policy, 16, [1.0] * 5, [1.5, 2.0, 3.0, 4.0, 6.0], ms, 384)
     b = policy.buckets[16]
+    # the wide trees run only in exploration, a bounded few rounds, the 128-tree never timed
+    wide = [n for n, i in enumerate(picks) if i >= 3]
+    assert picks.count(3) <= 3 and picks.count(4) <= 1 and b.measured[4] == 0 and all(n < 20 for n in wide), wide
+    # after exploration the chain runs every round but probes (at most one in probe_every, never a wide tree)
+    after = picks[20:]
+    assert after.count(0) >= len(after) - (len(after) // policy.probe_every + 1)
+    # the floor itself: below the true (convex) cost, above what the narrower trees alone would say
     floor_128 = policy._cost_floor(b, 4)
     assert 20.0 < floor_128 < 73.0
+    assert 20.0 < one_time._cost_floor(one_time.buckets[16], 4) < 73.0
 
 
 def test_explore_all_verifies_every_candidate_even_one_that_cannot_win():
@@ -209,13 +233,19 @@ def test_probes_and_exploration_are_sampled_and_stale_times_are_probed():
         i = policy.choose(1)
         picks.append(i)
         flags.append(policy.sampling)
-        ms = (slow if r < 20 else fast)[i]  # the 64-tree's first rounds ran 3.5x slow
+        # the 64-tree's first rounds ran 3.5x slow: its exploration round and its first probe, the two timed rounds
+        # its own floor needs (FLOOR_MIN_TIMES)
+        ms = (slow if r < 40 else fast)[i]
         policy.observe(1, i, 1, ms, [1.5 * t for t in tokens],
                        [t if s else None for t, s in zip(tokens, observed_candidates(policy.candidates, i))])
     assert flags[:3] == [True, True, True] and picks[:3] == [0, 1, 2]  # exploration, narrowest first
     probe_rounds = [n for n, f in enumerate(flags) if f and n >= 3]  # then probes, at most one in probe_every
     assert probe_rounds and all(b - a >= 16 for a, b in zip(probe_rounds, probe_rounds[1:]))
-    assert 2 not in picks[3:STALE_ROUNDS]  # at 4.0 ms it cannot win: not probed while that time is fresh
+    # one time bounds no floor: probed once more (slow again); then at 4.0 ms it cannot win: not probed while that
+    # time is fresh
+    again = [n for n in range(3, STALE_ROUNDS) if picks[n] == 2]
+    assert len(again) == 1 and again[0] < 40 and flags[again[0]], again
+    assert picks.index(2, again[0] + 1) > again[0] + STALE_ROUNDS  # next verified once its times are stale
     assert picks[-50:].count(2) >= 45  # probed once stale, re-measured at 1.15 ms: the 64-tree runs
 
 
@@ -863,17 +893,20 @@ def test_warm_rounds_keep_a_simulated_first_use_warm_up_from_locking_the_best_tr
     1.04-1.17x. Exploration times exactly those, so explored trees read dearer than the incumbent's steady rounds;
     in this simulation of it (tiny-like batch 1, the 128-tree the best) the 128-tree ran as little as 9% of a
     seed's rounds with warm_rounds 0 and >= 0.9 in every seed with 3. (On the GPU, lease 24c, warm_rounds 3 was not
-    better: the servers' starts varied more than this; off by default, the knob kept for A/Bs.)"""
+    better: the servers' starts varied more than this; off by default, the knob kept for A/Bs.) Both arms explore 3
+    rounds, the exploration the knob was written and measured against (cold, then the two warm-up rounds timed).
+    With EXPLORE_ROUNDS = 4, the default, exploration also times a third round, past the warm-up: the same
+    simulation without the knob no longer locks the 128-tree out (8 seeds: 0.82 of the rounds or more)."""
     from sglang_ddtree.bench import auto_sim
 
     tokens, expected = [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
     base = [3.75, 4.4, 4.4, 4.4, 4.2]
 
-    def shares(warm_rounds):
+    def shares(warm_rounds, explore=3):
         out = []
         for seed in range(8):
             policy = AutoBudgetPolicy(list(auto_sim.CANDIDATES), widths=[16, 17, 33, 65, 129],
-                                      warm_rounds=warm_rounds)
+                                      warm_rounds=warm_rounds, explore=explore)
             picks = auto_sim.simulate(seed, base, tokens, expected, 1000, 1, 0.05, 0.0, 2, warm_mult=(1.3, 1.08),
                                       policy=policy)
             out.append(picks.count(4) / len(picks))
@@ -881,6 +914,7 @@ def test_warm_rounds_keep_a_simulated_first_use_warm_up_from_locking_the_best_tr
 
     assert min(shares(3)) >= 0.9
     assert min(shares(0)) < 0.6  # the effect this guards against, present in the same simulation without it
+    assert min(shares(0, explore=None)) > 0.6  # the default exploration's third timed round
 
 
 def test_warm_rounds_from_the_environment(monkeypatch):
@@ -927,7 +961,9 @@ def test_explore_best_elsewhere_tries_another_buckets_best_despite_its_cost_floo
         return picks
 
     def run(elsewhere, ms4):
-        policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=16, explore_best_elsewhere=elsewhere)
+        # explore=3: a cold round, then the two timed ones a candidate's times need to bound floors (FLOOR_MIN_TIMES;
+        # with explore=2 the 16-tree's one timed round would floor nothing)
+        policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=3, probe_every=16, explore_best_elsewhere=elsewhere)
         assert feed(policy, 1, [1.0, 1.0, 1.0], 40)[-1] == 2  # bucket 1: the 64-tree's rate is the best
         return feed(policy, 4, ms4, 2 * STALE_ROUNDS)
 
@@ -935,7 +971,7 @@ def test_explore_best_elsewhere_tries_another_buckets_best_despite_its_cost_floo
     picks = run(True, [1.0, 10.0, 1.1])
     assert picks.index(2) < 10 and picks[-100:].count(2) >= 90
     picks = run(True, [1.0, 10.0, 5.0])  # the 64-tree explored, then far from winning: 5 / (5 x 0.9) < 0.5 x 3 / 1
-    assert 5.0 / (5.0 * 0.9) < STALE_HOPE * 3.0 and picks[:10].count(2) == 2
+    assert 5.0 / (5.0 * 0.9) < STALE_HOPE * 3.0 and picks[:10].count(2) == 3  # its explore rounds
     assert picks[10:].count(2) == 0 and picks[STALE_ROUNDS:].count(1) >= 1  # the 16-tree is still re-measured
 
 
@@ -996,15 +1032,17 @@ def test_floor_min_times_and_explore_rounds_from_the_environment(monkeypatch):
     from sglang_ddtree.sglang.auto import (EXPLORE_ROUNDS, FLOOR_MIN_TIMES, auto_explore_rounds,
                                            auto_floor_min_times)
 
-    for name, read, field, default in (("SGLANG_DDTREE_AUTO_FLOOR_MIN_TIMES", auto_floor_min_times,
-                                        "floor_min_times", FLOOR_MIN_TIMES),
-                                       ("SGLANG_DDTREE_AUTO_EXPLORE_ROUNDS", auto_explore_rounds, "explore",
-                                        EXPLORE_ROUNDS)):
+    assert (FLOOR_MIN_TIMES, EXPLORE_ROUNDS) == (2, 4)  # the defaults
+    # set to the previous values (1: every timed round bounds floors; 3), not the defaults: the variable is read
+    for name, read, field, default, other in (("SGLANG_DDTREE_AUTO_FLOOR_MIN_TIMES", auto_floor_min_times,
+                                               "floor_min_times", FLOOR_MIN_TIMES, 1),
+                                              ("SGLANG_DDTREE_AUTO_EXPLORE_ROUNDS", auto_explore_rounds, "explore",
+                                               EXPLORE_ROUNDS, 3)):
         monkeypatch.delenv(name, raising=False)
         assert read() is None
         assert getattr(AutoBudgetPolicy([CHAIN, 16], **{field: read()}), field) == default
-        monkeypatch.setenv(name, "4")
-        assert getattr(AutoBudgetPolicy([CHAIN, 16], **{field: read()}), field) == 4
+        monkeypatch.setenv(name, str(other))
+        assert read() == other and getattr(AutoBudgetPolicy([CHAIN, 16], **{field: read()}), field) == other
         for bad in ("0", "x"):
             monkeypatch.setenv(name, bad)
             with pytest.raises(ValueError, match=name):

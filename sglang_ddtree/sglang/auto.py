@@ -157,7 +157,7 @@ SHRINK_Z = 1.0
 # EXPLORE_ROUNDS = 4 one seed 0.823). The median absolute deviation breaks at half the window. Simulated
 # (auto_flat_sim_lease26_mad*.json against auto_flat_sim_lease26_*.json, mean / min of the best rate): that case
 # 0.987 / 0.943 -> 0.995 / 0.988, with FLOOR_MIN_TIMES = 2 and EXPLORE_ROUNDS = 4 0.970 / 0.823 -> 0.995 / 0.994;
-# every case's mean with all three 0.982 or more (0.892 as the code is). Off ("iqr") until a GPU A/B decides
+# every case's mean with all three 0.982 or more (0.892 with none). Off ("iqr") until a GPU A/B decides
 # (SGLANG_DDTREE_AUTO_SPREAD=mad).
 SPREAD = "iqr"
 
@@ -222,19 +222,23 @@ FLOOR_FRESH = 0
 # that time floored the tree itself and, through the secant (a 32-tree at 6.7 ms after a 16-tree at 3.7 extends to
 # ~23 ms at width 129), every wider one, and the 128-tree first ran after 200-600 rounds, mostly at the first stale
 # probe (STALE_ROUNDS). A least of two times is robust to one slow first round.
-# With a cold first round untimed, exploration's EXPLORE_ROUNDS = 3 tries give a candidate two timed rounds, so 2
-# is the most that exploration alone satisfies; EXPLORE_ROUNDS = 4 gives three. Simulated (simulate_auto_flat.py,
-# mean / min of the best rate, auto_flat_sim_lease26_*.json; mean over all cases 0.985 as the code is): FLOOR_MIN_TIMES
-# = 2 0.987, EXPLORE_ROUNDS = 4 0.990, both 0.992; the tiny-like batch-1 starts with slow first uses (x1.3 to x1.8)
-# 0.892-0.967 -> 0.987-0.990 with both, the 8B-like batch 16 after batch 1 (convex; the 128-tree, best at batch 1,
-# explored there 73 ms a round against the chain's 11) 0.987 / 0.943 -> 0.970 / 0.823 over its 1500 rounds (its
-# worst seeds run the chain for the 16-tree, a confusion three of its sixteen seeds show as the code is too).
-# Off (1: every timed round counts) until a GPU A/B decides (SGLANG_DDTREE_AUTO_FLOOR_MIN_TIMES=2,
-# SGLANG_DDTREE_AUTO_EXPLORE_ROUNDS=4).
-FLOOR_MIN_TIMES = 1
+# With a cold first round untimed, exploration's EXPLORE_ROUNDS tries give a candidate EXPLORE_ROUNDS - 1 timed
+# rounds: the previous 3 gave two, the most FLOOR_MIN_TIMES = 2 could ask of exploration alone; 4 gives three.
+# Simulated (simulate_auto_flat.py, mean / min of the best rate, auto_flat_sim_lease26_*.json; mean over all cases
+# 0.985 with FLOOR_MIN_TIMES = 1 and EXPLORE_ROUNDS = 3): FLOOR_MIN_TIMES = 2 0.987, EXPLORE_ROUNDS = 4 0.990, both
+# 0.992; the tiny-like batch-1 starts with slow first uses (x1.3 to x1.8) 0.892-0.967 -> 0.987-0.990 with both, the
+# 8B-like batch 16 after batch 1 (convex; the 128-tree, best at batch 1, explored there 73 ms a round against the
+# chain's 11) 0.987 / 0.943 -> 0.970 / 0.823 over its 1500 rounds (its worst seeds run the chain for the 16-tree, a
+# confusion three of its sixteen seeds show with 1 and 3 too; SPREAD). The price where wide trees cannot win (lease
+# 10's 8B shapes at batch 16, a drafter never right; tests/test_sglang_auto.py): the 32-tree's one timed round no
+# longer gives the secant, so the 64-tree is explored (three rounds, two timed) and the 128-tree once (cold) before
+# the 64-tree's own times floor them out; with 1 neither ran. Defaults (FLOOR_MIN_TIMES = 2, EXPLORE_ROUNDS = 4;
+# SGLANG_DDTREE_AUTO_FLOOR_MIN_TIMES=1 and SGLANG_DDTREE_AUTO_EXPLORE_ROUNDS=3 give the previous chooser).
+# A/B: TODO-LEASE27.
+FLOOR_MIN_TIMES = 2
 # Exploration's rounds per candidate and bucket (the policy's `explore`): as many timed rounds, the cold first one
-# left untimed by the worker making one fewer.
-EXPLORE_ROUNDS = 3
+# left untimed by the worker making one fewer. 4 by default with FLOOR_MIN_TIMES = 2 (3 before; see there).
+EXPLORE_ROUNDS = 4
 
 
 @dataclass

@@ -166,11 +166,12 @@ def test_larger_budget_accepts_at_least_as_much_as_the_chain(outputs, model_pair
 
 @pytest.mark.parametrize("name", AUTO_NAMES)
 def test_auto_verifies_every_candidate(servers, outputs, gpu_record, name):
-    """`auto` with SGLANG_DDTREE_AUTO_EXPLORE_ALL explores each candidate (3 rounds per batch-size bucket, even one
-    whose measured costs say it cannot win: ten servers share the GPU here, lease 19) before it exploits: after the
-    batch-1 and batch-8 runs every candidate was verified (losslessness: test_greedy_equals_plain[ddtree-auto]) and
-    the choices are exported per candidate. Every batch-size bucket met had all its stage graphs captured together at its first
-    round, and no stage was captured in a later round of such a bucket (a warning would say so)."""
+    """`auto` with SGLANG_DDTREE_AUTO_EXPLORE_ALL explores each candidate (EXPLORE_ROUNDS, 4 rounds per batch-size
+    bucket, even one whose measured costs say it cannot win: ten servers share the GPU here, lease 19) before it
+    exploits: after the batch-1 and batch-8 runs every candidate was verified (losslessness:
+    test_greedy_equals_plain[ddtree-auto]) and the choices are exported per candidate. Every batch-size bucket met had
+    all its stage graphs captured together at its first round, and no stage was captured in a later round of such a
+    bucket (a warning would say so)."""
     need(servers, name)
     server = servers[name]
     with urllib.request.urlopen(server.base_url + "/metrics", timeout=30) as resp:
