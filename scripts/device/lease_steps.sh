@@ -644,6 +644,7 @@ host-profile)
     commit=${2:?commit}
     rm -rf /tmp/hp
     mkdir -p "$out" /tmp/hp
+    unpack_jit_cache  # lease 27's bench call without it: servers ready in 141-155 s, not ~50
     rc=0
     CUDA_VISIBLE_DEVICES=0 timeout 420 python3 benchmarks/bench_budgets.py --setups tiny \
         --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=16,128 --set "tiny.batch_sizes=${HP_BATCH_SIZE:-4}" \
