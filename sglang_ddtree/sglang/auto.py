@@ -241,8 +241,9 @@ FLOOR_FRESH = 0
 # GPU A/B, lease 27 (tiny pair, three `auto` servers per arm, batch 1 then 4, 24 runs; paired_arms_starts_tiny_
 # lease27.json): x1.013 [0.969, 1.059] / x1.021 [0.967, 1.079] of the arm with 1 and 3 at batch 1 / 4, no
 # interval clear of 1; its three batch-1 servers verified the 128-tree within 100-200 rounds (two of three with 1
-# and 3 first ran it after 300 / 150). 8B shapes (sweep_auto_8b_lease27.jsonl): x0.972 / 0.981 / 0.991 of DFLASH at
-# batch 1 / 4 / 16 against 0.964 / 0.975 / 0.981. Made defaults on that consistent small gain, not on significance.
+# and 3 first ran it in rounds 300-400 / 100-200). 8B shapes (sweep_auto_8b_lease27.jsonl): x0.972 / 0.981 / 0.991
+# of DFLASH at batch 1 / 4 / 16 against 0.964 / 0.975 / 0.981. Made defaults on that consistent small gain, not on
+# significance.
 FLOOR_MIN_TIMES = 2
 # Exploration's rounds per candidate and bucket (the policy's `explore`): as many timed rounds, the cold first one
 # left untimed by the worker making one fewer. 4 by default with FLOOR_MIN_TIMES = 2 (3 before; see there).
