@@ -21,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sglang_ddtree.bench.paired import arm_table, paired_table, pooled_ratios, row_label  # noqa: E402
+from sglang_ddtree.bench.paired import (arm_table, paired_table, pooled_ratios, rate_outlier_runs,  # noqa: E402
+                                        row_label)
 from sglang_ddtree.bench.results import latest_results, read_rows  # noqa: E402
 
 
@@ -45,6 +46,7 @@ def main(argv=None) -> int:
         table = paired_table(rows, args.base)
         pooled = pooled_ratios(rows, args.base)
         by_arm = arm_table(rows, args.base, arms) if arms else {}
+        outliers = rate_outlier_runs(rows)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -68,9 +70,16 @@ def main(argv=None) -> int:
         for label, r in ratios.items():
             lo, hi = r["ci95"]
             print(f"  {label:40s} x{r['ratio']:.3f}  [{lo:.3f}, {hi:.3f}]  {r['rounds']} rounds")
+    for label, by_bs in outliers.items():
+        for bs, runs in by_bs.items():
+            print(f"note: {label} at batch {bs}: run(s) {', '.join(map(str, runs))} (from 0) had requests decoding "
+                  "far above the run's median rate (decode_rate_outliers_runs); ratios using them are suspect")
     if args.json:
         out = {"base": args.base, "results": str(args.results),
                "by_batch_size": {str(k): v for k, v in table.items()}, "all_batch_sizes": pooled}
+        if outliers:
+            out["rate_outlier_runs"] = {label: {str(bs): runs for bs, runs in by_bs.items()}
+                                        for label, by_bs in outliers.items()}
         if arms:
             out["arms"] = arms
             out["arms_by_batch_size"] = {str(k): v for k, v in by_arm.items()}

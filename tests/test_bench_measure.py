@@ -44,6 +44,27 @@ def test_plain_rates_and_step_times():
         summarize(rs + [req(2, 101, 1.0)], method="plain", max_new_tokens=101, groups=2)
 
 
+def test_requests_timed_short_are_counted_as_rate_outliers():
+    """Lease 27's 8B batch-64 runs at 2.2x: the summed per-request rate is inflated by a request whose decode time
+    reads short; the run's window rate is not. Such requests are counted (decode_rate_outliers), the rate keeps its
+    definition."""
+    from sglang_ddtree.bench.measure import RATE_OUTLIER
+
+    steady = [req(i, 33, 1.0) for i in range(8)]
+    out = summarize(steady, method="plain", max_new_tokens=33)
+    assert out["decode_rate_outliers"] == 0 and out["decode_tokens_per_s"] == pytest.approx(8 * 32.0)
+    # the same batch with one request's decode timed at 1/20 of the others': its rate alone is 20x a request's
+    short = steady[:7] + [req(7, 33, 1.0 / 20, ttft=0.05 + 0.95)]
+    out = summarize(short, method="plain", max_new_tokens=33)
+    assert out["decode_rate_outliers"] == 1
+    assert out["decode_tokens_per_s"] == pytest.approx(7 * 32.0 + 20 * 32.0)  # ~3.4x the steady batch
+    assert out["decode_tokens_per_s_window"] == pytest.approx(8 * 32 / 1.0)  # same window, same rate
+    # prompts of one run decoding at different rates within RATE_OUTLIER of the median are not outliers
+    mixed = [req(i, 33, d) for i, d in enumerate([1.0, 0.6, 1.5, 0.9])]
+    assert max(1.5 / 0.6, 1.0 / 0.6) < RATE_OUTLIER
+    assert summarize(mixed, method="plain", max_new_tokens=33)["decode_rate_outliers"] == 0
+
+
 def test_speculative_acceptance_from_the_histogram():
     # request A: rounds accepting 0, 0, 1, 2 drafts; request B: 3, 0
     a = req(0, 9, 0.4, verify=4, hist=[2, 1, 1])

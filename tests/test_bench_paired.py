@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ddtree.bench.paired import (arm_table, group_ratio, paired_ratio, paired_table, pooled_ratios, row_label,
-                                        t975)
+from sglang_ddtree.bench.paired import (arm_table, group_ratio, paired_ratio, paired_table, pooled_ratios,
+                                        rate_outlier_runs, row_label, t975)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -113,8 +113,25 @@ def test_paired_ratios_script_prints_and_writes_the_table(tmp_path):
     assert "all batch sizes together" in done.stdout and "5 rounds" in done.stdout
     assert written["all_batch_sizes"]["tiny|auto"]["ratio"] == pytest.approx(0.97) and \
         written["all_batch_sizes"]["tiny|auto"]["rounds"] == 5
+    assert "note:" not in done.stdout and "rate_outlier_runs" not in written  # no run had outliers
     bad = subprocess.run(cmd + ["--base", "tiny|dflash"], capture_output=True, text=True)
     assert bad.returncode == 2 and "tiny|auto, tiny|ddtree-128" in bad.stderr
+    # a run with requests timed short (lease 27's 8B batch 64: 4003 tok/s among ~1800) is named, not dropped
+    rows[1]["decode_rate_outliers_runs"] = [0, 2, 0]
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = subprocess.run(cmd + ["--base", "tiny|ddtree-128", "--json", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0 and "note: tiny|auto at batch 1: run(s) 1 (from 0)" in done.stdout
+    written = json.loads(out.read_text())
+    assert written["rate_outlier_runs"] == {"tiny|auto": {"1": [1]}}
+    assert written["by_batch_size"]["1"]["tiny|auto"]["ratio"] == pytest.approx(0.97)  # the ratio is unchanged
+
+
+def test_rate_outlier_runs_lists_the_runs_per_row_and_batch_size():
+    rows = [{**_row("tiny", "auto", None, 1, [1.0, 2.0, 3.0]), "decode_rate_outliers_runs": [0, 1, 4]},
+            {**_row("tiny", "auto", None, 4, [1.0, 2.0]), "decode_rate_outliers_runs": [0, 0]},
+            {**_row("tiny", "dflash", None, 1, [1.0, 2.0]), "decode_rate_outliers_runs": [1, 0], "status": "failed"},
+            _row("tiny", "ddtree", 128, 1, [1.0, 2.0, 3.0])]  # sweeps before lease 27: no such field
+    assert rate_outlier_runs(rows) == {"tiny|auto": {1: [1, 2]}}
 
 
 def test_group_ratio_averages_each_sides_logs_per_round():

@@ -446,6 +446,9 @@ def test_repeats_report_the_median_run_and_every_run(tmp_path):
     assert row["step_ms_runs"] == pytest.approx([3.0, 1.0, 2.0])
     assert row["step_ms"] == pytest.approx(2.0)  # the median run's
     assert sorted(row["decode_tokens_per_s_runs"])[1] == pytest.approx(row["decode_tokens_per_s"])
+    # every run's window rate and outlier count are kept (a fake server's requests decode alike: none)
+    assert len(row["decode_tokens_per_s_window_runs"]) == 3 and all(row["decode_tokens_per_s_window_runs"])
+    assert row["decode_rate_outliers_runs"] == [0, 0, 0]
     per_request = math.ceil((setup.max_new_tokens - 1) / FAKE_TAU)
     assert row["ddtree_metrics"]["request_rounds"] == 3 * per_request
     with pytest.raises(ValueError, match="repeats"):
@@ -603,3 +606,19 @@ def test_warm_up_repeats_while_it_captures_graphs_and_runs_count_their_captures(
     assert warmups["tiny-ddtree-b64"] == WARMUP_MAX_BATCHES
     assert rows[P.row_key("tiny", "ddtree", 64, 1)]["captures_runs"] == [1, 1, 1]
     assert any("3 graph captures in the measured runs" in line for line in logs)
+
+
+def test_row_log_names_runs_with_rate_outliers():
+    """A row whose runs had requests decoding over RATE_OUTLIER x the median says so in the sweep's log."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.bench.sweep import Sweep
+
+    lines = []
+    host = SimpleNamespace(log=lines.append)
+    row = {"status": "ok", "key": "8b|auto|-|64", "decode_tokens_per_s": 4003.0, "step_ms": 35.0, "row_s": 30.0,
+           "decode_rate_outliers_runs": [0, 0, 3, 0]}
+    Sweep._log_row(host, row)
+    assert "1 run(s) with requests decoding over 3x the median rate" in lines[-1]
+    Sweep._log_row(host, {**row, "decode_rate_outliers_runs": [0, 0, 0, 0]})
+    assert "median rate" not in lines[-1] and "4003 tok/s" in lines[-1]

@@ -101,6 +101,20 @@ def _pairs(rows: list[dict], base: str) -> list[tuple[int, list, list[tuple[str,
             for bs, labelled in sorted(by_bs.items()) if base in labelled]
 
 
+def rate_outlier_runs(rows: list[dict]) -> dict[str, dict[int, list[int]]]:
+    """{label: {batch size: [indices of runs with decode_rate_outliers]}} over measured rows that recorded them
+    (sweeps since lease 27): runs whose summed tokens/s may be inflated by a request timed short, so ratios built on
+    them are suspect. Rows without such runs are left out."""
+    out: dict[str, dict[int, list[int]]] = {}
+    for r in rows:
+        if r.get("kind", "result") != "result" or r.get("status") != "ok":
+            continue
+        runs = [i for i, n in enumerate(r.get("decode_rate_outliers_runs") or []) if n]
+        if runs:
+            out.setdefault(row_label(r), {})[int(r["batch_size"])] = runs
+    return out
+
+
 def paired_table(rows: list[dict], base: str) -> dict:
     """Per batch size, every measured row over the row labelled `base` (row_label), run by run. `rows`: the latest
     result rows of one interleaved sweep; a batch size without the base row is left out.

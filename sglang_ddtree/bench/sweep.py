@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_ddtree.bench import prom
-from sglang_ddtree.bench.measure import run_batch, summarize
+from sglang_ddtree.bench.measure import RATE_OUTLIER, run_batch, summarize
 from sglang_ddtree.bench.plan import REPO_ROOT, Plan, Row, ServerPlan, plan_waves, sampling_params
 from sglang_ddtree.bench.results import ResultsWriter, latest_results, read_rows
 from sglang_ddtree.bench.server import Launcher, ServerHandle, ServerStartError, log_tail, wait_all_ready
@@ -541,6 +541,10 @@ class Sweep:
         step = f"{r['step_ms']:.2f}" if r.get("step_ms") is not None else "?"
         captures = sum(c for c in r.get("captures_runs") or [] if c)
         note = f", {captures} graph captures in the measured runs" if captures else ""
+        outliers = [n for n in r.get("decode_rate_outliers_runs") or [r.get("decode_rate_outliers")] if n]
+        if outliers:
+            note += (f", {len(outliers)} run(s) with requests decoding over {RATE_OUTLIER:g}x the median rate "
+                     "(decode_rate_outliers_runs: their summed tok/s is suspect)")
         self.log(f"  {r['key']}: {r['decode_tokens_per_s']:.0f} tok/s, step {step} ms{tau}{stage} "
                  f"({r['row_s']:.1f} s{note})")
 
@@ -614,6 +618,10 @@ def median_run(runs: list[dict]) -> dict:
         # were slow at the same time point at the host, not at the method
         out["started_s_runs"] = [r.get("started_s") for r in runs]
         out["run_s_runs"] = [r.get("run_s") for r in runs]
+        # the window rate (decode tokens over first token to last end, gaps included) and the outlier requests of
+        # each run: a run whose summed rate jumps while its window rate does not had a request timed short
+        out["decode_tokens_per_s_window_runs"] = [r.get("decode_tokens_per_s_window") for r in runs]
+        out["decode_rate_outliers_runs"] = [r.get("decode_rate_outliers") for r in runs]
     # first-use graph captures the server logged during each run (None: no log): a run with captures paid one-time
     # work inside its measured time
     out["captures_runs"] = [r.get("captures") for r in runs]
