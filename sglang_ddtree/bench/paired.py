@@ -82,15 +82,18 @@ def row_label(row: dict) -> str:
     return f"{row['setup']}|{row['method']}" + ("" if budget is None else f"-{budget}")
 
 
+def _measured(rows: list[dict]):
+    """The result rows that measured something (status ok)."""
+    return (r for r in rows if r.get("kind", "result") == "result" and r.get("status") == "ok")
+
+
 def _pairs(rows: list[dict], base: str) -> list[tuple[int, list, list[tuple[str, list]]]]:
     """Per batch size that has the base row, in order: (batch size, the base row's runs, [(label, runs) of every
     other measured row, by label]). Rows measured without interleaving cannot be paired and are refused. An
     interleaved row is written only once all its rounds are in, so ok rows of one batch size have the same number
     of runs (paired_ratio checks)."""
     by_bs: dict[int, dict[str, dict]] = {}
-    for r in rows:
-        if r.get("kind", "result") != "result" or r.get("status") != "ok":
-            continue
+    for r in _measured(rows):
         if not r.get("interleaved"):
             raise ValueError(f"{r.get('key', row_label(r))}: measured without --interleave; its runs cannot be "
                              "paired with another row's.")
@@ -106,9 +109,7 @@ def rate_outlier_runs(rows: list[dict]) -> dict[str, dict[int, list[int]]]:
     (sweeps since lease 27): runs whose summed tokens/s may be inflated by a request timed short, so ratios built on
     them are suspect. Rows without such runs are left out."""
     out: dict[str, dict[int, list[int]]] = {}
-    for r in rows:
-        if r.get("kind", "result") != "result" or r.get("status") != "ok":
-            continue
+    for r in _measured(rows):
         runs = [i for i, n in enumerate(r.get("decode_rate_outliers_runs") or []) if n]
         if runs:
             out.setdefault(row_label(r), {})[int(r["batch_size"])] = runs
