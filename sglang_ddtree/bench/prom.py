@@ -78,10 +78,13 @@ def _select(delta: dict[Sample, float], names: tuple[str, ...], **labels) -> lis
     return hits
 
 
-def _total(delta, base: str, **labels) -> float:
+def _counter_names(base: str) -> tuple[str, str]:
     # prometheus_client exposes a Counter named "x_total" as "x_total"; one named "x" as "x_total" too.
-    names = (base, base + "_total") if not base.endswith("_total") else (base, base[: -len("_total")])
-    return sum(v for _, v in _select(delta, names, **labels))
+    return (base, base + "_total") if not base.endswith("_total") else (base, base[: -len("_total")])
+
+
+def _total(delta, base: str, **labels) -> float:
+    return sum(v for _, v in _select(delta, _counter_names(base), **labels))
 
 
 def auto_rounds(delta: dict[Sample, float]) -> dict[str, int]:
@@ -104,8 +107,9 @@ def auto_calibration(delta: dict[Sample, float]) -> dict | None:
            **{f"tau_mae_{scores}": _total(delta, "sglang:ddtree_auto_tau_abs_error_total", scores=scores) / scored
               for scores in ("raw", "calibrated")}}
     # the gated predictor (auto.CALIBRATION_GATE), from servers that export it (after lease 26)
-    if _select(delta, ("sglang:ddtree_auto_tau_abs_error_total", "sglang:ddtree_auto_tau_abs_error"), scores="gated"):
-        out["tau_mae_gated"] = _total(delta, "sglang:ddtree_auto_tau_abs_error_total", scores="gated") / scored
+    gated = _select(delta, _counter_names("sglang:ddtree_auto_tau_abs_error_total"), scores="gated")
+    if gated:
+        out["tau_mae_gated"] = sum(v for _, v in gated) / scored
     return out
 
 
