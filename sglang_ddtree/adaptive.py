@@ -425,17 +425,23 @@ class ScoreCalibrator:
 
     def learn(self, delta: torch.Tensor, requests: "int | torch.Tensor") -> None:
         """Decay the table by one step per request, then add an `observation`'s delta. requests: a number or a
-        0-dim tensor (no host sync either way)."""
+        0-dim tensor (no host sync either way).
+
+        A number (the SGLang worker's: it knows its batch's requests) costs two kernels, the decay a Python float
+        folded into one add; a tensor costs seven. Why it matters: lease 28's batch-1 host profile of the tiny pair
+        (benchmarks/results/host_profile_lease28/) put the tensor path at ~130 us a round of the server's host time
+        under cProfile (~half the rounds scored there), the largest piece of `auto`'s own host cost, where every
+        torch call cost ~15-20 us profiled."""
+        sums = self._sums.view(3, -1)
+        delta = delta.to(self.device)
         if isinstance(requests, torch.Tensor):
             requests = requests.to(self.device)
-            decay = torch.pow(self.config.decay, requests.double())
             self.rounds.add_(requests.round().to(torch.int64))
+            sums.mul_(torch.pow(self.config.decay, requests.double()))
+            sums.add_(delta)
         else:
-            decay = self.config.decay ** requests  # a Python float: no host-to-device copy
             self.rounds += int(requests)
-        sums = self._sums.view(3, -1)
-        sums.mul_(decay)
-        sums.add_(delta.to(self.device))
+            torch.add(delta, sums, alpha=self.config.decay ** requests, out=sums)  # delta + decay * sums
 
     def update(self, tree: DraftTree, path: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
         """Learn from one verified round (`observation` then `learn`). -> [bs] the calibrated expected committed

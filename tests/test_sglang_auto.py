@@ -412,7 +412,7 @@ def test_calibration_round_scores_predictions_and_leaves_learning_to_the_caller(
     assert float(errors[1]) == pytest.approx(float((cal.expected(tree)[:2] - committed).abs().sum()), rel=1e-5)
     assert float(errors[2]) == 2
     monitor = CalibrationMonitor(cal)
-    monitor.learn(delta, errors, 2)
+    monitor.learn(delta, 2)
     assert monitor.learnt == 2
     twin.update(tree, walk.path, active=torch.tensor([True, True, False]))
     for k in ("pred", "obs", "count"):

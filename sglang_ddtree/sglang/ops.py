@@ -300,7 +300,7 @@ def calibration_round(calibrator, tree: DraftTree, walk, rows: torch.Tensor | No
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """What `auto`'s calibration table learns from a verified tree and its walk, without learning it (the stage
     runs in CUDA graphs, whose warm-up and capture calls must not count: the worker calls
-    `calibrator.learn(delta, errors[2])` after the round). -> (errors [3] float32 summed over the real requests:
+    `calibrator.learn(delta, requests)` after the round). -> (errors [3] float32 summed over the real requests:
     |raw prediction - committed|, |calibrated prediction - committed| (raw = 1 + sum of exp(score) over the
     verified draft nodes, calibrated = the table's as it stands), and the number of requests;
     delta: adaptive.ScoreCalibrator.observation's). rows: see live_sum."""

@@ -178,6 +178,7 @@ class _Prometheus:
         # fixed-budget servers export no empty series
         self._registry, self._names = registry, names
         self._tau_error = self._tau_scored = self._cal_ratio = self._cal_obs = None
+        self._tau_children: dict = {}  # calibration_errors' series (_tau_child)
         self._cal_published: set[tuple[str, str, str]] = set()
 
     def auto_round(self, candidate: str) -> None:
@@ -217,11 +218,20 @@ class _Prometheus:
     def calibration_errors(self, raw_abs: float, calibrated_abs: float, requests: float,
                            gated_abs: float | None = None) -> None:
         self._calibration_series()
-        self._tau_error.labels(**self._auto_labels, scores="raw").inc(raw_abs)
-        self._tau_error.labels(**self._auto_labels, scores="calibrated").inc(calibrated_abs)
+        self._tau_child("raw").inc(raw_abs)
+        self._tau_child("calibrated").inc(calibrated_abs)
         if gated_abs is not None:
-            self._tau_error.labels(**self._auto_labels, scores="gated").inc(gated_abs)
-        self._tau_scored.labels(**self._auto_labels).inc(requests)
+            self._tau_child("gated").inc(gated_abs)
+        self._tau_child(None).inc(requests)
+
+    def _tau_child(self, scores: str | None):
+        """The error series of `scores` (None: the scored request-rounds), resolved once, as auto_round's."""
+        child = self._tau_children.get(scores)
+        if child is None:
+            child = self._tau_children[scores] = (
+                self._tau_scored.labels(**self._auto_labels) if scores is None
+                else self._tau_error.labels(**self._auto_labels, scores=scores))
+        return child
 
     def calibration_table(self, rows: list[dict]) -> None:
         """rows: adaptive.summary_rows (cells with observations); cells published before and absent now (a reset)

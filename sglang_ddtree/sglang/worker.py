@@ -142,6 +142,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=self.block_size, device=self.device)
         self.hybrid = False  # set by _check_models: a gated-delta-net hybrid target
         self._move_kv = None  # the commit's KV move (_kv_mover), chosen at the first round: the pool exists then
+        self._bucket_cache = None  # (SGLang's decode graph runner, its sorted batch sizes, {bs: bucket}): _graph_bucket
         self._check_models()
         self._lm_head_shard = self._resolve_lm_head_shard()
         self.topk = min(self.budget, self._lm_head_shard["vocab_size"])
@@ -412,10 +413,18 @@ class DDTreeWorker(DFlashWorkerV2):
         return backend, graphs
 
     def _graph_bucket(self, bs: int) -> int:
-        """The batch size a verify of `bs` requests pads to (SGLang's captured sizes), else bs."""
+        """The batch size a verify of `bs` requests pads to (SGLang's captured sizes), else bs. Asked by every
+        padded stage, 3-4 times a round: the answers are kept per runner (lease 28's batch-1 host profile,
+        sorting the sizes each time: 16-28 us a round under cProfile)."""
         graphs = self.target_worker.model_runner.decode_cuda_graph_runner
-        sizes = sorted(getattr(graphs, "capture_bs", None) or [])
-        return next((size for size in sizes if size >= bs), bs)
+        cache = self._bucket_cache
+        if cache is None or cache[0] is not graphs:  # the first call, or SGLang built another runner
+            cache = self._bucket_cache = (graphs, sorted(getattr(graphs, "capture_bs", None) or []), {})
+        _, sizes, buckets = cache
+        bucket = buckets.get(bs)
+        if bucket is None:
+            bucket = buckets[bs] = next((size for size in sizes if size >= bs), bs)
+        return bucket
 
     def reset_calibration(self) -> bool:
         """`auto`'s calibration table starts empty again (plugin: POST /set_internal_state with
@@ -553,13 +562,13 @@ class DDTreeWorker(DFlashWorkerV2):
             self.auto.feedback.push(vector, timer, bucket, chosen, bs, cold=cold, sampled=sampled,
                                     young=self.auto.calibration.young())
             if scored:  # the table learns now, in stream order before the next scored walk stage reads it
-                self.auto.calibration.learn(plan.calibration_delta, plan.calibration, bs)
+                self.auto.calibration.learn(plan.calibration_delta, bs)
             self.auto.calibration.after_round()
             self.auto.maybe_log(self.ps.tp_rank)
         # reqs/seq_lens are only read by the debug dump (after its sync): no host sync on the default path.
         self.stats.record_round(tree, walk, timer, batch_size=bs, reqs=getattr(batch, "reqs", None),
                                 seq_lens=prefix_lens, summary=summary,
-                                extra=None if self.auto is None else
+                                extra=None if self.auto is None or self.stats.debug is None else  # dump rows only
                                 {"auto_candidate": candidate_label(self.auto.candidates[chosen]),
                                  "auto_sampled": sampled, "auto_cold": cold})
         if self.auto is not None and self.stats.debug is not None:

@@ -214,8 +214,10 @@ def test_graphed_auto_stages_equal_eager(padded):
         flat = [*(getattr(tree, f) for f in FIELDS), ids, pos, expected, plan.walk.path, plan.commit_lens,
                 plan.kv_dest, plan.kv_src, plan.out_tokens, plan.observed]
         scored = [] if plan.calibration is None else [plan.calibration.clone(), plan.calibration_delta.clone()]
-        if scored:  # the worker's order: the table learns after the round's stages
-            table.learn(plan.calibration_delta, plan.calibration[2])
+        if scored:  # the worker's order: the table learns after the round's stages. The graphed arm learns as the
+            # worker does (its host count of requests: two kernels), the eager arm from the stage's own count
+            # (errors[2], a device tensor): later rounds' scores read both tables, so the two paths must agree
+            table.learn(plan.calibration_delta, rows["rows"] if rows else plan.calibration[2])
         return [x.clone() for x in flat if x is not None] + scored  # a chain's plan has no KV moves
 
     order = [(64, 1), (CHAIN, 1), (16, 4), (64, 4), (32, 1), (CHAIN, 4), (64, 1), (16, 1), (64, 3), (CHAIN, 3)]
