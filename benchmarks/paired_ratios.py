@@ -34,7 +34,11 @@ def main(argv=None) -> int:
     ap.add_argument("--arm", action="append", default=[], metavar="NAME=LABEL,LABEL,...",
                     help="servers of one configuration, pooled per round (repeat for each arm; the first is the "
                          "reference of the others)")
+    ap.add_argument("--keep-outlier-runs", action="store_true",
+                    help="pair every round, also those where a row had requests decoding far above its run's median "
+                         "rate (decode_rate_outliers_runs; left out by default: such a run's tokens/s is inflated)")
     args = ap.parse_args(argv)
+    drop = not args.keep_outlier_runs
     arms = {}
     for spec in args.arm:
         name, sep, labels = spec.partition("=")
@@ -43,9 +47,9 @@ def main(argv=None) -> int:
         arms[name] = [x.strip() for x in labels.split(",") if x.strip()]
     try:
         rows = list(latest_results(read_rows(args.results)).values())
-        table = paired_table(rows, args.base)
-        pooled = pooled_ratios(rows, args.base)
-        by_arm = arm_table(rows, args.base, arms) if arms else {}
+        table = paired_table(rows, args.base, drop_outliers=drop)
+        pooled = pooled_ratios(rows, args.base, drop_outliers=drop)
+        by_arm = arm_table(rows, args.base, arms, drop_outliers=drop) if arms else {}
         outliers = rate_outlier_runs(rows)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -58,24 +62,23 @@ def main(argv=None) -> int:
     for bs, ratios in table.items():
         print(f"batch {bs}: over {args.base}")
         for label, r in ratios.items():
-            lo, hi = r["ci95"]
-            print(f"  {label:28s} x{r['ratio']:.3f}  [{lo:.3f}, {hi:.3f}]  {r['rounds']} rounds")
+            print(f"  {label:28s} {_line(r)}")
     if len(table) > 1:
         print(f"all batch sizes together: over {args.base}")
         for label, r in pooled.items():
-            lo, hi = r["ci95"]
-            print(f"  {label:28s} x{r['ratio']:.3f}  [{lo:.3f}, {hi:.3f}]  {r['rounds']} rounds")
+            print(f"  {label:28s} {_line(r)}")
     for bs, ratios in by_arm.items():
         print(f"batch {bs}: arms (each server's runs pooled per round)")
         for label, r in ratios.items():
-            lo, hi = r["ci95"]
-            print(f"  {label:40s} x{r['ratio']:.3f}  [{lo:.3f}, {hi:.3f}]  {r['rounds']} rounds")
+            print(f"  {label:40s} {_line(r)}")
     for label, by_bs in outliers.items():
         for bs, runs in by_bs.items():
             print(f"note: {label} at batch {bs}: run(s) {', '.join(map(str, runs))} (from 0) had requests decoding "
-                  "far above the run's median rate (decode_rate_outliers_runs); ratios using them are suspect")
+                  "far above the run's median rate (decode_rate_outliers_runs): "
+                  + ("the ratios leave these rounds out (--keep-outlier-runs keeps them)" if drop
+                     else "kept (--keep-outlier-runs); ratios using them are suspect"))
     if args.json:
-        out = {"base": args.base, "results": str(args.results),
+        out = {"base": args.base, "results": str(args.results), "outlier_runs_dropped": drop,
                "by_batch_size": {str(k): v for k, v in table.items()}, "all_batch_sizes": pooled}
         if outliers:
             out["rate_outlier_runs"] = {label: {str(bs): runs for bs, runs in by_bs.items()}
@@ -85,6 +88,15 @@ def main(argv=None) -> int:
             out["arms_by_batch_size"] = {str(k): v for k, v in by_arm.items()}
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
+
+
+def _line(r: dict) -> str:
+    """One ratio as the tables print it: x0.987  [0.950, 1.025]  30 rounds (2 dropped)."""
+    dropped = f" ({r['dropped_runs']} dropped)" if r.get("dropped_runs") else ""
+    if r["ratio"] is None:
+        return f"too few rounds without rate outliers: {r['rounds']} rounds{dropped}"
+    lo, hi = r["ci95"]
+    return f"x{r['ratio']:.3f}  [{lo:.3f}, {hi:.3f}]  {r['rounds']} rounds{dropped}"
 
 
 if __name__ == "__main__":

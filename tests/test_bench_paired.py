@@ -116,14 +116,26 @@ def test_paired_ratios_script_prints_and_writes_the_table(tmp_path):
     assert "note:" not in done.stdout and "rate_outlier_runs" not in written  # no run had outliers
     bad = subprocess.run(cmd + ["--base", "tiny|dflash"], capture_output=True, text=True)
     assert bad.returncode == 2 and "tiny|auto, tiny|ddtree-128" in bad.stderr
-    # a run with requests timed short (lease 27's 8B batch 64: 4003 tok/s among ~1800) is named, not dropped
+    # a run with requests timed short (lease 27's 8B batch 64: 4003 tok/s among ~1800) is named and its round left
+    # out, unless --keep-outlier-runs
     rows[1]["decode_rate_outliers_runs"] = [0, 2, 0]
+    rows[1]["decode_tokens_per_s_runs"] = [97.0, 388.0, 145.5]  # run 1 inflated 2x
     results.write_text("".join(json.dumps(r) + "\n" for r in rows))
     done = subprocess.run(cmd + ["--base", "tiny|ddtree-128", "--json", str(out)], capture_output=True, text=True)
     assert done.returncode == 0 and "note: tiny|auto at batch 1: run(s) 1 (from 0)" in done.stdout
+    assert "2 rounds (1 dropped)" in done.stdout and "leave these rounds out" in done.stdout
     written = json.loads(out.read_text())
-    assert written["rate_outlier_runs"] == {"tiny|auto": {"1": [1]}}
-    assert written["by_batch_size"]["1"]["tiny|auto"]["ratio"] == pytest.approx(0.97)  # the ratio is unchanged
+    assert written["rate_outlier_runs"] == {"tiny|auto": {"1": [1]}} and written["outlier_runs_dropped"] is True
+    assert written["by_batch_size"]["1"]["tiny|auto"]["ratio"] == pytest.approx(0.97)
+    assert written["by_batch_size"]["1"]["tiny|auto"]["dropped_runs"] == 1
+    assert written["all_batch_sizes"]["tiny|auto"]["rounds"] == 4
+    kept = subprocess.run(cmd + ["--base", "tiny|ddtree-128", "--json", str(out), "--keep-outlier-runs"],
+                          capture_output=True, text=True)
+    assert kept.returncode == 0 and "ratios using them are suspect" in kept.stdout
+    written = json.loads(out.read_text())
+    assert written["by_batch_size"]["1"]["tiny|auto"]["ratio"] == pytest.approx((0.97 * 1.94 * 0.97) ** (1 / 3),
+                                                                                abs=1e-4)
+    assert "dropped_runs" not in written["by_batch_size"]["1"]["tiny|auto"]
 
 
 def test_rate_outlier_runs_lists_the_runs_per_row_and_batch_size():
@@ -170,3 +182,27 @@ def test_arm_table_and_the_scripts_arms(tmp_path):
     assert json.loads(out.read_text())["arms_by_batch_size"]["1"]["b over a"]["rounds"] == 3
     bad = subprocess.run(cmd + ["--arm", "a"], capture_output=True, text=True)
     assert bad.returncode == 2 and "NAME=LABEL" in bad.stderr
+
+
+def test_tables_leave_out_the_rounds_any_compared_row_had_a_rate_outlier_in():
+    """A round is paired only where no row compared was flagged (decode_rate_outliers_runs): the base's flag drops
+    the round for every row, a row's own flag only for that row; with two or fewer rounds left there is no ratio."""
+    flagged = lambda row, flags: {**row, "decode_rate_outliers_runs": flags}  # noqa: E731
+    base = flagged(_row("tiny", "ddtree", 128, 1, [100.0, 200.0, 150.0, 120.0]), [0, 0, 0, 3])
+    auto = flagged(_row("tiny", "auto", None, 1, [90.0, 400.0, 135.0, 108.0]), [0, 1, 0, 0])
+    dflash = _row("tiny", "dflash", None, 1, [80.0, 160.0, 120.0, 500.0])  # no flags (sweeps before lease 27)
+    rows = [base, auto, dflash]
+    table = paired_table(rows, "tiny|ddtree-128")[1]
+    assert table["tiny|auto"] == {**paired_ratio([90.0, 135.0], [100.0, 150.0]), "dropped_runs": 2}
+    assert table["tiny|dflash"] == {**paired_ratio([80.0, 160.0, 120.0], [100.0, 200.0, 150.0]), "dropped_runs": 1}
+    assert paired_table(rows, "tiny|ddtree-128", drop_outliers=False)[1]["tiny|auto"] == paired_ratio(
+        auto["decode_tokens_per_s_runs"], base["decode_tokens_per_s_runs"])
+    pooled = pooled_ratios(rows, "tiny|ddtree-128")
+    assert pooled["tiny|auto"]["rounds"] == 2 and pooled["tiny|auto"]["dropped_runs"] == 2
+    arms = arm_table(rows, "tiny|ddtree-128", {"a": ["tiny|auto"], "d": ["tiny|dflash"]})[1]
+    assert arms["a over tiny|ddtree-128"] == table["tiny|auto"]
+    # the base is not compared here: only auto's own flag drops a round
+    assert arms["d over a"] == {**paired_ratio([80.0, 120.0, 500.0], [90.0, 135.0, 108.0]), "dropped_runs": 1}
+    one_left = flagged(auto, [0, 1, 1, 0])
+    assert paired_table([base, one_left], "tiny|ddtree-128")[1]["tiny|auto"] == {
+        "ratio": None, "ci95": None, "rounds": 1, "dropped_runs": 3}

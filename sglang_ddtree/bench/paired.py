@@ -87,73 +87,123 @@ def _measured(rows: list[dict]):
     return (r for r in rows if r.get("kind", "result") == "result" and r.get("status") == "ok")
 
 
-def _pairs(rows: list[dict], base: str) -> list[tuple[int, list, list[tuple[str, list]]]]:
-    """Per batch size that has the base row, in order: (batch size, the base row's runs, [(label, runs) of every
-    other measured row, by label]). Rows measured without interleaving cannot be paired and are refused. An
-    interleaved row is written only once all its rounds are in, so ok rows of one batch size have the same number
-    of runs (paired_ratio checks)."""
+def _pairs(rows: list[dict], base: str) -> list[tuple[int, dict, list[tuple[str, dict]]]]:
+    """Per batch size that has the base row, in order: (batch size, the base row, [(label, row) of every other
+    measured row, by label]). Rows measured without interleaving cannot be paired and are refused. An interleaved
+    row is written only once all its rounds are in, so ok rows of one batch size have the same number of runs
+    (group_ratio checks)."""
     by_bs: dict[int, dict[str, dict]] = {}
     for r in _measured(rows):
         if not r.get("interleaved"):
             raise ValueError(f"{r.get('key', row_label(r))}: measured without --interleave; its runs cannot be "
                              "paired with another row's.")
         by_bs.setdefault(int(r["batch_size"]), {})[row_label(r)] = r
-    return [(bs, labelled[base].get("decode_tokens_per_s_runs") or [],
-             [(label, r.get("decode_tokens_per_s_runs") or []) for label, r in sorted(labelled.items())
-              if label != base])
+    return [(bs, labelled[base], [(label, r) for label, r in sorted(labelled.items()) if label != base])
             for bs, labelled in sorted(by_bs.items()) if base in labelled]
+
+
+def _runs(row: dict) -> list[float]:
+    return row.get("decode_tokens_per_s_runs") or []
+
+
+def _outlier_flags(row: dict) -> list[bool]:
+    """Per run, whether it had requests decoding far above its median rate (measure.RATE_OUTLIER; sweeps since
+    lease 27 record it, older rows have no flags)."""
+    return [bool(n) for n in row.get("decode_rate_outliers_runs") or []]
+
+
+def _clean_rounds(rows: list[dict], drop_outliers: bool) -> list[int]:
+    """The rounds every one of `rows` may be paired in: all of them, or with drop_outliers those where no row had a
+    rate outlier. Why: a run's tokens/s is the sum of its requests' rates, and one request timed short inflates it
+    (lease 28, tiny pair, batch 64: DDTREE 128's flagged runs read 115-156k tokens/s against a median of 54k, their
+    rates over the whole run's window 36-39k against a median of 28k): the round's ratio then measures the timing
+    artifact, not the servers."""
+    n = max((len(_runs(r)) for r in rows), default=0)
+    if not drop_outliers:
+        return list(range(n))
+    flags = [_outlier_flags(r) for r in rows]
+    return [i for i in range(n) if not any(i < len(f) and f[i] for f in flags)]
+
+
+def _group(a: list[dict], b: list[dict], drop_outliers: bool) -> dict:
+    """group_ratio of rows a over rows b on their clean rounds, with "dropped_runs" when rounds were left out;
+    {"ratio": None, "rounds": n, "dropped_runs": k} when fewer than two are left."""
+    lengths = [len(_runs(r)) for r in [*a, *b]]
+    if len(set(lengths)) != 1:
+        raise ValueError(f"paired runs must come in the same rounds: {lengths} runs.")
+    keep = _clean_rounds([*a, *b], drop_outliers)
+    total = lengths[0]
+    dropped = total - len(keep)
+    if len(keep) < 2:
+        return {"ratio": None, "ci95": None, "rounds": len(keep), "dropped_runs": dropped}
+    picked = [[[_runs(r)[i] for i in keep] for r in side] for side in (a, b)]
+    out = group_ratio(*picked)
+    if dropped:
+        out["dropped_runs"] = dropped
+    return out
 
 
 def rate_outlier_runs(rows: list[dict]) -> dict[str, dict[int, list[int]]]:
     """{label: {batch size: [indices of runs with decode_rate_outliers]}} over measured rows that recorded them
-    (sweeps since lease 27): runs whose summed tokens/s may be inflated by a request timed short, so ratios built on
-    them are suspect. Rows without such runs are left out."""
+    (sweeps since lease 27): runs whose summed tokens/s may be inflated by a request timed short; the tables leave
+    the rounds they are in out unless asked to keep them. Rows without such runs are left out."""
     out: dict[str, dict[int, list[int]]] = {}
     for r in _measured(rows):
-        runs = [i for i, n in enumerate(r.get("decode_rate_outliers_runs") or []) if n]
+        runs = [i for i, flagged in enumerate(_outlier_flags(r)) if flagged]
         if runs:
             out.setdefault(row_label(r), {})[int(r["batch_size"])] = runs
     return out
 
 
-def paired_table(rows: list[dict], base: str) -> dict:
-    """Per batch size, every measured row over the row labelled `base` (row_label), run by run. `rows`: the latest
-    result rows of one interleaved sweep; a batch size without the base row is left out.
-    {batch_size: {label: paired_ratio(...)}}."""
-    return {bs: {label: paired_ratio(runs, base_runs) for label, runs in others}
-            for bs, base_runs, others in _pairs(rows, base)}
+def paired_table(rows: list[dict], base: str, drop_outliers: bool = True) -> dict:
+    """Per batch size, every measured row over the row labelled `base` (row_label), run by run; with drop_outliers
+    a round either row had a rate outlier in is left out (_clean_rounds). `rows`: the latest result rows of one
+    interleaved sweep; a batch size without the base row is left out. {batch_size: {label: _group(...)}}."""
+    return {bs: {label: _group([row], [base_row], drop_outliers) for label, row in others}
+            for bs, base_row, others in _pairs(rows, base)}
 
 
-def arm_table(rows: list[dict], base: str, arms: dict[str, list[str]]) -> dict:
+def arm_table(rows: list[dict], base: str, arms: dict[str, list[str]], drop_outliers: bool = True) -> dict:
     """Per batch size, each arm (its servers' row labels) over the row `base` and over the first arm, by
-    group_ratio. {batch_size: {"<arm> over <base>" | "<arm> over <first arm>": group_ratio(...)}}."""
+    group_ratio on the rounds clean in every row compared (_clean_rounds).
+    {batch_size: {"<arm> over <base>" | "<arm> over <first arm>": _group(...)}}."""
     if not arms:
         raise ValueError("no arms given.")
     out = {}
     first = next(iter(arms))
-    for bs, base_runs, others in _pairs(rows, base):
-        runs = dict(others)
-        missing = [label for labels in arms.values() for label in labels if label not in runs]
+    for bs, base_row, others in _pairs(rows, base):
+        by_label = dict(others)
+        missing = [label for labels in arms.values() for label in labels if label not in by_label]
         if missing:
-            raise ValueError(f"batch {bs}: no measured row {', '.join(missing)}; rows: {', '.join(sorted(runs))}.")
+            raise ValueError(f"batch {bs}: no measured row {', '.join(missing)}; rows: {', '.join(sorted(by_label))}.")
         table = {}
         for name, labels in arms.items():
-            table[f"{name} over {base}"] = group_ratio([runs[x] for x in labels], [base_runs])
+            table[f"{name} over {base}"] = _group([by_label[x] for x in labels], [base_row], drop_outliers)
         for name, labels in list(arms.items())[1:]:
-            table[f"{name} over {first}"] = group_ratio([runs[x] for x in labels], [runs[x] for x in arms[first]])
+            table[f"{name} over {first}"] = _group([by_label[x] for x in labels],
+                                                   [by_label[x] for x in arms[first]], drop_outliers)
         out[bs] = table
     return out
 
 
-def pooled_ratios(rows: list[dict], base: str) -> dict:
+def pooled_ratios(rows: list[dict], base: str, drop_outliers: bool = True) -> dict:
     """Every row over `base` with the rounds of all batch sizes together (each round still paired within its batch
-    size): one ratio per row label and a tighter interval when the batch sizes agree. {label: paired_ratio(...)}."""
-    runs: dict[str, tuple[list, list]] = {}
-    for bs, base_runs, others in _pairs(rows, base):
-        for label, mine in others:
+    size, on the rounds clean in both rows: _clean_rounds): one ratio per row label and a tighter interval when the
+    batch sizes agree. {label: paired_ratio(...)}, with "dropped_runs" when rounds were left out."""
+    runs: dict[str, tuple[list, list, int]] = {}
+    for bs, base_row, others in _pairs(rows, base):
+        base_runs = _runs(base_row)
+        for label, row in others:
+            mine = _runs(row)
             if len(mine) != len(base_runs):
                 raise ValueError(f"{label}: {len(mine)} runs against {len(base_runs)} of {base} at batch {bs}.")
-            a, b = runs.setdefault(label, ([], []))
-            a += mine
-            b += base_runs
-    return {label: paired_ratio(a, b) for label, (a, b) in sorted(runs.items())}
+            keep = _clean_rounds([row, base_row], drop_outliers)
+            a, b, dropped = runs.get(label, ([], [], 0))
+            runs[label] = (a + [mine[i] for i in keep], b + [base_runs[i] for i in keep],
+                           dropped + len(mine) - len(keep))
+    out = {}
+    for label, (a, b, dropped) in sorted(runs.items()):
+        out[label] = paired_ratio(a, b)
+        if dropped:
+            out[label]["dropped_runs"] = dropped
+    return out
