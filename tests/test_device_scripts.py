@@ -737,3 +737,32 @@ def test_parse_junit_ignores_the_nameless_case_of_a_cut_run(tmp_path):
     tests, counts = run_gpu_suite.parse_junit(path)
     assert counts == {"passed": 1, "failed": 1, "skipped": 1, "errors": 0}
     assert [t["id"] for t in tests] == ["m::a", "m::b", "m::c"]
+
+
+def test_pack_base_writes_the_package_a_server_started_in_the_repo_root_imports(tmp_path):
+    """lease_steps.sh tiny-paired TP_TWIN_BASE: pack_base.sh writes a commit's package, and with PYTHONSAFEPATH=1
+    and PYTHONPATH on it a Python started in the repository root (where bench/server.py starts servers) imports that
+    package; PYTHONPATH alone still imports the checkout's (lease 28's first try ran the checkout in both setups).
+    -S: no site-packages, as on the device (this venv's editable install would map the package by itself)."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    dest = tmp_path / "base"
+    done = subprocess.run(["bash", str(DEVICE / "pack_base.sh"), "HEAD", str(dest)], cwd=REPO, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(dest)
+    assert (dest / "COMMIT").read_text().strip() == head
+    assert sorted(p.name for p in dest.iterdir()) == ["COMMIT", "sglang_ddtree"]
+    assert (dest / "sglang_ddtree" / "sglang" / "plugin.py").is_file()
+    code = "import sglang_ddtree; print(sglang_ddtree.__file__)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    env["PYTHONPATH"] = str(dest)
+    plain = subprocess.run([sys.executable, "-S", "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+    safe = subprocess.run([sys.executable, "-S", "-c", code], cwd=REPO, env={**env, "PYTHONSAFEPATH": "1"},
+                          capture_output=True, text=True)
+    assert plain.returncode == 0 and safe.returncode == 0, plain.stderr + safe.stderr
+    assert Path(plain.stdout.strip()) == REPO / "sglang_ddtree" / "__init__.py"
+    assert Path(safe.stdout.strip()) == dest / "sglang_ddtree" / "__init__.py"
+    bad = subprocess.run(["bash", str(DEVICE / "pack_base.sh"), "not-a-commit", str(tmp_path / "x")], cwd=REPO,
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and not (tmp_path / "x").exists()

@@ -45,7 +45,8 @@
 #        pair's DFLASH, DDTREE 32 / 128 and auto, a second DDTREE 128 (the noise left) and a second auto with
 #        SGLANG_DDTREE_AUTO_FLOOR_FRESH=TP_FLOOR_FRESH (64; 0: a plain twin), every server pinned to TP_CPUS (2-9)
 #        once ready, interleaved, prompts rotating per run, TP_REPEATS (30) short runs (TP_NEW_TOKENS 512) per batch
-#        size of TP_BATCH_SIZES (1,4,16,64); then benchmarks/paired_ratios.py over DDTREE 128
+#        size of TP_BATCH_SIZES (1,4,16,64); then benchmarks/paired_ratios.py over DDTREE 128. TP_TWIN_BASE=DIR
+#        (scripts/device/pack_base.sh COMMIT, under runs/bench): the second setup runs that commit's package
 #   bash scripts/device/lease_steps.sh tiny-starts OUTDIR COMMIT   # one GPU, ALONE, ~5-8 min: TS_COPIES (3) auto
 #        servers per arm (TS_ENV_A / TS_ENV_B; TS_ARMS="a b c" adds TS_ENV_C) and one DDTREE 128, started together,
 #        pinned, interleaved, batch TS_BATCH_SIZES (1), TS_REPEATS (24) runs; then benchmarks/paired_ratios.py over
@@ -602,6 +603,21 @@ tiny-paired)
     # TP_TWIN_ENV, default FLOOR_FRESH), for more rounds. TP_ENV: more server environment for setup tiny (e.g. an A/B:
     # TP_TWIN_METHODS=auto TP_TWIN_ENV=SGLANG_DDTREE_AUTO_WARM_ROUNDS=0: `auto` at the default next to a knob).
     # --set applies in order: the setups' server_env after all.server_env.
+    # TP_TWIN_BASE=DIR (scripts/device/pack_base.sh COMMIT, carried in runs/bench): the twin setup's servers run
+    # that commit's package, an A/B of two commits in one run (TP_TWIN_METHODS=auto: `tiny-b|auto` is the other
+    # commit's auto). PYTHONSAFEPATH=1 because the servers start in the repository root and `python -m` puts it
+    # before PYTHONPATH (lease 28's first try, PYTHONPATH alone, ran this checkout in both setups).
+    if [ -n "${TP_TWIN_BASE:-}" ]; then
+        base_dir=$(cd "$TP_TWIN_BASE" && pwd)
+        base_env="PYTHONSAFEPATH=1,PYTHONPATH=$DDTREE_SITE:$base_dir"
+        loaded=$(env PYTHONSAFEPATH=1 PYTHONPATH="$DDTREE_SITE:$base_dir" python3 -c \
+                 'import sglang_ddtree; print(sglang_ddtree.__file__)')
+        mkdir -p /tmp/tp/logs  # (returned in the logs' archive; each DDTREE server's log names its package too)
+        echo "twin package: $loaded (commit $(cat "$base_dir/COMMIT" 2>/dev/null || echo unknown))" \
+            | tee /tmp/tp/logs/twin_package.txt
+        case "$loaded" in "$base_dir"/*) ;; *) echo "TP_TWIN_BASE: the twin would not load $base_dir"; exit 2;; esac
+        TP_TWIN_ENV="${TP_TWIN_ENV:+$TP_TWIN_ENV,}$base_env"
+    fi
     twin=(--setups tiny,tiny-b --copy-setup tiny-b=tiny --set "tiny-b.methods=${TP_TWIN_METHODS:-ddtree,auto}"
           --set tiny-b.budgets=128)
     twin_env=(--set "tiny-b.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100,${TP_TWIN_ENV:-SGLANG_DDTREE_AUTO_FLOOR_FRESH=${TP_FLOOR_FRESH:-64}}")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+from pathlib import Path
 
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import host_profile
@@ -299,10 +300,12 @@ def _make_spec_class():
                 server_args.speculative_eagle_topk = 2
                 logger.info("DDTREE: hybrid (gated-delta-net) target: tree verify through per-node recurrent "
                             "states (speculative_eagle_topk=2)")
+            # the package path: an A/B of two commits in one run (lease_steps.sh TP_TWIN_BASE) shows which ran
             logger.info("DDTREE: budget=%s (verify up to %d tokens/request), drafter block=%d, prune=%s, "
-                        "max_running_requests=%s",
+                        "max_running_requests=%s, package %s",
                         f"auto {list(options.candidates)}" if options.auto else options.budget,
-                        options.budget + 1, block_size, options.prune, server_args.max_running_requests)
+                        options.budget + 1, block_size, options.prune, server_args.max_running_requests,
+                        Path(__file__).resolve().parents[1])
 
     return DDTreeSpecAlgo
 
