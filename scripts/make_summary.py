@@ -294,15 +294,20 @@ def adaptive(out: dict) -> None:
 # - lease 27 (d125f6a: FLOOR_MIN_TIMES = 2 and EXPLORE_ROUNDS = 4 by default): the tiny paired sweep replaces lease
 #   26's tiny rows. The 8B rows stay lease 25's: lease 27's 8B run (6d1b1c6) was the A/B, its `8b-dummy|auto` the
 #   chooser before (PAIRED_SWEEPS has the arms).
+# - lease 28 (fbba433: `auto`'s host cost cut, the chooser unchanged): the tiny paired sweep replaces lease 27's tiny
+#   rows. Its `tiny-b|auto` was meant to run the previous commit's package (PYTHONPATH) but ran fbba433 as well (the
+#   servers start in the repository root, which Python puts before PYTHONPATH): a second `auto` server of the same
+#   code, so its entry is a twin of `tiny`'s (SAME_CONFIG_SWEEPS has both). The 8B rows stay lease 25's.
 SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.jsonl", "sweep_auto_8b_lease20.jsonl",
                       "sweep_auto_8b_lease20b.jsonl", "sweep_auto_8b_bs1_lease20c.jsonl",
                       "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl",
                       "sweep_paired_tiny_lease23b.jsonl", "sweep_paired_tiny_lease25.jsonl",
                       "sweep_auto_8b_lease25.jsonl", "sweep_paired_tiny_lease26.jsonl",
-                      "sweep_paired_tiny_lease27.jsonl")
+                      "sweep_paired_tiny_lease27.jsonl", "sweep_paired_tiny_lease28.jsonl")
 # Servers of one configuration started side by side in one interleaved run (a setup and its --copy-setup copy): how
 # far two identical servers' tokens/s lie apart on this host.
-SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl")
+SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl",
+                      "sweep_paired_tiny_lease28.jsonl")
 # Interleaved sweeps with every server pinned to the same CPUs once ready and the prompts rotating per run
 # (lease_steps.sh tiny-paired): every row over the base row run by run, with 95% intervals (bench/paired.py).
 # Lease 23 (217d929) and 23b (971cdb1): DFLASH, DDTREE 128 and auto only. Lease 24 (8fec388): DFLASH, DDTREE 128,
@@ -320,7 +325,9 @@ SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease
 # Lease 27 (6d1b1c6): tiny-starts at batch 1 then 4, a1-a3 as that code was, b1-b3 SGLANG_DDTREE_AUTO_FLOOR_MIN_TIMES=2
 # with SGLANG_DDTREE_AUTO_EXPLORE_ROUNDS=4, c1-c3 those and SGLANG_DDTREE_AUTO_SPREAD=mad; the 8B shapes with DFLASH,
 # `8b-dummy|auto` as that code was, `8b-b|auto` (arm b) and `8b-c|auto` (arm c, a second wave: not paired with DFLASH);
-# then at d125f6a (arm b by default) the tiny paired sweep.
+# then at d125f6a (arm b by default) the tiny paired sweep. Lease 28 (fbba433): DFLASH, DDTREE 128, `tiny|auto` and
+# `tiny-b|auto`, both auto servers running fbba433 (see SGLANG_AUTO_SWEEPS). Since then the tables leave out the rounds
+# where a compared row had a rate outlier (bench/paired.py _clean_rounds; "dropped_runs" counts them).
 PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease23.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease23b.jsonl": "tiny|ddtree-128",
@@ -335,7 +342,8 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease26.jsonl": "tiny|ddtree-128",
                  "sweep_starts_tiny_lease27.jsonl": "tiny|ddtree-128",
                  "sweep_auto_8b_lease27.jsonl": "8b-dummy|dflash",
-                 "sweep_paired_tiny_lease27.jsonl": "tiny|ddtree-128"}
+                 "sweep_paired_tiny_lease27.jsonl": "tiny|ddtree-128",
+                 "sweep_paired_tiny_lease28.jsonl": "tiny|ddtree-128"}
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
@@ -490,10 +498,11 @@ def pad_stages(out: dict) -> None:
 # size); each entry says which sweep it came from. Lease 25 (ebae9a7) measured every batch size again at that code:
 # batch 1 calibrated worse than raw again (24d's was the one run with it ahead), 4-64 better. Lease 26 (7b26283,
 # CALIBRATION_LEARN_ALL = 500 on): the same picture, batch 1 worse, 4-64 better. Lease 27 (d125f6a): calibrated
-# better than raw at every batch size, batch 1 included (588 scored request-rounds).
+# better than raw at every batch size, batch 1 included (588 scored request-rounds). Lease 28 (fbba433, two `auto`
+# servers of that code: `tiny`, `tiny-b`): batch 1 calibrated worse in one, better in the other; 4-64 better in both.
 SGLANG_CALIBRATION_SWEEPS = ("sweep_paired_tiny_lease23b.jsonl", "sweep_paired_tiny_lease24d.jsonl",
                              "sweep_paired_tiny_lease25.jsonl", "sweep_paired_tiny_lease26.jsonl",
-                             "sweep_paired_tiny_lease27.jsonl")
+                             "sweep_paired_tiny_lease27.jsonl", "sweep_paired_tiny_lease28.jsonl")
 # Batch-1 tables of several servers started together (lease_steps.sh tiny-starts): every `auto` server's MAE over
 # its batch-1 rows, the young table's standing across server starts (not one draw).
 SGLANG_STARTS_SWEEPS = ("sweep_starts_tiny_lease25.jsonl", "sweep_starts_tiny_lease25b.jsonl",

@@ -429,9 +429,8 @@ class ScoreCalibrator:
 
         A number (the SGLang worker's: it knows its batch's requests) costs two kernels, the decay a Python float
         folded into one add; a tensor costs seven. Why it matters: lease 28's batch-1 host profile of the tiny pair
-        (benchmarks/results/host_profile_lease28/) put the tensor path at ~130 us a round of the server's host time
-        under cProfile (~half the rounds scored there), the largest piece of `auto`'s own host cost, where every
-        torch call cost ~15-20 us profiled."""
+        (benchmarks/results/host_profile_lease28/) put the tensor path at 100-106 us a decode batch under cProfile
+        (half the batches scored there), the largest piece of `auto`'s own host cost."""
         sums = self._sums.view(3, -1)
         delta = delta.to(self.device)
         if isinstance(requests, torch.Tensor):
