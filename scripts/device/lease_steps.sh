@@ -56,8 +56,8 @@
 #   bash scripts/device/lease_steps.sh wait-detached NAME WAIT_S   # waits up to WAIT_S; exit 3 while it runs
 #   bash scripts/device/lease_steps.sh host-profile OUTDIR COMMIT   # one GPU, ALONE, ~6 min: the tiny pair's DFLASH,
 #        DDTREE 16 / 128 and auto at batch HP_BATCH_SIZE (4) with SGLANG_DDTREE_HOST_PROFILE (a cProfile of each
-#        scheduler's decode loop, decode batches 300..899); the sweep's throughput is not a result (the profiler slows
-#        its servers)
+#        scheduler's decode loop, decode batches 300..899; HP_METHODS / HP_BUDGETS pick fewer servers); the sweep's
+#        throughput is not a result (the profiler slows its servers)
 #   bash scripts/device/lease_steps.sh server-kernels-1gpu OUTDIR COMMIT   # one GPU, ~8 min (detach it): the server
 #        module next to the core + kernel GPU tests, then kernel-bench alone (batch 1; BASE_KERNELS as kernel-checks)
 #   bash scripts/device/lease_steps.sh kernel-bench OUTDIR COMMIT   # one GPU, ALONE: kernel-checks' benchmarks only
@@ -663,7 +663,8 @@ host-profile)
     unpack_jit_cache  # lease 27's bench call without it: servers ready in 141-155 s, not ~50
     rc=0
     CUDA_VISIBLE_DEVICES=0 timeout 420 python3 benchmarks/bench_budgets.py --setups tiny \
-        --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=16,128 --set "tiny.batch_sizes=${HP_BATCH_SIZE:-4}" \
+        --set "tiny.methods=${HP_METHODS:-dflash,ddtree,auto}" --set "tiny.budgets=${HP_BUDGETS:-16,128}" \
+        --set "tiny.batch_sizes=${HP_BATCH_SIZE:-4}" \
         --set tiny.max_new_tokens=1024 --set tiny.warmup_new_tokens=128 \
         --set tiny.server_env=SGLANG_DDTREE_HOST_PROFILE=/tmp/hp,SGLANG_DDTREE_HOST_PROFILE_ROUNDS=300:600 \
         --repeats 2 --prompt-groups 4 --interleave --prompts-file runs/bench/humaneval_prompts.jsonl \
