@@ -340,6 +340,7 @@ class ScoreCalibrator:
         self.count = self._sums[0]  # decayed observation count
         self.pred = self._sums[1]  # decayed sum of P_cal(parent) * q
         self.obs = self._sums[2]  # decayed sum of accepted (0/1)
+        self._flat = self._sums.view(3, -1)  # [3, cells], as observation's delta: kept, learn runs every scored round
         self.rounds = torch.zeros((), dtype=torch.int64, device=self.device)
 
     # -- cells
@@ -419,7 +420,7 @@ class ScoreCalibrator:
         parent_probs = probs.gather(1, tree.parents.clamp(min=0))
         w = observed.to(torch.float64)
         values = torch.stack([w, (parent_probs * q).double() * w, on_path.double() * w]).view(3, -1)
-        delta = torch.zeros((3, self._sums[0].numel()), dtype=torch.float64, device=device)
+        delta = torch.zeros(self._flat.shape, dtype=torch.float64, device=device)
         delta.scatter_add_(1, cells.reshape(1, -1).expand(3, -1), values)
         return delta, expected
 
@@ -431,7 +432,7 @@ class ScoreCalibrator:
         folded into one add; a tensor costs seven. Why it matters: lease 28's batch-1 host profile of the tiny pair
         (benchmarks/results/host_profile_lease28/) put the tensor path at 100-106 us a decode batch under cProfile
         (half the batches scored there), the largest piece of `auto`'s own host cost."""
-        sums = self._sums.view(3, -1)
+        sums = self._flat
         delta = delta.to(self.device)
         if isinstance(requests, torch.Tensor):
             requests = requests.to(self.device)
