@@ -298,12 +298,20 @@ def adaptive(out: dict) -> None:
 #   rows. Its `tiny-b|auto` was meant to run the previous commit's package (PYTHONPATH) but ran fbba433 as well (the
 #   servers start in the repository root, which Python puts before PYTHONPATH): a second `auto` server of the same
 #   code, so its entry is a twin of `tiny`'s (SAME_CONFIG_SWEEPS has both). The 8B rows stay lease 25's.
+# - lease 29 (05312c8, the code as it is): the tiny paired sweep replaces lease 28's `tiny` rows and the 8B shapes
+#   (DFLASH and auto, 8 repeats x 4 prompt groups, as lease 25's) replace lease 25's. Its `tiny-b|auto` ran a0828ce's
+#   package (TP_TWIN_BASE: the A/B of fbba433's cut), older code: left out (SGLANG_AUTO_OTHER_COMMIT), so `tiny-b`
+#   stays lease 28's twin.
 SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.jsonl", "sweep_auto_8b_lease20.jsonl",
                       "sweep_auto_8b_lease20b.jsonl", "sweep_auto_8b_bs1_lease20c.jsonl",
                       "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl",
                       "sweep_paired_tiny_lease23b.jsonl", "sweep_paired_tiny_lease25.jsonl",
                       "sweep_auto_8b_lease25.jsonl", "sweep_paired_tiny_lease26.jsonl",
-                      "sweep_paired_tiny_lease27.jsonl", "sweep_paired_tiny_lease28.jsonl")
+                      "sweep_paired_tiny_lease27.jsonl", "sweep_paired_tiny_lease28.jsonl",
+                      "sweep_paired_tiny_lease29.jsonl", "sweep_auto_8b_lease29.jsonl")
+# Setups of a sweep that ran another commit's package (lease_steps.sh tiny-paired TP_TWIN_BASE): an A/B's base, not the
+# code measured, so neither the headline nor the calibration table takes them (PAIRED_SWEEPS keeps them).
+SGLANG_AUTO_OTHER_COMMIT = {"sweep_paired_tiny_lease29.jsonl": {"tiny-b": "a0828ce2367d"}}
 # Servers of one configuration started side by side in one interleaved run (a setup and its --copy-setup copy): how
 # far two identical servers' tokens/s lie apart on this host.
 SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl",
@@ -327,7 +335,10 @@ SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease
 # `8b-dummy|auto` as that code was, `8b-b|auto` (arm b) and `8b-c|auto` (arm c, a second wave: not paired with DFLASH);
 # then at d125f6a (arm b by default) the tiny paired sweep. Lease 28 (fbba433): DFLASH, DDTREE 128, `tiny|auto` and
 # `tiny-b|auto`, both auto servers running fbba433 (see SGLANG_AUTO_SWEEPS). Since then the tables leave out the rounds
-# where a compared row had a rate outlier (bench/paired.py _clean_rounds; "dropped_runs" counts them).
+# where a compared row had a rate outlier (bench/paired.py _clean_rounds; "dropped_runs" counts them). Lease 29
+# (05312c8): DFLASH, DDTREE 128, `tiny|auto` and `tiny-b|auto` running a0828ce's package (the A/B of fbba433's cut);
+# 29c (05312c8, batch 4 only): DFLASH, DDTREE 64 and 128, `auto` (is the 64-tree, which `auto` ran in most batch-4
+# rounds, the better fixed budget there?); the 8B shapes, DFLASH and `auto`.
 PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease23.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease23b.jsonl": "tiny|ddtree-128",
@@ -343,7 +354,10 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
                  "sweep_starts_tiny_lease27.jsonl": "tiny|ddtree-128",
                  "sweep_auto_8b_lease27.jsonl": "8b-dummy|dflash",
                  "sweep_paired_tiny_lease27.jsonl": "tiny|ddtree-128",
-                 "sweep_paired_tiny_lease28.jsonl": "tiny|ddtree-128"}
+                 "sweep_paired_tiny_lease28.jsonl": "tiny|ddtree-128",
+                 "sweep_paired_tiny_lease29.jsonl": "tiny|ddtree-128",
+                 "sweep_paired_tiny_lease29c_b64.jsonl": "tiny|ddtree-128",
+                 "sweep_auto_8b_lease29.jsonl": "8b-dummy|dflash"}
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
@@ -394,7 +408,7 @@ def sglang_auto(out: dict) -> None:
         rows = _sweep_rows(name)
         bases = _copy_bases(name)
         for (setup, method, _, bs), r in rows.items():
-            if method != "auto":
+            if method != "auto" or setup in SGLANG_AUTO_OTHER_COMMIT.get(name, {}):
                 continue
             where = _rival_setup(setup, rows, bases)
             rival_rows = {(m, budget): x for (s, m, budget, b), x in rows.items()
@@ -500,9 +514,11 @@ def pad_stages(out: dict) -> None:
 # CALIBRATION_LEARN_ALL = 500 on): the same picture, batch 1 worse, 4-64 better. Lease 27 (d125f6a): calibrated
 # better than raw at every batch size, batch 1 included (588 scored request-rounds). Lease 28 (fbba433, two `auto`
 # servers of that code: `tiny`, `tiny-b`): batch 1 calibrated worse in one, better in the other; 4-64 better in both.
+# Lease 29 (05312c8, `tiny` only: its `tiny-b` ran a0828ce, SGLANG_AUTO_OTHER_COMMIT): replaces lease 28's `tiny`.
 SGLANG_CALIBRATION_SWEEPS = ("sweep_paired_tiny_lease23b.jsonl", "sweep_paired_tiny_lease24d.jsonl",
                              "sweep_paired_tiny_lease25.jsonl", "sweep_paired_tiny_lease26.jsonl",
-                             "sweep_paired_tiny_lease27.jsonl", "sweep_paired_tiny_lease28.jsonl")
+                             "sweep_paired_tiny_lease27.jsonl", "sweep_paired_tiny_lease28.jsonl",
+                             "sweep_paired_tiny_lease29.jsonl")
 # Batch-1 tables of several servers started together (lease_steps.sh tiny-starts): every `auto` server's MAE over
 # its batch-1 rows, the young table's standing across server starts (not one draw).
 SGLANG_STARTS_SWEEPS = ("sweep_starts_tiny_lease25.jsonl", "sweep_starts_tiny_lease25b.jsonl",
@@ -529,6 +545,8 @@ def sglang_calibration(out: dict) -> None:
     table: dict = {}
     for name in SGLANG_CALIBRATION_SWEEPS:
         for setup, bs, _, entry in _auto_calibration(name):
+            if setup in SGLANG_AUTO_OTHER_COMMIT.get(name, {}):
+                continue
             table.setdefault(setup, {})[str(bs)] = {**entry, "source": name}
     if not table:
         raise FileNotFoundError(f"{SGLANG_CALIBRATION_SWEEPS}: no auto_calibration in their rows")
