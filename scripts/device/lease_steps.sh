@@ -37,7 +37,8 @@
 #   bash scripts/device/lease_steps.sh collect-chains OUTDIR WAIT_S   # waits up to WAIT_S for both chains; when
 #        both ended, copies their results into OUTDIR (6 files); exit 3 while one still runs
 #   bash scripts/device/lease_steps.sh tiny-auto-profile OUTDIR COMMIT   # one GPU, ALONE, ~4 min: profile_rounds of
-#        the tiny pair's DDTREE 128 and auto at batch 4
+#        the tiny pair's DDTREE 128 and auto at batch 4 (TAP_METHODS, TAP_BUDGETS, TAP_BATCH_SIZE choose others, e.g.
+#        TAP_METHODS=dflash,ddtree TAP_BUDGETS=16,128: where a DDTREE round's host time goes beyond DFLASH's)
 #   bash scripts/device/lease_steps.sh tiny-twins OUTDIR COMMIT   # one GPU, ALONE, ~3-7 min: two servers each of
 #        DDTREE 128 and auto (setup tiny and its copy tiny-b), interleaved, batch TW_BATCH_SIZES (default 1);
 #        TW_FLOOR_FRESH=N gives tiny-b's auto SGLANG_DDTREE_AUTO_FLOOR_FRESH=N
@@ -527,8 +528,8 @@ tiny-auto-profile)
     commit=${2:?commit}
     mkdir -p "$out" /tmp/tp
     rc=0
-    timeout 420 python3 benchmarks/profile_rounds.py --setups tiny --methods ddtree,auto --budgets 128 \
-        --batch-size 4 --steps 40 --prompts-file runs/bench/humaneval_prompts.jsonl --commit "$commit" \
+    timeout 420 python3 benchmarks/profile_rounds.py --setups tiny --methods "${TAP_METHODS:-ddtree,auto}" \
+        --budgets "${TAP_BUDGETS:-128}" --batch-size "${TAP_BATCH_SIZE:-4}" --steps 40 --prompts-file runs/bench/humaneval_prompts.jsonl --commit "$commit" \
         --out /tmp/tp/profile > /tmp/tp/run.log 2>&1 || rc=$?
     echo "tiny auto profile exit $rc" >> /tmp/tp/run.log
     tar -cJf "$out/tiny_auto_profile.tar.xz" -C /tmp tp
