@@ -477,6 +477,39 @@ def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
     assert sample("sglang:ddtree_calibration_ratio", **cell) == 1.0
 
 
+def test_calibration_table_publish_resolves_each_cells_gauges_once():
+    """_Prometheus.calibration_table: the first publish resolves every cell's two gauges with labels(), later
+    publishes reuse them (each lookup builds and locks a label key), with the same values as resolving anew; a cell
+    gone from the rows (a reset) goes back to ratio 1, 0 observations through the same gauges."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from sglang_ddtree.sglang.stats import _Prometheus
+
+    registry = prometheus_client.CollectorRegistry()
+    prom = _Prometheus(depth_limit=6, budget="auto", registry=registry)
+    rows = [{"depth": 1, "path_class": 0, "rank_class": 0, "ratio": 0.8, "observations": 12.0},
+            {"depth": 2, "path_class": 1, "rank_class": 1, "ratio": 0.5, "observations": 3.0}]
+    prom.calibration_table(rows)
+    calls = []
+    for gauge in (prom._cal_ratio, prom._cal_obs):
+        original = gauge.labels
+        gauge.labels = lambda *a, _original=original, **kw: calls.append(kw) or _original(*a, **kw)
+    prom.calibration_table([{**rows[0], "ratio": 0.7, "observations": 20.0}])
+
+    def sample(name, **cell):
+        return registry.get_sample_value(name, {"budget": "auto", **cell})
+
+    first = {"depth": "1", "path_class": "0", "rank_class": "0"}
+    second = {"depth": "2", "path_class": "1", "rank_class": "1"}
+    assert calls == []
+    assert sample("sglang:ddtree_calibration_ratio", **first) == 0.7
+    assert sample("sglang:ddtree_calibration_observations", **first) == 20.0
+    assert sample("sglang:ddtree_calibration_ratio", **second) == 1.0  # gone from the rows: back to raw
+    assert sample("sglang:ddtree_calibration_observations", **second) == 0.0
+    prom.calibration_table([{**rows[0], "depth": 3}])  # a cell never published: resolved once, here
+    assert [c["depth"] for c in calls] == ["3", "3"]
+    assert sample("sglang:ddtree_calibration_ratio", depth="3", path_class="0", rank_class="0") == 0.8
+
+
 def test_observed_tokens_equal_walking_each_smaller_tree():
     """At T=0 the target's choice at a node depends only on its prefix: walking the 48-tree tells what the 8- and
     16-trees would have committed (their trees are its first slots)."""

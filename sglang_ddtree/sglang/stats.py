@@ -180,6 +180,7 @@ class _Prometheus:
         self._tau_error = self._tau_scored = self._cal_ratio = self._cal_obs = None
         self._tau_children: dict = {}  # calibration_errors' series (_tau_child)
         self._cal_published: set[tuple[str, str, str]] = set()
+        self._cal_children: dict = {}  # (depth, path class, rank class) -> (ratio, observations) gauges (_cal_child)
 
     def auto_round(self, candidate: str) -> None:
         child = self._auto_children.get(candidate)
@@ -241,14 +242,26 @@ class _Prometheus:
         for row in rows:
             key = (str(row["depth"]), str(row["path_class"]), str(row["rank_class"]))
             seen.add(key)
-            cell = dict(zip(("depth", "path_class", "rank_class"), key))
-            self._cal_ratio.labels(**self._auto_labels, **cell).set(row["ratio"])
-            self._cal_obs.labels(**self._auto_labels, **cell).set(row["observations"])
+            ratio, observations = self._cal_child(key)
+            ratio.set(row["ratio"])
+            observations.set(row["observations"])
         for key in self._cal_published - seen:
-            cell = dict(zip(("depth", "path_class", "rank_class"), key))
-            self._cal_ratio.labels(**self._auto_labels, **cell).set(1.0)
-            self._cal_obs.labels(**self._auto_labels, **cell).set(0.0)
+            ratio, observations = self._cal_child(key)
+            ratio.set(1.0)
+            observations.set(0.0)
         self._cal_published |= seen
+
+    def _cal_child(self, key: tuple[str, str, str]):
+        """A table cell's two gauges, resolved once, as auto_round's and calibration_errors' series. Why: a publish
+        (one in CalibrationMonitor.EXPORT_EVERY rounds) sets ~90 cells, and labels() builds and locks a lookup per
+        call: 0.85-0.97 ms a publish of 90 cells on the dev CPU with it, 0.29-0.31 without (a loop of 100 publishes,
+        median of 7; ~11% of a CPU loop of `auto`'s whole per-round block)."""
+        children = self._cal_children.get(key)
+        if children is None:
+            cell = dict(zip(("depth", "path_class", "rank_class"), key))
+            children = self._cal_children[key] = (self._cal_ratio.labels(**self._auto_labels, **cell),
+                                                  self._cal_obs.labels(**self._auto_labels, **cell))
+        return children
 
     def observe(self, totals: list[float], rounds_seen: int, stage_ms: list[dict[str, float]]) -> None:
         """totals: summed round vectors (see DDTreeStats._queue_summary)."""
