@@ -529,7 +529,8 @@ tiny-auto-profile)
     mkdir -p "$out" /tmp/tp
     rc=0
     timeout 420 python3 benchmarks/profile_rounds.py --setups tiny --methods "${TAP_METHODS:-ddtree,auto}" \
-        --budgets "${TAP_BUDGETS:-128}" --batch-size "${TAP_BATCH_SIZE:-4}" --steps 40 --prompts-file runs/bench/humaneval_prompts.jsonl --commit "$commit" \
+        --budgets "${TAP_BUDGETS:-128}" --batch-size "${TAP_BATCH_SIZE:-4}" --steps 40 \
+        --prompts-file runs/bench/humaneval_prompts.jsonl --commit "$commit" \
         --out /tmp/tp/profile > /tmp/tp/run.log 2>&1 || rc=$?
     echo "tiny auto profile exit $rc" >> /tmp/tp/run.log
     tar -cJf "$out/tiny_auto_profile.tar.xz" -C /tmp tp

@@ -254,8 +254,9 @@ class _Prometheus:
     def _cal_child(self, key: tuple[str, str, str]):
         """A table cell's two gauges, resolved once, as auto_round's and calibration_errors' series. Why: a publish
         (one in CalibrationMonitor.EXPORT_EVERY rounds) sets ~90 cells, and labels() builds and locks a lookup per
-        call: 0.85-0.97 ms a publish of 90 cells on the dev CPU with it, 0.29-0.31 without (a loop of 100 publishes,
-        median of 7; ~11% of a CPU loop of `auto`'s whole per-round block)."""
+        call: 1.17 ms a publish of 90 cells on the dev CPU with it, 0.30 without (benchmarks/
+        bench_calibration_publish.py, results/calibration_publish_cpu*.json); ~11% of a CPU loop of `auto`'s whole
+        per-round block before."""
         children = self._cal_children.get(key)
         if children is None:
             cell = dict(zip(("depth", "path_class", "rank_class"), key))
