@@ -300,8 +300,8 @@ def adaptive(out: dict) -> None:
 #   code, so its entry is a twin of `tiny`'s (SAME_CONFIG_SWEEPS has both). The 8B rows stay lease 25's.
 # - lease 29 (05312c8, the code as it is): the tiny paired sweep replaces lease 28's `tiny` rows and the 8B shapes
 #   (DFLASH and auto, 8 repeats x 4 prompt groups, as lease 25's) replace lease 25's. Its `tiny-b|auto` ran a0828ce's
-#   package (TP_TWIN_BASE: the A/B of fbba433's cut), older code: left out (SGLANG_AUTO_OTHER_COMMIT), so `tiny-b`
-#   stays lease 28's twin.
+#   package (TP_TWIN_BASE: the A/B of fbba433's cut), older code: left out (_other_commit), so `tiny-b` stays lease
+#   28's twin.
 SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.jsonl", "sweep_auto_8b_lease20.jsonl",
                       "sweep_auto_8b_lease20b.jsonl", "sweep_auto_8b_bs1_lease20c.jsonl",
                       "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl",
@@ -309,9 +309,6 @@ SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.js
                       "sweep_auto_8b_lease25.jsonl", "sweep_paired_tiny_lease26.jsonl",
                       "sweep_paired_tiny_lease27.jsonl", "sweep_paired_tiny_lease28.jsonl",
                       "sweep_paired_tiny_lease29.jsonl", "sweep_auto_8b_lease29.jsonl")
-# Setups of a sweep that ran another commit's package (lease_steps.sh tiny-paired TP_TWIN_BASE): an A/B's base, not the
-# code measured, so neither the headline nor the calibration table takes them (PAIRED_SWEEPS keeps them).
-SGLANG_AUTO_OTHER_COMMIT = {"sweep_paired_tiny_lease29.jsonl": {"tiny-b": "a0828ce2367d"}}
 # Servers of one configuration started side by side in one interleaved run (a setup and its --copy-setup copy): how
 # far two identical servers' tokens/s lie apart on this host.
 SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl",
@@ -395,6 +392,22 @@ def _rival_setup(setup: str, rows: dict, bases: dict[str, str]) -> str:
     return setup if own or setup not in bases else bases[setup]
 
 
+def _other_commit(row: dict) -> str | None:
+    """The package directory a row's server ran instead of the checkout (lease_steps.sh tiny-paired TP_TWIN_BASE:
+    PYTHONSAFEPATH=1 with PYTHONPATH on runs/bench/base-<commit>), else None. Such a row is an A/B's base, not the
+    code measured, so neither the headline nor the calibration table takes it (PAIRED_SWEEPS keeps it). Without
+    PYTHONSAFEPATH the checkout came first on sys.path (lease 28's `tiny-b` ran the checkout that way)."""
+    env = row.get("server_env") or []
+    if "PYTHONSAFEPATH=1" not in env:
+        return None
+    for entry in env:
+        if entry.startswith("PYTHONPATH="):
+            base = next((p for p in entry[len("PYTHONPATH="):].split(":") if "/runs/bench/base-" in p), None)
+            if base:
+                return base.rsplit("/", 1)[-1]
+    return None
+
+
 def sglang_auto(out: dict) -> None:
     """Issue 10, measured in SGLang (SGLANG_AUTO_SWEEPS, 3 or 5 repeats x 4 prompt groups per row): auto tokens/s
     over max(the fixed budgets and DFLASH measured in the same run) per batch size, which rivals each ratio had and
@@ -408,7 +421,7 @@ def sglang_auto(out: dict) -> None:
         rows = _sweep_rows(name)
         bases = _copy_bases(name)
         for (setup, method, _, bs), r in rows.items():
-            if method != "auto" or setup in SGLANG_AUTO_OTHER_COMMIT.get(name, {}):
+            if method != "auto" or _other_commit(r):
                 continue
             where = _rival_setup(setup, rows, bases)
             rival_rows = {(m, budget): x for (s, m, budget, b), x in rows.items()
@@ -514,7 +527,7 @@ def pad_stages(out: dict) -> None:
 # CALIBRATION_LEARN_ALL = 500 on): the same picture, batch 1 worse, 4-64 better. Lease 27 (d125f6a): calibrated
 # better than raw at every batch size, batch 1 included (588 scored request-rounds). Lease 28 (fbba433, two `auto`
 # servers of that code: `tiny`, `tiny-b`): batch 1 calibrated worse in one, better in the other; 4-64 better in both.
-# Lease 29 (05312c8, `tiny` only: its `tiny-b` ran a0828ce, SGLANG_AUTO_OTHER_COMMIT): replaces lease 28's `tiny`.
+# Lease 29 (05312c8, `tiny` only: its `tiny-b` ran a0828ce, _other_commit): replaces lease 28's `tiny`.
 SGLANG_CALIBRATION_SWEEPS = ("sweep_paired_tiny_lease23b.jsonl", "sweep_paired_tiny_lease24d.jsonl",
                              "sweep_paired_tiny_lease25.jsonl", "sweep_paired_tiny_lease26.jsonl",
                              "sweep_paired_tiny_lease27.jsonl", "sweep_paired_tiny_lease28.jsonl",
@@ -544,8 +557,8 @@ def sglang_calibration(out: dict) -> None:
     per batch size: the rows' `auto_calibration` (Prometheus differences of the measured runs)."""
     table: dict = {}
     for name in SGLANG_CALIBRATION_SWEEPS:
-        for setup, bs, _, entry in _auto_calibration(name):
-            if setup in SGLANG_AUTO_OTHER_COMMIT.get(name, {}):
+        for setup, bs, row, entry in _auto_calibration(name):
+            if _other_commit(row):
                 continue
             table.setdefault(setup, {})[str(bs)] = {**entry, "source": name}
     if not table:

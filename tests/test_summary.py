@@ -94,3 +94,20 @@ def test_same_config_servers_compare_a_copy_with_its_original(tmp_path, monkeypa
     monkeypatch.setattr(ms, "SAME_CONFIG_SWEEPS", ("lonely.jsonl",))
     with pytest.raises(ValueError, match="lonely.jsonl: no copied setup"):
         ms.same_config_servers({})
+
+
+def test_a_server_on_another_commits_package_is_recognised_from_its_environment():
+    """lease_steps.sh tiny-paired TP_TWIN_BASE runs a setup on runs/bench/base-<commit> (PYTHONSAFEPATH=1, PYTHONPATH
+    on it): that row is an A/B's base, not the code measured. Without PYTHONSAFEPATH the checkout came first on
+    sys.path (lease 28's `tiny-b`), so that row ran the checkout and counts."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_summary", ROOT / "scripts" / "make_summary.py")
+    ms = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ms)
+    base = "PYTHONPATH=/tmp/site:/tmp/detached/tp/repo/runs/bench/base-a0828ce2367d"
+    assert ms._other_commit({"server_env": ["SGLANG_DDTREE_AUTO_LOG_EVERY=100", "PYTHONSAFEPATH=1", base]}) \
+        == "base-a0828ce2367d"
+    assert ms._other_commit({"server_env": ["SGLANG_DDTREE_AUTO_LOG_EVERY=100", base]}) is None
+    assert ms._other_commit({"server_env": ["PYTHONSAFEPATH=1", "PYTHONPATH=/tmp/site"]}) is None
+    assert ms._other_commit({}) is None
