@@ -334,6 +334,52 @@ if triton is not None:
         tl.store(accept_ptr + b, accept)
         tl.store(bonus_ptr + b, bonus)
 
+    @triton.jit
+    def _chain_accept_kernel(
+        cand_ptr, choice_ptr, logp_ptr, prefix_ptr, accept_ptr, commit_ptr, bonus_ptr, out_ptr, new_len_ptr,
+        branch_ptr, summary_ptr, bs, L: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, BLOCKS: tl.constexpr,
+    ):
+        """One program for the whole batch (the batch sums need no atomics): see chain_accept_triton."""
+        cols = tl.arange(0, W)
+        node_cols = cols < L + 1
+        draft_cols = cols < L
+        counts = tl.zeros([W], dtype=tl.float32)
+        expected = tl.zeros([ROWS], dtype=tl.float32)
+        requests = tl.zeros([ROWS], dtype=tl.float32)
+        for block in range(BLOCKS):
+            rows = block * ROWS + tl.arange(0, ROWS)
+            live = rows < bs
+            r = rows.to(tl.int64)
+            drafts = live[:, None] & draft_cols[None, :]
+            choice = tl.load(choice_ptr + r[:, None] * (L + 1) + cols[None, :],
+                             mask=live[:, None] & node_cols[None, :], other=0)
+            # the draft at node j + 1 is accepted when the target's choice at node j is that token
+            following = tl.load(cand_ptr + r[:, None] * (L + 1) + cols[None, :] + 1, mask=drafts, other=0)
+            miss = (choice != following) | ~draft_cols[None, :]
+            accept = tl.min(tl.where(miss, cols[None, :], W), axis=1)  # the first miss: accepted drafts, <= L
+            at_accept = cols[None, :] == accept[:, None]
+            bonus = tl.sum(tl.where(at_accept, choice, 0), axis=1)
+            out = tl.where(cols[None, :] < accept[:, None], following, tl.where(at_accept, bonus[:, None], 0))
+            tl.store(out_ptr + r[:, None] * (L + 1) + cols[None, :], out, mask=live[:, None] & node_cols[None, :])
+            tl.store(accept_ptr + r, accept, mask=live)
+            tl.store(commit_ptr + r, accept + 1, mask=live)
+            tl.store(bonus_ptr + r, bonus, mask=live)
+            tl.store(branch_ptr + r, tl.zeros([ROWS], dtype=tl.int32), mask=live)  # no draft off the top-1
+            prefix = tl.load(prefix_ptr + r, mask=live, other=0)
+            tl.store(new_len_ptr + r, prefix + accept + 1, mask=live)
+            # the drafter's expected committed tokens: 1 + the sum over the chain's nodes of their prefix probability
+            logp = tl.load(logp_ptr + r[:, None] * L + cols[None, :], mask=drafts, other=0.0)
+            prob = tl.where(drafts, tl.exp(tl.cumsum(logp, axis=1)), 0.0)
+            expected += tl.where(live, 1.0 + tl.sum(prob, axis=1), 0.0)
+            requests += live.to(tl.float32)
+            counts += tl.sum((live[:, None] & at_accept).to(tl.float32), axis=0)
+        n = tl.sum(requests, axis=0)
+        tl.store(summary_ptr + cols, counts, mask=node_cols)
+        tl.store(summary_ptr + L + 1, 0.0)  # branches: a chain has none
+        tl.store(summary_ptr + L + 2, n * L)  # draft nodes verified
+        tl.store(summary_ptr + L + 3, tl.sum(expected, axis=0))
+        tl.store(summary_ptr + L + 4, n)
+
     # ---- tree build, "rank" variant: many programs per request, one launch per depth (see build_tree_triton_rank)
 
     @triton.jit
@@ -876,6 +922,24 @@ def walk_triton(tree: DraftTree, target_choice: torch.Tensor):
         path, accept, bonus, out_tokens, N=n, NP=_pow2(n), L=depth, LP=_pow2(depth + 1), num_warps=4,
     )
     return WalkResult(path=path, accept_len=accept, bonus=bonus, out_tokens=out_tokens, target_choice=choice)
+
+
+def chain_accept_triton(candidates: torch.Tensor, choices: torch.Tensor, logprobs: torch.Tensor,
+                        prefix_lens: torch.Tensor, out: dict[str, torch.Tensor]) -> None:
+    """A chain round's walk, commit arithmetic and stats in one launch (sglang.ops.chain_accept: the same results
+    as its torch reference, the expected tokens up to float32 summation order). candidates [bs, L+1] int64 (the
+    root, then the drafts), choices [bs, L+1] int64 (the target's token at each), logprobs [bs, L] float32 (the
+    drafts' log-probs), prefix_lens [bs]. Writes out's accept_len / commit_lens (int32 [bs]), bonus (int64 [bs]),
+    out_tokens (int64 [bs, L+1]: the accepted drafts, the bonus, zeros), new_seq_lens ([bs], prefix_lens' dtype),
+    branch_lens (int32 [bs], zeros) and summary (float32 [L+5], stats.round_summary_vector's layout)."""
+    bs, width = candidates.shape
+    rows = 16 if bs <= 16 else 64  # row blocks a loop of one program walks: few compiled variants
+    _chain_accept_kernel[(1,)](
+        candidates.contiguous(), choices.to(torch.int64).contiguous(), logprobs.float().contiguous(),
+        prefix_lens.contiguous(), out["accept_len"], out["commit_lens"], out["bonus"], out["out_tokens"],
+        out["new_seq_lens"], out["branch_lens"], out["summary"], bs, L=width - 1, W=_pow2(width), ROWS=rows,
+        BLOCKS=triton.cdiv(bs, rows), num_warps=4,
+    )
 
 
 # How the draft's per-position logsumexp (and the top-1 of an `auto` chain round) is computed (sglang/ops.py):

@@ -405,3 +405,46 @@ def test_bench_tree_checks_every_impl_against_the_torch_reference():
     the bf16 logits), passes its check against the torch reference before it is timed (a failed check exits
     non-zero)."""
     run_in_interpreter(BENCH_CHECK, "BENCH-OK", timeout=600)
+
+
+CHAIN_CHECK = textwrap.dedent(
+    """
+    import torch
+    from sglang_ddtree.sglang import ops
+
+    gen = torch.Generator().manual_seed(3)
+    L, vocab = 15, 6  # a small vocabulary: random choices often match, so every accept length occurs
+    for bs in (1, 3, 16, 17, 70):
+        for dtype in (torch.int64, torch.int32):
+            cand = torch.randint(0, vocab, (bs, L + 1), generator=gen)
+            choices = torch.randint(0, vocab, (bs, L + 1), generator=gen)
+            # some requests accept everything, some follow the drafts for a random number of steps
+            follow = torch.randint(0, L + 1, (bs,), generator=gen)
+            follow[: max(1, bs // 4)] = L
+            take = torch.arange(L + 1).unsqueeze(0) < follow.unsqueeze(1)
+            choices = torch.where(take, torch.cat([cand[:, 1:], cand[:, :1]], dim=1), choices)
+            logprobs = -torch.rand(bs, L, generator=gen) * 3
+            prefix = torch.randint(0, 500, (bs,), generator=gen).to(dtype)
+            ref = ops.chain_accept_reference(cand, choices, logprobs, prefix)
+            out = ops.chain_outputs(bs, L, dtype, "cpu")
+            ops.chain_accept(True, cand, choices, logprobs, prefix, out)
+            for name, want in zip(ops.CHAIN_OUTPUTS, ref):
+                got = out[name]
+                assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
+                if name == "summary":
+                    assert torch.equal(got[:L + 3], want[:L + 3]) and torch.equal(got[L + 4:], want[L + 4:]), (
+                        got, want)
+                    assert torch.allclose(got[L + 3], want[L + 3], rtol=1e-5), (got, want)
+                else:
+                    assert torch.equal(got, want), (bs, name, got, want)
+            if bs >= 16:  # the cases cover full and partial acceptance
+                assert ref[0].max() == L and ref[0].min() < L, ref[0]
+    print("CHAIN-OK")
+    """
+)
+
+
+def test_chain_accept_kernel_matches_the_chain_trees_walk():
+    """`auto`'s lean chain round (ops.chain_accept): one kernel == the chain tree's walk, commit arithmetic and
+    stats summary (walk_commit_plan on tree.chain_tree_from_topk), for batches below, at and above a row block."""
+    run_in_interpreter(CHAIN_CHECK, "CHAIN-OK", timeout=600)

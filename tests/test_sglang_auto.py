@@ -1126,3 +1126,34 @@ def test_calibration_learn_all_from_the_environment(monkeypatch):
     monkeypatch.setenv("SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL", "-1")
     with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL"):
         auto_calibration_learn_all()
+
+
+def test_a_forced_candidate_runs_every_round_on_the_usual_sampling_schedule(monkeypatch):
+    """SGLANG_DDTREE_AUTO_FORCE (the server module's lean-chain server, benchmarks): choose() returns that candidate
+    whatever the rates say (here the 16-tree would win), with no exploration or probe rounds, so its rounds sample on
+    the schedule only (mostly unsampled: the chain's lean round, worker._chain_round); a name that is not a
+    candidate is refused."""
+    from sglang_ddtree.sglang.auto import SAMPLE_EVERY, SAMPLE_EVERY_IDLE, auto_force
+
+    monkeypatch.delenv("SGLANG_DDTREE_AUTO_FORCE", raising=False)
+    assert auto_force([CHAIN, 16, 64]) is None
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_FORCE", "Chain")
+    assert auto_force([CHAIN, 16, 64]) == 0
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_FORCE", "64")
+    assert auto_force([CHAIN, 16, 64]) == 2
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_FORCE", "32")
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_FORCE"):
+        auto_force([CHAIN, 16, 64])
+
+    free = AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=1000)
+    assert run_policy(free, 1, [3.0, 4.0, 5.0], [1.0, 1.1, 2.0], 40)[-1] == 1
+    forced = AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=1000, force=0)
+    sampled = []
+    for r in range(200):
+        assert forced.choose(1) == 0
+        sampled.append(forced.sampled(r, 1))
+        forced.observe(1, 0, 1, 1.0, [4.5, 6.0, 7.5] if sampled[-1] else None, [3.0, None, None])
+    assert forced.chosen_total == [200, 0, 0]
+    # no exploration (every round sampled) nor probes: the schedule's interval, backing off as the chain runs
+    assert 0 < sum(sampled) <= 200 // SAMPLE_EVERY + 1
+    assert sum(sampled[100:]) <= 100 // SAMPLE_EVERY_IDLE + 1

@@ -89,7 +89,7 @@ class _ClockEvent:
     def __init__(self, enable_timing=False):
         self.t = None
 
-    def record(self):
+    def record(self, stream=None):  # torch.cuda.Event.record's signature: the timer passes its round's stream
         self.t = _ClockEvent.clock[0]
 
     def query(self):

@@ -345,6 +345,10 @@ class AutoBudgetPolicy:
     # The spread SHRINK_Z's standard error uses, "iqr" or "mad" (None: the module's SPREAD), for an A/B in one
     # interleaved run (SGLANG_DDTREE_AUTO_SPREAD).
     spread: str | None = None
+    # Every round verifies this candidate (an index; None: the policy decides), sampled on the usual schedule: the
+    # GPU server module and benchmarks run one candidate through `auto`'s whole round (SGLANG_DDTREE_AUTO_FORCE),
+    # e.g. the chain's lean round (worker._chain_round) against DFLASH's.
+    force: int | None = None
     probe_every: int = 64
     hold_rounds: int = 0  # a decision holds this many rounds of its bucket (0: the module's HOLD_ROUNDS)
     half_life_rounds: float = 200.0
@@ -566,6 +570,9 @@ class AutoBudgetPolicy:
         narrower ones' times, never blind."""
         b = self._bucket(bucket)
         b.rounds += 1
+        if self.force is not None:
+            self.sampling = None
+            return self._chosen(b, self.force)
         if b.hold > 0:  # the last decision holds (HOLD_ROUNDS)
             b.hold -= 1
             self.sampling = None
@@ -845,6 +852,20 @@ def auto_calibration_learn_all() -> int:
     return CALIBRATION_LEARN_ALL if value is None else value
 
 
+def auto_force(candidates) -> int | None:
+    """SGLANG_DDTREE_AUTO_FORCE=chain|<budget> (unset: none): the index of the candidate every `auto` round verifies
+    (AutoBudgetPolicy.force), a testing and measuring mode; it must be one of the server's candidates."""
+    from sglang_ddtree.adaptive import candidate_label
+
+    raw = os.environ.get("SGLANG_DDTREE_AUTO_FORCE", "").strip().lower()
+    if not raw:
+        return None
+    labels = [candidate_label(c) for c in candidates]
+    if raw not in labels:
+        raise ValueError(f"SGLANG_DDTREE_AUTO_FORCE must name one of the auto candidates {labels}, got {raw!r}.")
+    return labels.index(raw)
+
+
 def auto_log_every() -> int:
     """SGLANG_DDTREE_AUTO_LOG_EVERY (default 2000): rounds between `auto`'s chooser-table log lines. Benchmarks set
     it lower (lease_steps.sh auto-final: 100) so that a row of a few hundred rounds carries the table it ran with
@@ -994,7 +1015,7 @@ class AutoFeedback:
             slot.copy_(vector, non_blocking=True)
             if vector.is_cuda:
                 event = torch.cuda.Event()
-                event.record()
+                event.record(getattr(timer, "stream", None))  # the round's stream, when the timer has it
         self.pending.append((event, slot, None if cold else timer, bucket, chosen, batch_size, sampled, young))
 
     def drain(self) -> int:

@@ -345,6 +345,55 @@ def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tok
                       observed, calibration, delta)
 
 
+
+CHAIN_OUTPUTS = ("accept_len", "commit_lens", "bonus", "out_tokens", "new_seq_lens", "branch_lens", "summary")
+
+
+def chain_outputs(bs: int, depth_limit: int, seq_len_dtype: torch.dtype, device) -> dict[str, torch.Tensor]:
+    """Empty buffers for chain_accept (CHAIN_OUTPUTS) of a batch of bs requests."""
+    return {"accept_len": torch.empty(bs, dtype=torch.int32, device=device),
+            "commit_lens": torch.empty(bs, dtype=torch.int32, device=device),
+            "bonus": torch.empty(bs, dtype=torch.int64, device=device),
+            "out_tokens": torch.empty((bs, depth_limit + 1), dtype=torch.int64, device=device),
+            "new_seq_lens": torch.empty(bs, dtype=seq_len_dtype, device=device),
+            "branch_lens": torch.empty(bs, dtype=torch.int32, device=device),
+            "summary": torch.empty(depth_limit + 5, dtype=torch.float32, device=device)}
+
+
+def chain_accept(use_kernels: bool, candidates: torch.Tensor, choices: torch.Tensor, logprobs: torch.Tensor,
+                 prefix_lens: torch.Tensor, out: dict[str, torch.Tensor]) -> None:
+    """`auto`'s chain round (the drafter's top-1 path, verified causally): what walk_commit_plan computes for
+    tree.chain_tree_from_topk's chain (the walk, commit lengths, new lengths, out tokens, branch counts (zeros), the
+    stats summary) into
+    `out` (chain_outputs), with one Triton launch instead of two stage graphs (lease 18's host profile, tiny pair
+    at batch 4: a stage replay with its input copies ~40-60 us of host time under cProfile, the walk stage's five
+    output clones ~75). candidates [bs, L+1] (root, then the top-1 drafts), choices [bs, L+1] (the target's token at
+    each), logprobs [bs, L] (the drafts' log-probs), prefix_lens [bs]. The torch path computes it the tree way."""
+    from sglang_ddtree import kernels
+
+    if use_kernels:
+        kernels.chain_accept_triton(candidates, choices, logprobs, prefix_lens, out)
+        return
+    for name, value in zip(CHAIN_OUTPUTS, chain_accept_reference(candidates, choices, logprobs, prefix_lens)):
+        out[name].copy_(value)
+
+
+def chain_accept_reference(candidates: torch.Tensor, choices: torch.Tensor, logprobs: torch.Tensor,
+                           prefix_lens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """chain_accept's results (CHAIN_OUTPUTS order) from the chain tree, its walk and walk_commit_plan's
+    arithmetic: the reference the kernel is tested against."""
+    from sglang_ddtree.sglang.stats import round_summary_vector
+    from sglang_ddtree.tree import chain_tree_from_topk
+    from sglang_ddtree.walk import walk_choices
+
+    tree = chain_tree_from_topk(logprobs.unsqueeze(-1), candidates[:, 1:].unsqueeze(-1), candidates[:, 0])
+    walk = walk_choices(tree, choices)
+    commit_lens = (walk.accept_len + 1).to(torch.int32)
+    branch_lens = torch.zeros_like(commit_lens)  # every draft is the top-1
+    summary = round_summary_vector(tree, walk, branch_lens)
+    return (walk.accept_len.to(torch.int32), commit_lens, walk.bonus, walk.out_tokens.clamp(min=0),
+            prefix_lens + commit_lens.to(prefix_lens.dtype), branch_lens, summary)
+
 # What a stage padded to a graph bucket returns for its first `bs` requests (graphs.GraphedStage's unpad): views
 # of the padded outputs, no copies. Flat per-request tensors hold their requests one after the other.
 

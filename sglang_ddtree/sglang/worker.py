@@ -65,7 +65,7 @@ from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
 from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, AutoBudgetPolicy, AutoFeedback, CalibrationMonitor,
                                       WalkSchedule, auto_calibration_learn_all, auto_explore_best_elsewhere,
-                                      auto_explore_rounds, auto_floor_fresh, auto_floor_min_times, auto_log_every,
+                                      auto_explore_rounds, auto_floor_fresh, auto_force, auto_floor_min_times, auto_log_every,
                                       auto_shrink_z, auto_spread, auto_warm_rounds, calibration_prior_mass)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
@@ -98,6 +98,7 @@ class _AutoState:
     seen: set = field(default_factory=set)  # (bucket, candidate index) pairs that ran once
     captured_buckets: set = field(default_factory=set)  # buckets whose stages were all captured (_capture_bucket)
     late_captures: int = 0  # stage captures in rounds after their bucket's _capture_bucket (expected: none)
+    lean_chain_rounds: int = 0  # chain rounds that ran DDTreeWorker._chain_round
     walks: WalkSchedule = field(default_factory=WalkSchedule)  # which walk stage variant a round runs
 
     def first_use(self, bucket: int, chosen) -> bool:
@@ -111,7 +112,8 @@ class _AutoState:
         self.rounds += 1
         if tp_rank == 0 and self.rounds % self.log_every == 0:
             logger.info("DDTREE auto after %d rounds: %s", self.rounds,
-                        {**self.policy.export(), "calibration": self.calibration.export()})
+                        {**self.policy.export(), "lean_chain_rounds": self.lean_chain_rounds,
+                         "calibration": self.calibration.export()})
 
 
 @dataclass
@@ -193,6 +195,13 @@ class DDTreeWorker(DFlashWorkerV2):
                            SCRIPT_ENV)
         mark_active()  # before any capture below: the verify-mask hook keys on it
         self.auto = self._setup_auto() if self.options.auto else None
+        # `auto`'s chain rounds that sample nothing run _chain_round; not with the oracle (it re-verifies the tree
+        # round's path), a hybrid target (its recurrent-state commit reads the tree walk) or the debug dump (it
+        # writes every round's tree).
+        self.lean_chain = (self.auto is not None and not self.options.oracle and not self.hybrid
+                           and self.stats.debug is None)
+        self._output_sets = None  # _outputs: two sets of the round's output buffers, used in turn
+        self._output_slot = 0
         # --speculative-ddtree-oracle: the chain re-verify's width (the path's slots: root + at most L drafts, and
         # no more than the slots the tree reserved), its attention backend and graphs (built at the first decode
         # round, as auto's), and the fast path's disagreements with it (a device counter, read every ORACLE_LOG
@@ -330,7 +339,7 @@ class DDTreeWorker(DFlashWorkerV2):
                                   explore_all=os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_ALL") == "1",
                                   shrink_z=auto_shrink_z(), spread=auto_spread(), floor_fresh=auto_floor_fresh(),
                                   warm_rounds=auto_warm_rounds(), floor_min_times=auto_floor_min_times(),
-                                  explore_best_elsewhere=auto_explore_best_elsewhere())
+                                  explore_best_elsewhere=auto_explore_best_elsewhere(), force=auto_force(candidates))
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
         calibration = CalibrationMonitor(calibrator, self.stats.prometheus)
@@ -412,6 +421,20 @@ class DDTreeWorker(DFlashWorkerV2):
             get_context().override("ddtree_auto.restore", speculative_num_draft_tokens=original)
         return backend, graphs
 
+    def _outputs(self, bs: int, seq_len_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The round's output buffers (ops.CHAIN_OUTPUTS) for bs requests. What leaves a round (tokens, lengths,
+        branch counts, the next round's roots) is read by SGLang's result processing and by the next round while
+        the round after is launched, so two sets are used in turn, as DFLASH's own accept buffers are
+        (dflash_worker_v2._next_accept_bonus_buffers), each grown to the largest batch met. Views of a replaced set
+        keep its memory alive for as long as a result holds them."""
+        sets = self._output_sets
+        if sets is None or sets[0]["commit_lens"].shape[0] < bs or sets[0]["new_seq_lens"].dtype != seq_len_dtype:
+            capacity = max(bs, 2 * sets[0]["commit_lens"].shape[0] if sets is not None else bs)
+            sets = self._output_sets = [ops.chain_outputs(capacity, self.depth_limit, seq_len_dtype, self.device)
+                                        for _ in range(2)]
+        self._output_slot ^= 1
+        return {name: t if name == "summary" else t[:bs] for name, t in sets[self._output_slot].items()}
+
     def _graph_bucket(self, bs: int) -> int:
         """The batch size a verify of `bs` requests pads to (SGLang's captured sizes), else bs. Asked by every
         padded stage, 3-4 times a round: the answers are kept per runner (lease 28's batch-1 host profile,
@@ -477,13 +500,18 @@ class DDTreeWorker(DFlashWorkerV2):
         top1_only = (self.auto is not None and self.auto.candidates[chosen] == CHAIN and not sampled
                      and self.scripted is None)
 
-        draft_hidden = self._draft(batch, draft_input, seq_lens_cpu_bound, seq_lens_sum_bound)
+        draft_hidden, block_positions, block_slots = self._draft(batch, draft_input, seq_lens_cpu_bound,
+                                                                 seq_lens_sum_bound)
         topk_values, topk_tokens = self._draft_topk(draft_hidden, 1 if top1_only else self.topk)
         if self.scripted is not None:
             self.scripted.apply(getattr(batch, "reqs", None), batch.seq_lens, topk_values, topk_tokens)
         timer.mark("draft")
 
         roots = draft_input.bonus_tokens.view(-1)
+        if top1_only and self.lean_chain:
+            return self._chain_round(batch, timer, bs, bucket, chosen, built, captures, draft_hidden, roots,
+                                     topk_values, topk_tokens, block_positions, block_slots, seq_lens_cpu_bound,
+                                     seq_lens_sum_bound, on_publish)
         if self.auto is None:
             width, walk_stage = self.num_nodes, self._walk_stage
             tree, verify_ids, verify_positions = self._tree_stage(topk_values, topk_tokens, roots, prefix_lens,
@@ -531,10 +559,15 @@ class DDTreeWorker(DFlashWorkerV2):
             width, causal = self.oracle_width, True
         timer.mark("walk")  # with the oracle: its re-verify included
 
-        # What leaves the round is copied out of the stage's graph memory (the next round's replay rewrites it).
+        # What leaves the round is copied out of the stage's graph memory (the next round's replay rewrites it), in
+        # one call into the round's output buffers (_outputs).
         leaving = (plan.commit_lens, plan.new_seq_lens, plan.out_tokens, plan.walk.bonus, plan.branch_lens)
-        commit_lens, new_seq_lens, out_tokens, bonus, branch_lens = (
-            tuple(t.clone() for t in leaving) if self.round_graphs else leaving)
+        if self.round_graphs:
+            kept = self._outputs(bs, prefix_lens.dtype)
+            kept = tuple(kept[name] for name in ("commit_lens", "new_seq_lens", "out_tokens", "bonus", "branch_lens"))
+            torch._foreach_copy_(kept, leaving)
+            leaving = kept
+        commit_lens, new_seq_lens, out_tokens, bonus, branch_lens = leaving
         if on_publish is not None:
             on_publish(new_seq_lens)
         if self.hybrid:
@@ -543,28 +576,13 @@ class DDTreeWorker(DFlashWorkerV2):
         logits_output.hidden_states = None
         timer.mark("commit")
         if self.auto is not None:
-            # A round that built verify states or captured stage graphs (first use of a candidate at a batch size)
-            # took one-time work: its tokens count, its time does not (lease 9: such rounds made the chain, the
-            # first candidate explored, look seconds slow).
-            captured = self._stage_captures() != captures
-            if captured and bucket in self.auto.captured_buckets:
-                self.auto.late_captures += 1
-                if self.ps.tp_rank == 0:
-                    logger.warning("DDTREE auto: a stage graph was captured in a round at batch-size bucket %d after "
-                                   "the bucket's stages were all captured (%d such rounds)", bucket,
-                                   self.auto.late_captures)
-            cold = built or captured or self.auto.first_use(bucket, chosen)
             scored = plan.calibration is not None
             # an unsampled round's walk computes no observed tokens (the policy reads them only next to the same
             # round's expectations) and sends nothing but its time
             vector = torch.cat([expected, plan.observed, plan.calibration if scored else self.auto.no_calibration]) \
                 if sampled else None
-            self.auto.feedback.push(vector, timer, bucket, chosen, bs, cold=cold, sampled=sampled,
-                                    young=self.auto.calibration.young())
-            if scored:  # the table learns now, in stream order before the next scored walk stage reads it
-                self.auto.calibration.learn(plan.calibration_delta, bs)
-            self.auto.calibration.after_round()
-            self.auto.maybe_log(self.ps.tp_rank)
+            cold = self._auto_after_round(timer, bs, bucket, chosen, built, captures, vector, sampled,
+                                          plan.calibration_delta if scored else None)
         # reqs/seq_lens are only read by the debug dump (after its sync): no host sync on the default path.
         self.stats.record_round(tree, walk, timer, batch_size=bs, reqs=getattr(batch, "reqs", None),
                                 seq_lens=prefix_lens, summary=summary,
@@ -593,6 +611,89 @@ class DDTreeWorker(DFlashWorkerV2):
         self.stats.finish_round(timer)
         return result
 
+    def _chain_round(self, batch, timer, bs, bucket, chosen, built, captures, draft_hidden, roots, top1_values,
+                     top1_tokens, block_positions, block_slots, seq_lens_cpu_bound, seq_lens_sum_bound, on_publish):
+        """`auto`'s chain round when it samples nothing (most chain rounds): a DFLASH round on our draft head. The
+        drafter's top-1 path is verified causally at the draft block's own positions and KV slots (nothing to move
+        after), then one kernel (ops.chain_accept) does the walk, the commit arithmetic and the stats summary into
+        the round's output buffers. Why: through the general round (a tree stage, a walk stage, their input and
+        output copies, the verify slots) `auto`'s chain cost about as much as a tree round, ~1.4 ms more than a DFLASH
+        step on the tiny pair at batch 4 (lease 29c: DDTREE 64 / 128 steps 4.72 / 4.97 ms, DFLASH 3.37), so where
+        the chain was the best choice `auto` could not reach DFLASH. Its results are the general round's for the
+        chain tree (tests/test_kernels.py's chain check against walk_commit_plan's arithmetic; the server module)."""
+        block = self.block_size
+        prefix_lens = batch.seq_lens
+        self.auto.lean_chain_rounds += 1
+        if self.auto.lean_chain_rounds == 1 and self.ps.tp_rank == 0:
+            logger.info("DDTREE auto: first lean chain round (batch size %d)", bs)
+        if self.stats.prometheus is not None:
+            self.stats.prometheus.auto_round(candidate_label(CHAIN))
+        ids = torch.cat([roots.to(torch.int64).view(bs, 1), top1_tokens.reshape(bs, block - 1)], dim=1)
+        logits_output, can_run_cuda_graph = self._verify(
+            batch, ids.view(-1), block_positions.reshape(-1), None, block_slots, seq_lens_cpu_bound,
+            seq_lens_sum_bound, block, causal=True)
+        timer.mark("verify")
+
+        logits = logits_output.next_token_logits
+        if batch.sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(
+                next_token_logits=logits, sampling_info=batch.sampling_info, draft_token_num=block)
+        choices = self._target_choices(batch, logits.view(bs, block, -1))
+        out = self._outputs(bs, prefix_lens.dtype)
+        ops.chain_accept(self.use_kernels, ids, choices, top1_values.reshape(bs, block - 1), prefix_lens, out)
+        timer.mark("walk")
+
+        if on_publish is not None:
+            on_publish(out["new_seq_lens"])
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=logits_output.hidden_states.view(bs * block, -1),
+            cache_loc=block_slots.reshape(-1),
+            positions=block_positions.reshape(-1),
+            cache_loc_2d=block_slots,
+            commit_lens=out["commit_lens"],
+        )
+        logits_output.hidden_states = None
+        timer.mark("commit")
+        self._auto_after_round(timer, bs, bucket, chosen, built, captures, None, False, None)
+        self.stats.record_round(None, None, timer, batch_size=bs, summary=out["summary"])
+        if self.pad_stages and bucket not in self.auto.captured_buckets:
+            self._capture_bucket(batch, bucket, bs, draft_hidden, roots, prefix_lens, choices.dtype)
+        result = GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=out["out_tokens"].reshape(-1),
+            accept_lens=out["commit_lens"],
+            cap_lens=out["branch_lens"],
+            can_run_cuda_graph=can_run_cuda_graph,
+            next_draft_input=make_draft_input_v2(bonus_tokens=out["bonus"], new_seq_lens=out["new_seq_lens"]),
+            speculative_num_draft_tokens=block,
+            new_seq_lens=out["new_seq_lens"],
+        )
+        self.stats.finish_round(timer)
+        return result
+
+    def _auto_after_round(self, timer, bs, bucket, chosen, built, captures, vector, sampled,
+                          calibration_delta) -> bool:
+        """`auto`'s bookkeeping at a round's end: the feedback (vector: a sampled round's, else None), what the
+        calibration table learns (calibration_delta: a scored round's, else None), the log. -> whether the round
+        was cold. A round that built verify states or captured stage graphs (first use of a candidate at a batch
+        size) took one-time work: its tokens count, its time does not (lease 9: such rounds made the chain, the first
+        candidate explored, look seconds slow)."""
+        captured = self._stage_captures() != captures
+        if captured and bucket in self.auto.captured_buckets:
+            self.auto.late_captures += 1
+            if self.ps.tp_rank == 0:
+                logger.warning("DDTREE auto: a stage graph was captured in a round at batch-size bucket %d after "
+                               "the bucket's stages were all captured (%d such rounds)", bucket,
+                               self.auto.late_captures)
+        cold = built or captured or self.auto.first_use(bucket, chosen)
+        self.auto.feedback.push(vector, timer, bucket, chosen, bs, cold=cold, sampled=sampled,
+                                young=self.auto.calibration.young())
+        if calibration_delta is not None:  # the table learns now, in stream order before the next scored walk stage
+            self.auto.calibration.learn(calibration_delta, bs)
+        self.auto.calibration.after_round()
+        self.auto.maybe_log(self.ps.tp_rank)
+        return cold
+
     # ------------------------------------------------------------------------------------------------------------
     # Stages
 
@@ -610,7 +711,8 @@ class DDTreeWorker(DFlashWorkerV2):
         return bound, int(bound.sum())
 
     def _draft(self, batch, draft_input, seq_lens_cpu_bound, seq_lens_sum_bound):
-        """The DFlash drafter block [bonus, mask x 15]; returns its hidden states [bs * block, H]."""
+        """The DFlash drafter block [bonus, mask x 15] -> (its hidden states [bs * block, H], the block's positions
+        and KV slots [bs, block]: prefix .. prefix + block - 1, which a chain verify reuses as DFLASH's does)."""
         bs = len(batch.seq_lens)
         block = self.block_size
         prefix_lens = batch.seq_lens
@@ -653,7 +755,7 @@ class DDTreeWorker(DFlashWorkerV2):
         hidden = draft_out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE: the DFlash draft forward returned no hidden states.")
-        return hidden
+        return hidden, positions_2d, cache_loc_2d
 
     def _draft_topk(self, draft_hidden, k):
         """Per-position top-k draft log-probs [bs, block - 1, k] and ids, TP shards merged (k: self.topk, or 1

@@ -14,7 +14,7 @@ Checked here:
   - long outputs in a batch: 256 tokens for 16 requests sent together, == plain one at a time up to the same ties;
   - no KV leak: after 200 mixed requests, aborted ones included, the pool returns to its idle usage;
   - `auto`: every candidate verified; its calibration table scored, exported, kept by /flush_cache and reset by
-    /set_internal_state.
+    /set_internal_state; held on the chain, its lean chain rounds ran, lossless and counted in the metrics.
 Records (accept lengths, ties, timings) go to gpu_suite.json through `gpu_record`.
 """
 
@@ -53,11 +53,15 @@ def configs(pair):
         # candidate explored (SGLANG_DDTREE_AUTO_EXPLORE_ALL), so the greedy tests verify each one's tree
         "ddtree-auto": (pair.base_args() + COMMON + triton + ddtree("auto") + draft + ["--enable-metrics"],
                         {"SGLANG_DDTREE_AUTO_EXPLORE_ALL": "1"}),
+        # `auto` held on the chain (SGLANG_DDTREE_AUTO_FORCE): its unsampled rounds run the lean chain round
+        # (worker._chain_round), its sampled ones the general round
+        "ddtree-auto-chain": (pair.base_args() + COMMON + triton + ddtree("auto") + draft + ["--enable-metrics"],
+                              {"SGLANG_DDTREE_AUTO_FORCE": "chain"}),
     }
 
 
 DDTREE_NAMES = ["ddtree-16", "ddtree-64", "ddtree-256", "ddtree-1024", "ddtree-64-eager", "ddtree-64-flashinfer",
-                "ddtree-auto"]
+                "ddtree-auto", "ddtree-auto-chain"]
 AUTO_NAMES = ["ddtree-auto"]
 
 
@@ -187,6 +191,33 @@ def test_auto_verifies_every_candidate(servers, outputs, gpu_record, name):
     assert set(rounds) == {"chain", "16", "32", "64", "128"}, rounds
     assert all(v >= 3 for v in rounds.values()), rounds
     assert "DDTREE auto: candidates" in log
+
+
+def test_auto_lean_chain_rounds_ran_and_were_counted(servers, outputs, gpu_record):
+    """The server held on the chain ran lean chain rounds (its greedy outputs equal plain decoding's:
+    test_greedy_equals_plain[ddtree-auto-chain]; its T>0 samples plain's: test_sampling_matches_plain_sampling), and
+    its metrics count the lean rounds too: Prometheus' request-rounds and accepted tokens reach at least 90% of what
+    meta_info reports over the batch-1 and batch-8 runs (the last round or two of a run are published by a later
+    round; most rounds here are lean ones)."""
+    name = "ddtree-auto-chain"
+    need(servers, name)
+    server = servers[name]
+    log = server.log_text()
+    rounds = _metric_values(server, "sglang:ddtree_auto_rounds_total")
+    gpu_record("ddtree_auto_lean_chain", rounds=rounds,
+               first_lean=next((l for l in log.splitlines() if "first lean chain round" in l), None))
+    assert "DDTREE auto: first lean chain round" in log
+    assert rounds and all('candidate="chain"' in labels for labels in rounds), rounds
+    metas = [out["meta_info"] for mode in ("bs1", "bs8") for out in outputs[name][mode]]
+    request_rounds = sum(_metric_values(server, "sglang:ddtree_rounds_total").values())
+    accepted = sum(_metric_values(server, "sglang:ddtree_accepted_tokens_total").values())
+    # meta_info's verify count and committed tokens per request (the first token comes from prefill)
+    verify_total = sum(m["spec_verify_ct"] for m in metas)
+    tokens_total = sum(m["completion_tokens"] - 1 for m in metas)
+    gpu_record("ddtree_auto_lean_chain_counts", request_rounds=request_rounds, verify_total=verify_total,
+               accepted=accepted, tokens_total=tokens_total)
+    assert request_rounds >= 0.9 * verify_total, (request_rounds, verify_total)
+    assert accepted >= 0.9 * tokens_total, (accepted, tokens_total)
 
 
 def _metric_values(server, name):
@@ -334,7 +365,7 @@ def chi2_critical(dof, z=3.09):
     return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
 
 
-@pytest.mark.parametrize("name", ["ddtree-64", *AUTO_NAMES])
+@pytest.mark.parametrize("name", ["ddtree-64", *AUTO_NAMES, "ddtree-auto-chain"])
 def test_sampling_matches_plain_sampling(servers, model_pair, gpu_record, name):
     need(servers, name)
     n = 400

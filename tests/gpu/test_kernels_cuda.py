@@ -178,3 +178,40 @@ def test_path_kv_move_on_cuda_equals_in_order_copies():
     kernels.move_path_kv(ptrs, strides, int(strides.max()), tgt, src, depth)
     torch.cuda.synchronize()
     assert bool((tgt != src).any()) and all(torch.equal(a, b) for a, b in zip(bufs, ref))
+
+
+@pytest.mark.parametrize("bs", [1, 4, 16, 17, 64, 200])
+def test_chain_accept_on_cuda_equals_the_chain_trees_walk(bs):
+    """`auto`'s lean chain round (ops.chain_accept, one launch) == the chain tree's walk, commit arithmetic and stats
+    summary computed the tree way (ops.chain_accept_reference) on CUDA, at serving vocabulary sizes; no host sync."""
+    from sglang_ddtree.sglang import ops
+
+    gen = torch.Generator().manual_seed(bs)
+    L, vocab = 15, 151936
+    cand = torch.randint(0, vocab, (bs, L + 1), generator=gen)
+    follow = torch.randint(0, L + 1, (bs,), generator=gen)
+    follow[0] = L
+    take = torch.arange(L + 1).unsqueeze(0) < follow.unsqueeze(1)
+    choices = torch.where(take, torch.cat([cand[:, 1:], cand[:, :1]], dim=1),
+                          torch.randint(0, vocab, (bs, L + 1), generator=gen))
+    logprobs = -torch.rand(bs, L, generator=gen) * 3
+    prefix = torch.randint(0, 4000, (bs,), generator=gen)
+    cand, choices, logprobs, prefix = (t.cuda() for t in (cand, choices, logprobs, prefix))
+    ref = ops.chain_accept_reference(cand, choices, logprobs, prefix)
+    out = ops.chain_outputs(bs, L, prefix.dtype, "cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            ops.chain_accept(True, cand, choices, logprobs, prefix, out)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    for name, want in zip(ops.CHAIN_OUTPUTS, ref):
+        got = out[name]
+        if name == "summary":
+            assert torch.equal(got[:L + 3], want[:L + 3]) and torch.equal(got[L + 4:], want[L + 4:]), (got, want)
+            assert torch.allclose(got[L + 3], want[L + 3], rtol=1e-5), (got, want)
+        else:
+            assert torch.equal(got, want), (name, got, want)
+    assert int(out["accept_len"][0]) == L
