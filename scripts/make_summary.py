@@ -302,13 +302,18 @@ def adaptive(out: dict) -> None:
 #   (DFLASH and auto, 8 repeats x 4 prompt groups, as lease 25's) replace lease 25's. Its `tiny-b|auto` ran a0828ce's
 #   package (TP_TWIN_BASE: the A/B of fbba433's cut), older code: left out (_other_commit), so `tiny-b` stays lease
 #   28's twin.
+# - lease 30 (aa06f0d: `auto`'s lean chain round): the tiny paired sweep (batch 4 / 16 / 64 only) replaces lease 29's
+#   `tiny` rows at those batch sizes (batch 1 stays lease 29's) and the 8B shapes (6 repeats x 4 prompt groups)
+#   replace lease 29's. Its `tiny-b|auto` was held on the chain (SGLANG_DDTREE_AUTO_FORCE=chain: the lean chain round
+#   against DFLASH), not `auto`: left out (_forced).
 SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.jsonl", "sweep_auto_8b_lease20.jsonl",
                       "sweep_auto_8b_lease20b.jsonl", "sweep_auto_8b_bs1_lease20c.jsonl",
                       "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl",
                       "sweep_paired_tiny_lease23b.jsonl", "sweep_paired_tiny_lease25.jsonl",
                       "sweep_auto_8b_lease25.jsonl", "sweep_paired_tiny_lease26.jsonl",
                       "sweep_paired_tiny_lease27.jsonl", "sweep_paired_tiny_lease28.jsonl",
-                      "sweep_paired_tiny_lease29.jsonl", "sweep_auto_8b_lease29.jsonl")
+                      "sweep_paired_tiny_lease29.jsonl", "sweep_auto_8b_lease29.jsonl",
+                      "sweep_paired_tiny_lease30.jsonl", "sweep_auto_8b_lease30.jsonl")
 # Servers of one configuration started side by side in one interleaved run (a setup and its --copy-setup copy): how
 # far two identical servers' tokens/s lie apart on this host.
 SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl",
@@ -335,7 +340,8 @@ SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease
 # where a compared row had a rate outlier (bench/paired.py _clean_rounds; "dropped_runs" counts them). Lease 29
 # (05312c8): DFLASH, DDTREE 128, `tiny|auto` and `tiny-b|auto` running a0828ce's package (the A/B of fbba433's cut);
 # 29c (05312c8, batch 4 only): DFLASH, DDTREE 64 and 128, `auto` (is the 64-tree, which `auto` ran in most batch-4
-# rounds, the better fixed budget there?); the 8B shapes, DFLASH and `auto`.
+# rounds, the better fixed budget there?); the 8B shapes, DFLASH and `auto`. Lease 30 (aa06f0d, batch 4 / 16 / 64):
+# DFLASH, DDTREE 128, `tiny|auto` and `tiny-b|auto` held on the chain (SGLANG_DDTREE_AUTO_FORCE=chain); the 8B shapes.
 PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease23.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease23b.jsonl": "tiny|ddtree-128",
@@ -354,7 +360,9 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease28.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease29.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease29c_b64.jsonl": "tiny|ddtree-128",
-                 "sweep_auto_8b_lease29.jsonl": "8b-dummy|dflash"}
+                 "sweep_auto_8b_lease29.jsonl": "8b-dummy|dflash",
+                 "sweep_paired_tiny_lease30.jsonl": "tiny|ddtree-128",
+                 "sweep_auto_8b_lease30.jsonl": "8b-dummy|dflash"}
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
@@ -408,6 +416,14 @@ def _other_commit(row: dict) -> str | None:
     return None
 
 
+def _forced(row: dict) -> str | None:
+    """The candidate an `auto` row's server was held on (SGLANG_DDTREE_AUTO_FORCE, lease 30's `tiny-b|auto`: the lean
+    chain round against DFLASH), else None. Such a row measures one candidate, not `auto`'s choice: neither the
+    headline nor the calibration table takes it (PAIRED_SWEEPS keeps it)."""
+    prefix = "SGLANG_DDTREE_AUTO_FORCE="
+    return next((entry[len(prefix):] for entry in row.get("server_env") or [] if entry.startswith(prefix)), None)
+
+
 def sglang_auto(out: dict) -> None:
     """Issue 10, measured in SGLang (SGLANG_AUTO_SWEEPS, 3 or 5 repeats x 4 prompt groups per row): auto tokens/s
     over max(the fixed budgets and DFLASH measured in the same run) per batch size, which rivals each ratio had and
@@ -421,7 +437,7 @@ def sglang_auto(out: dict) -> None:
         rows = _sweep_rows(name)
         bases = _copy_bases(name)
         for (setup, method, _, bs), r in rows.items():
-            if method != "auto" or _other_commit(r):
+            if method != "auto" or _other_commit(r) or _forced(r):
                 continue
             where = _rival_setup(setup, rows, bases)
             rival_rows = {(m, budget): x for (s, m, budget, b), x in rows.items()
@@ -531,7 +547,7 @@ def pad_stages(out: dict) -> None:
 SGLANG_CALIBRATION_SWEEPS = ("sweep_paired_tiny_lease23b.jsonl", "sweep_paired_tiny_lease24d.jsonl",
                              "sweep_paired_tiny_lease25.jsonl", "sweep_paired_tiny_lease26.jsonl",
                              "sweep_paired_tiny_lease27.jsonl", "sweep_paired_tiny_lease28.jsonl",
-                             "sweep_paired_tiny_lease29.jsonl")
+                             "sweep_paired_tiny_lease29.jsonl", "sweep_paired_tiny_lease30.jsonl")
 # Batch-1 tables of several servers started together (lease_steps.sh tiny-starts): every `auto` server's MAE over
 # its batch-1 rows, the young table's standing across server starts (not one draw).
 SGLANG_STARTS_SWEEPS = ("sweep_starts_tiny_lease25.jsonl", "sweep_starts_tiny_lease25b.jsonl",
@@ -558,7 +574,7 @@ def sglang_calibration(out: dict) -> None:
     table: dict = {}
     for name in SGLANG_CALIBRATION_SWEEPS:
         for setup, bs, row, entry in _auto_calibration(name):
-            if _other_commit(row):
+            if _other_commit(row) or _forced(row):
                 continue
             table.setdefault(setup, {})[str(bs)] = {**entry, "source": name}
     if not table:

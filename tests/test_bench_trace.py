@@ -56,8 +56,13 @@ def test_analyze_splits_a_step_into_busy_idle_kernels_syncs_and_ranges():
     assert draft["host_ms"] == pytest.approx(0.12) and draft["gpu_ms"] == pytest.approx(0.5)
     assert draft["launches"] == 2 and draft["count"] == 1
     assert verify["gpu_ms"] == pytest.approx(0.2) and verify["launches"] == 1
-    # SGLang's own ranges apart from the worker's stages; torch ops per step
-    assert got["annotations"] == {"scheduler.run_batch": {"host_ms": pytest.approx(0.7), "count": 1}}
+    # Python: the range's time in no op and no runtime call of its thread (draft 120 us less the copy 3, the launch
+    # 10 and the graph launch 30; verify 50 less its launch 10; the memcpy call at 660 is past its end)
+    assert draft["python_ms"] == pytest.approx(0.077) and verify["python_ms"] == pytest.approx(0.040)
+    # SGLang's own ranges apart from the worker's stages; torch ops per step (run_batch: 700 us less 3 + 10 + 30 +
+    # 420 (the sync) + 10 + 5)
+    assert got["annotations"] == {"scheduler.run_batch": {"host_ms": pytest.approx(0.7),
+                                                          "python_ms": pytest.approx(0.222), "count": 1}}
     assert got["cpu_ops"] == [{"name": "aten::copy_", "ms": pytest.approx(0.003), "calls": 1}]
 
 
@@ -87,6 +92,24 @@ def test_round_timer_opens_one_profiler_range_per_stage(tmp_path):
     assert [e["name"] for e in got] == [f"ddtree:{s}" for s in STAGES]
     for a, b in zip(got, got[1:]):
         assert a["ts"] + a["dur"] <= b["ts"] + 1e-3
+
+
+def test_round_timer_names_the_range_after_a_mark_by_the_stage_marked_next(tmp_path):
+    """`auto`'s lean chain round marks draft, verify, walk, commit (no tree): told the stage that follows the draft,
+    the timer names each range after the stage it ends in."""
+    pytest.importorskip("prometheus_client")
+    from sglang_ddtree.sglang.stats import RoundTimer
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        timer = RoundTimer(enabled=False, ranges=True)
+        timer.mark("draft", following="verify")
+        for stage in ("verify", "walk", "commit"):
+            timer.mark(stage)
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(str(path))
+    got = sorted((e for e in trace.load(path)["traceEvents"] if str(e.get("name", "")).startswith("ddtree:")),
+                 key=lambda e: e["ts"])
+    assert [e["name"] for e in got] == ["ddtree:draft", "ddtree:verify", "ddtree:walk", "ddtree:commit"]
 
 
 def profile_rounds_module():

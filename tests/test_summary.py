@@ -111,3 +111,21 @@ def test_a_server_on_another_commits_package_is_recognised_from_its_environment(
     assert ms._other_commit({"server_env": ["SGLANG_DDTREE_AUTO_LOG_EVERY=100", base]}) is None
     assert ms._other_commit({"server_env": ["PYTHONSAFEPATH=1", "PYTHONPATH=/tmp/site"]}) is None
     assert ms._other_commit({}) is None
+
+
+def test_an_auto_server_held_on_one_candidate_is_left_out_of_the_headline():
+    """Lease 30's `tiny-b|auto` ran with SGLANG_DDTREE_AUTO_FORCE=chain (the lean chain round against DFLASH): a
+    measurement of one candidate, not of `auto`'s choice. The committed headline takes `tiny` from that sweep and
+    keeps `tiny-b` from the sweep before it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_summary", ROOT / "scripts" / "make_summary.py")
+    ms = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ms)
+    assert ms._forced({"server_env": ["SGLANG_DDTREE_AUTO_LOG_EVERY=100", "SGLANG_DDTREE_AUTO_FORCE=chain"]}) == "chain"
+    assert ms._forced({"server_env": ["SGLANG_DDTREE_AUTO_LOG_EVERY=100"]}) is None
+    assert ms._forced({}) is None
+    summary = json.loads((ROOT / "benchmarks" / "results" / "summary.json").read_text())
+    sources = summary["sglang_auto_sources"]
+    assert sources["tiny"]["16"] == "sweep_paired_tiny_lease30.jsonl"
+    assert "sweep_paired_tiny_lease30.jsonl" not in sources["tiny-b"].values()

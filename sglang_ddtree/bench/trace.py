@@ -12,6 +12,8 @@ Per scheduler step (the trace covers `steps` of them, one decode round each at b
                  SGLANG_DDTREE_PROFILE_RANGES=1): host ms per step, and GPU ms per step of the work launched inside
   annotations    host ms and count per step of the other profiler ranges (SGLang's own: `scheduler.run_batch`,
                  ...), so two methods' host time compares where only one of them has stage ranges
+                 (both: `python_ms`, the part of that host time inside no torch op and no CUDA runtime call of the
+                 range's thread: Python between the calls; lease 30 found the DDTREE worker's extra host time there)
   cpu_ops        host ms and calls per step by torch op (an op inside another counts in both)
 Plain data in, plain data out: tests feed it synthetic traces.
 """
@@ -92,11 +94,24 @@ def analyze(trace: dict, steps: int, *, range_prefix: str = "ddtree:", top: int 
     by_thread: dict[tuple, list[dict]] = defaultdict(list)
     for e in runtime:
         by_thread[(e.get("pid"), e.get("tid"))].append(e)
+    covered: dict[tuple, list[tuple[float, float]]] = defaultdict(list)  # op and runtime-call intervals per thread
+    for e in cpu_ops + runtime:
+        covered[(e.get("pid"), e.get("tid"))].append((float(e["ts"]), float(e["ts"]) + float(e["dur"])))
+
+    def python_ms(e: dict) -> float:
+        """The range's host time inside no op and no runtime call of its thread."""
+        start, stop = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        inside = [(max(a, start), min(b, stop)) for a, b in covered.get((e.get("pid"), e.get("tid")), [])
+                  if a < stop and b > start]
+        return float(e["dur"]) / 1e3 - _union_ms(inside)
+
     for e in ranges:
         stage = str(e["name"])[len(range_prefix):]
-        r = per_range.setdefault(stage, {"host_ms": 0.0, "gpu_ms": 0.0, "launches": 0, "count": 0})
+        r = per_range.setdefault(stage, {"host_ms": 0.0, "python_ms": 0.0, "gpu_ms": 0.0, "launches": 0,
+                                         "count": 0})
         start, stop = float(e["ts"]), float(e["ts"]) + float(e["dur"])
         r["host_ms"] += float(e["dur"]) / 1e3
+        r["python_ms"] += python_ms(e)
         r["count"] += 1
         for call in by_thread.get((e.get("pid"), e.get("tid")), []):
             if start <= float(call["ts"]) <= stop:
@@ -113,6 +128,10 @@ def analyze(trace: dict, steps: int, *, range_prefix: str = "ddtree:", top: int 
             t[1] += 1
         return table
 
+    annotation_python: dict[str, float] = defaultdict(float)
+    for e in others:
+        annotation_python[_short(str(e.get("name", "?")))] += python_ms(e)
+
     def per_step(table: dict[str, list[float]]) -> list[dict]:
         rows = [{"name": n, "ms": ms / steps, "calls": cnt / steps} for n, (ms, cnt) in table.items()]
         return sorted(rows, key=lambda r: -r["ms"])
@@ -127,10 +146,12 @@ def analyze(trace: dict, steps: int, *, range_prefix: str = "ddtree:", top: int 
         "runtime": per_step(calls)[:top],
         "syncs": [r for r in per_step(calls) if r["name"] in SYNC_CALLS],
         "pageable_dtoh_copies": len(pageable_dtoh) / steps,
-        "ranges": {stage: {"host_ms": r["host_ms"] / steps, "gpu_ms": r["gpu_ms"] / steps,
-                           "launches": r["launches"] / steps, "count": r["count"] / steps}
+        "ranges": {stage: {"host_ms": r["host_ms"] / steps, "python_ms": r["python_ms"] / steps,
+                           "gpu_ms": r["gpu_ms"] / steps, "launches": r["launches"] / steps,
+                           "count": r["count"] / steps}
                    for stage, r in per_range.items()},
-        "annotations": {r["name"]: {"host_ms": r["ms"], "count": r["calls"]} for r in per_step(tally(others))[:top]},
+        "annotations": {r["name"]: {"host_ms": r["ms"], "python_ms": annotation_python[r["name"]] / steps,
+                                    "count": r["calls"]} for r in per_step(tally(others))[:top]},
         "cpu_ops": per_step(tally(cpu_ops))[:top],
     }
 

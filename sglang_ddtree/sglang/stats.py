@@ -88,13 +88,17 @@ class RoundTimer:
         self._range = torch.autograd.profiler.record_function(f"ddtree:{stage}")
         self._range.__enter__()
 
-    def mark(self, stage: str) -> None:
+    def mark(self, stage: str, following: str | None = None) -> None:
+        """The end of `stage`. following: the stage the round marks next when it is not the next in STAGES (`auto`'s
+        lean chain round has no tree stage): only the profiler range's name reads it."""
         if self._range is not None:
             self._range.__exit__(None, None, None)
             self._range = None
-            following = STAGES.index(stage) + 1 if stage in STAGES else len(STAGES)
-            if following < len(STAGES):
-                self._open_range(STAGES[following])
+            if following is None:
+                after = STAGES.index(stage) + 1 if stage in STAGES else len(STAGES)
+                following = STAGES[after] if after < len(STAGES) else None
+            if following is not None:
+                self._open_range(following)
         if self.enabled:
             event = torch.cuda.Event(enable_timing=True)
             event.record(self.stream)

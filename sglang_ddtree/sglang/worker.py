@@ -20,7 +20,9 @@ With `--speculative-ddtree-budget auto` (sglang_ddtree.sglang.auto) each round f
 the host; its tree and walk stages are the candidate's own, and the verify swaps in the target attention backend
 and verify graphs captured for that width (the chain's without the tree mask); every candidate's stage graphs are
 captured together after a batch-size bucket's first round (_capture_bucket), not one by one as the chooser reaches
-them.
+them. A chain round that samples nothing (most chain rounds) runs _chain_round instead: DFLASH's round on our top-1
+head, the walk, commit arithmetic and stats summary in one kernel (ops.chain_accept).
+Every round's outputs (tokens, lengths, branch counts) go to two buffer sets used in turn (_outputs).
 With `--speculative-ddtree-oracle` (_oracle_round) the accepted path is verified once more as a chain and the round
 commits what that chain verify accepts: the sequential oracle the tree verify is checked against.
 Hybrid targets (gated-delta-net layers, e.g. Qwen3-Next): the plugin sets speculative_eagle_topk = 2 so SGLang's
@@ -499,16 +501,17 @@ class DDTreeWorker(DFlashWorkerV2):
             timer.host_mark("choose")
         top1_only = (self.auto is not None and self.auto.candidates[chosen] == CHAIN and not sampled
                      and self.scripted is None)
+        lean = top1_only and self.lean_chain  # the round is _chain_round's
 
         draft_hidden, block_positions, block_slots = self._draft(batch, draft_input, seq_lens_cpu_bound,
                                                                  seq_lens_sum_bound)
         topk_values, topk_tokens = self._draft_topk(draft_hidden, 1 if top1_only else self.topk)
         if self.scripted is not None:
             self.scripted.apply(getattr(batch, "reqs", None), batch.seq_lens, topk_values, topk_tokens)
-        timer.mark("draft")
+        timer.mark("draft", following="verify" if lean else None)
 
         roots = draft_input.bonus_tokens.view(-1)
-        if top1_only and self.lean_chain:
+        if lean:
             return self._chain_round(batch, timer, bs, bucket, chosen, built, captures, draft_hidden, roots,
                                      topk_values, topk_tokens, block_positions, block_slots, seq_lens_cpu_bound,
                                      seq_lens_sum_bound, on_publish)
