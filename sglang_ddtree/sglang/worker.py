@@ -547,11 +547,7 @@ class DDTreeWorker(DFlashWorkerV2):
             causal, links=ops.tree_links(tree) if self.hybrid else None)
         timer.mark("verify")
 
-        logits = logits_output.next_token_logits
-        if batch.sampling_info is not None:
-            apply_dflash_verify_logits_adjustments(
-                next_token_logits=logits, sampling_info=batch.sampling_info, draft_token_num=width)
-        choices = self._target_choices(batch, logits.view(bs, width, -1))
+        choices = self._target_choices(batch, logits_output, bs, width)
         plan = walk_stage(tree.tokens, tree.parents, tree.depth, tree.scores, tree.ranks, tree.valid,
                           choices, node_cache_loc, prefix_lens, rows=bs)
         walk, summary = plan.walk, plan.summary  # the tree's: what the stats record
@@ -641,11 +637,7 @@ class DDTreeWorker(DFlashWorkerV2):
             seq_lens_sum_bound, block, causal=True)
         timer.mark("verify")
 
-        logits = logits_output.next_token_logits
-        if batch.sampling_info is not None:
-            apply_dflash_verify_logits_adjustments(
-                next_token_logits=logits, sampling_info=batch.sampling_info, draft_token_num=block)
-        choices = self._target_choices(batch, logits.view(bs, block, -1))
+        choices = self._target_choices(batch, logits_output, bs, block)
         out = self._outputs(bs, prefix_lens.dtype)
         ops.chain_accept(self.use_kernels, ids, choices, top1_values.reshape(bs, block - 1), prefix_lens, out)
         timer.mark("walk")
@@ -850,9 +842,15 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTREE verify needs the target's hidden states (aux capture is off).")
         return out.logits_output, out.can_run_cuda_graph
 
-    def _target_choices(self, batch, logits):
-        """The target's own token at every node: argmax, or one sample per node with the request's parameters."""
+    def _target_choices(self, batch, logits_output, bs, width):
+        """The target's own token at every node [bs, width] from a verify's logits (SGLang's per-request logit
+        adjustments applied first, in place, as DFLASH applies them): argmax, or one sample per node with the
+        request's parameters."""
         info = batch.sampling_info
+        if info is not None:
+            apply_dflash_verify_logits_adjustments(next_token_logits=logits_output.next_token_logits,
+                                                   sampling_info=info, draft_token_num=width)
+        logits = logits_output.next_token_logits.view(bs, width, -1)
         if info is None or info.is_all_greedy:
             return logits.argmax(dim=-1)
         choice = sample_choices(logits, info.temperatures.view(-1), info.top_ks.view(-1).to(torch.int64),
@@ -883,11 +881,7 @@ class DDTreeWorker(DFlashWorkerV2):
         logits_output, can_run_cuda_graph = self._verify(
             batch, ids, positions, None, slots, seq_lens_cpu_bound, seq_lens_sum_bound, width, causal=True,
             links=ops.tree_links(verify_chain) if self.hybrid else None)
-        logits = logits_output.next_token_logits
-        if batch.sampling_info is not None:
-            apply_dflash_verify_logits_adjustments(
-                next_token_logits=logits, sampling_info=batch.sampling_info, draft_token_num=width)
-        choices = self._target_choices(batch, logits.view(bs, width, -1))
+        choices = self._target_choices(batch, logits_output, bs, width)
         plan = ops.walk_commit_plan(self.block_size, self.use_kernels, False, walk_chain.tokens, walk_chain.parents,
                                     walk_chain.depth, walk_chain.scores, walk_chain.ranks, walk_chain.valid, choices,
                                     slots, prefix_lens)
