@@ -449,6 +449,10 @@ def test_repeats_report_the_median_run_and_every_run(tmp_path):
     # every run's window rate and outlier count are kept (a fake server's requests decode alike: none)
     assert len(row["decode_tokens_per_s_window_runs"]) == 3 and all(row["decode_tokens_per_s_window_runs"])
     assert row["decode_rate_outliers_runs"] == [0, 0, 0]
+    # acceptance over every run next to the median run's (with rotating prompts the median runs of two servers can
+    # be different prompts: lease 30)
+    assert len(row["tau_runs"]) == 3 and row["tau"] in row["tau_runs"]
+    assert row["tau_pooled"] == pytest.approx(FAKE_TAU, rel=0.05)
     per_request = math.ceil((setup.max_new_tokens - 1) / FAKE_TAU)
     assert row["ddtree_metrics"]["request_rounds"] == 3 * per_request
     with pytest.raises(ValueError, match="repeats"):
@@ -622,3 +626,18 @@ def test_row_log_names_runs_with_rate_outliers():
     assert "1 run(s) with requests decoding over 3x the median rate" in lines[-1]
     Sweep._log_row(host, {**row, "decode_rate_outliers_runs": [0, 0, 0, 0]})
     assert "median rate" not in lines[-1] and "4003 tok/s" in lines[-1]
+
+
+def test_median_run_pools_acceptance_over_every_run():
+    """The row's `tau` is its median-rate run's; `tau_pooled` counts every run's rounds (lease 30: two chain servers'
+    median runs at batch 4 were different prompts, tau 4.57 against 6.07, while their runs agreed run by run)."""
+    from sglang_ddtree.bench.results import row_tau
+    from sglang_ddtree.bench.sweep import median_run
+
+    runs = [{"decode_tokens_per_s": 10.0, "step_ms": 1.0, "tau": 1.0, "accept_histogram": [4]},
+            {"decode_tokens_per_s": 30.0, "step_ms": 1.0, "tau": 3.0, "accept_histogram": [0, 0, 4]},
+            {"decode_tokens_per_s": 20.0, "step_ms": 1.0, "tau": 2.0, "accept_histogram": [0, 8]}]
+    row = median_run(runs)
+    assert row["tau"] == 2.0 and row["tau_runs"] == [1.0, 3.0, 2.0]
+    assert row["tau_pooled"] == pytest.approx((4 * 1 + 4 * 3 + 8 * 2) / 16)
+    assert row_tau(row) == row["tau_pooled"] and row_tau({"tau": 2.5}) == 2.5

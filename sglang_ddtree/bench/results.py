@@ -86,14 +86,21 @@ class ResultsWriter:
         self._fh.close()
 
 
+def row_tau(row: dict) -> float | None:
+    """A row's acceptance for display: over all its runs where it has several (tau_pooled), else its run's."""
+    return row.get("tau_pooled", row.get("tau"))
+
+
 def format_table(rows: list[dict]) -> str:
-    """One line per ok row: setup, method, budget, batch, decode tokens/s, step ms, tau (where meaningful)."""
+    """One line per ok row: setup, method, budget, batch, decode tokens/s, step ms, tau (where meaningful; over all
+    runs of a repeated row, row_tau)."""
+
     ok = sorted(ok_results(rows), key=lambda r: (r["setup"], METHODS.index(r["method"]),
                                                  r.get("budget") or 0, r["batch_size"]))
     lines = [f"{'setup':9} {'method':7} {'budget':>6} {'batch':>5} {'tok/s':>9} {'step ms':>8} {'tau':>5} "
              f"{'draft/tree/verify/walk/commit ms':>34}"]
     for r in ok:
-        tau = f"{r['tau']:.2f}" if r.get("tau") is not None and r.get("acceptance_meaningful") else "-"
+        tau = f"{row_tau(r):.2f}" if row_tau(r) is not None and r.get("acceptance_meaningful") else "-"
         step = f"{r['step_ms']:.2f}" if r.get("step_ms") is not None else "-"
         stages = r.get("stage_ms") or {}
         split = "/".join(f"{stages[s]:.2f}" for s in ("draft", "tree", "verify", "walk", "commit") if s in stages)

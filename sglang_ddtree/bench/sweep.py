@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_ddtree.bench import prom
-from sglang_ddtree.bench.measure import RATE_OUTLIER, run_batch, summarize
+from sglang_ddtree.bench.measure import RATE_OUTLIER, acceptance_from_histogram, run_batch, summarize
 from sglang_ddtree.bench.plan import REPO_ROOT, Plan, Row, ServerPlan, plan_waves, sampling_params
-from sglang_ddtree.bench.results import ResultsWriter, latest_results, read_rows
+from sglang_ddtree.bench.results import ResultsWriter, latest_results, read_rows, row_tau
 from sglang_ddtree.bench.server import Launcher, ServerHandle, ServerStartError, log_tail, wait_all_ready
 
 SERVER_INFO_KEYS = ("max_total_num_tokens", "max_req_input_len", "max_running_requests", "max_total_tokens",
@@ -534,7 +534,7 @@ class Sweep:
         if r["status"] != "ok":
             self.log(f"  {r['key']}: {r['status'].upper()}: {str(r.get('reason'))[:300]}")
             return
-        tau = f", tau {r['tau']:.2f}" if r.get("tau") is not None and r.get("acceptance_meaningful") else ""
+        tau = f", tau {row_tau(r):.2f}" if row_tau(r) is not None and r.get("acceptance_meaningful") else ""
         stage = ""
         if r.get("stage_ms"):
             stage = " [" + " ".join(f"{k} {v:.2f}" for k, v in r["stage_ms"].items()) + " ms]"
@@ -622,6 +622,14 @@ def median_run(runs: list[dict]) -> dict:
         # each run: a run whose summed rate jumps while its window rate does not had a request timed short
         out["decode_tokens_per_s_window_runs"] = [r.get("decode_tokens_per_s_window") for r in runs]
         out["decode_rate_outliers_runs"] = [r.get("decode_rate_outliers") for r in runs]
+        # Acceptance over every run (`tau` is the median-rate run's: with --rotate-prompts each server's median run
+        # can be another prompt, lease 30's two chain servers at batch 4 read tau 4.57 / 6.07 while their runs agreed
+        # run by run at ~5.5).
+        hists = [r["accept_histogram"] for r in runs if r.get("accept_histogram")]
+        if hists:
+            pooled = [sum(h[k] for h in hists if k < len(h)) for k in range(max(len(h) for h in hists))]
+            out["tau_pooled"] = acceptance_from_histogram(pooled)["tau"]
+            out["tau_runs"] = [r.get("tau") for r in runs]
     # first-use graph captures the server logged during each run (None: no log): a run with captures paid one-time
     # work inside its measured time
     out["captures_runs"] = [r.get("captures") for r in runs]
