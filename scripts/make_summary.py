@@ -424,6 +424,12 @@ def _forced(row: dict) -> str | None:
     return next((entry[len(prefix):] for entry in row.get("server_env") or [] if entry.startswith(prefix)), None)
 
 
+def _not_auto_as_it_is(row: dict) -> bool:
+    """A row the headline and the calibration table leave out: another commit's package (_other_commit) or a server
+    held on one candidate (_forced)."""
+    return bool(_other_commit(row) or _forced(row))
+
+
 def sglang_auto(out: dict) -> None:
     """Issue 10, measured in SGLang (SGLANG_AUTO_SWEEPS, 3 or 5 repeats x 4 prompt groups per row): auto tokens/s
     over max(the fixed budgets and DFLASH measured in the same run) per batch size, which rivals each ratio had and
@@ -437,7 +443,7 @@ def sglang_auto(out: dict) -> None:
         rows = _sweep_rows(name)
         bases = _copy_bases(name)
         for (setup, method, _, bs), r in rows.items():
-            if method != "auto" or _other_commit(r) or _forced(r):
+            if method != "auto" or _not_auto_as_it_is(r):
                 continue
             where = _rival_setup(setup, rows, bases)
             rival_rows = {(m, budget): x for (s, m, budget, b), x in rows.items()
@@ -574,7 +580,7 @@ def sglang_calibration(out: dict) -> None:
     table: dict = {}
     for name in SGLANG_CALIBRATION_SWEEPS:
         for setup, bs, row, entry in _auto_calibration(name):
-            if _other_commit(row) or _forced(row):
+            if _not_auto_as_it_is(row):
                 continue
             table.setdefault(setup, {})[str(bs)] = {**entry, "source": name}
     if not table:

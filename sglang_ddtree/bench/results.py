@@ -94,7 +94,6 @@ def row_tau(row: dict) -> float | None:
 def format_table(rows: list[dict]) -> str:
     """One line per ok row: setup, method, budget, batch, decode tokens/s, step ms, tau (where meaningful; over all
     runs of a repeated row, row_tau)."""
-
     ok = sorted(ok_results(rows), key=lambda r: (r["setup"], METHODS.index(r["method"]),
                                                  r.get("budget") or 0, r["batch_size"]))
     lines = [f"{'setup':9} {'method':7} {'budget':>6} {'batch':>5} {'tok/s':>9} {'step ms':>8} {'tau':>5} "
