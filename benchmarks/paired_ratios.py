@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sglang_ddtree.bench.paired import (arm_table, paired_table, pooled_ratios, rate_outlier_runs,  # noqa: E402
-                                        row_label)
+from sglang_ddtree.bench.paired import (ab_table, arm_table, paired_table, pooled_ratios,  # noqa: E402
+                                        rate_outlier_runs, row_label)
 from sglang_ddtree.bench.results import latest_results, read_rows  # noqa: E402
 
 
@@ -51,6 +51,7 @@ def main(argv=None) -> int:
         pooled = pooled_ratios(rows, args.base, drop_outliers=drop)
         by_arm = arm_table(rows, args.base, arms, drop_outliers=drop) if arms else {}
         outliers = rate_outlier_runs(rows)
+        ab = ab_table(rows)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -71,6 +72,17 @@ def main(argv=None) -> int:
         print(f"batch {bs}: arms (each server's runs pooled per round)")
         for label, r in ratios.items():
             print(f"  {label:40s} {_line(r)}")
+    for label, table_ab in ab.items():
+        print(f"{label}: in-process A/B, auto's arm over the fixed widest tree's (SGLANG_DDTREE_AUTO_AB)")
+        for bs, entry in table_ab["by_batch_size"].items():
+            pooled_text = "-" if entry["ratio"] is None else f"x{entry['ratio']:.3f}"
+            runs_text = _line(entry["runs"]) if entry["runs"] else "too few runs with both arms"
+            arms_text = "; ".join(f"{arm} tau {n.get('tau') or 0:.2f}, {n.get('round_ms') or 0:.2f} ms"
+                                  + (f" (host {n['host_ms']:.2f})" if n.get("host_ms") else "")
+                                  for arm, n in entry["arms"].items())
+            print(f"  batch {bs:<4} all rounds {pooled_text}   run by run {runs_text}   [{arms_text}]")
+        if table_ab["all_batch_sizes"]:
+            print(f"  all batch sizes, run by run {_line(table_ab['all_batch_sizes'])}")
     for label, by_bs in outliers.items():
         for bs, runs in by_bs.items():
             print(f"note: {label} at batch {bs}: run(s) {', '.join(map(str, runs))} (from 0) had requests decoding "
@@ -83,6 +95,9 @@ def main(argv=None) -> int:
         if outliers:
             out["rate_outlier_runs"] = {label: {str(bs): runs for bs, runs in by_bs.items()}
                                         for label, by_bs in outliers.items()}
+        if ab:
+            out["ab"] = {label: {"by_batch_size": {str(k): v for k, v in t["by_batch_size"].items()},
+                                 "all_batch_sizes": t["all_batch_sizes"]} for label, t in ab.items()}
         if arms:
             out["arms"] = arms
             out["arms_by_batch_size"] = {str(k): v for k, v in by_arm.items()}

@@ -424,10 +424,17 @@ def _forced(row: dict) -> str | None:
     return next((entry[len(prefix):] for entry in row.get("server_env") or [] if entry.startswith(prefix)), None)
 
 
+def _ab_server(row: dict) -> bool:
+    """Whether an `auto` row's server alternated its rounds with the fixed widest tree (SGLANG_DDTREE_AUTO_AB): its
+    tokens/s mixes the two arms, which its `ab` tallies keep apart (sglang_auto_ab)."""
+    return any(entry.startswith("SGLANG_DDTREE_AUTO_AB=") and entry.split("=", 1)[1].strip() not in ("", "0")
+               for entry in row.get("server_env") or [])
+
+
 def _not_auto_as_it_is(row: dict) -> bool:
-    """A row the headline and the calibration table leave out: another commit's package (_other_commit) or a server
-    held on one candidate (_forced)."""
-    return bool(_other_commit(row) or _forced(row))
+    """A row the headline and the calibration table leave out: another commit's package (_other_commit), a server
+    held on one candidate (_forced) or one alternating with the fixed tree (_ab_server)."""
+    return bool(_other_commit(row) or _forced(row) or _ab_server(row))
 
 
 def sglang_auto(out: dict) -> None:

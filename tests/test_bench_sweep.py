@@ -641,3 +641,58 @@ def test_median_run_pools_acceptance_over_every_run():
     assert row["tau"] == 2.0 and row["tau_runs"] == [1.0, 3.0, 2.0]
     assert row["tau_pooled"] == pytest.approx((4 * 1 + 4 * 3 + 8 * 2) / 16)
     assert row_tau(row) == row["tau_pooled"] and row_tau({"tau": 2.5}) == 2.5
+
+
+def test_an_ab_server_records_its_arms_run_by_run_and_paired_reads_them(tmp_path):
+    """An `auto` server with SGLANG_DDTREE_AUTO_AB in its setup's server_env: the sweep scrapes its A/B tallies
+    around every run (ab_runs: each arm's tokens/s and the ratio), keeps the row's own (ddtree_metrics.ab) and its
+    block; bench.paired.ab_table turns them into the arms' ratio over the row and run by run with an interval.
+    Here the fake's auto arm commits 3 tokens a round in 4 ms and the fixed arm 2 in 4 ms, the same rounds each."""
+    from sglang_ddtree.bench.paired import ab_table
+
+    class ABClient(FakeClient):
+        def metrics_text(self):
+            n = self.server.request_rounds  # this fake's rounds split evenly between the arms
+            lines = []
+            for arm, tokens in (("auto", 3), ("fixed", 2)):
+                for field, value in (("rounds", n / 2), ("request_rounds", n / 2), ("tokens", tokens * n / 2),
+                                     ("seconds", 4e-3 * n / 2), ("skipped_rounds", 1), ("host_rounds", n / 2),
+                                     ("host_seconds", 1e-3 * n / 2)):
+                    lines.append(f'sglang:ddtree_ab_{field}_total{{budget="auto",arm="{arm}"}} {value}')
+            return "\n".join(lines) + "\n"
+
+    class ABServer(FakeServer):
+        def client(self):
+            return ABClient(self)
+
+    class ABLauncher(FakeLauncher):
+        def create(self, plan):
+            server = ABServer(plan, self)
+            self.created[plan.name] = server
+            return server
+
+    setup = dataclasses.replace(TINY, methods=("auto",), batch_sizes=(1, 4),
+                                server_env=("SGLANG_DDTREE_AUTO_AB=8",))
+    clock = Clock()
+    assert sweep(tmp_path, make_plan(setup), ABLauncher(clock), clock, repeats=3, interleave=True).run().exit_code == 0
+    rows = results(tmp_path)
+    row = rows[P.row_key("tiny", "auto", None, 4)]
+    assert row["ab_block"] == 8 and len(row["ab_runs"]) == 3
+    assert all(run["ratio"] == pytest.approx(1.5) for run in row["ab_runs"])
+    assert row["ab_runs"][0]["auto"]["tokens_per_s"] == pytest.approx(3 / 4e-3)
+    assert row["ddtree_metrics"]["ab"]["ratio"] == pytest.approx(1.5)
+    assert row["ddtree_metrics"]["ab"]["fixed"]["tau"] == pytest.approx(2.0)
+    assert row["ddtree_metrics"]["ab"]["auto"]["host_ms"] == pytest.approx(1.0)
+    table = ab_table(list(rows.values()))
+    entry = table["tiny|auto"]["by_batch_size"][4]
+    assert entry["block"] == 8 and entry["ratio"] == pytest.approx(1.5) and entry["runs_with_both_arms"] == 3
+    assert entry["runs"]["ratio"] == pytest.approx(1.5) and entry["runs"]["ci95"] == pytest.approx([1.5, 1.5])
+    assert table["tiny|auto"]["all_batch_sizes"]["rounds"] == 6
+
+    # the same setup without the knob records no A/B
+    plain = dataclasses.replace(setup, server_env=())
+    clock2 = Clock()
+    assert sweep(tmp_path / "b", make_plan(plain), ABLauncher(clock2), clock2, repeats=2).run().exit_code == 0
+    row2 = latest_results(read_rows(tmp_path / "b" / "results.jsonl"))[P.row_key("tiny", "auto", None, 4)]
+    assert "ab_runs" not in row2 and "ab" not in (row2.get("ddtree_metrics") or {})
+    assert ab_table([row2]) == {}

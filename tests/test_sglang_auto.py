@@ -1157,3 +1157,73 @@ def test_a_forced_candidate_runs_every_round_on_the_usual_sampling_schedule(monk
     # no exploration (every round sampled) nor probes: the schedule's interval, backing off as the chain runs
     assert 0 < sum(sampled) <= 200 // SAMPLE_EVERY + 1
     assert sum(sampled[100:]) <= 100 // SAMPLE_EVERY_IDLE + 1
+
+
+def test_the_ab_block_knob_is_off_unless_set_to_a_positive_count(monkeypatch):
+    """SGLANG_DDTREE_AUTO_AB (the in-process A/B of `auto` against the fixed widest tree): unset, empty or 0 is off;
+    a positive count is the block length; anything else is refused with the variable's name."""
+    from sglang_ddtree.sglang.auto import auto_ab_block
+
+    monkeypatch.delenv("SGLANG_DDTREE_AUTO_AB", raising=False)
+    assert auto_ab_block() == 0
+    for raw, expected in (("", 0), ("0", 0), ("8", 8), (" 16 ", 16)):
+        monkeypatch.setenv("SGLANG_DDTREE_AUTO_AB", raw)
+        assert auto_ab_block() == expected
+    for bad in ("-1", "eight", "1.5"):
+        monkeypatch.setenv("SGLANG_DDTREE_AUTO_AB", bad)
+        with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_AB"):
+            auto_ab_block()
+
+
+def test_the_ab_schedule_alternates_blocks_starting_with_auto():
+    """ABSchedule: `block` rounds of `auto`, then `block` of the fixed tree, again and again; block 0 never runs the
+    fixed arm; a negative block is refused."""
+    from sglang_ddtree.sglang.auto import ABSchedule
+
+    three = ABSchedule(3)
+    assert [three.next_is_fixed() for _ in range(13)] == [False] * 3 + [True] * 3 + [False] * 3 + [True] * 3 + [False]
+    off = ABSchedule(0)
+    assert not any(off.next_is_fixed() for _ in range(50))
+    with pytest.raises(ValueError, match="block"):
+        ABSchedule(-1)
+
+
+def test_hold_and_sample_knobs_reach_the_policy(monkeypatch):
+    """SGLANG_DDTREE_AUTO_HOLD_ROUNDS / SGLANG_DDTREE_AUTO_SAMPLE_EVERY (A/B knobs, unset: the module's HOLD_ROUNDS
+    and SAMPLE_EVERY): a decision holds that many rounds, and unsampled stretches last sample_every rounds (the idle
+    interval as many times longer as the module's); bad values are refused by name."""
+    from sglang_ddtree.sglang.auto import (HOLD_ROUNDS, SAMPLE_EVERY, SAMPLE_EVERY_IDLE, auto_hold_rounds,
+                                           auto_sample_every)
+
+    for name in ("SGLANG_DDTREE_AUTO_HOLD_ROUNDS", "SGLANG_DDTREE_AUTO_SAMPLE_EVERY"):
+        monkeypatch.delenv(name, raising=False)
+    assert auto_hold_rounds() is None and auto_sample_every() is None
+    default = AutoBudgetPolicy([CHAIN, 16, 64])
+    assert default.hold_rounds == HOLD_ROUNDS and default.sample_every == SAMPLE_EVERY
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_HOLD_ROUNDS", "16")
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SAMPLE_EVERY", "8")
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, hold_rounds=auto_hold_rounds(),
+                              sample_every=auto_sample_every())
+    assert policy.hold_rounds == 16 and policy.sample_interval(1) == 8
+    # past exploration, decisions come every 16 rounds: deciding() is true once in 16
+    picks, deciding = [], []
+    for _ in range(200):
+        deciding.append(policy.deciding(1))
+        c = policy.choose(1)
+        picks.append(c)
+        observed = [[3.0, None, None], [None, 5.0, None], [None, 5.0, 6.0]][c]  # what a round of c observes
+        policy.observe(1, c, 1, [3.0, 4.0, 9.0][c], [4.0, 6.0, 7.0], observed)
+    assert sum(deciding[100:]) <= 100 // 16 + 1
+    # the chain leads by far (a tree's best case below (1 - CLOSE) of it): the idle interval, scaled
+    lead = AutoBudgetPolicy([CHAIN, 64], explore=1, probe_every=10_000, sample_every=8)
+    for _ in range(50):
+        c = lead.choose(1)
+        lead.observe(1, c, 1, [1.0, 30.0][c], [4.0, 4.5], [4.0, None] if c == 0 else [None, 4.5])
+    assert lead.sample_interval(1) == 8 * SAMPLE_EVERY_IDLE // SAMPLE_EVERY
+    for name in ("SGLANG_DDTREE_AUTO_HOLD_ROUNDS", "SGLANG_DDTREE_AUTO_SAMPLE_EVERY"):
+        for bad in ("0", "x"):
+            monkeypatch.setenv(name, bad)
+            with pytest.raises(ValueError, match=name):
+                auto_hold_rounds() if "HOLD" in name else auto_sample_every()
+    with pytest.raises(ValueError, match="sample_every"):
+        AutoBudgetPolicy([CHAIN, 16], sample_every=0)

@@ -236,3 +236,106 @@ def test_host_stage_times_are_summed_per_stage_and_read_back_as_means(monkeypatc
     later = prom.parse(prometheus_client.generate_latest(registry).decode())
     fixed = prom.ddtree_summary(prom.diff(later, after), budget=8)["host_stage_ms"]
     assert fixed == pytest.approx({**expected, "choose": 0.0, "draft": 1.07})
+
+
+def test_ab_tallies_keep_the_arms_apart_and_count_only_rounds_that_follow_a_decode_round(monkeypatch):
+    """SGLANG_DDTREE_AUTO_AB: rounds tagged with an arm feed that arm's counters, with their committed tokens (from
+    the round vector), request-rounds and GPU time (the stages, `between` included); a round after a prefill (no
+    `between`) or one that captured graphs (cold) is a skipped round; the sums reach Prometheus every
+    ABTallies.FLUSH_ROUNDS rounds, and bench.prom.ab_arms reads them back with the arms' tokens/s ratio. Untagged
+    rounds (no A/B) feed nothing. Scripted clocks: no CUDA."""
+    import torch
+
+    from sglang_ddtree.bench import prom
+    from sglang_ddtree.sglang import stats as stats_mod
+
+    monkeypatch.setattr(torch.cuda, "Event", _ClockEvent)
+    host = [100.0]
+    monkeypatch.setattr(stats_mod.time, "perf_counter", lambda: host[0])
+    registry = prometheus_client.CollectorRegistry()
+    depth = 3
+    stats = stats_mod.DDTreeStats(enable_metrics=False, debug_path=None, depth_limit=depth, budget=8,
+                                  budget_label="auto")
+    stats.enabled = True
+    stats.prometheus = _Prometheus(depth_limit=depth, budget="auto", registry=registry)
+    stats.ab.prometheus = stats.prometheus
+    stats.ring = [torch.zeros(depth + 1 + 4) for _ in range(stats.RING)]
+    clock = _ClockEvent.clock
+    clock[0] = 0.0
+
+    def one_round(arm, accepted, ms, cold=False, after_prefill=False, host_ms=2.0):
+        if after_prefill:
+            stats.other_batch()
+        clock[0] += 0.5  # `between`
+        timer = stats.round_timer()
+        for name in ("draft", "tree", "verify", "walk", "commit"):
+            clock[0] += (ms - 0.5) / 5
+            host[0] += host_ms / 5e3
+            timer.mark(name)
+        timer.arm, timer.cold = arm, cold
+        by_accepted = [0.0] * (depth + 1)
+        for a in accepted:
+            by_accepted[a] += 1
+        summary = torch.tensor(by_accepted + [0.0, 10.0, 5.0, float(len(accepted))])
+        stats.record_round(None, None, timer, batch_size=len(accepted), summary=summary)
+        stats.finish_round(timer)
+
+    before = prom.parse(prometheus_client.generate_latest(registry).decode())
+    one_round("auto", [3, 3], 4.0, after_prefill=True)  # no `between`: skipped
+    for _ in range(10):
+        one_round("auto", [3, 2], 4.0)  # 4 + 3 = 7 tokens in 4 ms
+        one_round("fixed", [2, 2], 5.0)  # 6 tokens in 5 ms
+    one_round("fixed", [3, 3], 1.0, cold=True)  # graph captures: skipped
+    one_round(None, [3, 3], 1.0)  # no A/B arm: nothing
+    for _ in range(stats.ab.FLUSH_ROUNDS):
+        one_round("auto", [0], 4.0)  # later rounds drain and flush the ones above; not all flushed yet
+    after = prom.parse(prometheus_client.generate_latest(registry).decode())
+    arms = prom.ab_arms(prom.diff(after, before))
+    assert arms["fixed"]["rounds"] == 10 and arms["fixed"]["skipped_rounds"] == 1
+    assert arms["fixed"]["tokens"] == 60 and arms["fixed"]["request_rounds"] == 20
+    assert arms["fixed"]["seconds"] == pytest.approx(10 * 5.0e-3)
+    assert arms["fixed"]["round_ms"] == pytest.approx(5.0) and arms["fixed"]["tau"] == pytest.approx(3.0)
+    # flushed after the 24th tallied round (30 came in, the last 6 wait): the skipped one, the 20 alternating ones,
+    # the cold one and the first two 1-token rounds
+    assert arms["auto"]["skipped_rounds"] == 1 and arms["auto"]["rounds"] == 12
+    assert arms["auto"]["tokens"] == 70 + 2 and arms["auto"]["seconds"] == pytest.approx(12 * 4.0e-3)
+    assert arms["ratio"] == pytest.approx((72 / 48.0) / (60 / 50.0))
+    assert arms["fixed"]["host_ms"] == pytest.approx(2.0)
+    assert sum(arms["fixed"]["host_stage_ms"].values()) == pytest.approx(2.0)
+    # the arm-less round and the rounds of both arms all reached the ordinary series too
+    assert value(registry, "sglang:ddtree_rounds_total", budget="auto") >= 2 + 40 + 2 + 2
+
+
+def test_ab_tallies_flush_by_their_own_cadence():
+    """ABTallies publishes nothing until FLUSH_ROUNDS rounds came in (a counter update per field and round would be
+    the A/B's own cost), then every arm's sums at once, and starts again from zero."""
+    from sglang_ddtree.sglang.stats import ABTallies
+
+    class Timer:
+        arm, cold = "auto", False
+
+        def ab_counted(self):
+            return True
+
+        def elapsed_ms(self):
+            return {"between": 1.0, "draft": 2.0}
+
+    calls = []
+
+    class Prom:
+        def ab(self, arm, sums, host_stage_s):
+            calls.append((arm, dict(sums), dict(host_stage_s)))
+
+    tallies = ABTallies(Prom(), depth_limit=2)
+    values = [1.0, 0.0, 1.0] + [0.0, 0.0, 0.0, 2.0]  # two request-rounds: 1 and 3 tokens
+    for _ in range(ABTallies.FLUSH_ROUNDS - 1):
+        tallies.round_done(Timer(), values)
+        tallies.host_done(Timer(), {"draft": 0.5, "after": 0.25})
+    assert calls == []
+    tallies.round_done(Timer(), values)
+    n = ABTallies.FLUSH_ROUNDS
+    (arm, sums, host_stage), = calls
+    assert arm == "auto" and sums["rounds"] == n and sums["tokens"] == 4 * n and sums["request_rounds"] == 2 * n
+    assert sums["seconds"] == pytest.approx(n * 3e-3) and sums["host_rounds"] == n - 1
+    assert host_stage == pytest.approx({"draft": (n - 1) * 0.5e-3, "after": (n - 1) * 0.25e-3})
+    assert tallies.sums == {} and tallies.host_stage == {}

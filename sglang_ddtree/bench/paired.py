@@ -207,3 +207,44 @@ def pooled_ratios(rows: list[dict], base: str, drop_outliers: bool = True) -> di
         if dropped:
             out[label]["dropped_runs"] = dropped
     return out
+
+
+def _ab_pairs(row: dict) -> tuple[list[float], list[float]]:
+    """An SGLANG_DDTREE_AUTO_AB row's runs with both arms counted: (auto tokens/s, fixed tokens/s) run by run."""
+    a, f = [], []
+    for run in row.get("ab_runs") or []:
+        if run and "auto" in run and "fixed" in run:
+            a.append(run["auto"]["tokens_per_s"])
+            f.append(run["fixed"]["tokens_per_s"])
+    return a, f
+
+
+def ab_table(rows: list[dict]) -> dict:
+    """SGLANG_DDTREE_AUTO_AB rows (an `auto` server alternating blocks of rounds with the fixed widest tree, each
+    arm tallied apart: sglang_ddtree.sglang.stats.ABTallies): per row label and batch size, the arms' tokens/s
+    ratio over the whole row ("ratio": their tallies summed), run by run ("runs": the geometric mean of the runs'
+    ratios with its 95% interval, paired_ratio), and each arm's tau, GPU ms and host ms a round; under "all batch
+    sizes" every run of the row's batch sizes together. The arms share the process, the moment and the text, so
+    the interval is the rounds' own spread, not the host's speed from run to run (auto.auto_ab_block).
+    {label: {"by_batch_size": {bs: {...}}, "all_batch_sizes": paired_ratio(...) | None}}."""
+    out: dict = {}
+    for r in _measured(rows):
+        if not r.get("ab_runs"):
+            continue
+        label = row_label(r)
+        arms = (r.get("ddtree_metrics") or {}).get("ab") or {}
+        a, f = _ab_pairs(r)
+        entry = {"block": r.get("ab_block"), "ratio": round(arms["ratio"], 4) if "ratio" in arms else None,
+                 "runs": paired_ratio(a, f) if len(a) >= 2 else None, "runs_with_both_arms": len(a),
+                 "arms": {arm: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in numbers.items()
+                                if k in ("tau", "round_ms", "host_ms", "rounds", "skipped_rounds", "tokens_per_s")}
+                          for arm, numbers in arms.items() if isinstance(numbers, dict)}}
+        table = out.setdefault(label, {"by_batch_size": {}, "_runs": ([], [])})
+        table["by_batch_size"][int(r["batch_size"])] = entry
+        table["_runs"][0].extend(a)
+        table["_runs"][1].extend(f)
+    for table in out.values():
+        a, f = table.pop("_runs")
+        table["by_batch_size"] = dict(sorted(table["by_batch_size"].items()))
+        table["all_batch_sizes"] = paired_ratio(a, f) if len(a) >= 2 else None
+    return out

@@ -9,6 +9,7 @@ The DDTREE worker exports (sglang_ddtree/sglang/stats.py), all labelled with `bu
   sglang:ddtree_depth_reached_total{depth=d}                         request-rounds that accepted >= d draft tokens
   sglang:ddtree_branch_accepted_total, sglang:ddtree_expected_accept_length_sum(_total)
   sglang:ddtree_tree_nodes                                           histogram of draft nodes per tree
+  sglang:ddtree_ab_*_total{arm}   SGLANG_DDTREE_AUTO_AB servers: per arm (auto / fixed) rounds, tokens, seconds
 A workload's share is the difference of two scrapes (before / after). The worker folds a round's numbers in a
 round or two later (no host sync), so the last one or two rounds of a workload can land in the next scrape:
 means (per-round stage times, per-depth rates) are unaffected, totals can be short by that much.
@@ -110,6 +111,41 @@ def auto_calibration(delta: dict[Sample, float]) -> dict | None:
     gated = _select(delta, _counter_names("sglang:ddtree_auto_tau_abs_error_total"), scores="gated")
     if gated:
         out["tau_mae_gated"] = sum(v for _, v in gated) / scored
+    return out
+
+
+AB_ARMS = ("auto", "fixed")
+
+
+def ab_arms(delta: dict[Sample, float]) -> dict | None:
+    """SGLANG_DDTREE_AUTO_AB servers: each arm's tallies in one scrape difference (stats.ABTallies) -> {arm: {rounds,
+    request_rounds, tokens, seconds, skipped_rounds, tokens_per_s, tau, round_ms, host_ms, host_stage_ms}, "ratio":
+    auto's tokens/s over fixed's}; None when neither arm has a round that counts."""
+    out: dict = {}
+    for arm in AB_ARMS:
+        sums = {field: _total(delta, f"sglang:ddtree_ab_{field}_total", arm=arm)
+                for field in ("rounds", "request_rounds", "tokens", "seconds", "skipped_rounds", "host_rounds",
+                              "host_seconds")}
+        if sums["rounds"] <= 0 or sums["seconds"] <= 0:
+            continue
+        arm_out = {"rounds": int(round(sums["rounds"])), "request_rounds": int(round(sums["request_rounds"])),
+                   "tokens": int(round(sums["tokens"])), "seconds": sums["seconds"],
+                   "skipped_rounds": int(round(sums["skipped_rounds"])),
+                   "tokens_per_s": sums["tokens"] / sums["seconds"],
+                   "tau": sums["tokens"] / sums["request_rounds"] if sums["request_rounds"] > 0 else None,
+                   "round_ms": 1e3 * sums["seconds"] / sums["rounds"]}
+        if sums["host_rounds"] > 0:
+            arm_out["host_ms"] = 1e3 * sums["host_seconds"] / sums["host_rounds"]
+            arm_out["host_stage_ms"] = {
+                stage: 1e3 * _total(delta, "sglang:ddtree_ab_host_stage_seconds_total", arm=arm, stage=stage)
+                / sums["host_rounds"]
+                for stage in HOST_STAGES
+                if _select(delta, _counter_names("sglang:ddtree_ab_host_stage_seconds_total"), arm=arm, stage=stage)}
+        out[arm] = arm_out
+    if not out:
+        return None
+    if all(arm in out for arm in AB_ARMS):
+        out["ratio"] = out["auto"]["tokens_per_s"] / out["fixed"]["tokens_per_s"]
     return out
 
 

@@ -112,6 +112,9 @@ class _RowRun:
     runs: list = field(default_factory=list)
     seconds: float = 0.0
     error: BaseException | None = None
+    ab: bool = False  # an SGLANG_DDTREE_AUTO_AB server: its arms' tallies are scraped around every run (ab_runs)
+    ab_scrape: object = None  # the scrape after the last run (the next run's before)
+    ab_runs: list = field(default_factory=list)
 
 
 class Sweep:
@@ -456,7 +459,8 @@ class Sweep:
     def _begin(self, handle: ServerHandle, server: ServerPlan, row: Row) -> "_RowRun":
         """A row's warm-up and the Prometheus counters before its runs."""
         setup = server.setup
-        run = _RowRun(handle, server, row, handle.client(), t_row=self.clock())
+        run = _RowRun(handle, server, row, handle.client(), t_row=self.clock(),
+                      ab=server.method == "auto" and ab_block_of(setup.server_env) > 0)
         count = self.opt.prompt_groups + (self.opt.repeats - 1 if self.opt.rotate_prompts else 0)
         groups = [prompt_group(self.prompts[setup.name], row.batch_size, g) for g in range(count)]
         try:
@@ -477,6 +481,7 @@ class Sweep:
                     captured = now
             run.payloads = [[{**x, "sampling_params": sampling_params(setup)} for x in group] for group in groups]
             run.before = self._scrape(run.client)
+            run.ab_scrape = run.before
         except Exception as exc:
             run.error = exc
         return run
@@ -496,6 +501,8 @@ class Sweep:
             for group in groups:
                 results += run_batch(run.client, group, self._timeout())
             after = count_captures(log_path)
+            if run.ab:  # after the requests: their timings (the run's tokens/s) do not include the scrape
+                run.ab_runs.append(self._ab_run(run))
             run.runs.append({**summarize(results, method=run.server.method,
                                          max_new_tokens=run.server.setup.max_new_tokens, groups=len(groups)),
                              "started_s": round(t - self._t0, 3), "run_s": round(self.clock() - t, 3),
@@ -504,6 +511,15 @@ class Sweep:
             run.error = exc
         run.seconds += self.clock() - t
         self._last_run_s = self.clock() - t
+
+    def _ab_run(self, run: "_RowRun") -> dict | None:
+        """One run's A/B arms (ab_run_numbers of the scrape difference around it); None without both scrapes. The
+        arms' tallies are published every few rounds, so a run's last rounds can count in the next run's."""
+        before, after = run.ab_scrape, self._scrape(run.client)
+        run.ab_scrape = after
+        if before is None or after is None:
+            return None
+        return ab_run_numbers(prom.ab_arms(prom.diff(after, before)))
 
     def _finish(self, run: "_RowRun") -> dict:
         server, row, handle = run.server, run.row, run.handle
@@ -524,9 +540,13 @@ class Sweep:
                 stages["auto_rounds"] = prom.auto_rounds(delta)
                 stages["auto_calibration"] = prom.auto_calibration(delta)
                 stages["auto_chooser_last"] = last_auto_table(getattr(handle, "log_path", None))
+            if run.ab:
+                stages = {**(stages or {}), "ab": prom.ab_arms(delta)}
         return self._result(server, row, "ok", wall_s=round(run.seconds, 3), row_s=round(self.clock() - run.t_row, 3),
                             **numbers, stage_ms=(stages or {}).get("stage_ms"), ddtree_metrics=stages,
                             metrics_scraped=before is not None and after is not None,
+                            **({"ab_block": ab_block_of(server.setup.server_env), "ab_runs": run.ab_runs}
+                               if run.ab else {}),
                             **({"interleaved": True} if self.opt.interleave else {}),
                             **({"rotate_prompts": True} if self.opt.rotate_prompts else {}))
 
@@ -558,6 +578,32 @@ CAPTURE_MARK = "DDTREE: captured"  # the worker's log line for each first-use st
 # 128-token warm-up, sweep_auto_tiny_lease18b_stale_fix.jsonl): 22 captures fell in the measured runs and auto's
 # tree stage averaged 1.75 ms a round against the fixed 128-tree's 0.15.
 WARMUP_MAX_BATCHES = 6
+
+
+AB_ENV = "SGLANG_DDTREE_AUTO_AB"
+
+
+def ab_block_of(server_env) -> int:
+    """The SGLANG_DDTREE_AUTO_AB block length in a setup's server_env entries (0: not set, or off)."""
+    for entry in server_env or ():
+        key, _, value = entry.partition("=")
+        if key.strip() == AB_ENV:
+            try:
+                return max(0, int(value))
+            except ValueError:
+                return 0
+    return 0
+
+
+def ab_run_numbers(arms: dict | None) -> dict | None:
+    """A run's A/B arms, kept small for the row: per arm tokens/s, tau, round ms and rounds, and their ratio."""
+    if not arms:
+        return None
+    out = {arm: {k: arms[arm][k] for k in ("tokens_per_s", "tau", "round_ms", "rounds")}
+           for arm in prom.AB_ARMS if arm in arms}
+    if "ratio" in arms:
+        out["ratio"] = arms["ratio"]
+    return out
 
 
 def count_captures(log_path: Path | None) -> int | None:

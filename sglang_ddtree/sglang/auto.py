@@ -351,6 +351,9 @@ class AutoBudgetPolicy:
     force: int | None = None
     probe_every: int = 64
     hold_rounds: int = 0  # a decision holds this many rounds of its bucket (0: the module's HOLD_ROUNDS)
+    # Rounds between sampled rounds while a tree may win (None: the module's SAMPLE_EVERY; the idle interval scales
+    # with it, SAMPLE_EVERY_IDLE / SAMPLE_EVERY times longer), for an A/B in one run (SGLANG_DDTREE_AUTO_SAMPLE_EVERY)
+    sample_every: int | None = None
     half_life_rounds: float = 200.0
     expected: list[_Decayed] = field(default_factory=list)  # expected tokens per request
     observed: list[_Decayed] = field(default_factory=list)  # (observed, expected) pairs: see ratio()
@@ -387,6 +390,10 @@ class AutoBudgetPolicy:
         if self.explore < 1 or self.probe_every < 1 or self.half_life_rounds <= 0 or self.hold_rounds < 0:
             raise ValueError("explore and probe_every must be >= 1, half_life_rounds > 0 and hold_rounds >= 0.")
         self.hold_rounds = self.hold_rounds or HOLD_ROUNDS
+        self.sample_every = SAMPLE_EVERY if self.sample_every is None else self.sample_every
+        if self.sample_every < 1:
+            raise ValueError(f"sample_every must be >= 1, got {self.sample_every}.")
+        self._sample_every_idle = self.sample_every * (SAMPLE_EVERY_IDLE // SAMPLE_EVERY)
         self.warm_rounds = WARM_ROUNDS if self.warm_rounds is None else self.warm_rounds
         if self.warm_rounds < 0:
             raise ValueError(f"warm_rounds must be >= 0, got {self.warm_rounds}.")
@@ -664,19 +671,19 @@ class AutoBudgetPolicy:
         b = self._bucket(bucket)
         if (len(b.last_choices) == CHAIN_RUN
                 and b.others_in_run <= CHAIN_RUN_OTHERS):
-            return SAMPLE_EVERY_IDLE
+            return self._sample_every_idle
         # the rest changes only with the estimates (observe): kept between, as the worker asks every round
         return self._cached(("interval", bucket), lambda: self._chain_lead_interval(b, bucket), self._version)
 
     def _chain_lead_interval(self, b: _Bucket, bucket: int) -> int:
         rates = self.rates(bucket)
         if rates[0] is None:
-            return SAMPLE_EVERY
+            return self.sample_every
         for i in range(1, len(self.candidates)):
             best_case = self._best_case_rate(b, i)
             if best_case is None or best_case >= (1.0 - CLOSE) * rates[0]:
-                return SAMPLE_EVERY
-        return SAMPLE_EVERY_IDLE
+                return self.sample_every
+        return self._sample_every_idle
 
     def observe(self, bucket: int, chosen: int, batch_size: int, round_ms: float | None,
                 expected_sum: list[float] | None, observed_sum: list[float | None]) -> None:
@@ -864,6 +871,49 @@ def auto_force(candidates) -> int | None:
     if raw not in labels:
         raise ValueError(f"SGLANG_DDTREE_AUTO_FORCE must name one of the auto candidates {labels}, got {raw!r}.")
     return labels.index(raw)
+
+
+def auto_ab_block() -> int:
+    """SGLANG_DDTREE_AUTO_AB=N (unset or 0: off): an `auto` server's decode rounds alternate in blocks of N between
+    `auto` and the fixed widest candidate tree (the fixed-budget server's own round), each arm's tokens and time
+    tallied apart (stats.ABTallies): a measuring mode. Why: on a host-bound pair the host's speed moves by a third
+    from run to run and between servers (lease 21b: vCPUs 0.32-0.68 s for one loop; two identical DDTREE 128 servers
+    x0.887 apart), so two servers' ratio cannot resolve the 3% the issue asks about in a lease; rounds a few
+    milliseconds apart in one process share the host's speed and the text being decoded, so the ratio of the arms'
+    tokens per second cancels both."""
+    return _env_at_least("SGLANG_DDTREE_AUTO_AB", int, 0, "a block length in rounds >= 0 (0: off)") or 0
+
+
+class ABSchedule:
+    """SGLANG_DDTREE_AUTO_AB's arms round by round: `block` decode rounds of `auto`, then `block` of the fixed widest
+    tree, and so on (block 0: `auto` every round). Counted over decode rounds whatever their batch size, so both
+    arms meet every batch size and every stretch of the text alike."""
+
+    def __init__(self, block: int):
+        if block < 0:
+            raise ValueError(f"an A/B block is >= 0 rounds, got {block}.")
+        self.block = block
+        self.rounds = 0
+
+    def next_is_fixed(self) -> bool:
+        """Whether the next decode round is the fixed arm's."""
+        if not self.block:
+            return False
+        fixed = (self.rounds // self.block) % 2 == 1
+        self.rounds += 1
+        return fixed
+
+
+def auto_hold_rounds() -> int | None:
+    """SGLANG_DDTREE_AUTO_HOLD_ROUNDS: the policy's hold_rounds for this server (None when unset: the module's
+    HOLD_ROUNDS), for an A/B in one run (with SGLANG_DDTREE_AUTO_AB, each server against its own fixed arm)."""
+    return _env_at_least("SGLANG_DDTREE_AUTO_HOLD_ROUNDS", int, 1, "a round count >= 1")
+
+
+def auto_sample_every() -> int | None:
+    """SGLANG_DDTREE_AUTO_SAMPLE_EVERY: the policy's sample_every for this server (None when unset: the module's
+    SAMPLE_EVERY), for an A/B in one run."""
+    return _env_at_least("SGLANG_DDTREE_AUTO_SAMPLE_EVERY", int, 1, "a round count >= 1")
 
 
 def auto_log_every() -> int:

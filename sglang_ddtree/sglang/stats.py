@@ -27,6 +27,11 @@ auto_tau_scored_total (mean absolute error of the predicted committed tokens per
 rounds: one sampled tree round in auto.CALIBRATION_EVERY, every one while the table is young),
 calibration_ratio{depth,path_class,rank_class} and calibration_observations{...} (gauges: the table's factors and
 decayed node counts, refreshed every 256 rounds and at a reset).
+With SGLANG_DDTREE_AUTO_AB (an `auto` server alternating blocks of rounds between `auto` and the fixed widest tree,
+a measuring mode: sglang_ddtree.sglang.auto.auto_ab_block), per arm (label `arm` = auto | fixed), over the rounds
+that count (ABTallies): ab_rounds_total (batch rounds), ab_request_rounds_total, ab_tokens_total (committed),
+ab_seconds_total (GPU-timeline seconds, `between` included: the stages' sum), ab_host_seconds_total (the worker's
+round call) and ab_host_stage_seconds_total{stage}, and ab_skipped_rounds_total (rounds that do not count).
 """
 
 from __future__ import annotations
@@ -74,6 +79,10 @@ class RoundTimer:
         self._host_marks: list[tuple[str, float]] = []  # (stage, perf_counter) at every mark, host-only ones too
         self._elapsed: dict[str, float] | None = None
         self._range = None
+        # SGLANG_DDTREE_AUTO_AB: the round's arm ("auto" / "fixed"; None without the A/B) and whether it did
+        # one-time work (graph captures, verify-state builds), both set by the worker before record_round
+        self.arm: str | None = None
+        self.cold = False
         # The round's stream, looked up once: Event.record() without one looks it up per call through several
         # Python layers (lease 18's batch-4 host profile: ~8 such lookups a round more than DFLASH's, ~120 us a
         # batch under cProfile); the worker stays on one stream for the whole round.
@@ -126,6 +135,11 @@ class RoundTimer:
         if end is not None and self._host_marks:
             out["after"] = 1e3 * (end - prev)
         return out
+
+    def ab_counted(self) -> bool:
+        """Whether the round counts in the A/B tallies (ABTallies): it has an arm, did no one-time work, and
+        directly followed another decode round (its time then runs from that round's end: `between` included)."""
+        return self.arm is not None and self.enabled and not self.cold and self._previous_end is not None
 
     @property
     def end_event(self) -> torch.cuda.Event | None:
@@ -201,6 +215,34 @@ class _Prometheus:
         self._tau_children: dict = {}  # calibration_errors' series (_tau_child)
         self._cal_published: set[tuple[str, str, str]] = set()
         self._cal_children: dict = {}  # (depth, path class, rank class) -> (ratio, observations) gauges (_cal_child)
+        self._ab = None  # SGLANG_DDTREE_AUTO_AB's counters (ab), created at first use
+        self._ab_children: dict = {}
+
+    def ab(self, arm: str, sums: dict[str, float], host_stage_s: dict[str, float]) -> None:
+        """SGLANG_DDTREE_AUTO_AB: one arm's sums since the last flush (ABTallies.FIELDS; seconds in seconds)."""
+        if self._ab is None:  # created at first use: servers without the A/B export no such series
+            from prometheus_client import Counter
+
+            names, registry = self._names, self._registry
+            self._ab = {field: Counter(f"sglang:ddtree_ab_{field}_total", doc, names + ["arm"], registry=registry)
+                        for field, doc in ABTallies.FIELDS.items()}
+            self._ab["host_stage"] = Counter("sglang:ddtree_ab_host_stage_seconds_total", "SGLANG_DDTREE_AUTO_AB: "
+                                             "the worker's host seconds by stage of the rounds that count.",
+                                             names + ["arm", "stage"], registry=registry)
+        for field, value in sums.items():
+            if value:
+                self._ab_child(field, arm).inc(value)
+        for stage, value in host_stage_s.items():
+            if value:
+                self._ab_child("host_stage", arm, stage).inc(value)
+
+    def _ab_child(self, field: str, arm: str, stage: str | None = None):
+        key = (field, arm, stage)
+        child = self._ab_children.get(key)
+        if child is None:  # resolved once, as auto_round's
+            extra = {"arm": arm} if stage is None else {"arm": arm, "stage": stage}
+            child = self._ab_children[key] = self._ab[field].labels(**self._auto_labels, **extra)
+        return child
 
     def auto_round(self, candidate: str) -> None:
         child = self._auto_children.get(candidate)
@@ -361,6 +403,78 @@ def round_summary_vector(tree, walk, branch_lens: torch.Tensor | None = None,
     return torch.cat([by_accepted, extra])
 
 
+class ABTallies:
+    """SGLANG_DDTREE_AUTO_AB: per arm, sums over the rounds that count (RoundTimer.ab_counted), published as
+    Prometheus counters every FLUSH_ROUNDS rounds (sums kept in Python floats between: a counter update is a few
+    microseconds, and both arms pay the same). A round's tokens and GPU time arrive with its feedback (DDTreeStats'
+    drain, a round or two late), its host time at the end of its call (finish_round): two round counts, so each
+    mean divides by its own.
+    Why the GPU timeline: chained round to round, a round's stages add up to the time from the previous round's end
+    to its own (sglang_ddtree.stages), so over the rounds that count the sum is the decode time they took, host-bound
+    or not; a round after a prefill or idle batch has no `between` and does not count, nor one that captured graphs."""
+
+    FIELDS = {
+        "rounds": "SGLANG_DDTREE_AUTO_AB: batch rounds that count (tokens and GPU seconds).",
+        "request_rounds": "SGLANG_DDTREE_AUTO_AB: request-rounds of the rounds that count.",
+        "tokens": "SGLANG_DDTREE_AUTO_AB: tokens committed (accepted drafts + bonus) in the rounds that count.",
+        "seconds": "SGLANG_DDTREE_AUTO_AB: GPU-timeline seconds of the rounds that count, `between` included.",
+        "skipped_rounds": "SGLANG_DDTREE_AUTO_AB: batch rounds that do not count (after a prefill or idle batch, "
+                          "or with graph captures).",
+        "host_rounds": "SGLANG_DDTREE_AUTO_AB: batch rounds in ab_host_seconds_total.",
+        "host_seconds": "SGLANG_DDTREE_AUTO_AB: host seconds of the worker's round call, rounds that count.",
+    }
+    FLUSH_ROUNDS = 8
+
+    def __init__(self, prometheus, depth_limit: int):
+        self.prometheus = prometheus
+        self.depth_limit = depth_limit
+        self.sums: dict[str, dict[str, float]] = {}
+        self.host_stage: dict[str, dict[str, float]] = {}
+        self._unflushed = 0
+
+    def _arm(self, arm: str) -> dict[str, float]:
+        sums = self.sums.get(arm)
+        if sums is None:
+            sums = self.sums[arm] = dict.fromkeys(self.FIELDS, 0.0)
+            self.host_stage[arm] = {}
+        return sums
+
+    def round_done(self, timer: RoundTimer, values: list[float]) -> None:
+        """A completed round's summary vector (round_summary_vector) and timer."""
+        sums = self._arm(timer.arm)
+        if timer.ab_counted():
+            n = self.depth_limit
+            sums["rounds"] += 1
+            sums["request_rounds"] += values[n + 4]
+            sums["tokens"] += sum((a + 1) * c for a, c in enumerate(values[: n + 1]))
+            sums["seconds"] += sum(timer.elapsed_ms().values()) / 1e3
+        else:
+            sums["skipped_rounds"] += 1
+        self._unflushed += 1
+        if self._unflushed >= self.FLUSH_ROUNDS:
+            self.flush()
+
+    def host_done(self, timer: RoundTimer, stage_ms: dict[str, float]) -> None:
+        """A round call's host time per stage (RoundTimer.host_stage_ms), at its end."""
+        if not timer.ab_counted():
+            return
+        sums = self._arm(timer.arm)
+        sums["host_rounds"] += 1
+        sums["host_seconds"] += sum(stage_ms.values()) / 1e3
+        stages = self.host_stage[timer.arm]
+        for name, ms in stage_ms.items():
+            stages[name] = stages.get(name, 0.0) + ms / 1e3
+
+    def flush(self) -> None:
+        if self.prometheus is not None:
+            try:
+                for arm, sums in self.sums.items():
+                    self.prometheus.ab(arm, sums, self.host_stage[arm])
+            except Exception:  # metrics must never take the server down
+                logger.exception("DDTREE A/B metrics update failed")
+        self.sums, self.host_stage, self._unflushed = {}, {}, 0
+
+
 class DDTreeStats:
     RING = 256  # rounds whose numbers may be in flight to the host
     # Publish every completed round. Batching 16 rounds saved host time but let a workload's Prometheus diff
@@ -391,6 +505,7 @@ class DDTreeStats:
         self._last_round_end: torch.cuda.Event | None = None
         self._host_totals: dict[str, float] = {}
         self._host_rounds = 0
+        self.ab = ABTallies(self.prometheus, depth_limit)  # SGLANG_DDTREE_AUTO_AB: fed by rounds with an arm only
         # Profiler ranges per stage (a few microseconds of host time per round): for profiling runs only.
         self.profile_ranges = os.environ.get("SGLANG_DDTREE_PROFILE_RANGES") == "1"
         width = depth_limit + 1 + 4
@@ -407,8 +522,11 @@ class DDTreeStats:
         sums, published every HOST_FLUSH_ROUNDS rounds (host times need no CUDA event, so this round's are final)."""
         if self.prometheus is None or not timer.enabled:
             return
-        for name, ms in timer.host_stage_ms(time.perf_counter()).items():
+        stage_ms = timer.host_stage_ms(time.perf_counter())
+        for name, ms in stage_ms.items():
             self._host_totals[name] = self._host_totals.get(name, 0.0) + ms
+        if timer.arm is not None:
+            self.ab.host_done(timer, stage_ms)
         self._host_rounds += 1
         if self._host_rounds >= self.HOST_FLUSH_ROUNDS:
             try:
@@ -468,6 +586,9 @@ class DDTreeStats:
         """One small vector per round, summed over the batch on the GPU, copied without a sync."""
         if len(self.pending) >= self.RING:  # the host fell behind: skip this round's numbers rather than block
             self.dropped_rounds += 1
+            if timer.arm is not None:
+                timer.cold = True  # nor its host time: the arm's two round counts stay one set of rounds
+                self.ab._arm(timer.arm)["skipped_rounds"] += 1
             return
         slot = self.ring[self.ring_index % self.RING]
         self.ring_index += 1
@@ -485,6 +606,8 @@ class DDTreeStats:
             self.rounds_seen += 1
             if timer.enabled and timer.marks:
                 self.stage_ms.append({**timer.elapsed_ms(), "host": timer.host_ms})
+            if timer.arm is not None:
+                self.ab.round_done(timer, values)
         if self.totals is not None and self.rounds_seen >= self.FLUSH_ROUNDS:
             try:
                 self.prometheus.observe(self.totals, self.rounds_seen, self.stage_ms)

@@ -23,6 +23,9 @@ captured together after a batch-size bucket's first round (_capture_bucket), not
 them. A chain round that samples nothing (most chain rounds) runs _chain_round instead: DFLASH's round on our top-1
 head, the walk, commit arithmetic and stats summary in one kernel (ops.chain_accept).
 Every round's outputs (tokens, lengths, branch counts) go to two buffer sets used in turn (_outputs).
+With SGLANG_DDTREE_AUTO_AB=N (a measuring mode, auto.auto_ab_block) an `auto` server's decode rounds alternate in
+blocks of N between `auto` and the fixed widest tree, the fixed-budget server's own round (auto.ABSchedule); each
+arm's tokens and time are tallied apart (stats.ABTallies).
 With `--speculative-ddtree-oracle` (_oracle_round) the accepted path is verified once more as a chain and the round
 commits what that chain verify accepts: the sequential oracle the tree verify is checked against.
 Hybrid targets (gated-delta-net layers, e.g. Qwen3-Next): the plugin sets speculative_eagle_topk = 2 so SGLang's
@@ -65,10 +68,11 @@ from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
-from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, AutoBudgetPolicy, AutoFeedback, CalibrationMonitor,
-                                      WalkSchedule, auto_calibration_learn_all, auto_explore_best_elsewhere,
-                                      auto_explore_rounds, auto_floor_fresh, auto_floor_min_times, auto_force,
-                                      auto_log_every, auto_shrink_z, auto_spread, auto_warm_rounds,
+from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, ABSchedule, AutoBudgetPolicy, AutoFeedback,
+                                      CalibrationMonitor, WalkSchedule, auto_ab_block, auto_calibration_learn_all,
+                                      auto_explore_best_elsewhere, auto_explore_rounds, auto_floor_fresh,
+                                      auto_floor_min_times, auto_force, auto_hold_rounds, auto_log_every,
+                                      auto_sample_every, auto_shrink_z, auto_spread, auto_warm_rounds,
                                       calibration_prior_mass)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
@@ -203,6 +207,19 @@ class DDTreeWorker(DFlashWorkerV2):
         # writes every round's tree).
         self.lean_chain = (self.auto is not None and not self.options.oracle and not self.hybrid
                            and self.stats.debug is None)
+        # SGLANG_DDTREE_AUTO_AB: decode rounds alternate in blocks of this many between `auto` and the fixed widest
+        # tree (0: off); its tallies are Prometheus counters
+        self.ab_block = auto_ab_block()
+        self._ab = ABSchedule(self.ab_block)
+        if self.ab_block and self.auto is None:
+            raise ValueError("SGLANG_DDTREE_AUTO_AB compares `auto` with the fixed widest tree in one server: it needs "
+                             "--speculative-ddtree-budget auto.")
+        if self.ab_block and self.ps.tp_rank == 0 and self.stats.prometheus is None:
+            raise ValueError("SGLANG_DDTREE_AUTO_AB tallies its arms in Prometheus counters: it needs --enable-metrics.")
+        if self.ab_block and self.ps.tp_rank == 0:
+            logger.warning("DDTREE A/B (SGLANG_DDTREE_AUTO_AB=%d): decode rounds alternate in blocks of %d between "
+                           "auto and the fixed %d-tree, a measuring mode (sglang:ddtree_ab_* per arm)",
+                           self.ab_block, self.ab_block, self.budget)
         self._output_sets = None  # _outputs: two sets of the round's output buffers, used in turn
         self._output_slot = 0
         self._output_views = {}  # _outputs: (set, batch size) -> the set's views for that batch size
@@ -343,7 +360,8 @@ class DDTreeWorker(DFlashWorkerV2):
                                   explore_all=os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_ALL") == "1",
                                   shrink_z=auto_shrink_z(), spread=auto_spread(), floor_fresh=auto_floor_fresh(),
                                   warm_rounds=auto_warm_rounds(), floor_min_times=auto_floor_min_times(),
-                                  explore_best_elsewhere=auto_explore_best_elsewhere(), force=auto_force(candidates))
+                                  explore_best_elsewhere=auto_explore_best_elsewhere(), force=auto_force(candidates),
+                                  hold_rounds=auto_hold_rounds() or 0, sample_every=auto_sample_every())
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
         calibration = CalibrationMonitor(calibrator, self.stats.prometheus)
@@ -460,6 +478,12 @@ class DDTreeWorker(DFlashWorkerV2):
             bucket = buckets[bs] = next((size for size in sizes if size >= bs), bs)
         return bucket
 
+    def _ab_mark(self, timer, fixed_arm: bool, cold: bool) -> None:
+        """SGLANG_DDTREE_AUTO_AB: the round's arm and whether it did one-time work, for the tallies
+        (stats.ABTallies, fed by record_round and finish_round)."""
+        if self.ab_block:
+            timer.arm, timer.cold = ("fixed" if fixed_arm else "auto"), cold
+
     def reset_calibration(self) -> bool:
         """`auto`'s calibration table starts empty again (plugin: POST /set_internal_state with
         {"server_args": {"ddtree_calibration_reset": 1}}). Not on /flush_cache: benchmark harnesses flush between
@@ -493,12 +517,15 @@ class DDTreeWorker(DFlashWorkerV2):
         bs = len(batch.seq_lens)
         prefix_lens = batch.seq_lens
         seq_lens_cpu_bound, seq_lens_sum_bound = self._host_seq_len_bound(batch, draft_input)
+        fixed_arm = self._ab.next_is_fixed()  # SGLANG_DDTREE_AUTO_AB: this round is the fixed widest tree's
+        use_auto = self.auto is not None and not fixed_arm
+        captures = self._stage_captures()
 
         if self.options.oracle and self._oracle_state is None:
             # the oracle's chain verify state, at the first decode round (SGLang builds the target's attention
             # backend after this worker) and before the round's first verify, as `auto` builds its own
             self._oracle_state = {(self.oracle_width, True): self._build_verify_state(self.oracle_width, True)}
-        if self.auto is not None:  # chosen before the draft: a chain round that samples nothing needs only top-1
+        if use_auto:  # chosen before the draft: a chain round that samples nothing needs only top-1
             timer.host_mark("draft")  # the round's preparation so far is the draft's host time, as in a fixed round
             built = self._ensure_auto_verify_states()
             bucket = self._graph_bucket(bs)
@@ -506,9 +533,8 @@ class DDTreeWorker(DFlashWorkerV2):
                 self.auto.feedback.drain()
             chosen = self.auto.policy.choose(bucket)
             sampled = self.auto.policy.sampled(self.auto.rounds, bucket)
-            captures = self._stage_captures()
             timer.host_mark("choose")
-        top1_only = (self.auto is not None and self.auto.candidates[chosen] == CHAIN and not sampled
+        top1_only = (use_auto and self.auto.candidates[chosen] == CHAIN and not sampled
                      and self.scripted is None)
         lean = top1_only and self.lean_chain  # the round is _chain_round's
 
@@ -524,7 +550,7 @@ class DDTreeWorker(DFlashWorkerV2):
             return self._chain_round(batch, timer, bs, bucket, chosen, built, captures, draft_hidden, roots,
                                      topk_values, topk_tokens, block_positions, block_slots, seq_lens_cpu_bound,
                                      seq_lens_sum_bound, on_publish)
-        if self.auto is None:
+        if not use_auto:
             width, walk_stage = self.num_nodes, self._walk_stage
             tree, verify_ids, verify_positions = self._tree_stage(topk_values, topk_tokens, roots, prefix_lens,
                                                                  rows=bs)
@@ -538,7 +564,7 @@ class DDTreeWorker(DFlashWorkerV2):
                                                                                  sampled, young, learn_all)]
             tree, verify_ids, verify_positions, expected = self.auto.tree_stages[chosen][sampled](
                 topk_values, topk_tokens, roots, prefix_lens, rows=bs)
-        causal = self.auto is not None and self.auto.candidates[chosen] == CHAIN  # a chain needs no tree mask
+        causal = use_auto and self.auto.candidates[chosen] == CHAIN  # a chain needs no tree mask
         mask_numel = ops.verify_mask_numel(width, seq_lens_sum_bound, bs)
         if causal:
             mask = None
@@ -583,7 +609,8 @@ class DDTreeWorker(DFlashWorkerV2):
         self._commit(plan, logits_output.hidden_states, commit_lens, bs, width, chain=causal)
         logits_output.hidden_states = None
         timer.mark("commit")
-        if self.auto is not None:
+        cold = self._stage_captures() != captures  # a fixed round's (an `auto` round's: _auto_after_round)
+        if use_auto:
             scored = plan.calibration is not None
             # an unsampled round's walk computes no observed tokens (the policy reads them only next to the same
             # round's expectations) and sends nothing but its time
@@ -591,17 +618,18 @@ class DDTreeWorker(DFlashWorkerV2):
                 if sampled else None
             cold = self._auto_after_round(timer, bs, bucket, chosen, built, captures, vector, sampled,
                                           plan.calibration_delta if scored else None)
+        self._ab_mark(timer, fixed_arm, cold)
         # reqs/seq_lens are only read by the debug dump (after its sync): no host sync on the default path.
         self.stats.record_round(tree, walk, timer, batch_size=bs, reqs=getattr(batch, "reqs", None),
                                 seq_lens=prefix_lens, summary=summary,
-                                extra=None if self.auto is None or self.stats.debug is None else  # dump rows only
+                                extra=None if not use_auto or self.stats.debug is None else  # dump rows only
                                 {"auto_candidate": candidate_label(self.auto.candidates[chosen]),
                                  "auto_sampled": sampled, "auto_cold": cold})
-        if self.auto is not None and self.stats.debug is not None:
+        if use_auto and self.stats.debug is not None:
             self.stats.dump_state("auto", self.auto.policy.export(), every=100)
             self.stats.dump_state("calibration", {**self.auto.calibration.export(),
                                                   **self.auto.calibration.calibrator.export()}, every=100)
-        if self.auto is not None and self.pad_stages and bucket not in self.auto.captured_buckets:
+        if use_auto and self.pad_stages and bucket not in self.auto.captured_buckets:
             self._capture_bucket(batch, bucket, bs, draft_hidden, roots, prefix_lens, choices.dtype)
 
         result = GenerationBatchResult(
@@ -661,7 +689,8 @@ class DDTreeWorker(DFlashWorkerV2):
         )
         logits_output.hidden_states = None
         timer.mark("commit")
-        self._auto_after_round(timer, bs, bucket, chosen, built, captures, None, False, None)
+        cold = self._auto_after_round(timer, bs, bucket, chosen, built, captures, None, False, None)
+        self._ab_mark(timer, False, cold)
         self.stats.record_round(None, None, timer, batch_size=bs, summary=out["summary"])
         if self.pad_stages and bucket not in self.auto.captured_buckets:
             self._capture_bucket(batch, bucket, bs, draft_hidden, roots, prefix_lens, choices.dtype)

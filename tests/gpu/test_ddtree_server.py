@@ -14,7 +14,8 @@ Checked here:
   - long outputs in a batch: 256 tokens for 16 requests sent together, == plain one at a time up to the same ties;
   - no KV leak: after 200 mixed requests, aborted ones included, the pool returns to its idle usage;
   - `auto`: every candidate verified; its calibration table scored, exported, kept by /flush_cache and reset by
-    /set_internal_state; held on the chain, its lean chain rounds ran, lossless and counted in the metrics.
+    /set_internal_state; held on the chain, its lean chain rounds ran, lossless and counted in the metrics; the
+    in-process A/B (SGLANG_DDTREE_AUTO_AB) lossless, both arms run and tallied apart.
 Records (accept lengths, ties, timings) go to gpu_suite.json through `gpu_record`.
 """
 
@@ -57,11 +58,15 @@ def configs(pair):
         # (worker._chain_round), its sampled ones the general round
         "ddtree-auto-chain": (pair.base_args() + COMMON + triton + ddtree("auto") + draft + ["--enable-metrics"],
                               {"SGLANG_DDTREE_AUTO_FORCE": "chain"}),
+        # the in-process A/B (SGLANG_DDTREE_AUTO_AB): blocks of 4 decode rounds of `auto`, then 4 of the fixed
+        # 128-tree, each arm tallied apart
+        "ddtree-auto-ab": (pair.base_args() + COMMON + triton + ddtree("auto") + draft + ["--enable-metrics"],
+                           {"SGLANG_DDTREE_AUTO_AB": "4"}),
     }
 
 
 DDTREE_NAMES = ["ddtree-16", "ddtree-64", "ddtree-256", "ddtree-1024", "ddtree-64-eager", "ddtree-64-flashinfer",
-                "ddtree-auto", "ddtree-auto-chain"]
+                "ddtree-auto", "ddtree-auto-chain", "ddtree-auto-ab"]
 AUTO_NAMES = ["ddtree-auto"]
 
 
@@ -218,6 +223,42 @@ def test_auto_lean_chain_rounds_ran_and_were_counted(servers, outputs, gpu_recor
                accepted=accepted, tokens_total=tokens_total)
     assert request_rounds >= 0.9 * verify_total, (request_rounds, verify_total)
     assert accepted >= 0.9 * tokens_total, (accepted, tokens_total)
+
+
+def test_auto_ab_runs_both_arms_and_tallies_them_apart(servers, outputs, gpu_record):
+    """The A/B server (SGLANG_DDTREE_AUTO_AB=4) alternated its decode rounds between `auto` and the fixed 128-tree
+    (its greedy outputs equal plain decoding's: test_greedy_equals_plain[ddtree-auto-ab]), and its counters keep the
+    arms apart: both arms counted rounds with committed tokens and GPU time, each arm at least one token a
+    request-round and at most the drafter block's 16, the counted and skipped rounds of both arms together no more
+    than the server's batch rounds, and `auto`'s per-candidate rounds no more than its own arm's."""
+    name = "ddtree-auto-ab"
+    need(servers, name)
+    server = servers[name]
+
+    def by_arm(metric):
+        return {arm: sum(v for labels, v in _metric_values(server, metric).items() if f'arm="{arm}"' in labels)
+                for arm in ("auto", "fixed")}
+
+    fields = ("rounds", "request_rounds", "tokens", "seconds", "skipped_rounds", "host_rounds", "host_seconds")
+    tallies = {field: by_arm(f"sglang:ddtree_ab_{field}_total") for field in fields}
+    batch_rounds = sum(v for labels, v in _metric_values(server, "sglang:ddtree_stage_seconds_count").items()
+                       if 'stage="commit"' in labels)  # every round published (the A/B's publish lags it)
+    auto_rounds = sum(_metric_values(server, "sglang:ddtree_auto_rounds_total").values())
+    log = server.log_text()
+    gpu_record("ddtree_auto_ab", tallies=tallies, batch_rounds=batch_rounds, auto_rounds=auto_rounds,
+               line=next((l for l in log.splitlines() if "DDTREE A/B" in l), None))
+    assert "DDTREE A/B (SGLANG_DDTREE_AUTO_AB=4)" in log
+    for arm in ("auto", "fixed"):
+        assert tallies["rounds"][arm] >= 10 and tallies["seconds"][arm] > 0 and tallies["host_seconds"][arm] > 0
+        tau = tallies["tokens"][arm] / tallies["request_rounds"][arm]
+        assert 1.0 <= tau <= 16.0, (arm, tau)
+    counted = sum(tallies["rounds"].values()) + sum(tallies["skipped_rounds"].values())
+    assert counted <= batch_rounds + 1, (counted, batch_rounds)
+    # alternating blocks of 4: neither arm has more than about half the rounds (a block or two apart)
+    assert abs(tallies["rounds"]["auto"] + tallies["skipped_rounds"]["auto"]
+               - tallies["rounds"]["fixed"] - tallies["skipped_rounds"]["fixed"]) <= 0.2 * counted + 8
+    # `auto`'s candidate counter counts at the round, the tallies a publish later (ABTallies.FLUSH_ROUNDS + in flight)
+    assert auto_rounds <= tallies["rounds"]["auto"] + tallies["skipped_rounds"]["auto"] + 10
 
 
 def _metric_values(server, name):
