@@ -1,5 +1,5 @@
 """Host cost of `auto`'s per-round block in the SGLang worker, on the CPU: what DDTreeWorker.forward_batch_generation
-runs for `auto` around the GPU work (drain before a decision, choose, sampled, the Prometheus round counter, the walk
+runs for `auto` around the GPU work (a held round's held_round, or drain, choose and sampled before a decision, the Prometheus round counter, the walk
 variant, the feedback push with the sampled rounds' cat, the table's learn on scored rounds, after_round with its
 snapshot publish every CalibrationMonitor.EXPORT_EVERY rounds), with the real policy, feedback, monitor and Prometheus
 series on CPU tensors and a fake timer (times drawn at random, every candidate alike). Then the same loop under
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CANDIDATES = [0, 16, 32, 64, 128]
 WIDTHS = [16, 17, 33, 65, 129]
-PIECES = ("choose", "drain", "observe", "sample_interval", "push", "auto_round", "after_round", "calibration_table",
+PIECES = ("choose", "held_round", "drain", "observe", "sample_interval", "push", "auto_round", "after_round", "calibration_table",
           "learn", "variant")
 
 
@@ -67,10 +67,13 @@ def round_block(seed: int = 0):
 
     def one():
         bucket = 1
-        if policy.deciding(bucket):
+        held = policy.held_round(bucket, state["counter"])
+        if held is None:
             feedback.drain()
-        chosen = policy.choose(bucket)
-        sampled = policy.sampled(state["counter"], bucket)
+            chosen = policy.choose(bucket)
+            sampled = policy.sampled(state["counter"], bucket)
+        else:
+            chosen, sampled = held
         prom.auto_round(candidate_label(CANDIDATES[chosen]))
         young = monitor.request_rounds < CALIBRATION_YOUNG
         learn_all = monitor.learnt < CALIBRATION_LEARN_ALL

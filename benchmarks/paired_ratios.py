@@ -4,7 +4,9 @@
 
 prints, per batch size, each row's tokens/s over the base row's (the geometric mean of the per-round ratios), its
 95% interval and the number of rounds, then the same with the rounds of every batch size together; `--json PATH`
-writes the same tables. Rows are named setup|method or setup|method-budget. `--arm NAME=LABEL,LABEL,...` (repeated)
+writes the same tables. Rows are named setup|method or setup|method-budget. Rows of an `auto` server with the
+in-process A/B (SGLANG_DDTREE_AUTO_AB) also get a table of their own: the `auto` arm over the fixed arm, over the
+whole row and run by run (bench.paired.ab_table); a sweep of such servers alone needs no base row. `--arm NAME=LABEL,LABEL,...` (repeated)
 adds, per batch size, each arm's servers together over the base row and over the first arm (group_ratio: per round
 the mean over an arm's copies), for lease_steps.sh tiny-starts:
 
@@ -55,7 +57,7 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if not table:
+    if not table and not ab:
         labels = sorted({row_label(r) for r in rows if r.get("status") == "ok"})
         print(f"error: no batch size has a measured row {args.base!r}; rows: {', '.join(labels) or 'none'}",
               file=sys.stderr)

@@ -1227,3 +1227,59 @@ def test_hold_and_sample_knobs_reach_the_policy(monkeypatch):
                 auto_hold_rounds() if "HOLD" in name else auto_sample_every()
     with pytest.raises(ValueError, match="sample_every"):
         AutoBudgetPolicy([CHAIN, 16], sample_every=0)
+
+
+@pytest.mark.parametrize("force", [None, 2])
+def test_held_round_returns_what_choose_and_sampled_would(force):
+    """AutoBudgetPolicy.held_round (the worker's call on a round whose bucket holds its decision) against the
+    deciding() / choose() / sampled() sequence it stands for: two identical policies fed the same noisy rounds (a
+    round late, through exploration, probes, a cost change and two buckets) pick the same candidates and sample the
+    same rounds, and end with the same bookkeeping. A forced candidate holds as a decision does (the feedback is then
+    read once in HOLD_ROUNDS rounds, as `auto` reads it), still verifying that candidate every round."""
+    import random
+
+    from sglang_ddtree.sglang.auto import HOLD_ROUNDS
+
+    a = AutoBudgetPolicy([CHAIN, 16, 32, 64], probe_every=32, force=force)
+    b = AutoBudgetPolicy([CHAIN, 16, 32, 64], probe_every=32, force=force)
+    rng = random.Random(3)
+    queues = {id(a): [], id(b): []}
+    trace = {id(a): [], id(b): []}
+    held_rounds = 0
+    for r in range(600):
+        bucket = 1 if (r // 150) % 2 == 0 else 4
+        ms = [1.0, 1.1, 1.2, 1.3] if r < 300 else [1.0, 1.1, 2.5, 3.0]
+        noise = [rng.uniform(0.9, 1.1) for _ in ms]
+        tokens = [3.0, 4.0, 4.6, 5.0]
+        def drain(policy):  # what completed on the GPU (one round in flight)
+            queue = queues[id(policy)]
+            while len(queue) > 1:
+                bk, j, s, k = queue.pop(0)
+                seen = observed_candidates(policy.candidates, j)
+                policy.observe(bk, j, 1, ms[j] * k, [1.5 * t for t in tokens] if s else None,
+                               [t if x else None for t, x in zip(tokens, seen)])
+
+        for policy in (a, b):
+            if policy is a:  # as the worker drives it
+                held = policy.held_round(bucket, r)
+                if held is None:
+                    drain(policy)
+                    chosen, sampled = policy.choose(bucket), policy.sampled(r, bucket)
+                else:
+                    chosen, sampled = held
+                    held_rounds += 1
+            else:  # as the worker drove it before held_round
+                if policy.deciding(bucket):
+                    drain(policy)
+                chosen, sampled = policy.choose(bucket), policy.sampled(r, bucket)
+            queues[id(policy)].append((bucket, chosen, sampled, noise[chosen]))
+            trace[id(policy)].append((chosen, sampled))
+    assert trace[id(a)] == trace[id(b)]
+    assert held_rounds >= 600 * (HOLD_ROUNDS - 1) / HOLD_ROUNDS * 0.5  # most rounds held
+    assert a.chosen_total == b.chosen_total and a.export() == b.export()
+    for bucket in (1, 4):
+        x, y = a.buckets[bucket], b.buckets[bucket]
+        assert (x.rounds, x.tried, list(x.last_choices), x.others_in_run) == \
+            (y.rounds, y.tried, list(y.last_choices), y.others_in_run)
+    if force is not None:
+        assert set(c for c, _ in trace[id(a)]) == {force}

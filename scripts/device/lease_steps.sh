@@ -48,9 +48,9 @@
 #        once ready, interleaved, prompts rotating per run, TP_REPEATS (30) short runs (TP_NEW_TOKENS 512) per batch
 #        size of TP_BATCH_SIZES (1,4,16,64); then benchmarks/paired_ratios.py over DDTREE 128. TP_TWIN_BASE=DIR
 #        (scripts/device/pack_base.sh COMMIT, under runs/bench): the second setup runs that commit's package
-#   bash scripts/device/lease_steps.sh tiny-ab OUTDIR COMMIT   # one GPU, ALONE, ~10 min (detach it): the in-process
-#        A/B (SGLANG_DDTREE_AUTO_AB) of `auto`, `auto` held on the 128-tree and a knob arm (TA_ENV_L), each against
-#        its own fixed 128-tree arm, next to DFLASH and DDTREE 128; paired_ratios.py prints the A/B table
+#   bash scripts/device/lease_steps.sh tiny-ab OUTDIR COMMIT   # one GPU, ALONE, ~7 min (detach it): the in-process
+#        A/B (SGLANG_DDTREE_AUTO_AB) of `auto` servers (TA_ARMS: NAME:ENV ...), each against its own fixed 128-tree
+#        arm, next to DFLASH and DDTREE 128 (TA_RIVALS=0: without); paired_ratios.py prints the A/B table
 #   bash scripts/device/lease_steps.sh tiny-starts OUTDIR COMMIT   # one GPU, ALONE, ~5-8 min: TS_COPIES (3) auto
 #        servers per arm (TS_ENV_A / TS_ENV_B; TS_ARMS="a b c" adds TS_ENV_C) and one DDTREE 128, started together,
 #        pinned, interleaved, batch TS_BATCH_SIZES (1), TS_REPEATS (24) runs; then benchmarks/paired_ratios.py over
@@ -596,12 +596,13 @@ tiny-starts)
     ;;
 tiny-ab)
     # Lease 31: the in-process A/B (SGLANG_DDTREE_AUTO_AB: an `auto` server alternating blocks of TA_BLOCK decode
-    # rounds with the fixed 128-tree, each arm tallied apart), which the host's speed from run to run cannot move:
-    # setup tiny-ab (`auto` as it is), tiny-f (held on the 128-tree, SGLANG_DDTREE_AUTO_FORCE=128: `auto`'s own cost
-    # alone, no choice) and tiny-l (TA_ENV_L, default HOLD_ROUNDS=16 and SAMPLE_EVERY=16), each against its own fixed
-    # arm, next to DFLASH and DDTREE 128 servers (the cross-server ratios, as tiny-paired), pinned, interleaved,
-    # prompts rotating, TA_REPEATS (20) runs of TA_NEW_TOKENS (512) a row at TA_BATCH_SIZES (1,4,16,64); then
-    # benchmarks/paired_ratios.py over DDTREE 128, which prints the A/B table too. TA_SETUPS leaves setups out.
+    # rounds with the fixed 128-tree, each arm tallied apart), which the host's speed from run to run cannot move.
+    # TA_ARMS: space-separated NAME:ENV (ENV comma-separated, may be empty), one `auto` server (setup tiny-NAME) per
+    # arm, each against its own fixed arm; default ab (`auto` as it is), f (held on the 128-tree: `auto`'s own cost
+    # alone) and l (HOLD_ROUNDS=16, SAMPLE_EVERY=16). With TA_RIVALS=1 (default) DFLASH and DDTREE 128 servers run
+    # next to them (the cross-server ratios, as tiny-paired). Pinned, interleaved, prompts rotating, TA_REPEATS (20)
+    # runs of TA_NEW_TOKENS (512) a row at TA_BATCH_SIZES (1,4,16,64); then benchmarks/paired_ratios.py over
+    # DDTREE 128 (or, without rivals, the A/B table alone).
     out=${1:?outdir}
     commit=${2:?commit}
     rm -rf /tmp/ta
@@ -609,22 +610,24 @@ tiny-ab)
     rc=0
     unpack_jit_cache
     ab="SGLANG_DDTREE_AUTO_LOG_EVERY=100,SGLANG_DDTREE_AUTO_AB=${TA_BLOCK:-8}"
-    setups=tiny
+    arms=${TA_ARMS:-"ab: f:SGLANG_DDTREE_AUTO_FORCE=128 l:SGLANG_DDTREE_AUTO_HOLD_ROUNDS=16,SGLANG_DDTREE_AUTO_SAMPLE_EVERY=16"}
+    setups=()
     copies=()
-    for name in ${TA_SETUPS:-tiny-ab tiny-f tiny-l}; do
-        case "$name" in
-            tiny-ab) env="$ab" ;;
-            tiny-f) env="$ab,SGLANG_DDTREE_AUTO_FORCE=128" ;;
-            tiny-l) env="$ab,${TA_ENV_L:-SGLANG_DDTREE_AUTO_HOLD_ROUNDS=16,SGLANG_DDTREE_AUTO_SAMPLE_EVERY=16}" ;;
-            *) echo "tiny-ab: unknown setup $name"; exit 2 ;;
-        esac
-        setups="$setups,$name"
-        copies+=(--copy-setup "$name=tiny" --set "$name.methods=auto" --set "$name.server_env=$env")
+    if [ "${TA_RIVALS:-1}" = 1 ]; then
+        setups=(tiny)
+        copies=(--set tiny.methods=dflash,ddtree --set tiny.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100)
+    fi
+    for arm in $arms; do
+        name="tiny-${arm%%:*}"
+        extra=${arm#*:}
+        setups+=("$name")
+        copies+=(--copy-setup "$name=tiny" --set "$name.methods=auto" --set "$name.server_env=$ab${extra:+,$extra}")
     done
-    CUDA_VISIBLE_DEVICES=0 timeout "${TA_TIMEOUT_S:-1080}" python3 benchmarks/bench_budgets.py --setups "$setups" \
-        "${copies[@]}" --set tiny.methods=dflash,ddtree --set all.budgets=128 \
+    list=$(IFS=,; echo "${setups[*]}")
+    CUDA_VISIBLE_DEVICES=0 timeout "${TA_TIMEOUT_S:-1080}" python3 benchmarks/bench_budgets.py --setups "$list" \
+        "${copies[@]}" --set all.budgets=128 \
         --set all.batch_sizes="${TA_BATCH_SIZES:-1,4,16,64}" --set all.max_new_tokens="${TA_NEW_TOKENS:-512}" \
-        --set all.warmup_new_tokens=128 --set tiny.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 \
+        --set all.warmup_new_tokens=128 \
         --server-cpus "${TA_CPUS:-2-9}" --repeats "${TA_REPEATS:-20}" --prompt-groups 1 --rotate-prompts \
         --interleave --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes "${TA_MINUTES:-13}" \
         --out /tmp/ta/sweep --log-dir /tmp/ta/logs --commit "$commit" > /tmp/ta/run.log 2>&1 || rc=$?

@@ -529,10 +529,13 @@ class DDTreeWorker(DFlashWorkerV2):
             timer.host_mark("draft")  # the round's preparation so far is the draft's host time, as in a fixed round
             built = self._ensure_auto_verify_states()
             bucket = self._graph_bucket(bs)
-            if self.auto.policy.deciding(bucket):  # a held choice reads nothing (auto.HOLD_ROUNDS)
+            held = self.auto.policy.held_round(bucket, self.auto.rounds)  # a held choice reads nothing (HOLD_ROUNDS)
+            if held is None:
                 self.auto.feedback.drain()
-            chosen = self.auto.policy.choose(bucket)
-            sampled = self.auto.policy.sampled(self.auto.rounds, bucket)
+                chosen = self.auto.policy.choose(bucket)
+                sampled = self.auto.policy.sampled(self.auto.rounds, bucket)
+            else:
+                chosen, sampled = held
             timer.host_mark("choose")
         top1_only = (use_auto and self.auto.candidates[chosen] == CHAIN and not sampled
                      and self.scripted is None)
