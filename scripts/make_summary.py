@@ -362,7 +362,15 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease29c_b64.jsonl": "tiny|ddtree-128",
                  "sweep_auto_8b_lease29.jsonl": "8b-dummy|dflash",
                  "sweep_paired_tiny_lease30.jsonl": "tiny|ddtree-128",
-                 "sweep_auto_8b_lease30.jsonl": "8b-dummy|dflash"}
+                 "sweep_auto_8b_lease30.jsonl": "8b-dummy|dflash",
+                 "sweep_ab_tiny_lease31.jsonl": "tiny|ddtree-128"}  # lease 31b's A/B servers ran alone: no base row
+# The in-process A/B (SGLANG_DDTREE_AUTO_AB: an `auto` server alternating blocks of 8 decode rounds with the fixed
+# 128-tree, each arm tallied apart), lease 31 (e04941f), tiny pair, 20 runs of 512 tokens a row, next to DFLASH and
+# DDTREE 128 servers: `tiny-ab` `auto` as it is, `tiny-f` held on the 128-tree (SGLANG_DDTREE_AUTO_FORCE=128: `auto`'s
+# own cost, no choice), `tiny-l` with HOLD_ROUNDS = 16 and SAMPLE_EVERY = 16. Lease 31b (a9ea0f2: held_round, a forced
+# candidate holding as a decision does), A/B servers alone, 14 runs a row: `tiny-ab`, `tiny-f`, `tiny-h` (HOLD_ROUNDS =
+# 16, SAMPLE_EVERY = 16), `tiny-z` (SHRINK_Z = 2), `tiny-hz` (all three). The headline is the last file's `auto` as it is.
+AB_SWEEPS = ("sweep_ab_tiny_lease31.jsonl", "sweep_ab_tiny_lease31b.jsonl")
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
@@ -623,8 +631,50 @@ def paired(out: dict) -> None:
     out["sglang_paired_ratios"] = table
 
 
+def _ab_arm(env: list[str]) -> str:
+    """What an A/B server's `auto` arm ran, from its server_env: "as it is", "forced=<candidate>", or its knobs."""
+    knobs = [e for e in env if not e.startswith(("SGLANG_DDTREE_AUTO_LOG_EVERY=", "SGLANG_DDTREE_AUTO_AB="))]
+    forced = [e.split("=", 1)[1] for e in knobs if e.startswith("SGLANG_DDTREE_AUTO_FORCE=")]
+    if forced:
+        return f"forced={forced[0]}"
+    return ",".join(sorted(k[len("SGLANG_DDTREE_"):] for k in knobs)) or "as it is"
+
+
+def sglang_auto_ab(out: dict) -> None:
+    """AB_SWEEPS: each A/B server's `auto` arm over its own fixed 128-tree arm (bench/paired.py ab_table): over the
+    whole row and run by run with a 95% interval, per batch size and pooled, with each arm's tau, GPU ms and host ms
+    a round. The arms share the process, the moment and the text, so these intervals are the rounds' own spread, not
+    the host's speed between servers (the cross-server ratios of the same sweep: sglang_paired_ratios).
+    sglang_auto_ab_over_fixed_128_tiny: the arm that ran `auto` as it is, run by run, per batch size."""
+    sys.path.insert(0, str(RESULTS.parents[1]))
+    from sglang_ddtree.bench.paired import ab_table
+    from sglang_ddtree.bench.results import latest_results, read_rows
+
+    table: dict = {}
+    headline: dict = {}
+    headline_source = None
+    for name in AB_SWEEPS:
+        if not (RESULTS / name).exists():
+            raise FileNotFoundError(name)
+        rows = list(latest_results(read_rows(RESULTS / name)).values())
+        envs = {f"{r['setup']}|{r['method']}": r.get("server_env") or [] for r in rows
+                if r.get("kind") == "result" and r.get("ab_runs")}
+        for label, t in ab_table(rows).items():
+            arm = _ab_arm(envs.get(label, []))
+            table.setdefault(name, {})[label] = {
+                "arm": arm, "by_batch_size": {str(bs): v for bs, v in t["by_batch_size"].items()},
+                "all_batch_sizes": t["all_batch_sizes"]}
+            if arm == "as it is" and label.startswith("tiny"):
+                headline = {str(bs): v["runs"]["ratio"] for bs, v in t["by_batch_size"].items() if v["runs"]}
+                headline_source = name
+    out["sglang_auto_ab"] = table
+    out["sglang_auto_ab_over_fixed_128_tiny"] = headline
+    out["sglang_auto_ab_over_fixed_128_tiny_source"] = headline_source if headline else None
+
+
 EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, round_graphs, budgets, tp2, hybrid, adaptive,
-              sglang_auto, same_config_servers, pad_stages, sglang_hybrid, sglang_calibration, paired]
+              sglang_auto, same_config_servers, pad_stages, sglang_hybrid, sglang_calibration, paired,
+              sglang_auto_ab]
 
 
 def build() -> dict:

@@ -129,3 +129,30 @@ def test_an_auto_server_held_on_one_candidate_is_left_out_of_the_headline():
     sources = summary["sglang_auto_sources"]
     assert sources["tiny"]["16"] == "sweep_paired_tiny_lease30.jsonl"
     assert "sweep_paired_tiny_lease30.jsonl" not in sources["tiny-b"].values()
+
+
+def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
+    """An `auto` server with SGLANG_DDTREE_AUTO_AB alternates rounds with the fixed tree: its tokens/s mixes both arms,
+    so the cross-server headline leaves it out, and sglang_auto_ab reports its arms instead, named by what the `auto`
+    arm ran. The committed summary's headline A/B entry is the last A/B sweep's `auto` as it is, per batch size."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_summary", ROOT / "scripts" / "make_summary.py")
+    ms = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ms)
+    ab = ["SGLANG_DDTREE_AUTO_LOG_EVERY=100", "SGLANG_DDTREE_AUTO_AB=8"]
+    assert ms._ab_server({"server_env": ab}) and ms._not_auto_as_it_is({"server_env": ab})
+    assert not ms._ab_server({"server_env": ["SGLANG_DDTREE_AUTO_AB=0"]}) and not ms._ab_server({})
+    assert ms._ab_arm(ab) == "as it is"
+    assert ms._ab_arm(ab + ["SGLANG_DDTREE_AUTO_FORCE=128"]) == "forced=128"
+    assert ms._ab_arm(ab + ["SGLANG_DDTREE_AUTO_SHRINK_Z=2"]) == "AUTO_SHRINK_Z=2"
+    summary = json.loads((ROOT / "benchmarks" / "results" / "summary.json").read_text())
+    last = ms.AB_SWEEPS[-1]
+    assert summary["sglang_auto_ab_over_fixed_128_tiny_source"] == last
+    entry = summary["sglang_auto_ab"][last]["tiny-ab|auto"]
+    assert entry["arm"] == "as it is"
+    assert summary["sglang_auto_ab_over_fixed_128_tiny"] == {bs: v["runs"]["ratio"]
+                                                            for bs, v in entry["by_batch_size"].items()}
+    assert sorted(summary["sglang_auto_ab_over_fixed_128_tiny"]) == ["1", "16", "4", "64"]
+    # no A/B server's own tokens/s reaches the cross-server headline's sources
+    assert all(name not in ms.AB_SWEEPS for name in ms.SGLANG_AUTO_SWEEPS)
