@@ -6,9 +6,9 @@ prints, per batch size, each row's tokens/s over the base row's (the geometric m
 95% interval and the number of rounds, then the same with the rounds of every batch size together; `--json PATH`
 writes the same tables. Rows are named setup|method or setup|method-budget. Rows of an `auto` server with the
 in-process A/B (SGLANG_DDTREE_AUTO_AB) also get a table of their own: the `auto` arm over the fixed arm, over the
-whole row and run by run (bench.paired.ab_table); a sweep of such servers alone needs no base row. `--arm NAME=LABEL,LABEL,...` (repeated)
-adds, per batch size, each arm's servers together over the base row and over the first arm (group_ratio: per round
-the mean over an arm's copies), for lease_steps.sh tiny-starts:
+whole row and run by run (bench.paired.ab_table); a sweep of such servers alone needs no base row.
+`--arm NAME=LABEL,LABEL,...` (repeated) adds, per batch size, each arm's servers together over the base row and over
+the first arm (group_ratio: per round the mean over an arm's copies), for lease_steps.sh tiny-starts:
 
     python benchmarks/paired_ratios.py sweep_starts.jsonl --base "tiny|ddtree-128" \
         --arm "default=a1|auto,a2|auto,a3|auto" --arm "settle=b1|auto,b2|auto,b3|auto"

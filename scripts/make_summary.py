@@ -369,7 +369,8 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
 # DDTREE 128 servers: `tiny-ab` `auto` as it is, `tiny-f` held on the 128-tree (SGLANG_DDTREE_AUTO_FORCE=128: `auto`'s
 # own cost, no choice), `tiny-l` with HOLD_ROUNDS = 16 and SAMPLE_EVERY = 16. Lease 31b (a9ea0f2: held_round, a forced
 # candidate holding as a decision does), A/B servers alone, 14 runs a row: `tiny-ab`, `tiny-f`, `tiny-h` (HOLD_ROUNDS =
-# 16, SAMPLE_EVERY = 16), `tiny-z` (SHRINK_Z = 2), `tiny-hz` (all three). The headline is the last file's `auto` as it is.
+# 16, SAMPLE_EVERY = 16), `tiny-z` (SHRINK_Z = 2), `tiny-hz` (all three). The headline is the last file's `auto` as
+# it is.
 AB_SWEEPS = ("sweep_ab_tiny_lease31.jsonl", "sweep_ab_tiny_lease31b.jsonl")
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 

@@ -215,7 +215,8 @@ class DDTreeWorker(DFlashWorkerV2):
             raise ValueError("SGLANG_DDTREE_AUTO_AB compares `auto` with the fixed widest tree in one server: it needs "
                              "--speculative-ddtree-budget auto.")
         if self.ab_block and self.ps.tp_rank == 0 and self.stats.prometheus is None:
-            raise ValueError("SGLANG_DDTREE_AUTO_AB tallies its arms in Prometheus counters: it needs --enable-metrics.")
+            raise ValueError("SGLANG_DDTREE_AUTO_AB tallies its arms in Prometheus counters: it needs "
+                             "--enable-metrics.")
         if self.ab_block and self.ps.tp_rank == 0:
             logger.warning("DDTREE A/B (SGLANG_DDTREE_AUTO_AB=%d): decode rounds alternate in blocks of %d between "
                            "auto and the fixed %d-tree, a measuring mode (sglang:ddtree_ab_* per arm)",
