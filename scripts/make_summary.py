@@ -434,10 +434,13 @@ def _forced(row: dict) -> str | None:
 
 
 def _ab_server(row: dict) -> bool:
-    """Whether an `auto` row's server alternated its rounds with the fixed widest tree (SGLANG_DDTREE_AUTO_AB): its
-    tokens/s mixes the two arms, which its `ab` tallies keep apart (sglang_auto_ab)."""
-    return any(entry.startswith("SGLANG_DDTREE_AUTO_AB=") and entry.split("=", 1)[1].strip() not in ("", "0")
-               for entry in row.get("server_env") or [])
+    """Whether an `auto` row's server alternated its rounds with the fixed widest tree (SGLANG_DDTREE_AUTO_AB, read
+    as the sweep reads it: bench.sweep.ab_block_of): its tokens/s mixes the two arms, which its `ab` tallies keep
+    apart (sglang_auto_ab)."""
+    sys.path.insert(0, str(RESULTS.parents[1]))
+    from sglang_ddtree.bench.sweep import ab_block_of
+
+    return ab_block_of(row.get("server_env")) > 0
 
 
 def _not_auto_as_it_is(row: dict) -> bool:
@@ -648,7 +651,7 @@ def sglang_auto_ab(out: dict) -> None:
     the host's speed between servers (the cross-server ratios of the same sweep: sglang_paired_ratios).
     sglang_auto_ab_over_fixed_128_tiny: the arm that ran `auto` as it is, run by run, per batch size."""
     sys.path.insert(0, str(RESULTS.parents[1]))
-    from sglang_ddtree.bench.paired import ab_table
+    from sglang_ddtree.bench.paired import ab_table, row_label
     from sglang_ddtree.bench.results import latest_results, read_rows
 
     table: dict = {}
@@ -658,8 +661,7 @@ def sglang_auto_ab(out: dict) -> None:
         if not (RESULTS / name).exists():
             raise FileNotFoundError(name)
         rows = list(latest_results(read_rows(RESULTS / name)).values())
-        envs = {f"{r['setup']}|{r['method']}": r.get("server_env") or [] for r in rows
-                if r.get("kind") == "result" and r.get("ab_runs")}
+        envs = {row_label(r): r.get("server_env") or [] for r in rows if r.get("kind") == "result" and r.get("ab_runs")}
         for label, t in ab_table(rows).items():
             arm = _ab_arm(envs.get(label, []))
             table.setdefault(name, {})[label] = {

@@ -112,7 +112,7 @@ class _RowRun:
     runs: list = field(default_factory=list)
     seconds: float = 0.0
     error: BaseException | None = None
-    ab: bool = False  # an SGLANG_DDTREE_AUTO_AB server: its arms' tallies are scraped around every run (ab_runs)
+    ab_block: int = 0  # an SGLANG_DDTREE_AUTO_AB server's block: its arms' tallies are scraped around every run
     ab_scrape: object = None  # the scrape after the last run (the next run's before)
     ab_runs: list = field(default_factory=list)
 
@@ -460,7 +460,7 @@ class Sweep:
         """A row's warm-up and the Prometheus counters before its runs."""
         setup = server.setup
         run = _RowRun(handle, server, row, handle.client(), t_row=self.clock(),
-                      ab=server.method == "auto" and ab_block_of(setup.server_env) > 0)
+                      ab_block=ab_block_of(setup.server_env) if server.method == "auto" else 0)
         count = self.opt.prompt_groups + (self.opt.repeats - 1 if self.opt.rotate_prompts else 0)
         groups = [prompt_group(self.prompts[setup.name], row.batch_size, g) for g in range(count)]
         try:
@@ -501,7 +501,7 @@ class Sweep:
             for group in groups:
                 results += run_batch(run.client, group, self._timeout())
             after = count_captures(log_path)
-            if run.ab:  # after the requests: their timings (the run's tokens/s) do not include the scrape
+            if run.ab_block:  # after the requests: their timings (the run's tokens/s) do not include the scrape
                 run.ab_runs.append(self._ab_run(run))
             run.runs.append({**summarize(results, method=run.server.method,
                                          max_new_tokens=run.server.setup.max_new_tokens, groups=len(groups)),
@@ -540,13 +540,12 @@ class Sweep:
                 stages["auto_rounds"] = prom.auto_rounds(delta)
                 stages["auto_calibration"] = prom.auto_calibration(delta)
                 stages["auto_chooser_last"] = last_auto_table(getattr(handle, "log_path", None))
-            if run.ab:
+            if run.ab_block:
                 stages = {**(stages or {}), "ab": prom.ab_arms(delta)}
         return self._result(server, row, "ok", wall_s=round(run.seconds, 3), row_s=round(self.clock() - run.t_row, 3),
                             **numbers, stage_ms=(stages or {}).get("stage_ms"), ddtree_metrics=stages,
                             metrics_scraped=before is not None and after is not None,
-                            **({"ab_block": ab_block_of(server.setup.server_env), "ab_runs": run.ab_runs}
-                               if run.ab else {}),
+                            **({"ab_block": run.ab_block, "ab_runs": run.ab_runs} if run.ab_block else {}),
                             **({"interleaved": True} if self.opt.interleave else {}),
                             **({"rotate_prompts": True} if self.opt.rotate_prompts else {}))
 

@@ -333,7 +333,7 @@ class _Prometheus:
         branches, nodes, expected, requests = totals[n + 1: n + 5]
         if requests:
             self.rounds.inc(requests)
-            self.accepted.inc(sum((a + 1) * c for a, c in enumerate(by_accepted)))
+            self.accepted.inc(committed_tokens(by_accepted))
             for a, c in enumerate(by_accepted):
                 if c:
                     self.accept_length[a].inc(c)
@@ -349,6 +349,12 @@ class _Prometheus:
         for round_ms in stage_ms:
             for name, ms in round_ms.items():
                 (self.host if name == "host" else self.stage[name]).observe(ms / 1e3)
+
+
+def committed_tokens(by_accepted) -> float:
+    """Tokens committed by request-rounds counted by accepted draft tokens 0..L (a round vector's first entries):
+    each commits its accepted drafts and the bonus."""
+    return sum((a + 1) * c for a, c in enumerate(by_accepted))
 
 
 def request_identity(reqs, seq_lens, batch_size: int) -> list[dict]:
@@ -446,7 +452,7 @@ class ABTallies:
             n = self.depth_limit
             sums["rounds"] += 1
             sums["request_rounds"] += values[n + 4]
-            sums["tokens"] += sum((a + 1) * c for a, c in enumerate(values[: n + 1]))
+            sums["tokens"] += committed_tokens(values[: n + 1])
             sums["seconds"] += sum(timer.elapsed_ms().values()) / 1e3
         else:
             sums["skipped_rounds"] += 1
