@@ -120,6 +120,17 @@ paired_outputs() {  # NAME OUTDIR RC: a pinned interleaved tiny sweep run in /tm
     tail -n 30 "$ws/run.log"
 }
 
+pinned_sweep() {  # WS TIMEOUT_S COMMIT ARGS...: bench_budgets.py on GPU 0 with what tiny-paired, tiny-starts and
+    # tiny-ab share (a 128-token warm-up, one prompt group rotating per run, interleaved, HumanEval prompts), results
+    # in WS/sweep, server logs in WS/logs, its output in WS/run.log; ARGS: setups, rows, CPUs, repeats, minutes
+    local ws=$1 timeout_s=$2 commit=$3
+    shift 3
+    CUDA_VISIBLE_DEVICES=0 timeout "$timeout_s" python3 benchmarks/bench_budgets.py "$@" \
+        --set all.warmup_new_tokens=128 --prompt-groups 1 --rotate-prompts --interleave \
+        --prompts-file runs/bench/humaneval_prompts.jsonl --out "$ws/sweep" --log-dir "$ws/logs" --commit "$commit" \
+        > "$ws/run.log" 2>&1
+}
+
 profile_kernels() {  # GPU OUTDIR COMMIT TIMEOUT_S: the select kernel's split on confident drafts, B = 256 and 1024
     CUDA_VISIBLE_DEVICES=$1 timeout "$4" python3 benchmarks/profile_kernels.py --budgets 256,1024 --warps 8 \
         --repeats 20 --commit "$3" --out "$2/profile_kernels.json" > "$2/pk.log" 2>&1
@@ -585,13 +596,10 @@ tiny-starts)
             copies+=(--copy-setup "$arm$i=tiny" --set "$arm$i.methods=auto" --set "$arm$i.server_env=$env")
         done
     done
-    CUDA_VISIBLE_DEVICES=0 timeout "${TS_TIMEOUT_S:-540}" python3 benchmarks/bench_budgets.py --setups "$setups" \
+    pinned_sweep /tmp/ts "${TS_TIMEOUT_S:-540}" "$commit" --setups "$setups" \
         "${copies[@]}" --set tiny.methods=ddtree --set all.budgets=128 \
         --set all.batch_sizes="${TS_BATCH_SIZES:-1}" --set all.max_new_tokens="${TS_NEW_TOKENS:-512}" \
-        --set all.warmup_new_tokens=128 --server-cpus "${TS_CPUS:-2-9}" --repeats "${TS_REPEATS:-24}" \
-        --prompt-groups 1 --rotate-prompts --interleave --prompts-file runs/bench/humaneval_prompts.jsonl \
-        --max-minutes "${TS_MINUTES:-14}" --out /tmp/ts/sweep --log-dir /tmp/ts/logs --commit "$commit" \
-        > /tmp/ts/run.log 2>&1 || rc=$?
+        --server-cpus "${TS_CPUS:-2-9}" --repeats "${TS_REPEATS:-24}" --max-minutes "${TS_MINUTES:-14}" || rc=$?
     paired_outputs starts "$out" "$rc"
     ;;
 tiny-ab)
@@ -624,13 +632,10 @@ tiny-ab)
         copies+=(--copy-setup "$name=tiny" --set "$name.methods=auto" --set "$name.server_env=$ab${extra:+,$extra}")
     done
     list=$(IFS=,; echo "${setups[*]}")
-    CUDA_VISIBLE_DEVICES=0 timeout "${TA_TIMEOUT_S:-1080}" python3 benchmarks/bench_budgets.py --setups "$list" \
+    pinned_sweep /tmp/ta "${TA_TIMEOUT_S:-1080}" "$commit" --setups "$list" \
         "${copies[@]}" --set all.budgets=128 \
         --set all.batch_sizes="${TA_BATCH_SIZES:-1,4,16,64}" --set all.max_new_tokens="${TA_NEW_TOKENS:-512}" \
-        --set all.warmup_new_tokens=128 \
-        --server-cpus "${TA_CPUS:-2-9}" --repeats "${TA_REPEATS:-20}" --prompt-groups 1 --rotate-prompts \
-        --interleave --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes "${TA_MINUTES:-13}" \
-        --out /tmp/ta/sweep --log-dir /tmp/ta/logs --commit "$commit" > /tmp/ta/run.log 2>&1 || rc=$?
+        --server-cpus "${TA_CPUS:-2-9}" --repeats "${TA_REPEATS:-20}" --max-minutes "${TA_MINUTES:-13}" || rc=$?
     paired_outputs ab "$out" "$rc"
     ;;
 tiny-paired)
@@ -668,14 +673,11 @@ tiny-paired)
     [ "${TP_TWIN:-1}" = 1 ] || { twin=(--setups tiny); twin_env=(); }
     main_env=()
     [ -z "${TP_ENV:-}" ] || main_env=(--set "tiny.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100,$TP_ENV")
-    CUDA_VISIBLE_DEVICES=0 timeout "${TP_TIMEOUT_S:-1080}" python3 benchmarks/bench_budgets.py "${twin[@]}" \
+    pinned_sweep /tmp/tp "${TP_TIMEOUT_S:-1080}" "$commit" "${twin[@]}" \
         --set tiny.methods="${TP_METHODS:-dflash,ddtree,auto}" --set tiny.budgets="${TP_BUDGETS:-32,128}" \
         --set all.batch_sizes="${TP_BATCH_SIZES:-1,4,16,64}" --set all.max_new_tokens="${TP_NEW_TOKENS:-512}" \
-        --set all.warmup_new_tokens=128 --set all.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 "${main_env[@]}" \
-        "${twin_env[@]}" \
-        --server-cpus "${TP_CPUS:-2-9}" --repeats "${TP_REPEATS:-30}" --prompt-groups 1 --rotate-prompts \
-        --interleave --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes "${TP_MINUTES:-17}" \
-        --out /tmp/tp/sweep --log-dir /tmp/tp/logs --commit "$commit" > /tmp/tp/run.log 2>&1 || rc=$?
+        --set all.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 "${main_env[@]}" "${twin_env[@]}" \
+        --server-cpus "${TP_CPUS:-2-9}" --repeats "${TP_REPEATS:-30}" --max-minutes "${TP_MINUTES:-17}" || rc=$?
     paired_outputs paired "$out" "$rc"
     ;;
 detach)
