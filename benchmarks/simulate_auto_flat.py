@@ -3,11 +3,12 @@ widest tree, and how close its picks stay to the best candidate's rate, when eve
 same and wider trees commit more - lease 19's tiny pair (sweep_auto_tiny_lease19.jsonl: at batch 1 the chooser timed
 the 32-, 64- and 128-trees at 4.31 / 4.41 / 4.32 ms and gave the narrower ones 32% of its rounds). Next to it:
 8B-like cases where the chain should win, a case with real cost gaps, and the scenarios of tests/test_sglang_auto.py
-that guard against lock-outs (a slow start, one slow sample, slow host phases). `--shrink-z Z`, `--recent N` and
-`--floor-fresh N`, `--floor-min-times N`, `--hold N`, `--warm-rounds N`, `--explore N` and `--spread iqr|mad`
-evaluate the chooser with auto.SHRINK_Z / auto.RECENT / auto.FLOOR_FRESH / auto.FLOOR_MIN_TIMES / auto.HOLD_ROUNDS /
-auto.WARM_ROUNDS / auto.EXPLORE_ROUNDS / auto.SPREAD set to them (0: no shrinkage; no freshness limit; 1: every timed
-round bounds floors; 1: a decision every round; 0: every timed round counts).
+that guard against lock-outs (a slow start, one slow sample, slow host phases). `--shrink-z Z`, `--recent N`,
+`--floor-fresh N`, `--floor-min-times N`, `--hold N`, `--warm-rounds N`, `--explore N`, `--spread iqr|mad` and
+`--relative-times` / `--no-relative-times` evaluate the chooser with auto.SHRINK_Z / auto.RECENT / auto.FLOOR_FRESH /
+auto.FLOOR_MIN_TIMES / auto.HOLD_ROUNDS / auto.WARM_ROUNDS / auto.EXPLORE_ROUNDS / auto.SPREAD / auto.RELATIVE_TIMES
+set to them (0: no shrinkage; no freshness limit; 1: every timed round bounds floors; 1: a decision every round; 0:
+every timed round counts), `--sample-every N` with the policies' sample_every (SGLANG_DDTREE_AUTO_SAMPLE_EVERY).
 
     python benchmarks/simulate_auto_flat.py --out benchmarks/results/auto_flat_sim.json
     python benchmarks/simulate_auto_flat.py --shrink-z 0 --out benchmarks/results/auto_flat_sim_z0.json
@@ -163,6 +164,12 @@ def main(argv=None) -> int:
                     help="auto.EXPLORE_ROUNDS for this run (exploration's rounds per candidate; default: the code's)")
     ap.add_argument("--floor-min-times", type=int, default=None,
                     help="auto.FLOOR_MIN_TIMES for this run (timed rounds before a candidate's times bound floors)")
+    ap.add_argument("--sample-every", type=int, default=None,
+                    help="the policies' sample_every (rounds between sampled rounds, the idle interval scaled with it: "
+                         "SGLANG_DDTREE_AUTO_SAMPLE_EVERY; default: auto.SAMPLE_EVERY)")
+    ap.add_argument("--relative-times", action=argparse.BooleanOptionalAction, default=None,
+                    help="auto.RELATIVE_TIMES for this run (times read against the reference candidate's neighbouring "
+                         "rounds; default: the code's)")
     ap.add_argument("--explore-all", action="store_true",
                     help="policies with explore_all (exploration ignores cost floors: SGLANG_DDTREE_AUTO_EXPLORE_ALL)")
     ap.add_argument("--explore-best-elsewhere", action=argparse.BooleanOptionalAction, default=None,
@@ -187,6 +194,10 @@ def main(argv=None) -> int:
         auto.SPREAD = args.spread
     if args.explore_best_elsewhere is not None:
         auto.EXPLORE_BEST_ELSEWHERE = args.explore_best_elsewhere
+    if args.relative_times is not None:
+        auto.RELATIVE_TIMES = args.relative_times
+    if args.sample_every is not None and args.sample_every < 1:
+        ap.error("--sample-every must be >= 1")
     rows = []
     for name, case in CASES.items():
         tokens, expected = case.get("tokens", TOKENS), case.get("expected", EXPECTED)
@@ -198,7 +209,7 @@ def main(argv=None) -> int:
         ratios, shares = [], [0] * len(tokens)
         for seed in range(seeds):
             policy = auto.AutoBudgetPolicy(list(auto_sim.CANDIDATES), widths=auto_sim.WIDTHS,
-                                           explore_all=args.explore_all)
+                                           explore_all=args.explore_all, sample_every=args.sample_every)
             if "first" in case:  # another bucket's rounds first, same policy (its own noise, no start effects)
                 first = case["first"]
                 auto_sim.simulate(seed + 10_000, first["base"], tokens, expected, first["rounds"], first["batch"],
@@ -228,6 +239,7 @@ def main(argv=None) -> int:
             "floor_min_times": auto.FLOOR_MIN_TIMES, "spread": auto.SPREAD, "hold": auto.HOLD_ROUNDS,
             "warm_rounds": auto.WARM_ROUNDS, "explore_best_elsewhere": auto.EXPLORE_BEST_ELSEWHERE,
             "explore_rounds": auto.EXPLORE_ROUNDS, "explore_all": args.explore_all,
+            "sample_every": args.sample_every or auto.SAMPLE_EVERY, "relative_times": auto.RELATIVE_TIMES,
             "cases": rows}, indent=1))
     return 0
 

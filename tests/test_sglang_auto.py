@@ -796,7 +796,8 @@ def test_floor_fresh_from_the_environment_and_its_effect_on_a_slow_start(monkeyp
     def worst(floor_fresh):
         ratios = []
         for seed in range(24):
-            policy = AutoBudgetPolicy(list(CANDIDATES), widths=widths, floor_fresh=floor_fresh)
+            # times read as they are: with RELATIVE_TIMES the worst seed is 0.981 without the knob, 0.987 with it
+            policy = AutoBudgetPolicy(list(CANDIDATES), widths=widths, floor_fresh=floor_fresh, relative_times=False)
             picks = simulate(seed, base, tokens, expected, 1400, 1, 0.10, 0.05, policy=policy, poisson_tokens=True,
                              prompt_sigma=0.3, prompt_rounds=350, start_rounds=20, start_mult=1.5)
             ratios.append(rate_over_best(picks, base, tokens))
@@ -873,7 +874,8 @@ def test_a_decision_holds_for_hold_rounds_and_the_feedback_is_read_only_before_o
     from sglang_ddtree.sglang.auto import HOLD_ROUNDS
 
     assert HOLD_ROUNDS == 4  # the pattern below is written for it
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000)
+    # times read as they are (RELATIVE_TIMES follows this step more slowly: test_relative_times_follow_a_step)
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, relative_times=False)
     tokens, ms = [3.0, 4.0, 5.0], [1.0, 1.1, 1.2]  # rates 3.0, 3.64, 4.17: the 64-tree wins
     queue, picks, decided = [], [], []
     for r in range(80):
@@ -1283,3 +1285,107 @@ def test_held_round_returns_what_choose_and_sampled_would(force):
             (y.rounds, y.tried, list(y.last_choices), y.others_in_run)
     if force is not None:
         assert set(c for c, _ in trace[id(a)]) == {force}
+
+
+def test_relative_times_pair_neighbouring_rounds_of_the_same_kind():
+    """RELATIVE_TIMES' bookkeeping (_Bucket._pair): a timed round pairs with the bucket's last timed round of another
+    candidate when both sampled or both not and at most PAIR_GAP observed rounds lie between; the pair's log ratio
+    reads the same from either order; the reference is the candidate timed most in the last REFERENCE_WINDOW."""
+    import math
+
+    from sglang_ddtree.sglang import auto
+
+    policy = AutoBudgetPolicy([0, 16, 64], relative_times=True)
+    b = policy._bucket(1)
+
+    def timed(i, ms, sampled=False, after=0):
+        """a timed round of candidate i, `after` untimed rounds after the previous one"""
+        b.observed_rounds += after
+        b.timed(i, ms, sampled=sampled)
+        b.observed_rounds += 1
+
+    for _ in range(5):  # 64-tree rounds with one 16-tree round between, 16-tree 10% dearer
+        timed(2, 4.0)
+        timed(2, 4.0)
+        timed(1, 4.4)
+    median, n = b.pair_stats[(1, 2)][0], b.pair_stats[(1, 2)][2]
+    # every 16-tree round pairs with the 64-tree round before it, every later 64-tree round with it: 9, the last RECENT
+    assert n == min(9, auto.RECENT)
+    assert median == pytest.approx(math.log(4.0 / 4.4))  # log(ms_64 / ms_16)
+    assert b.reference() == 2
+    log_ratio, _, _ = b.log_ratio(1, 2)
+    assert log_ratio == pytest.approx(math.log(4.4 / 4.0))
+    assert b.log_ratio(2, 1)[0] == pytest.approx(-log_ratio)
+    assert b.log_ratio(0, 2) is None  # never timed next to it
+
+    timed(0, 9.0, sampled=True)  # the first sampled round: nothing to pair with (the unsampled ones do not count)
+    assert not any(0 in key for key in b.pair_stats)
+    timed(2, 4.0, sampled=True, after=auto.PAIR_GAP - 1)  # PAIR_GAP rounds after the chain's: a pair
+    assert b.pair_stats[(0, 2)][2] == 1
+    assert b.log_ratio(0, 2) is None  # one pair, below PAIR_MIN
+    timed(0, 9.0, after=auto.PAIR_GAP)  # unsampled, PAIR_GAP + 1 rounds after the last unsampled one: none
+    assert (0, 1) not in b.pair_stats and b.pair_stats[(0, 2)][2] == 1
+
+
+def test_relative_times_follow_a_drifting_host():
+    """RELATIVE_TIMES on a flat cost curve whose host speed drifts (simulate_auto_flat.py's "flat, host drift 0.2 over
+    250 rounds"): a probed tree's few times, taken while the host ran fast, no longer read below the incumbent's, so
+    the 128-tree (the most tokens at the same cost) runs more rounds and the picks' rate comes closer to the best.
+    auto_flat_sim_relative.json: 0.986 -> 0.997 of the best rate, the 64-tree's share 27% -> 1%, 8 seeds."""
+    from sglang_ddtree.bench.auto_sim import CANDIDATES, WIDTHS, rate_over_best, simulate
+
+    base, tokens, expected = [4.4] * 5, [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
+
+    def run(relative):
+        rates, widest = [], 0
+        for seed in range(6):
+            policy = AutoBudgetPolicy(list(CANDIDATES), widths=WIDTHS, relative_times=relative)
+            picks = simulate(seed, base, tokens, expected, 2500, 4, noise=0.10, outlier=0.05, policy=policy,
+                             drift_sigma=0.2, drift_rounds=250)[300:]
+            rates.append(rate_over_best(picks, base, tokens))
+            widest += picks.count(len(CANDIDATES) - 1)
+        return sum(rates) / len(rates), widest
+
+    (off_rate, off_widest), (on_rate, on_widest) = run(False), run(True)
+    assert on_rate > off_rate + 0.004
+    assert on_widest > off_widest
+
+
+def test_relative_times_from_the_environment(monkeypatch):
+    from sglang_ddtree.sglang import auto
+
+    monkeypatch.delenv("SGLANG_DDTREE_AUTO_RELATIVE_TIMES", raising=False)
+    assert auto.auto_relative_times() is None
+    assert AutoBudgetPolicy([0, 16]).relative_times is auto.RELATIVE_TIMES
+    for raw, want in (("0", False), ("1", True)):
+        monkeypatch.setenv("SGLANG_DDTREE_AUTO_RELATIVE_TIMES", raw)
+        assert auto.auto_relative_times() is want
+    for bad in ("yes", "2"):
+        monkeypatch.setenv("SGLANG_DDTREE_AUTO_RELATIVE_TIMES", bad)
+        with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_RELATIVE_TIMES"):
+            auto.auto_relative_times()
+
+
+def test_relative_times_follow_a_step_of_one_candidates_cost():
+    """RELATIVE_TIMES assumes two candidates' costs move together; here the incumbent 64-tree's round alone gets 1.7x
+    dearer at round 40 (a context-dependent cost), with no scheduled probes: the pair's newest entries lie off its
+    median, the 16-tree is re-probed and the pair restarts, so the 16-tree (now the best) runs every one of the last
+    100 of 200 rounds, as it does with times read as they are (there within a decision or two; here after ~40
+    rounds, the chain and a 64-tree decision between)."""
+    for relative in (False, True):
+        policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, relative_times=relative)
+        tokens, ms = [3.0, 4.0, 5.0], [1.0, 1.1, 1.2]
+        queue, picks = [], []
+        for r in range(200):
+            if r == 40:
+                ms = [1.0, 1.1, 2.0]
+            if policy.deciding(1):
+                while len(queue) > 1:
+                    j = queue.pop(0)
+                    seen = observed_candidates(policy.candidates, j)
+                    policy.observe(1, j, 1, ms[j], [1.5 * t for t in tokens],
+                                   [t if s else None for t, s in zip(tokens, seen)])
+            picks.append(policy.choose(1))
+            queue.append(picks[-1])
+        assert picks[10:40] == [2] * 30, relative
+        assert picks[100:] == [1] * 100, relative

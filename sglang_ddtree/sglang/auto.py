@@ -249,6 +249,35 @@ FLOOR_MIN_TIMES = 2
 # left untimed by the worker making one fewer. 4 by default with FLOOR_MIN_TIMES = 2 (3 before; see there).
 EXPLORE_ROUNDS = 4
 
+# With RELATIVE_TIMES a candidate's round time for its rate is read against the bucket's reference candidate (the one
+# timed most in its last REFERENCE_WINDOW timed rounds, the incumbent): the reference's own median times the median
+# ratio of the candidate's timed rounds to the reference's timed rounds next to them (at most PAIR_GAP rounds of the
+# bucket apart, both sampled or both not: a sampled round costs more), a tree's ratio drawn toward 1 by SHRINK_Z
+# standard errors as the pooled shrinkage draws times (_Bucket.pair). Why: the host's speed drifts by a third over
+# minutes on the tiny pair (lease 21b), and a probed tree's few times, taken when the host ran fast, read up to ~10%
+# below the incumbent's many, taken over all of it: lease 31's free `auto` servers ran the 32- and 64-trees in 8-41%
+# of their rounds (auto_chooser_log_tiny_lease31.txt), committing 4-9% fewer tokens a round at the same cost. Rounds
+# a few milliseconds apart share the host's speed, as lease 31's in-process A/B's arms do. A candidate with fewer
+# than PAIR_MIN such pairs keeps its own median, as does one whose newest pair is older than STALE_ROUNDS observed
+# rounds of the bucket. The ratio assumes the two candidates' costs move together; one may step alone (a
+# context-dependent cost, tests/test_sglang_auto.py's step test): a pair's newest entry off its median by more than
+# LEVEL_MOVED (log) and two sigmas has the candidate probed at the next decision if it could win (a probe brought
+# forward: at least REPROBE_GAP rounds, or probe_every if fewer, after the last probe), and two such
+# entries in a row, the same way, restart the pair from them. (A development variant that fell back to the
+# candidate's own median on one such entry, or whenever the reference's median had moved by LEVEL_MOVED since the
+# newest pair, gave back most of the simulated gain: host drift and 2x outliers trip both; mean 0.9923, not kept.)
+# Simulated (simulate_auto_flat.py, 29 cases, mean of the cases' mean / worst case's mean / mean of the cases' worst
+# seed; auto_flat_sim_relative.json against auto_flat_sim_relative_off.json): 0.9940 / 0.989 / 0.978 against
+# 0.9919 / 0.970 / 0.964; the `flat, host drift` cases 0.986 / 0.991 -> 0.996 (the 64-tree's share 27% / 14% -> 2%),
+# the convex 8B-like batch 16 after batch 1 0.970 -> 0.994, the 8B-like batch 1 0.998 -> 0.996 (the chain's share
+# 98% -> 90%: a chain and a tree are not drawn together), the `real cost gaps` case 0.993 -> 0.989. GPU: lease 32.
+RELATIVE_TIMES = True
+REFERENCE_WINDOW = 32
+PAIR_GAP = 32
+PAIR_MIN = 3
+LEVEL_MOVED = 0.15
+REPROBE_GAP = 16
+
 
 @dataclass
 class _Decayed:
@@ -285,14 +314,28 @@ class _Bucket:
     held: int = 0  # the last decision, repeated while hold > 0
     hold: int = 0  # rounds the held choice still runs without a decision (HOLD_ROUNDS)
     next_probe: int = 0  # the first round at which a probe may run again (probe_every)
+    last_probe: int = -(10 ** 9)  # the round of the last probe (a RELATIVE_TIMES re-probe waits REPROBE_GAP after it)
     seen: list = field(default_factory=list)  # rounds observed per candidate, timed or not (WARM_ROUNDS)
     elsewhere: set = field(default_factory=set)  # candidates explored as another bucket's best (EXPLORE_BEST_ELSEWHERE)
     mad: bool = False  # spread as the median absolute deviation, else the interquartile range (SPREAD)
+    # RELATIVE_TIMES: rounds observed in the bucket; per sampled flag the last timed round (candidate, observed round,
+    # log ms); per candidate pair (lo, hi) the last RECENT log(ms_hi / ms_lo) of neighbouring timed rounds and their
+    # (median, sigma); the candidates of the last REFERENCE_WINDOW timed rounds and their counts
+    relative: bool = False
+    observed_rounds: int = 0
+    last_timed: dict = field(default_factory=dict)
+    pairs: dict = field(default_factory=dict)
+    pair_stats: dict = field(default_factory=dict)
+    window: collections.deque = field(default_factory=lambda: collections.deque(maxlen=REFERENCE_WINDOW))
+    window_counts: list = field(default_factory=list)
+    reprobe: set = field(default_factory=set)  # candidates to probe at the next decision
+    reprobed: set = field(default_factory=set)  # pairs whose newest entry lies off and that asked for that probe
 
     def __post_init__(self):
         n = len(self.recent)
         self.median, self.spread, self.least = [None] * n, [None] * n, [None] * n
         self.seen = [0] * n
+        self.window_counts = [0] * n
 
     def chose(self, i: int) -> None:
         if len(self.last_choices) == self.last_choices.maxlen and self.last_choices[0] != 0:
@@ -300,8 +343,11 @@ class _Bucket:
         self.last_choices.append(i)
         self.others_in_run += i != 0
 
-    def timed(self, i: int, ms: float) -> None:
-        """Candidate i's round took ms: into its recent times and their statistics."""
+    def timed(self, i: int, ms: float, sampled: bool = False) -> None:
+        """Candidate i's round took ms (sampled: the round computed the expectations): into its recent times and
+        their statistics, and with RELATIVE_TIMES into its ratio to the last timed round of another candidate."""
+        if self.relative:
+            self._pair(i, math.log(ms), sampled)
         self.recent[i].append(ms)
         xs = sorted(self.recent[i])
         n = len(xs)
@@ -311,6 +357,62 @@ class _Bucket:
             self.spread[i] = 1.4826 * deviations[n // 2]
         else:
             self.spread[i] = 0.7413 * (xs[(3 * n) // 4] - xs[n // 4])  # the interquartile range as a normal sigma
+
+    def _pair(self, i: int, log_ms: float, sampled: bool) -> None:
+        """RELATIVE_TIMES' bookkeeping for a timed round of candidate i (before observed_rounds moves on)."""
+        last = self.last_timed.get(sampled)
+        if last is not None and last[0] != i and self.observed_rounds - last[1] <= PAIR_GAP:
+            j, _, log_j = last
+            key = (min(i, j), max(i, j))
+            diffs = self.pairs.setdefault(key, collections.deque(maxlen=RECENT))
+            self.reprobed.discard(key)
+            diff = log_ms - log_j if i > j else log_j - log_ms  # log(ms_hi / ms_lo)
+            before = self.pair_stats.get(key)
+            # the newest entry off the pair's median by more than LEVEL_MOVED and two sigmas: the ratio may have
+            # changed (one candidate's cost stepped alone); two such entries in a row, the same way, restart the pair
+            off = 0
+            if before is not None and diffs and before[2] >= 2 and abs(diff - before[0]) > max(LEVEL_MOVED,
+                                                                                                2.0 * before[1]):
+                off = 1 if diff > before[0] else -1
+                if before[4] == off:
+                    diffs = self.pairs[key] = collections.deque(list(diffs)[-1:], maxlen=RECENT)
+                    off = 0
+            diffs.append(diff)
+            xs = sorted(diffs)
+            n = len(xs)
+            median = 0.5 * (xs[(n - 1) // 2] + xs[n // 2])  # the true median: the pair's two orders read alike
+            self.pair_stats[key] = (median, 0.7413 * (xs[(3 * n) // 4] - xs[n // 4]), n, self.observed_rounds, off)
+        self.last_timed[sampled] = (i, self.observed_rounds, log_ms)
+        if len(self.window) == self.window.maxlen:
+            self.window_counts[self.window[0]] -= 1
+        self.window.append(i)
+        self.window_counts[i] += 1
+
+    def reference(self) -> int | None:
+        """The candidate timed most in the last REFERENCE_WINDOW timed rounds (the later one on a tie)."""
+        if not self.window:
+            return None
+        top = max(self.window_counts)
+        for i in reversed(self.window):
+            if self.window_counts[i] == top:
+                return i
+        return None
+
+    def log_ratio(self, i: int, ref: int) -> tuple[float, float, int] | None:
+        """(median log(ms_i / ms_ref), its sigma, pairs) over neighbouring timed rounds; None below PAIR_MIN or when
+        the pair's newest entry is older than STALE_ROUNDS observed rounds. While that entry lies off the median
+        (_pair), i is probed at the next decision: a second such entry restarts the pair."""
+        key = (min(i, ref), max(i, ref))
+        stats = self.pair_stats.get(key)
+        if stats is None or stats[2] < PAIR_MIN:
+            return None
+        median, sigma, n, at, off = stats
+        if off and key not in self.reprobed:  # once: the probe's time is in flight for a round or two
+            self.reprobed.add(key)
+            self.reprobe.add(i)
+        if self.observed_rounds - at > STALE_ROUNDS:
+            return None
+        return (median if i > ref else -median), sigma, n
 
 
 @dataclass
@@ -345,6 +447,9 @@ class AutoBudgetPolicy:
     # The spread SHRINK_Z's standard error uses, "iqr" or "mad" (None: the module's SPREAD), for an A/B in one
     # interleaved run (SGLANG_DDTREE_AUTO_SPREAD).
     spread: str | None = None
+    # Candidates' times read against the bucket's reference candidate's neighbouring rounds (None: the module's
+    # RELATIVE_TIMES), for an A/B in one run (SGLANG_DDTREE_AUTO_RELATIVE_TIMES).
+    relative_times: bool | None = None
     # Every round verifies this candidate (an index; None: the policy decides), sampled on the usual schedule: the
     # GPU server module and benchmarks run one candidate through `auto`'s whole round (SGLANG_DDTREE_AUTO_FORCE),
     # e.g. the chain's lean round (worker._chain_round) against DFLASH's.
@@ -407,6 +512,8 @@ class AutoBudgetPolicy:
         self._explore_tries = self.explore + max(0, self.warm_rounds - 1)
         if self.explore_best_elsewhere is None:
             self.explore_best_elsewhere = EXPLORE_BEST_ELSEWHERE
+        if self.relative_times is None:
+            self.relative_times = RELATIVE_TIMES
         n = len(self.candidates)
         if self.widths is None:
             self.widths = [16 if c == CHAIN else c + 1 for c in self.candidates]
@@ -428,7 +535,8 @@ class AutoBudgetPolicy:
             n = len(self.candidates)
             self.buckets[bucket] = _Bucket([_Decayed() for _ in range(n)], [0] * n, [0] * n, [-1] * n, [0] * n,
                                            [collections.deque(maxlen=RECENT) for _ in range(n)],
-                                           next_probe=self.probe_every, mad=self.spread == "mad")
+                                           next_probe=self.probe_every, mad=self.spread == "mad",
+                                           relative=self.relative_times)
         return self.buckets[bucket]
 
     # ---------------------------------------------------------------------------------------------- estimates
@@ -513,7 +621,28 @@ class AutoBudgetPolicy:
             error = z * 1.25 * b.spread[i] / math.sqrt(len(b.recent[i]))  # the median's standard error
             gap = ms[i] - pooled
             ms[i] = pooled + math.copysign(max(0.0, abs(gap) - error), gap)
-        return ms
+        return self._relative_ms(b, ms, z) if b.relative else ms
+
+    def _relative_ms(self, b: _Bucket, ms: list[float | None], z: float) -> list[float | None]:
+        """RELATIVE_TIMES: each candidate with PAIR_MIN neighbouring pairs with the bucket's reference candidate
+        costs the reference's time (as _shrunk_tree_ms gives it) times their median ratio, between two trees drawn
+        toward 1 by z standard errors of the median (the chain verifies causally: another cost curve)."""
+        ref = b.reference()
+        if ref is None or not ms[ref]:
+            return ms
+        out = list(ms)
+        for i in range(len(self.candidates)):
+            relative = None if i == ref else b.log_ratio(i, ref)
+            if relative is None:
+                continue
+            log_ratio, sigma, n = relative
+            if self.candidates[i] != CHAIN and self.candidates[ref] != CHAIN:
+                # a few pairs' spread can read near 0: at least the two candidates' own relative spreads combined
+                own = [b.spread[j] / b.median[j] for j in (i, ref) if len(b.recent[j]) >= 3 and b.median[j]]
+                sigma = max(sigma, math.sqrt(sum(x * x for x in own)))
+                log_ratio = math.copysign(max(0.0, abs(log_ratio) - z * 1.25 * sigma / math.sqrt(n)), log_ratio)
+            out[i] = ms[ref] * math.exp(log_ratio)
+        return out
 
     # ---------------------------------------------------------------------------------------------- decisions
 
@@ -614,8 +743,16 @@ class AutoBudgetPolicy:
                 b.waited[i] += 1  # its time is in flight: run the best known meanwhile, explore nothing wider yet
                 waiting = True
                 break
+        if (choice is None and b.reprobe
+                and b.rounds >= b.last_probe + min(self.probe_every, REPROBE_GAP)):
+            # RELATIVE_TIMES: a candidate whose pair's newest entry lies off, if it could win: a probe brought forward
+            again = [i for i in sorted(b.reprobe) if i != best and self._could_win(b, i, best_rate)]
+            b.reprobe.clear()
+            if again:
+                choice = min(again, key=lambda i: (b.last_measured[i], i))
+                b.last_probe, b.next_probe = b.rounds, b.rounds + self.probe_every
         if choice is None and b.rounds >= b.next_probe:
-            b.next_probe = b.rounds + self.probe_every
+            b.last_probe, b.next_probe = b.rounds, b.rounds + self.probe_every
             # re-measure the stalest that could still win, or whose times are stale (STALE_ROUNDS)
             probes = [i for i in range(n) if i != best and (
                 self._could_win(b, i, best_rate) or (b.recent[i] and b.rounds - b.last_measured[i] > STALE_ROUNDS
@@ -716,9 +853,10 @@ class AutoBudgetPolicy:
         warm = b.seen[chosen] > self.warm_rounds  # else a first use of the candidate in this bucket (WARM_ROUNDS)
         if warm and round_ms is not None and math.isfinite(round_ms) and round_ms > 0:
             b.round_ms[chosen].add(round_ms, 1.0, keep)
-            b.timed(chosen, round_ms)
+            b.timed(chosen, round_ms, sampled=bool(expected_sum))
             b.measured[chosen] += 1
             b.last_measured[chosen] = b.rounds
+        b.observed_rounds += 1
         self.rounds_observed += 1
         if expected_sum:
             # One sampled round stands for the SAMPLE_EVERY-round stretches since the last one, so the decayed
@@ -833,6 +971,13 @@ def auto_spread() -> str | None:
     """SGLANG_DDTREE_AUTO_SPREAD: the policy's spread for this server, "iqr" or "mad" (None when unset: the
     module's SPREAD), for an A/B in one interleaved run."""
     return _env_choice("SGLANG_DDTREE_AUTO_SPREAD", ("iqr", "mad"))
+
+
+def auto_relative_times() -> bool | None:
+    """SGLANG_DDTREE_AUTO_RELATIVE_TIMES: the policy's relative_times for this server (None when unset: the module's
+    RELATIVE_TIMES; 1 on, 0 off), for an A/B in one run."""
+    raw = _env_choice("SGLANG_DDTREE_AUTO_RELATIVE_TIMES", ("0", "1"))
+    return None if raw is None else raw == "1"
 
 
 def auto_explore_rounds() -> int | None:

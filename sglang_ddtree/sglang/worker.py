@@ -72,8 +72,8 @@ from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, ABSchedule, AutoBudget
                                       CalibrationMonitor, WalkSchedule, auto_ab_block, auto_calibration_learn_all,
                                       auto_explore_best_elsewhere, auto_explore_rounds, auto_floor_fresh,
                                       auto_floor_min_times, auto_force, auto_hold_rounds, auto_log_every,
-                                      auto_sample_every, auto_shrink_z, auto_spread, auto_warm_rounds,
-                                      calibration_prior_mass)
+                                      auto_relative_times, auto_sample_every, auto_shrink_z, auto_spread,
+                                      auto_warm_rounds, calibration_prior_mass)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -362,7 +362,8 @@ class DDTreeWorker(DFlashWorkerV2):
                                   shrink_z=auto_shrink_z(), spread=auto_spread(), floor_fresh=auto_floor_fresh(),
                                   warm_rounds=auto_warm_rounds(), floor_min_times=auto_floor_min_times(),
                                   explore_best_elsewhere=auto_explore_best_elsewhere(), force=auto_force(candidates),
-                                  hold_rounds=auto_hold_rounds() or 0, sample_every=auto_sample_every())
+                                  hold_rounds=auto_hold_rounds() or 0, sample_every=auto_sample_every(),
+                                  relative_times=auto_relative_times())
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
         calibration = CalibrationMonitor(calibrator, self.stats.prometheus)
