@@ -924,6 +924,32 @@ def walk_triton(tree: DraftTree, target_choice: torch.Tensor):
     return WalkResult(path=path, accept_len=accept, bonus=bonus, out_tokens=out_tokens, target_choice=choice)
 
 
+def _chain_accept_rows(bs: int) -> int:
+    """Row blocks a loop of chain_accept_triton's one program walks: few compiled variants."""
+    return 16 if bs <= 16 else 64
+
+
+def chain_accept_batch_sizes(low: int, high: int) -> list[int]:
+    """One batch size in low..high (inclusive) per variant of chain_accept_triton that batch sizes compile: its
+    ROWS and BLOCKS constexprs and Triton's specialization of the integer `bs` (equal to 1, divisible by 16). Each
+    variant's first launch compiles it (~0.3-0.5 s), so `auto` launches these once when it captures a batch-size
+    bucket's stages (DDTreeWorker._capture_bucket): lease 32's in-process A/B timed a lean chain round's first launch
+    at a new variant inside a measured run (an `auto` arm at 16.5 ms a round over a run against its fixed arm's 5.0)."""
+    out, seen = [], set()
+    for bs in range(max(1, low), high + 1):
+        rows = _chain_accept_rows(bs)
+        key = (rows, triton_cdiv(bs, rows), bs == 1, bs % 16 == 0)
+        if key not in seen:
+            seen.add(key)
+            out.append(bs)
+    return out
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    """triton.cdiv without importing Triton (the CPU machine may lack it)."""
+    return -(-a // b)
+
+
 def chain_accept_triton(candidates: torch.Tensor, choices: torch.Tensor, logprobs: torch.Tensor,
                         prefix_lens: torch.Tensor, out: dict[str, torch.Tensor]) -> None:
     """A chain round's walk, commit arithmetic and stats in one launch (sglang.ops.chain_accept: the same results
@@ -933,7 +959,7 @@ def chain_accept_triton(candidates: torch.Tensor, choices: torch.Tensor, logprob
     out_tokens (int64 [bs, L+1]: the accepted drafts, the bonus, zeros), new_seq_lens ([bs], prefix_lens' dtype),
     branch_lens (int32 [bs], zeros) and summary (float32 [L+5], stats.round_summary_vector's layout)."""
     bs, width = candidates.shape
-    rows = 16 if bs <= 16 else 64  # row blocks a loop of one program walks: few compiled variants
+    rows = _chain_accept_rows(bs)
     _chain_accept_kernel[(1,)](
         candidates.contiguous(), choices.to(torch.int64).contiguous(), logprobs.float().contiguous(),
         prefix_lens.contiguous(), out["accept_len"], out["commit_lens"], out["bonus"], out["out_tokens"],

@@ -448,3 +448,23 @@ def test_chain_accept_kernel_matches_the_chain_trees_walk():
     """`auto`'s lean chain round (ops.chain_accept): one kernel == the chain tree's walk, commit arithmetic and
     stats summary (walk_commit_plan on tree.chain_tree_from_topk), for batches below, at and above a row block."""
     run_in_interpreter(CHAIN_CHECK, "CHAIN-OK", timeout=600)
+
+
+def test_chain_accept_batch_sizes_cover_every_compiled_variant_once():
+    """kernels.chain_accept_batch_sizes: one batch size per variant of chain_accept_triton that a range of batch
+    sizes compiles (its ROWS / BLOCKS constexprs, Triton's bs == 1 and bs % 16 == 0 specializations), so that
+    `auto`'s bucket capture compiles them all (DDTreeWorker._warm_chain_accept)."""
+    from sglang_ddtree import kernels
+
+    def variant(bs):
+        rows = 16 if bs <= 16 else 64
+        return rows, -(-bs // rows), bs == 1, bs % 16 == 0
+
+    assert kernels.chain_accept_batch_sizes(1, 64) == [1, 2, 16, 17, 32]
+    assert kernels.chain_accept_batch_sizes(2, 4) == [2]
+    assert kernels.chain_accept_batch_sizes(65, 128) == [65, 80]
+    for low, high in ((1, 1), (1, 16), (5, 16), (17, 64), (33, 256)):
+        sizes = kernels.chain_accept_batch_sizes(low, high)
+        assert all(low <= bs <= high for bs in sizes)
+        assert len({variant(bs) for bs in sizes}) == len(sizes)  # one each
+        assert {variant(bs) for bs in range(low, high + 1)} == {variant(bs) for bs in sizes}  # all of them

@@ -1331,7 +1331,7 @@ def test_relative_times_follow_a_drifting_host():
     """RELATIVE_TIMES on a flat cost curve whose host speed drifts (simulate_auto_flat.py's "flat, host drift 0.2 over
     250 rounds"): a probed tree's few times, taken while the host ran fast, no longer read below the incumbent's, so
     the 128-tree (the most tokens at the same cost) runs more rounds and the picks' rate comes closer to the best.
-    auto_flat_sim_relative.json: 0.986 -> 0.997 of the best rate, the 64-tree's share 27% -> 1%, 8 seeds."""
+    auto_flat_sim_relative.json: 0.986 -> 0.996 of the best rate, the 64-tree's share 27% -> 3%, 8 seeds."""
     from sglang_ddtree.bench.auto_sim import CANDIDATES, WIDTHS, rate_over_best, simulate
 
     base, tokens, expected = [4.4] * 5, [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
@@ -1389,3 +1389,17 @@ def test_relative_times_follow_a_step_of_one_candidates_cost():
             queue.append(picks[-1])
         assert picks[10:40] == [2] * 30, relative
         assert picks[100:] == [1] * 100, relative
+
+
+def test_a_round_whose_host_time_stalled_is_cold():
+    """RoundTimer.stalled (auto.STALL_HOST_MS): a round whose host time exceeds the limit did uncounted one-time work;
+    a timer without host time (stats off) never stalls."""
+    from sglang_ddtree.sglang.auto import STALL_HOST_MS
+    from sglang_ddtree.sglang.stats import RoundTimer
+
+    timer = RoundTimer(enabled=False)
+    assert timer.host_ms is None and not timer.stalled(STALL_HOST_MS)
+    timer.host_ms = 4.2  # a tiny-pair round
+    assert not timer.stalled(STALL_HOST_MS)
+    timer.host_ms = 480.0  # a Triton compile inside the round
+    assert timer.stalled(STALL_HOST_MS)

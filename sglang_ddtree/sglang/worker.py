@@ -68,7 +68,7 @@ from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
-from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, ABSchedule, AutoBudgetPolicy, AutoFeedback,
+from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, STALL_HOST_MS, ABSchedule, AutoBudgetPolicy, AutoFeedback,
                                       CalibrationMonitor, WalkSchedule, auto_ab_block, auto_calibration_learn_all,
                                       auto_explore_best_elsewhere, auto_explore_rounds, auto_floor_fresh,
                                       auto_floor_min_times, auto_force, auto_hold_rounds, auto_log_every,
@@ -396,11 +396,29 @@ class DDTreeWorker(DFlashWorkerV2):
                                                                   prefix_lens, rows=bs)
                 walk_stage(tree.tokens, tree.parents, tree.depth, tree.scores, tree.ranks, tree.valid, choices, slots,
                            prefix_lens, rows=bs)
+        if self.lean_chain and self.use_kernels:
+            self._warm_chain_accept(bucket, prefix_lens)
         self.auto.captured_buckets.add(bucket)
         self.stats.other_batch()  # the next round's `between` would hold these captures
         if self.ps.tp_rank == 0:
             logger.info("DDTREE auto: batch-size bucket %d: %d stage graphs captured together in %.0f ms", bucket,
                         self._stage_captures() - before, 1e3 * (time.perf_counter() - started))
+
+    def _warm_chain_accept(self, bucket: int, prefix_lens: torch.Tensor) -> None:
+        """The lean chain round's accept kernel (eager: ops.chain_accept) launched once per compiled variant that the
+        bucket's batch sizes reach (kernels.chain_accept_batch_sizes), on zeros into scratch buffers, so that no
+        measured round compiles it (STALL_HOST_MS)."""
+        from sglang_ddtree import kernels
+
+        sizes = sorted(set(self._bucket_cache[1] if self._bucket_cache is not None else []) | {bucket})
+        low = max([size for size in sizes if size < bucket], default=0) + 1
+        block, device = self.block_size, prefix_lens.device
+        for rows in kernels.chain_accept_batch_sizes(low, bucket):
+            ids = torch.zeros((rows, block), dtype=torch.int64, device=device)
+            logprobs = torch.zeros((rows, block - 1), dtype=torch.float32, device=device)
+            lens = torch.zeros(rows, dtype=prefix_lens.dtype, device=device)
+            ops.chain_accept(True, ids, ids, logprobs, lens,
+                             ops.chain_outputs(rows, self.depth_limit, prefix_lens.dtype, device))
 
     @staticmethod
     def _stage_captures() -> int:
@@ -614,7 +632,8 @@ class DDTreeWorker(DFlashWorkerV2):
         self._commit(plan, logits_output.hidden_states, commit_lens, bs, width, chain=causal)
         logits_output.hidden_states = None
         timer.mark("commit")
-        cold = self._stage_captures() != captures  # a fixed round's (an `auto` round's: _auto_after_round)
+        # a fixed round's (an `auto` round's: _auto_after_round)
+        cold = self._stage_captures() != captures or timer.stalled(STALL_HOST_MS)
         if use_auto:
             scored = plan.calibration is not None
             # an unsampled round's walk computes no observed tokens (the policy reads them only next to the same
@@ -726,7 +745,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 logger.warning("DDTREE auto: a stage graph was captured in a round at batch-size bucket %d after "
                                "the bucket's stages were all captured (%d such rounds)", bucket,
                                self.auto.late_captures)
-        cold = built or captured or self.auto.first_use(bucket, chosen)
+        cold = built or captured or self.auto.first_use(bucket, chosen) or timer.stalled(STALL_HOST_MS)
         self.auto.feedback.push(vector, timer, bucket, chosen, bs, cold=cold, sampled=sampled,
                                 young=self.auto.calibration.young())
         if calibration_delta is not None:  # the table learns now, in stream order before the next scored walk stage
