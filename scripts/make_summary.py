@@ -369,9 +369,15 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
 # DDTREE 128 servers: `tiny-ab` `auto` as it is, `tiny-f` held on the 128-tree (SGLANG_DDTREE_AUTO_FORCE=128: `auto`'s
 # own cost, no choice), `tiny-l` with HOLD_ROUNDS = 16 and SAMPLE_EVERY = 16. Lease 31b (a9ea0f2: held_round, a forced
 # candidate holding as a decision does), A/B servers alone, 14 runs a row: `tiny-ab`, `tiny-f`, `tiny-h` (HOLD_ROUNDS =
-# 16, SAMPLE_EVERY = 16), `tiny-z` (SHRINK_Z = 2), `tiny-hz` (all three). The headline is the last file's `auto` as
-# it is.
-AB_SWEEPS = ("sweep_ab_tiny_lease31.jsonl", "sweep_ab_tiny_lease31b.jsonl")
+# 16, SAMPLE_EVERY = 16), `tiny-z` (SHRINK_Z = 2), `tiny-hz` (all three). Lease 32 (e033bee, whose default had
+# RELATIVE_TIMES on: AB_IMPLIED_ENV), A/B servers alone, 14 runs: `tiny-r`, `tiny-r2` (relative times), `tiny-o`,
+# `tiny-o2` (off), `tiny-h` (relative, HOLD_ROUNDS = 16, SAMPLE_EVERY = 16). Lease 32b (4fc4ebf: STALL_HOST_MS, the lean
+# chain's kernel warmed), 10 runs: `tiny-a`, `tiny-a2` (as it is), `tiny-h`, `tiny-h2` (HOLD_ROUNDS = 16, SAMPLE_EVERY =
+# 16). The headline is the last file's `auto` as it is, its servers' runs pooled (bench.paired.ab_pooled).
+AB_SWEEPS = ("sweep_ab_tiny_lease31.jsonl", "sweep_ab_tiny_lease31b.jsonl", "sweep_ab_tiny_lease32.jsonl",
+             "sweep_ab_tiny_lease32b.jsonl")
+# What a sweep's servers ran without setting it (their commit's default then), for the arm labels.
+AB_IMPLIED_ENV = {"sweep_ab_tiny_lease32.jsonl": ["SGLANG_DDTREE_AUTO_RELATIVE_TIMES=1"]}
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
@@ -635,8 +641,11 @@ def paired(out: dict) -> None:
     out["sglang_paired_ratios"] = table
 
 
-def _ab_arm(env: list[str]) -> str:
-    """What an A/B server's `auto` arm ran, from its server_env: "as it is", "forced=<candidate>", or its knobs."""
+def _ab_arm(env: list[str], implied: tuple = ()) -> str:
+    """What an A/B server's `auto` arm ran, from its server_env: "as it is", "forced=<candidate>", or its knobs;
+    implied: NAME=VALUE knobs its commit defaulted to where the server_env does not set NAME (AB_IMPLIED_ENV)."""
+    named = {e.split("=", 1)[0] for e in env}
+    env = list(env) + [e for e in implied if e.split("=", 1)[0] not in named]
     knobs = [e for e in env if not e.startswith(("SGLANG_DDTREE_AUTO_LOG_EVERY=", "SGLANG_DDTREE_AUTO_AB="))]
     forced = [e.split("=", 1)[1] for e in knobs if e.startswith("SGLANG_DDTREE_AUTO_FORCE=")]
     if forced:
@@ -649,9 +658,10 @@ def sglang_auto_ab(out: dict) -> None:
     whole row and run by run with a 95% interval, per batch size and pooled, with each arm's tau, GPU ms and host ms
     a round. The arms share the process, the moment and the text, so these intervals are the rounds' own spread, not
     the host's speed between servers (the cross-server ratios of the same sweep: sglang_paired_ratios).
-    sglang_auto_ab_over_fixed_128_tiny: the arm that ran `auto` as it is, run by run, per batch size."""
+    sglang_auto_ab_over_fixed_128_tiny: the arm that ran `auto` as it is, run by run, per batch size, its servers'
+    runs pooled (ab_pooled; the last file that has such an arm)."""
     sys.path.insert(0, str(RESULTS.parents[1]))
-    from sglang_ddtree.bench.paired import ab_table, row_label
+    from sglang_ddtree.bench.paired import ab_pooled, ab_table, row_label
     from sglang_ddtree.bench.results import latest_results, read_rows
 
     table: dict = {}
@@ -662,14 +672,18 @@ def sglang_auto_ab(out: dict) -> None:
             raise FileNotFoundError(name)
         rows = list(latest_results(read_rows(RESULTS / name)).values())
         envs = {row_label(r): r.get("server_env") or [] for r in rows if r.get("kind") == "result" and r.get("ab_runs")}
+        as_it_is = []
         for label, t in ab_table(rows).items():
-            arm = _ab_arm(envs.get(label, []))
+            arm = _ab_arm(envs.get(label, []), tuple(AB_IMPLIED_ENV.get(name, ())))
             table.setdefault(name, {})[label] = {
                 "arm": arm, "by_batch_size": {str(bs): v for bs, v in t["by_batch_size"].items()},
                 "all_batch_sizes": t["all_batch_sizes"]}
             if arm == "as it is" and label.startswith("tiny"):
-                headline = {str(bs): v["runs"]["ratio"] for bs, v in t["by_batch_size"].items() if v["runs"]}
-                headline_source = name
+                as_it_is.append(label)
+        if as_it_is:
+            pooled = ab_pooled(rows, set(as_it_is))
+            headline = {str(bs): v["ratio"] for bs, v in pooled["by_batch_size"].items() if v}
+            headline_source = f"{name} ({' + '.join(sorted(as_it_is))}, runs pooled)"
     out["sglang_auto_ab"] = table
     out["sglang_auto_ab_over_fixed_128_tiny"] = headline
     out["sglang_auto_ab_over_fixed_128_tiny_source"] = headline_source if headline else None

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -696,3 +697,30 @@ def test_an_ab_server_records_its_arms_run_by_run_and_paired_reads_them(tmp_path
     row2 = latest_results(read_rows(tmp_path / "b" / "results.jsonl"))[P.row_key("tiny", "auto", None, 4)]
     assert "ab_runs" not in row2 and "ab" not in (row2.get("ddtree_metrics") or {})
     assert ab_table([row2]) == {}
+
+
+def test_ab_pooled_pools_the_runs_of_one_configurations_servers():
+    """bench.paired.ab_pooled: the run-by-run ratio over every run of the named A/B servers' rows (lease 32b's two
+    `auto` servers as they are): per batch size the paired ratio of the concatenated runs, which lies between the
+    two servers' own; a label not named adds nothing."""
+    from sglang_ddtree.bench.paired import _ab_pairs, ab_pooled, ab_table, paired_ratio
+    from sglang_ddtree.bench.results import latest_results, read_rows
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "sweep_ab_tiny_lease32b.jsonl"
+    rows = list(latest_results(read_rows(path)).values())
+    pooled = ab_pooled(rows, {"tiny-a|auto", "tiny-a2|auto"})
+    alone = ab_table(rows)
+    for bs in (1, 4, 16, 64):
+        a, f = [], []
+        for r in rows:
+            if r.get("kind") == "result" and r.get("batch_size") == bs and r.get("setup") in ("tiny-a", "tiny-a2"):
+                x, y = _ab_pairs(r)
+                a += x
+                f += y
+        assert len(a) == 20
+        assert pooled["by_batch_size"][bs] == paired_ratio(a, f)
+        ours = sorted(alone[label]["by_batch_size"][bs]["runs"]["ratio"] for label in ("tiny-a|auto", "tiny-a2|auto"))
+        assert ours[0] - 1e-9 <= pooled["by_batch_size"][bs]["ratio"] <= ours[1] + 1e-9
+    assert pooled["all_batch_sizes"]["rounds"] == 80
+    assert ab_pooled(rows, {"tiny-a|auto"})["all_batch_sizes"] == alone["tiny-a|auto"]["all_batch_sizes"]
+    assert ab_pooled(rows, {"nothing|auto"}) == {"by_batch_size": {}, "all_batch_sizes": None}

@@ -134,7 +134,9 @@ def test_an_auto_server_held_on_one_candidate_is_left_out_of_the_headline():
 def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
     """An `auto` server with SGLANG_DDTREE_AUTO_AB alternates rounds with the fixed tree: its tokens/s mixes both arms,
     so the cross-server headline leaves it out, and sglang_auto_ab reports its arms instead, named by what the `auto`
-    arm ran. The committed summary's headline A/B entry is the last A/B sweep's `auto` as it is, per batch size."""
+    arm ran (a knob its commit defaulted to, AB_IMPLIED_ENV, named too unless the server set it). The committed
+    summary's headline A/B entry is the last A/B sweep's `auto` as it is, per batch size, its servers' runs pooled
+    (between the servers' own ratios)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("make_summary", ROOT / "scripts" / "make_summary.py")
@@ -146,13 +148,18 @@ def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
     assert ms._ab_arm(ab) == "as it is"
     assert ms._ab_arm(ab + ["SGLANG_DDTREE_AUTO_FORCE=128"]) == "forced=128"
     assert ms._ab_arm(ab + ["SGLANG_DDTREE_AUTO_SHRINK_Z=2"]) == "AUTO_SHRINK_Z=2"
+    implied = ("SGLANG_DDTREE_AUTO_RELATIVE_TIMES=1",)
+    assert ms._ab_arm(ab, implied) == "AUTO_RELATIVE_TIMES=1"
+    assert ms._ab_arm(ab + ["SGLANG_DDTREE_AUTO_RELATIVE_TIMES=0"], implied) == "AUTO_RELATIVE_TIMES=0"
     summary = json.loads((ROOT / "benchmarks" / "results" / "summary.json").read_text())
     last = ms.AB_SWEEPS[-1]
-    assert summary["sglang_auto_ab_over_fixed_128_tiny_source"] == last
-    entry = summary["sglang_auto_ab"][last]["tiny-ab|auto"]
-    assert entry["arm"] == "as it is"
-    assert summary["sglang_auto_ab_over_fixed_128_tiny"] == {bs: v["runs"]["ratio"]
-                                                            for bs, v in entry["by_batch_size"].items()}
-    assert sorted(summary["sglang_auto_ab_over_fixed_128_tiny"]) == ["1", "16", "4", "64"]
+    as_it_is = sorted(label for label, entry in summary["sglang_auto_ab"][last].items() if entry["arm"] == "as it is")
+    assert len(as_it_is) == 2  # lease 32b: tiny-a, tiny-a2
+    assert summary["sglang_auto_ab_over_fixed_128_tiny_source"] == f"{last} ({' + '.join(as_it_is)}, runs pooled)"
+    headline = summary["sglang_auto_ab_over_fixed_128_tiny"]
+    assert sorted(headline) == ["1", "16", "4", "64"]
+    for bs, ratio in headline.items():
+        own = sorted(summary["sglang_auto_ab"][last][label]["by_batch_size"][bs]["runs"]["ratio"] for label in as_it_is)
+        assert own[0] - 1e-3 <= ratio <= own[1] + 1e-3
     # no A/B server's own tokens/s reaches the cross-server headline's sources
     assert all(name not in ms.AB_SWEEPS for name in ms.SGLANG_AUTO_SWEEPS)

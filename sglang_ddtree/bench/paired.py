@@ -248,3 +248,20 @@ def ab_table(rows: list[dict]) -> dict:
         table["by_batch_size"] = dict(sorted(table["by_batch_size"].items()))
         table["all_batch_sizes"] = paired_ratio(a, f) if len(a) >= 2 else None
     return out
+
+
+def ab_pooled(rows: list[dict], labels) -> dict:
+    """ab_table's run-by-run ratio for one configuration run on several A/B servers (labels): every run of those
+    servers' rows pooled, per batch size and over all of them (two servers of one configuration differ by ~2% in
+    their exploration, leases 31-32). {"by_batch_size": {bs: paired_ratio(...)}, "all_batch_sizes": ...}."""
+    by_bs: dict = {}
+    for r in _measured(rows):
+        if r.get("ab_runs") and row_label(r) in labels:
+            a, f = _ab_pairs(r)
+            runs = by_bs.setdefault(int(r["batch_size"]), ([], []))
+            runs[0].extend(a)
+            runs[1].extend(f)
+    every = ([x for a, _ in by_bs.values() for x in a], [x for _, f in by_bs.values() for x in f])
+    return {"by_batch_size": {bs: paired_ratio(a, f) for bs, (a, f) in sorted(by_bs.items()) if len(a) >= 2},
+            "all_batch_sizes": paired_ratio(*every) if len(every[0]) >= 2 else None}
+

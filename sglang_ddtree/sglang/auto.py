@@ -127,11 +127,12 @@ NOISE = 0.1
 # A round whose host time (RoundTimer.host_ms, the worker's round call from its start to the commit mark) exceeds
 # STALL_HOST_MS did one-time work that no counter saw (a Triton kernel compiled outside a graph capture, a first
 # allocation, a long GC pause): like a round that captured graphs, its tokens count and its time does not (the
-# chooser's timing, the A/B tallies). Why: lease 32's in-process A/B: in 5 of 100 runs over leases 31-32 an `auto` arm
-# took 10.6-16.5 ms a round over a run against its fixed arm's 4.2-7.1, always the `auto` arm and mostly a batch
-# size's first run (tiny-r at batch 1: the row's walk stage 1.19 ms of host time a round against 0.22); its first lean
-# chain round (DDTreeWorker._chain_round, whose accept kernel is eager) fell there. A round's host time is ~3-6 ms on
-# the tiny pair and below the GPU's ~7-36 ms at 8B shapes; a Triton compile takes ~300-500 ms.
+# chooser's timing, the A/B tallies). Why: in 5 of ~800 runs of leases 31-32's in-process A/B an `auto` arm took
+# 10.6-16.5 ms a round over a run against its fixed arm's 4.2-7.1, always the `auto` arm and mostly a batch size's
+# first run (tiny-r at batch 1: the row's walk stage 1.19 ms of host time a round against 0.22): the server's first
+# lean chain round at a new variant of its eager accept kernel (DDTreeWorker._chain_round) fell there and compiled it
+# (now warmed at each bucket's capture: DDTreeWorker._warm_chain_accept). Lease 32b: no such run left. A round's
+# host time is ~3-6 ms on the tiny pair and below the GPU's ~7-36 ms at 8B shapes; a Triton compile takes ~300-500 ms.
 STALL_HOST_MS = 50.0
 
 # Exploration waits at most this many rounds for a candidate's first timed round before it explores wider ones
@@ -263,7 +264,7 @@ EXPLORE_ROUNDS = 4
 # timed most in its last REFERENCE_WINDOW timed rounds, the incumbent): the reference's own median times the median
 # ratio of the candidate's timed rounds to the reference's timed rounds next to them (at most PAIR_GAP rounds of the
 # bucket apart, both sampled or both not: a sampled round costs more), a tree's ratio drawn toward 1 by SHRINK_Z
-# standard errors as the pooled shrinkage draws times (_Bucket.pair). Why: the host's speed drifts by a third over
+# standard errors as the pooled shrinkage draws times (_Bucket._pair). Why: the host's speed drifts by a third over
 # minutes on the tiny pair (lease 21b), and a probed tree's few times, taken when the host ran fast, read up to ~10%
 # below the incumbent's many, taken over all of it: lease 31's free `auto` servers ran the 32- and 64-trees in 8-41%
 # of their rounds (auto_chooser_log_tiny_lease31.txt), committing 4-9% fewer tokens a round at the same cost. Rounds
@@ -278,14 +279,14 @@ EXPLORE_ROUNDS = 4
 # newest pair, gave back most of the simulated gain: host drift and 2x outliers trip both; mean 0.9923, not kept.)
 # Simulated (simulate_auto_flat.py, 29 cases, mean of the cases' mean / worst case's mean / mean of the cases' worst
 # seed; auto_flat_sim_relative.json against auto_flat_sim_relative_off.json): 0.9942 / 0.989 / 0.977 against
-# 0.9919 / 0.970 / 0.964; the `flat, host drift` cases 0.986 / 0.991 -> 0.996 (the 64-tree's share 27% / 14% -> 3% / 2%),
-# the convex 8B-like batch 16 after batch 1 0.970 -> 0.994, the 8B-like batch 1 0.998 -> 0.996 (the chain's share
-# 98% -> 90%: a chain and a tree are not drawn together), the `real cost gaps` case 0.993 -> 0.989. GPU A/B, lease 32
-# (tiny pair, two `auto` servers per arm, each against its own fixed 128-tree arm, 14 runs a batch size;
+# 0.9919 / 0.970 / 0.964; the `flat, host drift` cases 0.986 / 0.991 -> 0.996 (the 64-tree's share 27% / 14% ->
+# 3% / 2%), the convex 8B-like batch 16 after batch 1 0.970 -> 0.994, the 8B-like batch 1 0.998 -> 0.996 (the chain's
+# share 98% -> 90%: a chain and a tree are not drawn together), the `real cost gaps` case 0.993 -> 0.989. GPU A/B,
+# lease 32 (tiny pair, two `auto` servers per arm, each against its own fixed 128-tree arm, 14 runs a batch size;
 # sweep_ab_tiny_lease32.jsonl): the 128-tree ran 88 / 91% of the `auto` rounds against 82 / 84% without, but the
 # arms' ratios did not move: pooled x0.926 / 0.956 against x0.948 / 0.960 (batch 4-64 x0.946-0.973 against
-# 0.935-0.966; one batch-1 run of one server lost ~0.5 s in its `auto` arm, see docs/gpu-suite.md). The rest of the
-# gap is `auto`'s host time a round (+0.2-0.3 ms), not its choices. Off; SGLANG_DDTREE_AUTO_RELATIVE_TIMES=1 on.
+# 0.935-0.966; one batch-1 run of one server lost ~0.5 s in its `auto` arm to a compile: STALL_HOST_MS). The rest of
+# the gap is `auto`'s host time a round (+0.2-0.3 ms), not its choices. Off; SGLANG_DDTREE_AUTO_RELATIVE_TIMES=1 on.
 RELATIVE_TIMES = False
 REFERENCE_WINDOW = 32
 PAIR_GAP = 32
