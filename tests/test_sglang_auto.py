@@ -1392,14 +1392,24 @@ def test_relative_times_follow_a_step_of_one_candidates_cost():
 
 
 def test_a_round_whose_host_time_stalled_is_cold():
-    """RoundTimer.stalled (auto.STALL_HOST_MS): a round whose host time exceeds the limit did uncounted one-time work;
-    a timer without host time (stats off) never stalls."""
-    from sglang_ddtree.sglang.auto import STALL_HOST_MS
-    from sglang_ddtree.sglang.stats import RoundTimer
+    """auto.StallDetector: a round whose host time exceeds STALL_HOST_MS did uncounted one-time work (lease 32's
+    Triton compile inside a lean chain round: ~480 ms against ~4 ms rounds); an untimed round never stalls; where
+    every round is long on the host (a GPU-bound deployment whose launches wait, 120 ms here) the limit rises to
+    STALL_FACTOR times their median within a window, so those rounds keep their times, and a compile-sized outlier
+    beyond that still stalls."""
+    from sglang_ddtree.sglang.auto import STALL_FACTOR, STALL_HOST_MS, STALL_WINDOW, StallDetector
 
-    timer = RoundTimer(enabled=False)
-    assert timer.host_ms is None and not timer.stalled(STALL_HOST_MS)
-    timer.host_ms = 4.2  # a tiny-pair round
-    assert not timer.stalled(STALL_HOST_MS)
-    timer.host_ms = 480.0  # a Triton compile inside the round
-    assert timer.stalled(STALL_HOST_MS)
+    tiny = StallDetector()
+    assert not tiny.stalled(None)
+    assert [tiny.stalled(4.0) for _ in range(100)] == [False] * 100
+    assert tiny.limit_ms == STALL_HOST_MS  # 10 x 4 ms lies below the floor
+    assert tiny.stalled(480.0) and not tiny.stalled(4.2) and tiny.stalls == 1
+
+    big = StallDetector()
+    flags = [big.stalled(120.0) for _ in range(3 * STALL_WINDOW)]
+    assert sum(flags) <= STALL_WINDOW // 4  # only until the first re-read of the limit
+    assert not any(flags[STALL_WINDOW // 4:])
+    assert big.limit_ms == pytest.approx(STALL_FACTOR * 120.0)
+    assert big.stalled(5000.0) and not big.stalled(130.0)
+    with pytest.raises(ValueError):
+        StallDetector(factor=1.0)

@@ -133,7 +133,12 @@ NOISE = 0.1
 # lean chain round at a new variant of its eager accept kernel (DDTreeWorker._chain_round) fell there and compiled it
 # (now warmed at each bucket's capture: DDTreeWorker._warm_chain_accept). Lease 32b: no such run left. A round's
 # host time is ~3-6 ms on the tiny pair and below the GPU's ~7-36 ms at 8B shapes; a Triton compile takes ~300-500 ms.
+# The limit is STALL_FACTOR times the median host time of the server's last STALL_WINDOW rounds when that is larger
+# (StallDetector): where a deployment's rounds all take long on the host (a large GPU-bound batch whose launches wait
+# for the GPU), a fixed limit would make every round cold and leave the chooser without times.
 STALL_HOST_MS = 50.0
+STALL_FACTOR = 10.0
+STALL_WINDOW = 32
 
 # Exploration waits at most this many rounds for a candidate's first timed round before it explores wider ones
 # (a round is timed unless it was cold; the feedback lags by one or two rounds).
@@ -1058,6 +1063,36 @@ def auto_ab_block() -> int:
     milliseconds apart in one process share the host's speed and the text being decoded, so the ratio of the arms'
     tokens per second cancels both."""
     return _env_at_least("SGLANG_DDTREE_AUTO_AB", int, 0, "a block length in rounds >= 0 (0: off)") or 0
+
+
+class StallDetector:
+    """Which decode rounds stalled on the host (STALL_HOST_MS): one call per round with its host time (ms; None when
+    the round was not timed). The limit is re-read every STALL_WINDOW / 4 rounds from the median of the last
+    STALL_WINDOW rounds' host times, stalled ones included, so that a server whose every round is long (STALL_FACTOR
+    times the floor's share) raises it instead of calling all its rounds stalled."""
+
+    def __init__(self, floor_ms: float = STALL_HOST_MS, factor: float = STALL_FACTOR, window: int = STALL_WINDOW):
+        if floor_ms <= 0 or factor <= 1 or window < 4:
+            raise ValueError("a stall limit needs floor_ms > 0, factor > 1 and window >= 4.")
+        self.floor_ms, self.factor = floor_ms, factor
+        self.recent: collections.deque = collections.deque(maxlen=window)
+        self.limit_ms = floor_ms
+        self._every = window // 4
+        self._since = 0
+        self.stalls = 0
+
+    def stalled(self, host_ms: float | None) -> bool:
+        if host_ms is None:
+            return False
+        out = host_ms > self.limit_ms
+        self.stalls += out
+        self.recent.append(host_ms)
+        self._since += 1
+        if self._since >= self._every:
+            self._since = 0
+            xs = sorted(self.recent)
+            self.limit_ms = max(self.floor_ms, self.factor * xs[len(xs) // 2])
+        return out
 
 
 class ABSchedule:

@@ -136,11 +136,6 @@ class RoundTimer:
             out["after"] = 1e3 * (end - prev)
         return out
 
-    def stalled(self, limit_ms: float) -> bool:
-        """Whether the host spent more than limit_ms in the round (first to last mark): one-time work nobody
-        counted (a Triton compile outside a graph capture, a first allocation, a long GC pause)."""
-        return self.host_ms is not None and self.host_ms > limit_ms
-
     def ab_counted(self) -> bool:
         """Whether the round counts in the A/B tallies (ABTallies): it has an arm, did no one-time work, and
         directly followed another decode round (its time then runs from that round's end: `between` included)."""

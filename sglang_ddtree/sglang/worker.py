@@ -68,12 +68,12 @@ from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
-from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, STALL_HOST_MS, ABSchedule, AutoBudgetPolicy, AutoFeedback,
-                                      CalibrationMonitor, WalkSchedule, auto_ab_block, auto_calibration_learn_all,
-                                      auto_explore_best_elsewhere, auto_explore_rounds, auto_floor_fresh,
-                                      auto_floor_min_times, auto_force, auto_hold_rounds, auto_log_every,
-                                      auto_relative_times, auto_sample_every, auto_shrink_z, auto_spread,
-                                      auto_warm_rounds, calibration_prior_mass)
+from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, ABSchedule, AutoBudgetPolicy, AutoFeedback,
+                                      CalibrationMonitor, StallDetector, WalkSchedule, auto_ab_block,
+                                      auto_calibration_learn_all, auto_explore_best_elsewhere, auto_explore_rounds,
+                                      auto_floor_fresh, auto_floor_min_times, auto_force, auto_hold_rounds,
+                                      auto_log_every, auto_relative_times, auto_sample_every, auto_shrink_z,
+                                      auto_spread, auto_warm_rounds, calibration_prior_mass)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -210,6 +210,7 @@ class DDTreeWorker(DFlashWorkerV2):
         # SGLANG_DDTREE_AUTO_AB: decode rounds alternate in blocks of this many between `auto` and the fixed widest
         # tree (0: off); its tallies are Prometheus counters
         self.ab_block = auto_ab_block()
+        self._stalls = StallDetector()  # rounds that stalled on the host are cold (auto.STALL_HOST_MS)
         self._ab = ABSchedule(self.ab_block)
         if self.ab_block and self.auto is None:
             raise ValueError("SGLANG_DDTREE_AUTO_AB compares `auto` with the fixed widest tree in one server: it needs "
@@ -407,7 +408,7 @@ class DDTreeWorker(DFlashWorkerV2):
     def _warm_chain_accept(self, bucket: int, prefix_lens: torch.Tensor) -> None:
         """The lean chain round's accept kernel (eager: ops.chain_accept) launched once per compiled variant that the
         bucket's batch sizes reach (kernels.chain_accept_batch_sizes), on zeros into scratch buffers, so that no
-        measured round compiles it (STALL_HOST_MS)."""
+        measured round compiles it (auto.STALL_HOST_MS)."""
         from sglang_ddtree import kernels
 
         sizes = sorted(set(self._bucket_cache[1] if self._bucket_cache is not None else []) | {bucket})
@@ -633,7 +634,7 @@ class DDTreeWorker(DFlashWorkerV2):
         logits_output.hidden_states = None
         timer.mark("commit")
         # a fixed round's (an `auto` round's: _auto_after_round)
-        cold = self._stage_captures() != captures or timer.stalled(STALL_HOST_MS)
+        cold = self._stalls.stalled(timer.host_ms) or self._stage_captures() != captures
         if use_auto:
             scored = plan.calibration is not None
             # an unsampled round's walk computes no observed tokens (the policy reads them only next to the same
@@ -745,7 +746,8 @@ class DDTreeWorker(DFlashWorkerV2):
                 logger.warning("DDTREE auto: a stage graph was captured in a round at batch-size bucket %d after "
                                "the bucket's stages were all captured (%d such rounds)", bucket,
                                self.auto.late_captures)
-        cold = built or captured or self.auto.first_use(bucket, chosen) or timer.stalled(STALL_HOST_MS)
+        stalled = self._stalls.stalled(timer.host_ms)  # every round's host time feeds the detector's limit
+        cold = built or captured or self.auto.first_use(bucket, chosen) or stalled
         self.auto.feedback.push(vector, timer, bucket, chosen, bs, cold=cold, sampled=sampled,
                                 young=self.auto.calibration.young())
         if calibration_delta is not None:  # the table learns now, in stream order before the next scored walk stage
