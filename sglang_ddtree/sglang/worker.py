@@ -633,8 +633,8 @@ class DDTreeWorker(DFlashWorkerV2):
         self._commit(plan, logits_output.hidden_states, commit_lens, bs, width, chain=causal)
         logits_output.hidden_states = None
         timer.mark("commit")
-        # a fixed round's (an `auto` round's: _auto_after_round)
-        cold = self._stalls.stalled(timer.host_ms) or self._stage_captures() != captures
+        stalled = self._stalls.stalled(timer.host_ms)  # once a round: every round's host time feeds the limit
+        cold = stalled or self._stage_captures() != captures  # a fixed round's (an `auto` round's: _auto_after_round)
         if use_auto:
             scored = plan.calibration is not None
             # an unsampled round's walk computes no observed tokens (the policy reads them only next to the same
@@ -642,7 +642,7 @@ class DDTreeWorker(DFlashWorkerV2):
             vector = torch.cat([expected, plan.observed, plan.calibration if scored else self.auto.no_calibration]) \
                 if sampled else None
             cold = self._auto_after_round(timer, bs, bucket, chosen, built, captures, vector, sampled,
-                                          plan.calibration_delta if scored else None)
+                                          plan.calibration_delta if scored else None, stalled)
         self._ab_mark(timer, fixed_arm, cold)
         # reqs/seq_lens are only read by the debug dump (after its sync): no host sync on the default path.
         self.stats.record_round(tree, walk, timer, batch_size=bs, reqs=getattr(batch, "reqs", None),
@@ -714,7 +714,8 @@ class DDTreeWorker(DFlashWorkerV2):
         )
         logits_output.hidden_states = None
         timer.mark("commit")
-        cold = self._auto_after_round(timer, bs, bucket, chosen, built, captures, None, False, None)
+        cold = self._auto_after_round(timer, bs, bucket, chosen, built, captures, None, False, None,
+                                      self._stalls.stalled(timer.host_ms))
         self._ab_mark(timer, False, cold)
         self.stats.record_round(None, None, timer, batch_size=bs, summary=out["summary"])
         if self.pad_stages and bucket not in self.auto.captured_buckets:
@@ -733,12 +734,13 @@ class DDTreeWorker(DFlashWorkerV2):
         return result
 
     def _auto_after_round(self, timer, bs, bucket, chosen, built, captures, vector, sampled,
-                          calibration_delta) -> bool:
+                          calibration_delta, stalled: bool) -> bool:
         """`auto`'s bookkeeping at a round's end: the feedback (vector: a sampled round's, else None), what the
         calibration table learns (calibration_delta: a scored round's, else None), the log. -> whether the round
         was cold. A round that built verify states or captured stage graphs (first use of a candidate at a batch
         size) took one-time work: its tokens count, its time does not (lease 9: such rounds made the chain, the first
-        candidate explored, look seconds slow)."""
+        candidate explored, look seconds slow); so did a round that stalled on the host (stalled: the round's
+        StallDetector answer, asked once a round by the caller)."""
         captured = self._stage_captures() != captures
         if captured and bucket in self.auto.captured_buckets:
             self.auto.late_captures += 1
@@ -746,7 +748,6 @@ class DDTreeWorker(DFlashWorkerV2):
                 logger.warning("DDTREE auto: a stage graph was captured in a round at batch-size bucket %d after "
                                "the bucket's stages were all captured (%d such rounds)", bucket,
                                self.auto.late_captures)
-        stalled = self._stalls.stalled(timer.host_ms)  # every round's host time feeds the detector's limit
         cold = built or captured or self.auto.first_use(bucket, chosen) or stalled
         self.auto.feedback.push(vector, timer, bucket, chosen, bs, cold=cold, sampled=sampled,
                                 young=self.auto.calibration.young())
