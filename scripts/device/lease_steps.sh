@@ -65,6 +65,11 @@
 #   bash scripts/device/lease_steps.sh server-kernels-1gpu OUTDIR COMMIT   # one GPU, ~8 min (detach it): the server
 #        module next to the core + kernel GPU tests, then kernel-bench alone (batch 1; BASE_KERNELS as kernel-checks)
 #   bash scripts/device/lease_steps.sh kernel-bench OUTDIR COMMIT   # one GPU, ALONE: kernel-checks' benchmarks only
+#   bash scripts/device/lease_steps.sh auto-8b OUTDIR COMMIT   # one GPU, ~4-6 min: DFLASH and `auto` at 8B shapes
+#        (dummy weights), interleaved, batch A8_BATCH_SIZES (1,4,16,64), decode graphs everywhere, A8_REPEATS (6) x 4
+#        prompt groups, next to one `auto` server per A8_ARMS entry (NAME:ENV, ENV comma-separated; setup
+#        8b-NAME), e.g. A8_ARMS="h:SGLANG_DDTREE_AUTO_HOLD_ROUNDS=16,SGLANG_DDTREE_AUTO_SAMPLE_EVERY=16"; then
+#        benchmarks/paired_ratios.py over DFLASH
 #   bash scripts/device/lease_steps.sh auto-final OUTDIR COMMIT   # one GPU, ALONE, ~20 min (detach it): the server
 #        module, then the tiny pair's DFLASH / DDTREE 32 / 128 / auto and 8B shapes' DFLASH / auto, batch 1 / 4 / 16 /
 #        64, interleaved (AF_REPEATS, AF_TINY_MINUTES, AF_8B_MINUTES, AF_SKIP_SERVER=1, AF_SKIP_TINY=1,
@@ -720,6 +725,38 @@ host-profile)
     ls /tmp/hp/*.txt 2>/dev/null | tee -a /tmp/hp/run.log
     tar -cJf "$out/host_profile.tar.xz" -C /tmp hp
     tail -n 8 /tmp/hp/run.log
+    ;;
+auto-8b)
+    # The 8B shapes' check of `auto` knobs (lease 30's sweep_auto_8b command, with arms): GPU-bound, DFLASH is the
+    # rival there, so each arm is read against the DFLASH server of the same interleaved run.
+    out=${1:?outdir}
+    commit=${2:?commit}
+    rm -rf /tmp/a8
+    mkdir -p "$out" /tmp/a8
+    rc=0
+    unpack_jit_cache
+    setups=(8b-dummy)
+    copies=()
+    for arm in ${A8_ARMS:-}; do
+        name="8b-${arm%%:*}"
+        extra=${arm#*:}
+        setups+=("$name")
+        copies+=(--copy-setup "$name=8b-dummy" --set "$name.methods=auto"
+                 --set "$name.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100${extra:+,$extra}")
+    done
+    list=$(IFS=,; echo "${setups[*]}")
+    CUDA_VISIBLE_DEVICES=0 timeout "${A8_TIMEOUT_S:-480}" python3 benchmarks/bench_budgets.py --setups "$list" \
+        ${copies[@]+"${copies[@]}"} --set 8b-dummy.methods=dflash,auto \
+        --set all.batch_sizes="${A8_BATCH_SIZES:-1,4,16,64}" --set all.graph_token_cap=8300 \
+        --set 8b-dummy.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 --repeats "${A8_REPEATS:-6}" --prompt-groups 4 \
+        --interleave --max-minutes "${A8_MINUTES:-6.8}" --out /tmp/a8/sweep --log-dir /tmp/a8/logs \
+        --commit "$commit" > /tmp/a8/run.log 2>&1 || rc=$?
+    echo "8b sweep exit $rc" | tee -a /tmp/a8/run.log
+    cp /tmp/a8/sweep/bench_budgets.jsonl "$out/sweep_auto_8b.jsonl" || true
+    python3 benchmarks/paired_ratios.py /tmp/a8/sweep/bench_budgets.jsonl --base "8b-dummy|dflash" \
+        --json "$out/paired_ratios_8b.json" 2>&1 | tee -a /tmp/a8/run.log || true
+    tar -cJf "$out/auto_8b_logs.tar.xz" -C /tmp a8/run.log a8/logs 2>/dev/null || true
+    tail -n 30 /tmp/a8/run.log
     ;;
 auto-final)
     # Issue 10's judging run after lease 18 (detach it, ~20 min): the server module (greedy equality with auto's
