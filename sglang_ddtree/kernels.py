@@ -924,9 +924,11 @@ def walk_triton(tree: DraftTree, target_choice: torch.Tensor):
     return WalkResult(path=path, accept_len=accept, bonus=bonus, out_tokens=out_tokens, target_choice=choice)
 
 
-def _chain_accept_rows(bs: int) -> int:
-    """Row blocks a loop of chain_accept_triton's one program walks: few compiled variants."""
-    return 16 if bs <= 16 else 64
+def _chain_accept_blocks(bs: int) -> tuple[int, int]:
+    """chain_accept_triton's ROWS (row blocks a loop of its one program walks: few compiled variants) and BLOCKS
+    (the loop's trips) for bs requests: both constexprs, so each pair is a compiled variant."""
+    rows = 16 if bs <= 16 else 64
+    return rows, -(-bs // rows)
 
 
 def chain_accept_batch_sizes(low: int, high: int) -> list[int]:
@@ -937,17 +939,11 @@ def chain_accept_batch_sizes(low: int, high: int) -> list[int]:
     at a new variant inside a measured run (an `auto` arm at 16.5 ms a round over a run against its fixed arm's 5.0)."""
     out, seen = [], set()
     for bs in range(max(1, low), high + 1):
-        rows = _chain_accept_rows(bs)
-        key = (rows, triton_cdiv(bs, rows), bs == 1, bs % 16 == 0)
+        key = (*_chain_accept_blocks(bs), bs == 1, bs % 16 == 0)
         if key not in seen:
             seen.add(key)
             out.append(bs)
     return out
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    """triton.cdiv without importing Triton (the CPU machine may lack it)."""
-    return -(-a // b)
 
 
 def chain_accept_triton(candidates: torch.Tensor, choices: torch.Tensor, logprobs: torch.Tensor,
@@ -959,12 +955,12 @@ def chain_accept_triton(candidates: torch.Tensor, choices: torch.Tensor, logprob
     out_tokens (int64 [bs, L+1]: the accepted drafts, the bonus, zeros), new_seq_lens ([bs], prefix_lens' dtype),
     branch_lens (int32 [bs], zeros) and summary (float32 [L+5], stats.round_summary_vector's layout)."""
     bs, width = candidates.shape
-    rows = _chain_accept_rows(bs)
+    rows, blocks = _chain_accept_blocks(bs)
     _chain_accept_kernel[(1,)](
         candidates.contiguous(), choices.to(torch.int64).contiguous(), logprobs.float().contiguous(),
         prefix_lens.contiguous(), out["accept_len"], out["commit_lens"], out["bonus"], out["out_tokens"],
         out["new_seq_lens"], out["branch_lens"], out["summary"], bs, L=width - 1, W=_pow2(width), ROWS=rows,
-        BLOCKS=triton.cdiv(bs, rows), num_warps=4,
+        BLOCKS=blocks, num_warps=4,
     )
 
 

@@ -239,14 +239,10 @@ def ab_table(rows: list[dict]) -> dict:
                  "arms": {arm: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in numbers.items()
                                 if k in ("tau", "round_ms", "host_ms", "rounds", "skipped_rounds", "tokens_per_s")}
                           for arm, numbers in arms.items() if isinstance(numbers, dict)}}
-        table = out.setdefault(label, {"by_batch_size": {}, "_runs": ([], [])})
-        table["by_batch_size"][int(r["batch_size"])] = entry
-        table["_runs"][0].extend(a)
-        table["_runs"][1].extend(f)
-    for table in out.values():
-        a, f = table.pop("_runs")
+        out.setdefault(label, {"by_batch_size": {}})["by_batch_size"][int(r["batch_size"])] = entry
+    for label, table in out.items():
         table["by_batch_size"] = dict(sorted(table["by_batch_size"].items()))
-        table["all_batch_sizes"] = paired_ratio(a, f) if len(a) >= 2 else None
+        table["all_batch_sizes"] = ab_pooled(rows, {label})["all_batch_sizes"]
     return out
 
 
