@@ -125,6 +125,18 @@ paired_outputs() {  # NAME OUTDIR RC: a pinned interleaved tiny sweep run in /tm
     tail -n 30 "$ws/run.log"
 }
 
+auto_arm_copies() {  # PREFIX BASE ENV ARMS...: per NAME:EXTRA arm (EXTRA comma-separated, may be empty) an `auto`
+    # copy of setup BASE named PREFIX-NAME with server_env ENV,EXTRA, appended to the caller's setups and copies
+    # arrays (tiny-ab, auto-8b)
+    local prefix=$1 base=$2 env=$3 arm name extra
+    shift 3
+    for arm in "$@"; do
+        name="$prefix-${arm%%:*}"
+        extra=${arm#*:}
+        setups+=("$name")
+        copies+=(--copy-setup "$name=$base" --set "$name.methods=auto" --set "$name.server_env=$env${extra:+,$extra}")
+    done
+}
 pinned_sweep() {  # WS TIMEOUT_S COMMIT ARGS...: bench_budgets.py on GPU 0 with what tiny-paired, tiny-starts and
     # tiny-ab share (a 128-token warm-up, one prompt group rotating per run, interleaved, HumanEval prompts), results
     # in WS/sweep, server logs in WS/logs, its output in WS/run.log; ARGS: setups, rows, CPUs, repeats, minutes
@@ -630,12 +642,7 @@ tiny-ab)
         setups=(tiny)
         copies=(--set tiny.methods=dflash,ddtree --set tiny.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100)
     fi
-    for arm in $arms; do
-        name="tiny-${arm%%:*}"
-        extra=${arm#*:}
-        setups+=("$name")
-        copies+=(--copy-setup "$name=tiny" --set "$name.methods=auto" --set "$name.server_env=$ab${extra:+,$extra}")
-    done
+    auto_arm_copies tiny tiny "$ab" $arms
     list=$(IFS=,; echo "${setups[*]}")
     pinned_sweep /tmp/ta "${TA_TIMEOUT_S:-1080}" "$commit" --setups "$list" \
         "${copies[@]}" --set all.budgets=128 \
@@ -737,13 +744,7 @@ auto-8b)
     unpack_jit_cache
     setups=(8b-dummy)
     copies=()
-    for arm in ${A8_ARMS:-}; do
-        name="8b-${arm%%:*}"
-        extra=${arm#*:}
-        setups+=("$name")
-        copies+=(--copy-setup "$name=8b-dummy" --set "$name.methods=auto"
-                 --set "$name.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100${extra:+,$extra}")
-    done
+    auto_arm_copies 8b 8b-dummy SGLANG_DDTREE_AUTO_LOG_EVERY=100 ${A8_ARMS:-}
     list=$(IFS=,; echo "${setups[*]}")
     CUDA_VISIBLE_DEVICES=0 timeout "${A8_TIMEOUT_S:-480}" python3 benchmarks/bench_budgets.py --setups "$list" \
         ${copies[@]+"${copies[@]}"} --set 8b-dummy.methods=dflash,auto \
