@@ -75,9 +75,12 @@ def round_block(seed: int = 0):
         else:
             chosen, sampled = held
         prom.auto_round(candidate_label(CANDIDATES[chosen]))
-        young = monitor.request_rounds < CALIBRATION_YOUNG
         learn_all = monitor.learnt < CALIBRATION_LEARN_ALL
-        scored = walks.variant(CANDIDATES[chosen] == CHAIN, sampled, young, learn_all) == "scored"
+        if sampled or learn_all:  # as the worker asks it
+            young = monitor.request_rounds < CALIBRATION_YOUNG
+            scored = walks.variant(CANDIDATES[chosen] == CHAIN, sampled, young, learn_all) in WalkSchedule.SCORED
+        else:
+            scored = False
         seen.add((bucket, chosen))
         vector = torch.cat([expected, observed, errors if scored else no_errors]) if sampled else None
         feedback.push(vector, _Timer(rng.uniform(0.3, 0.6)), bucket, chosen, 1, sampled=sampled,

@@ -5,10 +5,12 @@ the 32-, 64- and 128-trees at 4.31 / 4.41 / 4.32 ms and gave the narrower ones 3
 8B-like cases where the chain should win, a case with real cost gaps, and the scenarios of tests/test_sglang_auto.py
 that guard against lock-outs (a slow start, one slow sample, slow host phases). `--shrink-z Z`, `--recent N`,
 `--floor-fresh N`, `--floor-min-times N`, `--hold N`, `--warm-rounds N`, `--explore N`, `--spread iqr|mad` and
-`--relative-times` / `--no-relative-times` evaluate the chooser with auto.SHRINK_Z / auto.RECENT / auto.FLOOR_FRESH /
-auto.FLOOR_MIN_TIMES / auto.HOLD_ROUNDS / auto.WARM_ROUNDS / auto.EXPLORE_ROUNDS / auto.SPREAD / auto.RELATIVE_TIMES
-set to them (0: no shrinkage; no freshness limit; 1: every timed round bounds floors; 1: a decision every round; 0:
-every timed round counts), `--sample-every N` with the policies' sample_every (SGLANG_DDTREE_AUTO_SAMPLE_EVERY).
+`--relative-times` / `--no-relative-times`, `--hold-max N` evaluate the chooser with auto.SHRINK_Z / auto.RECENT /
+auto.FLOOR_FRESH / auto.FLOOR_MIN_TIMES / auto.HOLD_ROUNDS / auto.WARM_ROUNDS / auto.EXPLORE_ROUNDS / auto.SPREAD /
+auto.RELATIVE_TIMES / auto.HOLD_MAX set to them (0: no shrinkage; no freshness limit; 1: every timed round bounds
+floors; 1: a decision every round; 0: every timed round counts), `--sample-every N` with the policies' sample_every (SGLANG_DDTREE_AUTO_SAMPLE_EVERY),
+`--no-settled-sampling` without settled_sampling (SGLANG_DDTREE_AUTO_SETTLED_SAMPLING=0); `--cases TEXT` runs only the
+cases whose name holds TEXT.
 
     python benchmarks/simulate_auto_flat.py --out benchmarks/results/auto_flat_sim.json
     python benchmarks/simulate_auto_flat.py --shrink-z 0 --out benchmarks/results/auto_flat_sim_z0.json
@@ -175,6 +177,13 @@ def main(argv=None) -> int:
     ap.add_argument("--explore-best-elsewhere", action=argparse.BooleanOptionalAction, default=None,
                     help="auto.EXPLORE_BEST_ELSEWHERE for this run (a new bucket also explores other buckets' best; "
                          "default: the code's)")
+    ap.add_argument("--hold-max", type=int, default=None,
+                    help="auto.HOLD_MAX for this run (the longest hold of a repeated decision; --hold or less: no "
+                         "growth; default: the code's)")
+    ap.add_argument("--settled-sampling", action=argparse.BooleanOptionalAction, default=None,
+                    help="the policies' settled_sampling (a settled bucket samples at the idle interval: "
+                         "SGLANG_DDTREE_AUTO_SETTLED_SAMPLING; default: on)")
+    ap.add_argument("--cases", default=None, help="only the cases whose name contains this text")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.rounds <= args.skip:
@@ -184,7 +193,7 @@ def main(argv=None) -> int:
     for option, constant, minimum in (("hold", "HOLD_ROUNDS", 1), ("warm_rounds", "WARM_ROUNDS", 0),
                                       ("recent", "RECENT", 1), ("floor_fresh", "FLOOR_FRESH", 0),
                                       ("floor_min_times", "FLOOR_MIN_TIMES", 1), ("explore", "EXPLORE_ROUNDS", 1),
-                                      ("shrink_z", "SHRINK_Z", 0)):
+                                      ("shrink_z", "SHRINK_Z", 0), ("hold_max", "HOLD_MAX", 1)):
         value = getattr(args, option)
         if value is not None:
             if value < minimum:
@@ -200,6 +209,8 @@ def main(argv=None) -> int:
         ap.error("--sample-every must be >= 1")
     rows = []
     for name, case in CASES.items():
+        if args.cases is not None and args.cases not in name:
+            continue
         tokens, expected = case.get("tokens", TOKENS), case.get("expected", EXPECTED)
         rounds, skip, seeds = case.get("rounds", args.rounds), case.get("skip", args.skip), case.get("seeds", args.seeds)
         start = {k: case[k] for k in ("start_rounds", "start_mult", "start_tokens", "sampled_ms", "drift_sigma",
@@ -209,7 +220,8 @@ def main(argv=None) -> int:
         ratios, shares = [], [0] * len(tokens)
         for seed in range(seeds):
             policy = auto.AutoBudgetPolicy(list(auto_sim.CANDIDATES), widths=auto_sim.WIDTHS,
-                                           explore_all=args.explore_all, sample_every=args.sample_every)
+                                           explore_all=args.explore_all, sample_every=args.sample_every,
+                                           settled_sampling=args.settled_sampling)
             if "first" in case:  # another bucket's rounds first, same policy (its own noise, no start effects)
                 first = case["first"]
                 auto_sim.simulate(seed + 10_000, first["base"], tokens, expected, first["rounds"], first["batch"],
@@ -240,6 +252,8 @@ def main(argv=None) -> int:
             "warm_rounds": auto.WARM_ROUNDS, "explore_best_elsewhere": auto.EXPLORE_BEST_ELSEWHERE,
             "explore_rounds": auto.EXPLORE_ROUNDS, "explore_all": args.explore_all,
             "sample_every": args.sample_every or auto.SAMPLE_EVERY, "relative_times": auto.RELATIVE_TIMES,
+            "hold_max": auto.HOLD_MAX, "settled_sampling": args.settled_sampling is not False,
+            "cases_filter": args.cases,
             "cases": rows}, indent=1))
     return 0
 

@@ -551,21 +551,29 @@ def test_sampling_backs_off_while_the_chain_leads_or_runs():
     tree is being chosen; every SAMPLE_EVERY_IDLE rounds once the chain's rate beats every tree's best case by more
     than CLOSE, or once the chain has been chosen in all but CHAIN_RUN_OTHERS of the bucket's last CHAIN_RUN rounds
     (trees close in their best case but never winning: lease 14's dummy 8B drafter); back to SAMPLE_EVERY when a
-    tree wins rounds again."""
+    tree wins rounds again, and to SAMPLE_EVERY_IDLE once that tree's decisions have settled (SETTLED_HOLD; not with
+    settled_sampling off)."""
     from sglang_ddtree.sglang.auto import CHAIN_RUN, CLOSE, SAMPLE_EVERY, SAMPLE_EVERY_IDLE
 
     assert SAMPLE_EVERY_IDLE % SAMPLE_EVERY == 0 and SAMPLE_EVERY_IDLE > SAMPLE_EVERY
-    policy = AutoBudgetPolicy([CHAIN, 16, 32], explore=2, probe_every=1000)
-    assert policy.sample_interval(1) == SAMPLE_EVERY  # nothing measured
-    # chain 0.2 tokens/ms; the 16-tree at best 2.05 / (20 x 0.9) = 0.114 < (1 - CLOSE) x 0.2; the 32-tree unexplored,
-    # bounded by the narrower ones' dearest time
-    picks = run_policy(policy, 1, [2.0, 2.05, 2.1], [10.0, 20.0, 30.0], rounds=20)
-    assert 2.05 / (20.0 * 0.9) < (1 - CLOSE) * 0.2
-    assert len(picks) < CHAIN_RUN and policy.sample_interval(1) == SAMPLE_EVERY_IDLE  # by CLOSE, before any run
-    assert policy.sample_interval(8) == SAMPLE_EVERY  # another batch-size bucket knows nothing yet
-    # the trees win: the 16-tree's rate 5 / 20 = 0.25 beats the chain's, it is chosen, sampling resumes
-    picks = run_policy(policy, 1, [2.0, 5.0, 5.5], [10.0, 20.0, 30.0], rounds=400)
-    assert picks[-1] == 1 and policy.sample_interval(1) == SAMPLE_EVERY
+    for settled_sampling in (True, False):
+        policy = AutoBudgetPolicy([CHAIN, 16, 32], explore=2, probe_every=1000, settled_sampling=settled_sampling)
+        assert policy.sample_interval(1) == SAMPLE_EVERY  # nothing measured
+        # chain 0.2 tokens/ms; the 16-tree at best 2.05 / (20 x 0.9) = 0.114 < (1 - CLOSE) x 0.2; the 32-tree
+        # unexplored, bounded by the narrower ones' dearest time
+        picks = run_policy(policy, 1, [2.0, 2.05, 2.1], [10.0, 20.0, 30.0], rounds=20)
+        assert 2.05 / (20.0 * 0.9) < (1 - CLOSE) * 0.2
+        assert len(picks) < CHAIN_RUN and policy.sample_interval(1) == SAMPLE_EVERY_IDLE  # by CLOSE, before any run
+        assert policy.sample_interval(8) == SAMPLE_EVERY  # another batch-size bucket knows nothing yet
+        # the trees win: the 16-tree's rate 5 / 20 = 0.25 beats the chain's, it is chosen, sampling resumes
+        picks, intervals = [], []
+        for _ in range(400):
+            picks += run_policy(policy, 1, [2.0, 5.0, 5.5], [10.0, 20.0, 30.0], rounds=1)
+            intervals.append(policy.sample_interval(1))
+        first = picks.index(1)
+        assert picks[-1] == 1 and intervals[first] == SAMPLE_EVERY
+        settled = policy.buckets[1].settled
+        assert settled and intervals[-1] == (SAMPLE_EVERY_IDLE if settled_sampling else SAMPLE_EVERY)
 
     # Trees close in their best case, never chosen: 3.5 / (20 x 0.9) = 0.194 >= (1 - CLOSE) x 0.2, so CLOSE alone
     # keeps sampling often; the chain's run backs it off once CHAIN_RUN rounds were (nearly) all the chain.
@@ -806,6 +814,7 @@ def test_floor_fresh_from_the_environment_and_its_effect_on_a_slow_start(monkeyp
     before, after = worst(None), worst(64)
     # deciding every round (lease 21e's chooser) the worst seed locked out: 0.887 -> 0.979 with the knob
     monkeypatch.setattr(auto, "HOLD_ROUNDS", 1)
+    monkeypatch.setattr(auto, "HOLD_MAX", 1)
     assert worst(None) < 0.92 < 0.95 < worst(64)
     # decisions that hold (HOLD_ROUNDS, exploration excepted) lock out less: 0.953 -> 0.973 with the knob
     assert after > 0.95 and after > before + 0.01, (before, after)
@@ -829,11 +838,14 @@ def test_walk_schedule_scores_the_first_sampled_tree_round_then_one_in_every():
     young = [schedule.variant(False, True, young=True) for _ in range(4)] + [schedule.variant(True, True, True)]
     assert young == ["scored"] * 4 + ["sampled"]  # the chain never scores
     assert [schedule.variant(False, True) for _ in range(4)] == ["sampled", "sampled", "scored", "sampled"]
-    # while it learns all (CALIBRATION_LEARN_ALL) every tree round scores, sampled or not; the chain never does, and
-    # only the sampled tree round moves the cadence (one step: 9 % 3 scores next)
+    # while it learns all (CALIBRATION_LEARN_ALL) every tree round scores, sampled or not (an unsampled one through
+    # the "learn" walk, which follows the unsampled tree stage); the chain never does, and only the sampled tree round
+    # moves the cadence (one step: 9 % 3 scores next)
     learn_all = [schedule.variant(chain, sampled, learn_all=True)
                  for chain, sampled in [(False, False), (False, True), (True, False), (True, True), (False, False)]]
-    assert learn_all == ["scored", "scored", "plain", "sampled", "scored"]
+    assert learn_all == ["learn", "scored", "plain", "sampled", "learn"]
+    assert set(learn_all) - {"plain"} <= set(WalkSchedule.VARIANTS)
+    assert WalkSchedule.SCORED == {"scored", "learn"} and WalkSchedule.SAMPLED_TREE == {"sampled", "scored"}
     assert [schedule.variant(False, True) for _ in range(3)] == ["scored", "sampled", "sampled"]
     with pytest.raises(ValueError, match="every >= 1"):
         WalkSchedule(every=0)
@@ -867,19 +879,20 @@ def test_bucket_statistics_kept_per_round_equal_recomputing_them():
 
 
 def test_a_decision_holds_for_hold_rounds_and_the_feedback_is_read_only_before_one():
-    """auto.HOLD_ROUNDS: a choice of the best runs that many rounds of its bucket without a decision (deciding() is
-    false meanwhile, so the worker leaves the feedback queued); exploration rounds decide one by one; a candidate
-    that becomes the best is picked up within a decision or two (its feedback lags a round). Driven as the worker drives it: feedback read only when
-    deciding, `lag` rounds late."""
-    from sglang_ddtree.sglang.auto import HOLD_ROUNDS
+    """auto.HOLD_ROUNDS / HOLD_MAX: a choice of the best runs HOLD_ROUNDS rounds of its bucket without a decision
+    (deciding() is false meanwhile, so the worker leaves the feedback queued), and each repeat of that choice holds
+    twice as long, up to HOLD_MAX; exploration rounds decide one by one; a candidate that becomes the best is picked
+    up at the next decision, at most HOLD_MAX rounds later, and its holds start over at HOLD_ROUNDS. Driven as the
+    worker drives it: feedback read only when deciding, `lag` rounds late."""
+    from sglang_ddtree.sglang.auto import HOLD_MAX, HOLD_ROUNDS
 
-    assert HOLD_ROUNDS == 4  # the pattern below is written for it
+    assert (HOLD_ROUNDS, HOLD_MAX) == (4, 64)  # the pattern below is written for them
     # times read as they are (RELATIVE_TIMES follows this step more slowly: test_relative_times_follow_a_step)
     policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, relative_times=False)
     tokens, ms = [3.0, 4.0, 5.0], [1.0, 1.1, 1.2]  # rates 3.0, 3.64, 4.17: the 64-tree wins
     queue, picks, decided = [], [], []
-    for r in range(80):
-        if r == 40:
+    for r in range(300):
+        if r == 100:
             ms = [1.0, 1.1, 2.0]  # the 64-tree gets dear: the 16-tree wins from here
         deciding = policy.deciding(1)
         if deciding:
@@ -893,12 +906,54 @@ def test_a_decision_holds_for_hold_rounds_and_the_feedback_is_read_only_before_o
         queue.append(i)
     # exploration, narrowest first, each waiting for the one before's time: every round decides
     assert [i for i in picks[:6] if i] == [1, 2, 1] and all(decided[:7])
-    runs = [n for n in range(1, 80) if picks[n] != picks[n - 1]]
+    runs = [n for n in range(1, 300) if picks[n] != picks[n - 1]]
     assert all(decided[n] for n in runs)  # the choice changes only where a decision was made
-    settled = [n for n in range(6, 80) if decided[n]]
-    assert all(b - a == HOLD_ROUNDS for a, b in zip(settled, settled[1:]))  # then one decision in HOLD_ROUNDS
-    assert picks[10:40] == [2] * 30 and picks[-30:] == [1] * 30
-    assert picks.index(1, 10) <= 40 + 2 * HOLD_ROUNDS  # the dearer 64-tree left within two decisions
+    switch = picks.index(1, 10)
+    assert 100 < switch <= 100 + HOLD_MAX  # the dearer 64-tree left at the first decision that saw its times
+    for first, last in ((6, switch), (switch, 300)):  # the holds of each settled choice: 4, 8, 16, 32, 64, 64, ...
+        settled = [n for n in range(first, last) if decided[n]]
+        gaps = [b - a for a, b in zip(settled, settled[1:])]
+        assert gaps == [min(HOLD_MAX, HOLD_ROUNDS << k) for k in range(len(gaps))] and len(gaps) >= 4, gaps
+    assert picks[10:100] == [2] * 90 and picks[switch:] == [1] * (300 - switch)
+
+
+def test_holds_grow_only_once_every_candidate_was_explored_and_end_at_the_next_probe():
+    """HOLD_MAX's limits: while a candidate is still unexplored (its cost floor keeps it out: it cannot win yet) a
+    repeated decision holds HOLD_ROUNDS, so a chance to explore it is not missed for HOLD_MAX rounds (the simulator's
+    tiny-like starts lost 1-2% of the best rate with holds growing from the start); and no hold runs past the
+    bucket's next scheduled probe, so probes keep their schedule (probe_every)."""
+    from sglang_ddtree.sglang.auto import HOLD_ROUNDS
+
+    # the 64-tree's floor (the 16-tree's least time) x its tokens stays below the chain's rate: never explored, and
+    # the chain's repeated decisions keep holding HOLD_ROUNDS
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=10_000, relative_times=False)
+    picks = run_policy(policy, 1, [3.0, 3.05, 3.1], [1.0, 2.0, 2.1], rounds=200)
+    b = policy.buckets[1]
+    assert 2 not in picks and b.measured[2] == 0 and not b.explored
+    assert picks[-150:] == [0] * 150 and b.streak == 0 and not b.settled
+    # (with explore=1 the 64-tree is tried once at the start, and the chain's holds grow)
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, relative_times=False)
+    picks = run_policy(policy, 1, [3.0, 3.05, 3.1], [1.0, 2.0, 2.1], rounds=200)
+    assert policy.buckets[1].explored and policy.buckets[1].streak >= 4 and picks[-150:] == [0] * 150
+    # every candidate explored, probes every 50 rounds: holds grow, but each ends by the next probe round
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=50, relative_times=False)
+    tokens, ms = [3.0, 4.0, 5.0], [1.0, 1.1, 1.2]
+    queue, checks, longest = [], [], 0
+    for r in range(400):
+        if policy.deciding(1):
+            while len(queue) > 1:
+                j = queue.pop(0)
+                policy.observe(1, j, 1, ms[j], [1.5 * t for t in tokens],
+                               [t if s else None for t, s in zip(tokens, observed_candidates(policy.candidates, j))])
+        before = policy.buckets[1].next_probe if 1 in policy.buckets else None
+        queue.append(policy.choose(1))
+        b = policy.buckets[1]
+        if before is not None and b.next_probe != before:
+            checks.append(b.rounds)  # the scheduled probe check ran in this round
+        assert b.rounds + b.hold <= max(b.next_probe - 1, b.rounds + HOLD_ROUNDS - 1)  # ends by the next probe
+        longest = max(longest, b.hold + 1)
+    assert b.explored and b.settled and longest > 2 * HOLD_ROUNDS
+    assert len(checks) >= 6 and all(q - p == 50 for p, q in zip(checks, checks[1:])), checks
 
 
 def test_warm_rounds_leave_a_candidates_first_uses_untimed():
@@ -1188,6 +1243,45 @@ def test_the_ab_schedule_alternates_blocks_starting_with_auto():
     assert not any(off.next_is_fixed() for _ in range(50))
     with pytest.raises(ValueError, match="block"):
         ABSchedule(-1)
+
+
+def test_hold_max_and_settled_sampling_knobs_reach_the_policy(monkeypatch):
+    """SGLANG_DDTREE_AUTO_HOLD_MAX / SGLANG_DDTREE_AUTO_SETTLED_SAMPLING (A/B knobs, unset: the module's HOLD_MAX and
+    settled sampling on): HOLD_MAX=HOLD_ROUNDS and SETTLED_SAMPLING=0 give the chooser before them (one decision in
+    HOLD_ROUNDS once settled, sampling at SAMPLE_EVERY while a tree wins); the defaults decide ~1 round in HOLD_MAX
+    and sample at the idle interval once settled; bad values are refused by name."""
+    from sglang_ddtree.sglang.auto import (HOLD_MAX, HOLD_ROUNDS, SAMPLE_EVERY, SAMPLE_EVERY_IDLE, auto_hold_max,
+                                           auto_settled_sampling)
+
+    for name in ("SGLANG_DDTREE_AUTO_HOLD_MAX", "SGLANG_DDTREE_AUTO_SETTLED_SAMPLING"):
+        monkeypatch.delenv(name, raising=False)
+    assert auto_hold_max() is None and auto_settled_sampling() is None
+
+    def run(**knobs):
+        policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, relative_times=False, **knobs)
+        deciding, sampled = [], []
+        for r in range(600):
+            deciding.append(policy.deciding(1))
+            c = policy.choose(1)
+            sampled.append(policy.sampled(r, 1))
+            observed = [[3.0, None, None], [None, 5.0, None], [None, 5.0, 6.0]][c]
+            policy.observe(1, c, 1, [3.0, 4.0, 4.1][c], [4.0, 6.0, 7.0], observed)
+        return policy, sum(deciding[300:]), sum(sampled[300:])
+
+    policy, decisions, samples = run()
+    assert policy.hold_max == HOLD_MAX and policy.settled_sampling and policy.buckets[1].settled
+    every = lambda n: sum(r % n == 0 for r in range(300, 600))  # noqa: E731 (rounds 300..599 on a schedule of n)
+    assert decisions <= 300 // HOLD_MAX + 1 and samples == every(SAMPLE_EVERY_IDLE)
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_HOLD_MAX", str(HOLD_ROUNDS))
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SETTLED_SAMPLING", "0")
+    policy, decisions, samples = run(hold_max=auto_hold_max(), settled_sampling=auto_settled_sampling())
+    assert policy.hold_max == HOLD_ROUNDS and not policy.settled_sampling and not policy.buckets[1].settled
+    assert decisions == 300 // HOLD_ROUNDS and samples == every(SAMPLE_EVERY)
+    for name, bad in (("SGLANG_DDTREE_AUTO_HOLD_MAX", "0"), ("SGLANG_DDTREE_AUTO_HOLD_MAX", "x"),
+                      ("SGLANG_DDTREE_AUTO_SETTLED_SAMPLING", "yes")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=name):
+            auto_hold_max() if "HOLD" in name else auto_settled_sampling()
 
 
 def test_hold_and_sample_knobs_reach_the_policy(monkeypatch):

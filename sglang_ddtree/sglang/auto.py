@@ -91,11 +91,11 @@ CALIBRATION_YOUNG = 2000
 # calibration_prior_b*_every4.json), one learning from every round better (1.170 / 1.079,
 # calibration_prior_b*_score4.json), and one learning from every one of its first 500 rounds and one in four after
 # better too (1.177 / 1.089, calibration_prior_b*_young500.json). The price: the scoring's kernels on every tree
-# round of the first N request-rounds (an unsampled round runs the "scored" walk, whose borrowed tree inputs are
-# then copied in), and those rounds' times carry it (the chain's do not: it is never scored). Expected at N = 500:
-# at batch 1 a few tenths of a second once per server, calibrated at or below raw there. Lease 26's A/B (tiny-starts,
-# three servers per arm, sweep_starts_tiny_lease26.jsonl): batch-1 calibrated MAE 0.906 / 1.107 / 0.940 against raw
-# 0.965 / 0.992 / 0.955 (the arm without: 1.098 / 1.051 / 1.131 against 0.986 / 0.965 / 1.010); tokens/s x0.996
+# round of the first N request-rounds (an unsampled round runs the "learn" walk: the scored walk captured on the
+# unsampled tree stage's outputs), and those rounds' times carry it (the chain's do not: it is never scored).
+# Expected at N = 500: at batch 1 a few tenths of a second once per server, calibrated at or below raw there. Lease
+# 26's A/B (tiny-starts, three servers per arm, sweep_starts_tiny_lease26.jsonl): batch-1 calibrated MAE 0.906 /
+# 1.107 / 0.940 against raw 0.965 / 0.992 / 0.955 (the arm without: 1.098 / 1.051 / 1.131 against 0.986 / 0.965 / 1.010); tokens/s x0.996
 # [0.932, 1.065] of that arm at batch 1, x1.032 at 4. On by default; SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL=0 off.
 CALIBRATION_LEARN_ALL = 500
 # The gated predictor, reported next to the raw and the calibrated ones: the raw prediction until the table has learnt
@@ -118,6 +118,23 @@ CALIBRATION_GATE = 100
 # counted as the draft's since), `auto`'s host time a round 0.00-0.21 ms above DDTREE 128's (lease 23: 0.19-0.46),
 # and x0.973 [0.932, 1.016] of DDTREE 128 over all batch sizes (lease 23: x0.922 [0.890, 0.955]).
 HOLD_ROUNDS = 4
+# ... and a decision of the best that repeats the bucket's previous decision holds twice as long as that one was
+# meant to (HOLD_ROUNDS, 2x, 4x, ...), up to HOLD_MAX rounds and never past the bucket's next probe (probe_every), so
+# a settled bucket decides about once a probe interval; once its hold has grown to SETTLED_HOLD rounds the bucket
+# samples one round in the idle interval (SAMPLE_EVERY_IDLE) instead of SAMPLE_EVERY, until a decision changes.
+# Exploration (and its waits) and a changed decision start over at HOLD_ROUNDS and SAMPLE_EVERY; a probe (one round of
+# another candidate) does not, unless its time changes the best. Why: lease 32b's
+# in-process A/B on the tiny pair read `auto` x0.928 / 0.975 / 0.937 / 0.967 of its own fixed 128-tree arm with the
+# same tau in both arms; what it spent was host time, 0.19-0.32 ms a round (the chooser block 0.05-0.09 ms, `after`
+# 0.03-0.10, the sampled rounds' extra walk and tree work), and lease 28b's host profiles counted ~158 Python calls a
+# round more in `auto` than in DDTREE 128, at ~1 us a call in the server. A decision (drain + choose) is ~100-300
+# calls, a sampled round's extra ~50 host calls plus its larger graphs and copies; a settled bucket of the tiny pair
+# (the 128-tree in 88-97% of its rounds) makes ~1 decision and ~4 sampled rounds in 64 instead of 16 and 16.
+# Expected: ~0.1 ms a tiny round off `auto`'s host time (~2%), the same picks within the simulator's noise
+# (simulate_auto_flat.py; a change of the best is seen at the next decision, at most HOLD_MAX rounds late instead of
+# HOLD_ROUNDS). SGLANG_DDTREE_AUTO_HOLD_MAX=4 and SGLANG_DDTREE_AUTO_SETTLED_SAMPLING=0 give the previous behaviour.
+HOLD_MAX = 64
+SETTLED_HOLD = 32
 
 # Relative timing noise the chooser allows for when it bounds a candidate's round time (_cost_floor). An allowance,
 # not a measurement: whole runs of one tiny-pair configuration moved 10-20% in lease 10 (sweep_auto_lease10.jsonl);
@@ -334,6 +351,11 @@ class _Bucket:
     others_in_run: int = 0  # of last_choices, those not the chain (index 0)
     held: int = 0  # the last decision, repeated while hold > 0
     hold: int = 0  # rounds the held choice still runs without a decision (HOLD_ROUNDS)
+    best: int | None = None  # the last decision of the best (probes, exploration and waits aside)
+    streak: int = 0  # decisions of the best in a row that repeated the one before (HOLD_MAX)
+    settled: bool = False  # the hold grew to SETTLED_HOLD: sampled rounds at the idle interval (SETTLED_HOLD)
+    explored: bool = False  # every candidate was timed `explore` times (measured never decreases): holds may grow
+    interval_memo: tuple | None = None  # (the policy's estimates version, _chain_lead_interval then): sample_interval
     next_probe: int = 0  # the first round at which a probe may run again (probe_every)
     last_probe: int = -(10 ** 9)  # the round of the last probe (a RELATIVE_TIMES re-probe waits REPROBE_GAP after it)
     seen: list = field(default_factory=list)  # rounds observed per candidate, timed or not (WARM_ROUNDS)
@@ -477,6 +499,11 @@ class AutoBudgetPolicy:
     force: int | None = None
     probe_every: int = 64
     hold_rounds: int = 0  # a decision holds this many rounds of its bucket (0: the module's HOLD_ROUNDS)
+    # the longest hold of a repeated decision (None: the module's HOLD_MAX; hold_rounds or less: no growth) and
+    # whether a settled bucket samples at the idle interval (None: True), for an A/B in one run
+    # (SGLANG_DDTREE_AUTO_HOLD_MAX, SGLANG_DDTREE_AUTO_SETTLED_SAMPLING)
+    hold_max: int | None = None
+    settled_sampling: bool | None = None
     # Rounds between sampled rounds while a tree may win (None: the module's SAMPLE_EVERY; the idle interval scales
     # with it, SAMPLE_EVERY_IDLE / SAMPLE_EVERY times longer), for an A/B in one run (SGLANG_DDTREE_AUTO_SAMPLE_EVERY)
     sample_every: int | None = None
@@ -501,9 +528,10 @@ class AutoBudgetPolicy:
     # policy against the older file, so only ratios within one session compare).
     _version: int = 0
     _tokens_version: int = 0
-    _memo: dict = field(default_factory=dict)  # ("tokens" | "rates" | "interval", bucket) -> (version, values)
+    _memo: dict = field(default_factory=dict)  # ("tokens" | "rates", bucket) -> (version, values)
     _explore_order: list[int] = field(default_factory=list)  # candidate indices, narrowest verify first
     _explore_tries: int = field(default=0, init=False)
+    _keep: tuple | None = field(default=None, init=False)
 
     def __post_init__(self):
         self.candidates = [int(c) for c in self.candidates]
@@ -516,6 +544,8 @@ class AutoBudgetPolicy:
         if self.explore < 1 or self.probe_every < 1 or self.half_life_rounds <= 0 or self.hold_rounds < 0:
             raise ValueError("explore and probe_every must be >= 1, half_life_rounds > 0 and hold_rounds >= 0.")
         self.hold_rounds = self.hold_rounds or HOLD_ROUNDS
+        self.hold_max = max(self.hold_rounds, HOLD_MAX if self.hold_max is None else self.hold_max)
+        self.settled_sampling = True if self.settled_sampling is None else bool(self.settled_sampling)
         self.sample_every = SAMPLE_EVERY if self.sample_every is None else self.sample_every
         if self.sample_every < 1:
             raise ValueError(f"sample_every must be >= 1, got {self.sample_every}.")
@@ -535,6 +565,10 @@ class AutoBudgetPolicy:
             self.explore_best_elsewhere = EXPLORE_BEST_ELSEWHERE
         if self.relative_times is None:
             self.relative_times = RELATIVE_TIMES
+        if self.relative_times:
+            # its re-probes (an off pair entry's candidate, at the next decision) need decisions at HOLD_ROUNDS:
+            # with holds growing, test_relative_times_follow_a_step's 16-tree took over ~30 rounds later
+            self.hold_max = self.hold_rounds
         n = len(self.candidates)
         if self.widths is None:
             self.widths = [16 if c == CHAIN else c + 1 for c in self.candidates]
@@ -549,7 +583,10 @@ class AutoBudgetPolicy:
 
     @property
     def keep(self) -> float:
-        return 0.5 ** (1.0 / self.half_life_rounds)
+        keep = self._keep
+        if keep is None or keep[0] != self.half_life_rounds:  # observe() reads it every round
+            keep = self._keep = (self.half_life_rounds, 0.5 ** (1.0 / self.half_life_rounds))
+        return keep[1]
 
     def _bucket(self, bucket: int) -> _Bucket:
         if bucket not in self.buckets:
@@ -733,7 +770,7 @@ class AutoBudgetPolicy:
             return self._chosen(b, b.held)
         if self.force is not None:  # held as a decision is, so the feedback is drained as often as `auto` drains it
             self.sampling = None
-            b.held, b.hold = self.force, self.hold_rounds - 1
+            b.held, b.hold = self.force, self._hold_after(b, self.force)
             return self._chosen(b, self.force)
         n = len(self.candidates)
         rates = self.rates(bucket)
@@ -764,6 +801,8 @@ class AutoBudgetPolicy:
                 b.waited[i] += 1  # its time is in flight: run the best known meanwhile, explore nothing wider yet
                 waiting = True
                 break
+        if choice is not None or waiting:  # exploring: the next decision of the best starts its holds over
+            b.best, b.streak = None, 0
         if (choice is None and b.reprobe
                 and b.rounds >= b.last_probe + min(self.probe_every, REPROBE_GAP)):
             # RELATIVE_TIMES: a candidate whose pair's newest entry lies off, if it could win: a probe brought forward
@@ -786,9 +825,23 @@ class AutoBudgetPolicy:
         if choice is None:
             choice = best if best is not None else 0
         # exploration and probes are one round each, and so is a choice made while exploration waits for a time (it
-        # counts its waits in decisions); a choice of the best holds
-        b.held, b.hold = choice, 0 if probing or waiting else self.hold_rounds - 1
+        # counts its waits in decisions); a choice of the best holds, longer when it repeats (HOLD_MAX)
+        b.held, b.hold = choice, 0 if probing or waiting else self._hold_after(b, choice)
         return self._chosen(b, choice)
+
+    def _hold_after(self, b: _Bucket, choice: int) -> int:
+        """The rounds a decision of the best (`choice`) holds after its own round (HOLD_MAX): HOLD_ROUNDS x 2^k for
+        the k-th repeat in a row of the previous decision of the best, up to hold_max and never past the bucket's
+        next probe (but at least HOLD_ROUNDS); the bucket is settled while that doubling reaches SETTLED_HOLD."""
+        if not b.explored:  # every candidate timed `explore` times: only then do holds grow
+            b.explored = min(b.measured) >= self.explore
+        if choice == b.best and b.explored:
+            b.streak += 1
+        else:
+            b.best, b.streak = choice, 0
+        grown = min(self.hold_max, self.hold_rounds << min(b.streak, 16))
+        b.settled = grown >= SETTLED_HOLD
+        return max(self.hold_rounds, min(grown, b.next_probe - b.rounds)) - 1
 
     def _best_elsewhere(self, bucket: int) -> set[int]:
         """The candidates with the best measured rate in another bucket (EXPLORE_BEST_ELSEWHERE)."""
@@ -828,7 +881,7 @@ class AutoBudgetPolicy:
         b.rounds += 1
         b.hold -= 1
         self.sampling = None
-        return self._chosen(b, b.held), counter % self.sample_interval(bucket) == 0
+        return self._chosen(b, b.held), counter % self._sample_interval(b, bucket) == 0
 
     def deciding(self, bucket: int) -> bool:
         """Whether the bucket's next choose() decides (else it repeats the held choice): the worker drains the
@@ -838,15 +891,20 @@ class AutoBudgetPolicy:
 
     def sample_interval(self, bucket: int) -> int:
         """Rounds between sampled rounds (SAMPLE_EVERY_IDLE divides by SAMPLE_EVERY, so a round counter modulo
-        either stays in step): SAMPLE_EVERY_IDLE when the bucket's last CHAIN_RUN choices were the chain but for at
-        most CHAIN_RUN_OTHERS, or when the chain's rate is known and beats every tree candidate's best case
-        (_best_case_rate) by more than CLOSE."""
-        b = self._bucket(bucket)
-        if (len(b.last_choices) == CHAIN_RUN
-                and b.others_in_run <= CHAIN_RUN_OTHERS):
+        either stays in step): SAMPLE_EVERY_IDLE while the bucket is settled (SETTLED_HOLD), when the bucket's last
+        CHAIN_RUN choices were the chain but for at most CHAIN_RUN_OTHERS, or when the chain's rate is known and
+        beats every tree candidate's best case (_best_case_rate) by more than CLOSE."""
+        return self._sample_interval(self._bucket(bucket), bucket)
+
+    def _sample_interval(self, b: _Bucket, bucket: int) -> int:
+        if (b.settled and self.settled_sampling) or (len(b.last_choices) == CHAIN_RUN
+                                                     and b.others_in_run <= CHAIN_RUN_OTHERS):
             return self._sample_every_idle
         # the rest changes only with the estimates (observe): kept between, as the worker asks every round
-        return self._cached(("interval", bucket), lambda: self._chain_lead_interval(b, bucket), self._version)
+        memo = b.interval_memo
+        if memo is None or memo[0] != self._version:
+            memo = b.interval_memo = (self._version, self._chain_lead_interval(b, bucket))
+        return memo[1]
 
     def _chain_lead_interval(self, b: _Bucket, bucket: int) -> int:
         rates = self.rates(bucket)
@@ -914,10 +972,15 @@ class WalkSchedule:
     "sampled" (every observed candidate's committed tokens, for the chooser), "scored" (those and the calibration
     table's scoring and delta: the first sampled tree round and then one in `every`, CALIBRATION_EVERY; every one
     while the table is young, CALIBRATION_YOUNG; every tree round, sampled or not, while it learns all,
-    CALIBRATION_LEARN_ALL). The chain is never scored (a chain teaches only the top-1 cells, which every tree's
-    first path teaches too)."""
+    CALIBRATION_LEARN_ALL), "learn" (the scored walk of an unsampled tree round while the table learns all: the
+    same computation, captured on the unsampled tree stage's outputs, so that its tree inputs are that stage's own
+    memory and not copied in: six copies a round, every round of a fresh server's first CALIBRATION_LEARN_ALL
+    request-rounds, which lease 32b's A/B measured throughout at batch 1). The chain is never scored (a chain teaches
+    only the top-1 cells, which every tree's first path teaches too)."""
 
-    VARIANTS = ("plain", "sampled", "scored")
+    VARIANTS = ("plain", "sampled", "scored", "learn")
+    SCORED = frozenset({"scored", "learn"})  # the variants whose walk computes the calibration's delta
+    SAMPLED_TREE = frozenset({"sampled", "scored"})  # the variants that follow the sampled tree stage
 
     def __init__(self, every: int = CALIBRATION_EVERY):
         if every < 1:
@@ -931,7 +994,7 @@ class WalkSchedule:
         if chain:
             return "sampled" if sampled else "plain"
         if not sampled:
-            return "scored" if learn_all else "plain"
+            return "learn" if learn_all else "plain"
         scored = learn_all or young or self.sampled_tree_rounds % self.every == 0
         self.sampled_tree_rounds += 1
         return "scored" if scored else "sampled"
@@ -1121,6 +1184,19 @@ def auto_hold_rounds() -> int | None:
     return _env_at_least("SGLANG_DDTREE_AUTO_HOLD_ROUNDS", int, 1, "a round count >= 1")
 
 
+def auto_hold_max() -> int | None:
+    """SGLANG_DDTREE_AUTO_HOLD_MAX: the policy's hold_max for this server (None when unset: the module's HOLD_MAX;
+    HOLD_ROUNDS or less: decisions never hold longer), for an A/B in one run."""
+    return _env_at_least("SGLANG_DDTREE_AUTO_HOLD_MAX", int, 1, "a round count >= 1")
+
+
+def auto_settled_sampling() -> bool | None:
+    """SGLANG_DDTREE_AUTO_SETTLED_SAMPLING=0/1: whether a settled bucket samples at the idle interval (None when
+    unset: yes), for an A/B in one run."""
+    raw = _env_choice("SGLANG_DDTREE_AUTO_SETTLED_SAMPLING", ("0", "1"))
+    return None if raw is None else raw == "1"
+
+
 def auto_sample_every() -> int | None:
     """SGLANG_DDTREE_AUTO_SAMPLE_EVERY: the policy's sample_every for this server (None when unset: the module's
     SAMPLE_EVERY), for an A/B in one run."""
@@ -1242,7 +1318,7 @@ class AutoFeedback:
     """The GPU -> host channel of `auto`: one small vector per round copied into pinned memory, read once its event
     and the round's timer events have completed (never waits)."""
 
-    RING = 64
+    RING = 4 * HOLD_MAX  # rounds queued between two decisions: a settled hold (HOLD_MAX) and the lag, with room
     CALIBRATION = 3  # the vector's last entries: ops.calibration_round's errors (zeros on unsampled rounds)
 
     def __init__(self, policy: AutoBudgetPolicy, device, calibration: CalibrationMonitor | None = None):
@@ -1250,7 +1326,8 @@ class AutoFeedback:
         self.calibration = calibration
         self.width = 2 * len(policy.candidates) + self.CALIBRATION
         pin = torch.device(device).type == "cuda"
-        self.ring = [torch.zeros(self.width, dtype=torch.float32, pin_memory=pin) for _ in range(self.RING)]
+        # one pinned block, a row per slot (its rows are views: copied into without a sync, read with tolist)
+        self.ring = torch.zeros((self.RING, self.width), dtype=torch.float32, pin_memory=pin)
         self.pending: collections.deque = collections.deque()
         self.index = 0
         self.dropped = 0

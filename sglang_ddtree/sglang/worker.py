@@ -71,9 +71,10 @@ from sglang_ddtree.sglang import ops
 from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, ABSchedule, AutoBudgetPolicy, AutoFeedback,
                                       CalibrationMonitor, StallDetector, WalkSchedule, auto_ab_block,
                                       auto_calibration_learn_all, auto_explore_best_elsewhere, auto_explore_rounds,
-                                      auto_floor_fresh, auto_floor_min_times, auto_force, auto_hold_rounds,
-                                      auto_log_every, auto_relative_times, auto_sample_every, auto_shrink_z,
-                                      auto_spread, auto_warm_rounds, calibration_prior_mass)
+                                      auto_floor_fresh, auto_floor_min_times, auto_force, auto_hold_max,
+                                      auto_hold_rounds, auto_log_every, auto_relative_times, auto_sample_every,
+                                      auto_settled_sampling, auto_shrink_z, auto_spread, auto_warm_rounds,
+                                      calibration_prior_mass)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -93,7 +94,7 @@ class _AutoState:
     candidates: tuple[int, ...]
     widths: list[int]
     tree_stages: list[dict[bool, GraphedStage]]  # [candidate][sampled]
-    walk_stages: list[dict[str, GraphedStage]]  # [candidate][WalkSchedule.VARIANTS entry]; no "scored" chain
+    walk_stages: list[dict[str, GraphedStage]]  # [candidate][WalkSchedule.VARIANTS entry]; the chain: no scored ones
     verify_states: dict | None  # (width, causal) -> (attention backend, verify graphs), built at the first round
     policy: AutoBudgetPolicy
     feedback: AutoFeedback
@@ -349,21 +350,24 @@ class DDTreeWorker(DFlashWorkerV2):
             # walk stages after a tree stage: a stage borrows its inputs from exactly one producer (graphs.py). Only
             # a sampled walk computes the candidates' observed tokens (ops.observed_tokens, 36 kernels at the
             # 128-tree): the policy reads them next to the same round's expectations only (AutoFeedback.push); only
-            # a scored one the calibration's (WalkSchedule, CALIBRATION_EVERY). The chain is not scored.
+            # a scored one the calibration's (WalkSchedule, CALIBRATION_EVERY), and the learn variant (an unsampled
+            # round's scoring while the table learns all) follows the unsampled tree stage, whose outputs it borrows.
+            # The chain is not scored.
             walk_stages.append({variant: GraphedStage(
                 partial(ops.walk_commit_plan, self.block_size, self.use_kernels, self.stats.prometheus is not None,
-                        auto=None if variant == "plain" else (candidates, c), top1_chain=c == CHAIN,
-                        calibrator=calibrator if variant == "scored" else None),
+                        auto=(candidates, c) if variant in WalkSchedule.SAMPLED_TREE else None, top1_chain=c == CHAIN,
+                        calibrator=calibrator if variant in WalkSchedule.SCORED else None),
                 name=f"auto walk {candidate_label(c)}{'' if variant == 'plain' else ' ' + variant}",
                 enabled=self.round_graphs, borrow=(0, 1, 2, 3, 4, 5), unpad=ops.unpad_commit_plan,
                 rows_arg=self.pad_stages, **pad)
-                for variant in WalkSchedule.VARIANTS if not (c == CHAIN and variant == "scored")})
+                for variant in WalkSchedule.VARIANTS if not (c == CHAIN and variant in WalkSchedule.SCORED)})
         policy = AutoBudgetPolicy(list(candidates), widths=widths, explore=auto_explore_rounds(),
                                   explore_all=os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_ALL") == "1",
                                   shrink_z=auto_shrink_z(), spread=auto_spread(), floor_fresh=auto_floor_fresh(),
                                   warm_rounds=auto_warm_rounds(), floor_min_times=auto_floor_min_times(),
                                   explore_best_elsewhere=auto_explore_best_elsewhere(), force=auto_force(candidates),
-                                  hold_rounds=auto_hold_rounds() or 0, sample_every=auto_sample_every(),
+                                  hold_rounds=auto_hold_rounds() or 0, hold_max=auto_hold_max(),
+                                  settled_sampling=auto_settled_sampling(), sample_every=auto_sample_every(),
                                   relative_times=auto_relative_times())
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
@@ -391,7 +395,7 @@ class DDTreeWorker(DFlashWorkerV2):
             slots = self._verify_slots(batch, prefix_lens, bs, width)
             choices = torch.zeros((bs, width), dtype=choice_dtype, device=slots.device)
             for variant, walk_stage in self.auto.walk_stages[i].items():
-                sampled = variant != "plain"
+                sampled = variant in WalkSchedule.SAMPLED_TREE  # the tree stage this walk variant follows
                 top1 = candidate == CHAIN and not sampled and self.scripted is None  # as the round picks its head
                 tree, _, _, _ = self.auto.tree_stages[i][sampled](*heads[1 if top1 else self.topk], roots,
                                                                   prefix_lens, rows=bs)
@@ -582,10 +586,13 @@ class DDTreeWorker(DFlashWorkerV2):
             if self.stats.prometheus is not None:
                 self.stats.prometheus.auto_round(candidate_label(self.auto.candidates[chosen]))
             width = self.auto.widths[chosen]
-            young = self.auto.calibration.request_rounds < CALIBRATION_YOUNG
             learn_all = self.auto.calibration.learnt < self.auto.learn_all
-            walk_stage = self.auto.walk_stages[chosen][self.auto.walks.variant(self.auto.candidates[chosen] == CHAIN,
-                                                                                 sampled, young, learn_all)]
+            if sampled or learn_all:  # else the plain walk (WalkSchedule.variant's answer, asked without its calls)
+                young = self.auto.calibration.request_rounds < CALIBRATION_YOUNG
+                variant = self.auto.walks.variant(self.auto.candidates[chosen] == CHAIN, sampled, young, learn_all)
+            else:
+                variant = "plain"
+            walk_stage = self.auto.walk_stages[chosen][variant]
             tree, verify_ids, verify_positions, expected = self.auto.tree_stages[chosen][sampled](
                 topk_values, topk_tokens, roots, prefix_lens, rows=bs)
         causal = use_auto and self.auto.candidates[chosen] == CHAIN  # a chain needs no tree mask
