@@ -354,8 +354,8 @@ class _Bucket:
     best: int | None = None  # the last decision of the best (probes, exploration and waits aside)
     streak: int = 0  # decisions of the best in a row that repeated the one before (HOLD_MAX)
     settled: bool = False  # the hold grew to SETTLED_HOLD: sampled rounds at the idle interval (SETTLED_HOLD)
-    explored: bool = False  # every candidate was timed `explore` times (measured never decreases): holds may grow
     interval_memo: tuple | None = None  # (the policy's estimates version, _chain_lead_interval then): sample_interval
+    decisions: int = 0  # rounds that decided (choose() past a hold), for the export
     next_probe: int = 0  # the first round at which a probe may run again (probe_every)
     last_probe: int = -(10 ** 9)  # the round of the last probe (a RELATIVE_TIMES re-probe waits REPROBE_GAP after it)
     seen: list = field(default_factory=list)  # rounds observed per candidate, timed or not (WARM_ROUNDS)
@@ -768,6 +768,7 @@ class AutoBudgetPolicy:
             b.hold -= 1
             self.sampling = None
             return self._chosen(b, b.held)
+        b.decisions += 1
         if self.force is not None:  # held as a decision is, so the feedback is drained as often as `auto` drains it
             self.sampling = None
             b.held, b.hold = self.force, self._hold_after(b, self.force)
@@ -831,11 +832,14 @@ class AutoBudgetPolicy:
 
     def _hold_after(self, b: _Bucket, choice: int) -> int:
         """The rounds a decision of the best (`choice`) holds after its own round (HOLD_MAX): HOLD_ROUNDS x 2^k for
-        the k-th repeat in a row of the previous decision of the best, up to hold_max and never past the bucket's
-        next probe (but at least HOLD_ROUNDS); the bucket is settled while that doubling reaches SETTLED_HOLD."""
-        if not b.explored:  # every candidate timed `explore` times: only then do holds grow
-            b.explored = min(b.measured) >= self.explore
-        if choice == b.best and b.explored:
+        the k-th repeat in a row of the previous decision of the best (counted while every wider candidate was
+        explored), up to hold_max and never past the bucket's next probe (but at least HOLD_ROUNDS); the bucket is
+        settled while that doubling reaches SETTLED_HOLD."""
+        # only once every candidate wider than the choice was timed `explore` times do its holds grow: exploration
+        # goes narrowest first, so a wider tree not explored yet (its cost floor keeps it out for now) keeps its
+        # chance at every HOLD_ROUNDS-th round; a narrower candidate that never could win does not stop the growth
+        explored = all(m >= self.explore for m, w in zip(b.measured, self.widths) if w > self.widths[choice])
+        if choice == b.best and explored:
             b.streak += 1
         else:
             b.best, b.streak = choice, 0
@@ -964,6 +968,10 @@ class AutoBudgetPolicy:
             "observed_over_expected": {k: _r(self.ratio(i)) for i, k in enumerate(labels)},
             "round_ms": {str(bucket): {k: _r(b.round_ms[i].mean()) for i, k in enumerate(labels)}
                          for bucket, b in sorted(self.buckets.items())},
+            # per bucket: its rounds, the decisions among them (the rest held: HOLD_ROUNDS / HOLD_MAX) and whether
+            # it is settled now (SETTLED_HOLD)
+            "decisions": {str(bucket): {"rounds": b.rounds, "decisions": b.decisions, "settled": b.settled}
+                          for bucket, b in sorted(self.buckets.items())},
         }
 
 
