@@ -8,9 +8,9 @@ that guard against lock-outs (a slow start, one slow sample, slow host phases). 
 `--relative-times` / `--no-relative-times`, `--hold-max N` evaluate the chooser with auto.SHRINK_Z / auto.RECENT /
 auto.FLOOR_FRESH / auto.FLOOR_MIN_TIMES / auto.HOLD_ROUNDS / auto.WARM_ROUNDS / auto.EXPLORE_ROUNDS / auto.SPREAD /
 auto.RELATIVE_TIMES / auto.HOLD_MAX set to them (0: no shrinkage; no freshness limit; 1: every timed round bounds
-floors; 1: a decision every round; 0: every timed round counts), `--sample-every N` with the policies' sample_every (SGLANG_DDTREE_AUTO_SAMPLE_EVERY),
-`--no-settled-sampling` without settled_sampling (SGLANG_DDTREE_AUTO_SETTLED_SAMPLING=0); `--cases TEXT` runs only the
-cases whose name holds TEXT.
+floors; 1: a decision every round; 0: every timed round counts), `--sample-every N` with the policies' sample_every
+(SGLANG_DDTREE_AUTO_SAMPLE_EVERY), `--no-settled-sampling` without settled_sampling
+(SGLANG_DDTREE_AUTO_SETTLED_SAMPLING=0); `--cases TEXT` runs only the cases whose name holds TEXT.
 
     python benchmarks/simulate_auto_flat.py --out benchmarks/results/auto_flat_sim.json
     python benchmarks/simulate_auto_flat.py --shrink-z 0 --out benchmarks/results/auto_flat_sim_z0.json

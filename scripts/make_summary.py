@@ -306,6 +306,10 @@ def adaptive(out: dict) -> None:
 #   `tiny` rows at those batch sizes (batch 1 stays lease 29's) and the 8B shapes (6 repeats x 4 prompt groups)
 #   replace lease 29's. Its `tiny-b|auto` was held on the chain (SGLANG_DDTREE_AUTO_FORCE=chain: the lean chain round
 #   against DFLASH), not `auto`: left out (_forced).
+# - lease 33 (1341668: settled holds and sampling): the 8B shapes (DFLASH, `auto`, and `8b-o|auto` with the holds and
+#   sampling before, left out: ARM_KNOBS; 5 repeats x 4 prompt groups) replace lease 30's. The chain that `auto` runs
+#   there is the narrowest candidate, so its holds grow under ff32690's rule exactly when they did under 1341668's
+#   (every wider candidate explored). The tiny pair since lease 31 is measured in-process (AB_SWEEPS).
 SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.jsonl", "sweep_auto_8b_lease20.jsonl",
                       "sweep_auto_8b_lease20b.jsonl", "sweep_auto_8b_bs1_lease20c.jsonl",
                       "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl",
@@ -313,7 +317,7 @@ SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.js
                       "sweep_auto_8b_lease25.jsonl", "sweep_paired_tiny_lease26.jsonl",
                       "sweep_paired_tiny_lease27.jsonl", "sweep_paired_tiny_lease28.jsonl",
                       "sweep_paired_tiny_lease29.jsonl", "sweep_auto_8b_lease29.jsonl",
-                      "sweep_paired_tiny_lease30.jsonl", "sweep_auto_8b_lease30.jsonl")
+                      "sweep_paired_tiny_lease30.jsonl", "sweep_auto_8b_lease30.jsonl", "sweep_auto_8b_lease33.jsonl")
 # Servers of one configuration started side by side in one interleaved run (a setup and its --copy-setup copy): how
 # far two identical servers' tokens/s lie apart on this host.
 SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl",
@@ -363,7 +367,8 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
                  "sweep_auto_8b_lease29.jsonl": "8b-dummy|dflash",
                  "sweep_paired_tiny_lease30.jsonl": "tiny|ddtree-128",
                  "sweep_auto_8b_lease30.jsonl": "8b-dummy|dflash",
-                 "sweep_ab_tiny_lease31.jsonl": "tiny|ddtree-128"}  # lease 31b's A/B servers ran alone: no base row
+                 "sweep_ab_tiny_lease31.jsonl": "tiny|ddtree-128",  # lease 31b's A/B servers ran alone: no base row
+                 "sweep_auto_8b_lease33.jsonl": "8b-dummy|dflash"}
 # The in-process A/B (SGLANG_DDTREE_AUTO_AB: an `auto` server alternating blocks of 8 decode rounds with the fixed
 # 128-tree, each arm tallied apart), lease 31 (e04941f), tiny pair, 20 runs of 512 tokens a row, next to DFLASH and
 # DDTREE 128 servers: `tiny-ab` `auto` as it is, `tiny-f` held on the 128-tree (SGLANG_DDTREE_AUTO_FORCE=128: `auto`'s
@@ -373,9 +378,14 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
 # RELATIVE_TIMES on: AB_IMPLIED_ENV), A/B servers alone, 14 runs: `tiny-r`, `tiny-r2` (relative times), `tiny-o`,
 # `tiny-o2` (off), `tiny-h` (relative, HOLD_ROUNDS = 16, SAMPLE_EVERY = 16). Lease 32b (4fc4ebf: STALL_HOST_MS, the lean
 # chain's kernel warmed), 10 runs: `tiny-a`, `tiny-a2` (as it is), `tiny-h`, `tiny-h2` (HOLD_ROUNDS = 16, SAMPLE_EVERY =
-# 16). The headline is the last file's `auto` as it is, its servers' runs pooled (bench.paired.ab_pooled).
+# 16). Lease 33 (1341668: holds grow to HOLD_MAX once every candidate was explored, settled sampling, the learn walk),
+# 12 runs: `tiny-n`, `tiny-n2` (as it is), `tiny-o` (SGLANG_DDTREE_AUTO_HOLD_MAX=4, ..._SETTLED_SAMPLING=0: the holds
+# and sampling before); 33b (the same commit): `tiny-n3`, `tiny-n4`, `tiny-f` (held on the 128-tree); 33c (ff32690:
+# holds grow once the candidates wider than the choice were explored), 8 runs: `tiny-n5`, `tiny-n6`. The headline is
+# the last file's `auto` as it is, its servers' runs pooled (bench.paired.ab_pooled).
 AB_SWEEPS = ("sweep_ab_tiny_lease31.jsonl", "sweep_ab_tiny_lease31b.jsonl", "sweep_ab_tiny_lease32.jsonl",
-             "sweep_ab_tiny_lease32b.jsonl")
+             "sweep_ab_tiny_lease32b.jsonl", "sweep_ab_tiny_lease33.jsonl", "sweep_ab_tiny_lease33b.jsonl",
+             "sweep_ab_tiny_lease33c.jsonl")
 # What a sweep's servers ran without setting it (their commit's default then), for the arm labels.
 AB_IMPLIED_ENV = {"sweep_ab_tiny_lease32.jsonl": ["SGLANG_DDTREE_AUTO_RELATIVE_TIMES=1"]}
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
@@ -449,10 +459,17 @@ def _ab_server(row: dict) -> bool:
     return ab_block_of(row.get("server_env")) > 0
 
 
+# Knobs whose rows are an A/B's other arm, not `auto` as it is (lease 33's 8B `8b-o|auto`: the holds and sampling
+# before HOLD_MAX). Knobs older than these were set in rows that the listed files already keep apart.
+ARM_KNOBS = ("SGLANG_DDTREE_AUTO_HOLD_MAX=", "SGLANG_DDTREE_AUTO_SETTLED_SAMPLING=")
+
+
 def _not_auto_as_it_is(row: dict) -> bool:
     """A row the headline and the calibration table leave out: another commit's package (_other_commit), a server
-    held on one candidate (_forced) or one alternating with the fixed tree (_ab_server)."""
-    return bool(_other_commit(row) or _forced(row) or _ab_server(row))
+    held on one candidate (_forced), one alternating with the fixed tree (_ab_server) or one setting an arm's knob
+    (ARM_KNOBS)."""
+    knobbed = any(entry.startswith(ARM_KNOBS) for entry in row.get("server_env") or [])
+    return bool(_other_commit(row) or _forced(row) or _ab_server(row) or knobbed)
 
 
 def sglang_auto(out: dict) -> None:
