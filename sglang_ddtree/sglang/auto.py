@@ -360,7 +360,6 @@ class _Bucket:
     best: int | None = None  # the last decision of the best (probes, exploration and waits aside)
     streak: int = 0  # decisions of the best in a row that repeated the one before (HOLD_MAX)
     settled: bool = False  # the hold grew to SETTLED_HOLD: sampled rounds at the idle interval (SETTLED_HOLD)
-    interval_memo: tuple | None = None  # (the policy's estimates version, _chain_lead_interval then): sample_interval
     decisions: int = 0  # rounds that decided (choose() past a hold), for the export
     next_probe: int = 0  # the first round at which a probe may run again (probe_every)
     last_probe: int = -(10 ** 9)  # the round of the last probe (a RELATIVE_TIMES re-probe waits REPROBE_GAP after it)
@@ -534,10 +533,10 @@ class AutoBudgetPolicy:
     # policy against the older file, so only ratios within one session compare).
     _version: int = 0
     _tokens_version: int = 0
-    _memo: dict = field(default_factory=dict)  # ("tokens" | "rates", bucket) -> (version, values)
+    _memo: dict = field(default_factory=dict)  # ("tokens" | "rates" | "interval", bucket) -> (version, values)
     _explore_order: list[int] = field(default_factory=list)  # candidate indices, narrowest verify first
     _explore_tries: int = field(default=0, init=False)
-    _keep: tuple | None = field(default=None, init=False)
+    _keep: float = field(default=0.0, init=False)  # keep, from half_life_rounds (set at construction only)
 
     def __post_init__(self):
         self.candidates = [int(c) for c in self.candidates]
@@ -550,6 +549,7 @@ class AutoBudgetPolicy:
         if self.explore < 1 or self.probe_every < 1 or self.half_life_rounds <= 0 or self.hold_rounds < 0:
             raise ValueError("explore and probe_every must be >= 1, half_life_rounds > 0 and hold_rounds >= 0.")
         self.hold_rounds = self.hold_rounds or HOLD_ROUNDS
+        self._keep = 0.5 ** (1.0 / self.half_life_rounds)
         self.hold_max = max(self.hold_rounds, HOLD_MAX if self.hold_max is None else self.hold_max)
         self.settled_sampling = True if self.settled_sampling is None else bool(self.settled_sampling)
         self.sample_every = SAMPLE_EVERY if self.sample_every is None else self.sample_every
@@ -589,10 +589,7 @@ class AutoBudgetPolicy:
 
     @property
     def keep(self) -> float:
-        keep = self._keep
-        if keep is None or keep[0] != self.half_life_rounds:  # observe() reads it every round
-            keep = self._keep = (self.half_life_rounds, 0.5 ** (1.0 / self.half_life_rounds))
-        return keep[1]
+        return self._keep  # observe() reads it every round: computed once (__post_init__)
 
     def _bucket(self, bucket: int) -> _Bucket:
         if bucket not in self.buckets:
@@ -911,10 +908,7 @@ class AutoBudgetPolicy:
                                                      and b.others_in_run <= CHAIN_RUN_OTHERS):
             return self._sample_every_idle
         # the rest changes only with the estimates (observe): kept between, as the worker asks every round
-        memo = b.interval_memo
-        if memo is None or memo[0] != self._version:
-            memo = b.interval_memo = (self._version, self._chain_lead_interval(b, bucket))
-        return memo[1]
+        return self._cached(("interval", bucket), lambda: self._chain_lead_interval(b, bucket), self._version)
 
     def _chain_lead_interval(self, b: _Bucket, bucket: int) -> int:
         rates = self.rates(bucket)
