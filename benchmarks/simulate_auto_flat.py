@@ -5,10 +5,11 @@ the 32-, 64- and 128-trees at 4.31 / 4.41 / 4.32 ms and gave the narrower ones 3
 8B-like cases where the chain should win, a case with real cost gaps, and the scenarios of tests/test_sglang_auto.py
 that guard against lock-outs (a slow start, one slow sample, slow host phases). `--shrink-z Z`, `--recent N`,
 `--floor-fresh N`, `--floor-min-times N`, `--hold N`, `--warm-rounds N`, `--explore N`, `--spread iqr|mad` and
-`--relative-times` / `--no-relative-times`, `--hold-max N` evaluate the chooser with auto.SHRINK_Z / auto.RECENT /
-auto.FLOOR_FRESH / auto.FLOOR_MIN_TIMES / auto.HOLD_ROUNDS / auto.WARM_ROUNDS / auto.EXPLORE_ROUNDS / auto.SPREAD /
-auto.RELATIVE_TIMES / auto.HOLD_MAX set to them (0: no shrinkage; no freshness limit; 1: every timed round bounds
-floors; 1: a decision every round; 0: every timed round counts), `--sample-every N` with the policies' sample_every
+`--relative-times` / `--no-relative-times`, `--hold-max N`, `--forget-start N` evaluate the chooser with
+auto.SHRINK_Z / auto.RECENT / auto.FLOOR_FRESH / auto.FLOOR_MIN_TIMES / auto.HOLD_ROUNDS / auto.WARM_ROUNDS /
+auto.EXPLORE_ROUNDS / auto.SPREAD / auto.RELATIVE_TIMES / auto.HOLD_MAX / auto.FORGET_START set to them (0: no
+shrinkage; no freshness limit; 1: every timed round bounds floors; 1: a decision every round; 0: every timed round
+counts; 0: never), `--sample-every N` with the policies' sample_every
 (SGLANG_DDTREE_AUTO_SAMPLE_EVERY), `--no-settled-sampling` without settled_sampling
 (SGLANG_DDTREE_AUTO_SETTLED_SAMPLING=0); `--cases TEXT` runs only the cases whose name holds TEXT.
 
@@ -97,6 +98,12 @@ CASES = {
         TINY_START, warm_mult=(1.8, 1.15)),
     "tiny-like batch 1 from the start, first two uses slower (x1.8, x1.5)": dict(
         TINY_START, warm_mult=(1.8, 1.5)),
+    # Lease 33c's two batch-1 servers (sweep_ab_tiny_lease33c.jsonl, the chooser table after 300 rounds): the lean
+    # chain round, explored first, read 7.8 / 6.4 ms in its three timed rounds against 3.7-5.4 for the trees; as
+    # the narrowest candidate's least time it floored every tree, and neither server explored the 128-tree in its
+    # batch-1 rows (one ran the 16-tree in 80% of them). Leases 31b-32 read the chain at 26-40 ms there.
+    "tiny-like batch 1 from the start, the chain's first uses slow (x1.8)": dict(
+        TINY_START, warm_mult=(1.3, 1.08), chain_warm_mult=(1.8, 1.8, 1.8)),
     # The same dump's rounds right after a switch of candidate (after its first three uses): ~4% dearer at the
     # median, twice as often >= 1.4x (auto_sim.simulate's switch_mult / switch_outlier). Probes time only such
     # rounds. (ebae9a7's SWITCH_SETTLE left them untimed and timed a probe's second round: no gain simulated,
@@ -183,6 +190,9 @@ def main(argv=None) -> int:
     ap.add_argument("--settled-sampling", action=argparse.BooleanOptionalAction, default=None,
                     help="the policies' settled_sampling (a settled bucket samples at the idle interval: "
                          "SGLANG_DDTREE_AUTO_SETTLED_SAMPLING; default: on)")
+    ap.add_argument("--forget-start", type=int, default=None,
+                    help="auto.FORGET_START for this run (the round at which a bucket drops its start's times; 0: "
+                         "never; default: the code's)")
     ap.add_argument("--cases", default=None, help="only the cases whose name contains this text")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -193,7 +203,8 @@ def main(argv=None) -> int:
     for option, constant, minimum in (("hold", "HOLD_ROUNDS", 1), ("warm_rounds", "WARM_ROUNDS", 0),
                                       ("recent", "RECENT", 1), ("floor_fresh", "FLOOR_FRESH", 0),
                                       ("floor_min_times", "FLOOR_MIN_TIMES", 1), ("explore", "EXPLORE_ROUNDS", 1),
-                                      ("shrink_z", "SHRINK_Z", 0), ("hold_max", "HOLD_MAX", 1)):
+                                      ("shrink_z", "SHRINK_Z", 0), ("hold_max", "HOLD_MAX", 1),
+                                      ("forget_start", "FORGET_START", 0)):
         value = getattr(args, option)
         if value is not None:
             if value < minimum:
@@ -216,7 +227,7 @@ def main(argv=None) -> int:
         start = {k: case[k] for k in ("start_rounds", "start_mult", "start_tokens", "sampled_ms", "drift_sigma",
                                       "drift_rounds", "content_sigma", "content_rounds", "token_noise",
                                       "poisson_tokens", "prompt_sigma", "prompt_rounds", "warm_mult",
-                                      "switch_mult", "switch_outlier") if k in case}
+                                      "chain_warm_mult", "switch_mult", "switch_outlier") if k in case}
         ratios, shares = [], [0] * len(tokens)
         for seed in range(seeds):
             policy = auto.AutoBudgetPolicy(list(auto_sim.CANDIDATES), widths=auto_sim.WIDTHS,
@@ -252,7 +263,8 @@ def main(argv=None) -> int:
             "warm_rounds": auto.WARM_ROUNDS, "explore_best_elsewhere": auto.EXPLORE_BEST_ELSEWHERE,
             "explore_rounds": auto.EXPLORE_ROUNDS, "explore_all": args.explore_all,
             "sample_every": args.sample_every or auto.SAMPLE_EVERY, "relative_times": auto.RELATIVE_TIMES,
-            "hold_max": auto.HOLD_MAX, "settled_sampling": args.settled_sampling is not False,
+            "hold_max": auto.HOLD_MAX, "forget_start": auto.FORGET_START,
+            "settled_sampling": args.settled_sampling is not False,
             "cases_filter": args.cases,
             "cases": rows}, indent=1))
     return 0

@@ -85,11 +85,14 @@ def test_policy_picks_the_chain_when_trees_do_not_pay():
 
 def test_policy_never_tries_wide_trees_that_cannot_pay():
     """A drafter that is never right (dummy weights): every candidate commits 1 token a round, so a tree wider
-    than the measured chain cannot win (it costs at least as much for the same tokens) and is never verified, not
-    even by exploration or probes: `auto` runs DFLASH's chain."""
+    than the measured narrower trees cannot win (it costs at least as much for the same tokens) and is never
+    verified, not even by exploration or probes: `auto` runs DFLASH's chain. The 16-tree, the narrowest tree, has
+    no floor before its own times (the chain's round is another cost curve: _cost_floor): it is explored, then
+    probed (its least time less NOISE could still win), and its times keep the wider trees out."""
     policy = AutoBudgetPolicy([CHAIN, 16, 32, 128], explore=3, probe_every=8)
     picks = run_policy(policy, 4, [1.0, 1.0, 1.0, 1.0], [7.0, 7.1, 9.0, 12.0], 60, lag=1)
-    assert set(picks) == {0}
+    assert set(picks) == {0, 1} and picks[3:6] == [1, 1, 1]
+    assert picks[6:].count(1) <= len(picks[6:]) // policy.probe_every + 1  # probes only
     # a drafter that is right sometimes makes the 16-tree worth a try, and here worth keeping
     policy = AutoBudgetPolicy([CHAIN, 16, 32, 128], explore=3, probe_every=8)
     picks = run_policy(policy, 4, [2.0, 2.4, 2.5, 2.6], [7.0, 7.1, 9.0, 12.0], 60, lag=1)
@@ -146,20 +149,86 @@ def test_policy_does_not_explore_wide_trees_blind_at_large_batch():
     one_time = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths, floor_min_times=1)
     picks = run_with_cold_rounds(one_time, 16, [1.0] * 5, [1.5, 2.0, 3.0, 4.0, 6.0], ms, 384)
     assert 3 not in picks and 4 not in picks
-    assert picks.count(0) >= 370
+    # the 16- and 32-trees' explorations, then their re-measure after the start (FORGET_START: ~4 rounds each)
+    assert picks.count(0) >= 360
     policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths)
     picks = run_with_cold_rounds(policy, 16, [1.0] * 5, [1.5, 2.0, 3.0, 4.0, 6.0], ms, 384)
     b = policy.buckets[16]
     # the wide trees run only in exploration, a bounded few rounds, the 128-tree never timed
     wide = [n for n, i in enumerate(picks) if i >= 3]
     assert picks.count(3) <= 3 and picks.count(4) <= 1 and b.measured[4] == 0 and all(n < 20 for n in wide), wide
-    # after exploration the chain runs every round but probes (at most one in probe_every, never a wide tree)
+    # after exploration the chain runs every round but probes (at most one in probe_every, never a wide tree) and,
+    # once, the re-measure of the start's 16- and 32-trees (FORGET_START: `explore` rounds each)
     after = picks[20:]
-    assert after.count(0) >= len(after) - (len(after) // policy.probe_every + 1)
+    assert after.count(0) >= len(after) - (len(after) // policy.probe_every + 1) - 2 * policy.explore
+    assert policy.buckets[16].forgot and not policy.buckets[16].replace  # re-measured, start times replaced
     # the floor itself: below the true (convex) cost, above what the narrower trees alone would say
     floor_128 = policy._cost_floor(b, 4)
     assert 20.0 < floor_128 < 73.0
     assert 20.0 < one_time._cost_floor(one_time.buckets[16], 4) < 73.0
+
+
+def test_the_chains_slow_start_floors_no_tree():
+    """Lease 33c's tiny batch-1 servers: the lean chain round, explored first at the server's start, read 7.8 ms
+    against ~4.6-4.9 for every tree, and as the narrowest candidate's least time it floored the 32- to 128-trees out
+    of exploration (the 128-tree never ran in the batch-1 rows). The chain's round is another code path: its times
+    bound only its own floor, so the wider trees are explored and the 128-tree (the best rate) runs."""
+    widths = [16, 17, 33, 65, 129]
+    ms = [7.8, 4.9, 4.8, 4.7, 4.6]
+    tokens, expected = [4.1, 4.7, 5.0, 5.3, 5.5], [4.3, 5.0, 5.4, 5.8, 6.1]
+    policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths)
+    picks = run_with_cold_rounds(policy, 1, tokens, expected, ms, 300, batch=1)
+    assert policy.buckets[1].measured[4] >= 3 and 4 in picks[:40], picks[:40]
+    assert picks[100:].count(4) >= 0.85 * 200, [picks[100:].count(i) for i in range(5)]
+    # the floor itself: a tree's from the narrower trees' least times only, the chain's from its own
+    b = AutoBudgetPolicy([CHAIN, 16, 32], widths=widths[:3])
+    for i, t in ((0, 7.8), (0, 7.9), (1, 4.9), (1, 5.0)):
+        b.observe(1, i, 1, t, None, [None] * 3)
+    assert b._cost_floor(b.buckets[1], 2) == pytest.approx(4.9)
+    assert b._cost_floor(b.buckets[1], 0) == pytest.approx(7.8 * 0.9)
+
+
+def run_with_slow_first_uses(policy, rounds, slow_uses, lag=2):
+    """Chain, 16- and 128-tree at batch 1 (4.0 / 4.4 / 4.4 ms, 3.0 / 4.0 / 4.6 tokens): a candidate's first
+    round is cold (untimed), its next slow_uses[i] rounds cost 1.5x (lease 24's first uses, lease 26's first
+    explored trees)."""
+    ms, tokens = [4.0, 4.4, 4.4], [3.0, 4.0, 4.6]
+    queue, picks, uses = [], [], [0, 0, 0]
+    for _ in range(rounds):
+        i = policy.choose(1)
+        picks.append(i)
+        uses[i] += 1
+        t = ms[i] * (1.5 if 2 <= uses[i] <= 1 + slow_uses[i] else 1.0)
+        seen = observed_candidates(policy.candidates, i)
+        queue.append((i, uses[i] == 1, t, [tok if s else None for tok, s in zip(tokens, seen)]))
+        if len(queue) > lag:
+            j, cold, tj, obs = queue.pop(0)
+            policy.observe(1, j, 1, None if cold else tj, [1.2 * tok for tok in tokens], obs)
+    return picks
+
+
+def test_a_bucket_forgets_its_starts_times_once():
+    """FORGET_START: the 128-tree's exploration rounds were its slow first uses (6.6 ms against the 16-tree's 4.4),
+    so the 16-tree won, and only its own times refreshed: without the re-measure, the 128-tree (the best rate) is not
+    verified again before its times go stale (STALE_ROUNDS). At the bucket's forget_start-th round every candidate
+    with times from its first forget_start // 2 rounds (and a rate within STALE_HOPE of the best) is explored again,
+    its start times replaced by the new ones: the 128-tree reads its warm cost and runs from then."""
+    widths = [16, 17, 129]
+    held = AutoBudgetPolicy([CHAIN, 16, 128], widths=widths, forget_start=0)
+    before = run_with_slow_first_uses(held, 400, [0, 0, 4])
+    assert before[20:250].count(2) == 0 and before[20:250].count(1) >= 200, [before[20:250].count(i) for i in range(3)]
+    assert not held.buckets[1].forgot
+    policy = AutoBudgetPolicy([CHAIN, 16, 128], widths=widths, forget_start=128)
+    picks = run_with_slow_first_uses(policy, 400, [0, 0, 4])
+    assert picks[:127] == before[:127]  # the same start as without
+    b = policy.buckets[1]
+    assert b.forgot and policy.export()["decisions"]["1"]["forgot_start"]
+    assert picks[200:].count(2) >= 0.9 * 200, [picks[200:].count(i) for i in range(3)]
+    # what was kept: times from after the first 64 rounds only, and the 128-tree's new ones
+    assert all(at > 64 for d in b.recent_at for at in d)
+    assert b.median[2] == pytest.approx(4.4)
+    with pytest.raises(ValueError, match="forget_start"):
+        AutoBudgetPolicy([CHAIN, 16], forget_start=-1)
 
 
 def test_explore_all_verifies_every_candidate_even_one_that_cannot_win():
@@ -805,7 +874,9 @@ def test_floor_fresh_from_the_environment_and_its_effect_on_a_slow_start(monkeyp
         ratios = []
         for seed in range(24):
             # times read as they are: with RELATIVE_TIMES the worst seed is 0.981 without the knob, 0.987 with it
-            policy = AutoBudgetPolicy(list(CANDIDATES), widths=widths, floor_fresh=floor_fresh, relative_times=False)
+            # ... and the start kept (FORGET_START re-measures it, which alone takes the worst seed to 0.967)
+            policy = AutoBudgetPolicy(list(CANDIDATES), widths=widths, floor_fresh=floor_fresh, relative_times=False,
+                                      forget_start=0)
             picks = simulate(seed, base, tokens, expected, 1400, 1, 0.10, 0.05, policy=policy, poisson_tokens=True,
                              prompt_sigma=0.3, prompt_rounds=350, start_rounds=20, start_mult=1.5)
             ratios.append(rate_over_best(picks, base, tokens))
@@ -888,7 +959,8 @@ def test_a_decision_holds_for_hold_rounds_and_the_feedback_is_read_only_before_o
 
     assert (HOLD_ROUNDS, HOLD_MAX) == (4, 64)  # the pattern below is written for them
     # times read as they are (RELATIVE_TIMES follows this step more slowly: test_relative_times_follow_a_step)
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, relative_times=False)
+    # (and no re-measure of the start, FORGET_START, which starts the holds over)
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, relative_times=False, forget_start=0)
     tokens, ms = [3.0, 4.0, 5.0], [1.0, 1.1, 1.2]  # rates 3.0, 3.64, 4.17: the 64-tree wins
     queue, picks, decided = [], [], []
     for r in range(300):
@@ -922,28 +994,29 @@ def test_holds_grow_only_once_the_wider_candidates_were_explored_and_end_at_the_
     it cannot win yet) a repeated decision holds HOLD_ROUNDS, so a chance to explore it is not missed for HOLD_MAX
     rounds (the simulator's tiny-like starts lost 1-2% of the best rate with holds growing from the start); a
     narrower one that never could win does not stop the growth (the tiny pair's 128-tree over a chain that is never
-    explored); and no hold runs past the bucket's next scheduled probe, so probes keep their schedule (probe_every)."""
+    explored); and no hold runs past the bucket's next scheduled probe, so probes keep their schedule (probe_every).
+    (No re-measure of the start here, FORGET_START: it starts the holds over.)"""
     from sglang_ddtree.sglang.auto import HOLD_ROUNDS
 
     # the 64-tree's floor (the 16-tree's least time) x its tokens stays below the chain's rate: never explored, and
     # the chain's repeated decisions keep holding HOLD_ROUNDS
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=10_000, relative_times=False)
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=10_000, relative_times=False, forget_start=0)
     picks = run_policy(policy, 1, [3.0, 3.05, 3.1], [1.0, 2.0, 2.1], rounds=200)
     b = policy.buckets[1]
     assert 2 not in picks and b.measured[2] == 0
     assert picks[-150:] == [0] * 150 and b.streak == 0 and not b.settled
     # (with explore=1 the 64-tree is tried once at the start, and the chain's holds grow)
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, relative_times=False)
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, relative_times=False, forget_start=0)
     picks = run_policy(policy, 1, [3.0, 3.05, 3.1], [1.0, 2.0, 2.1], rounds=200)
     assert policy.buckets[1].streak >= 4 and picks[-150:] == [0] * 150
     # a dear 16-tree, out after two of its three exploration rounds: the 64-tree's repeated decisions hold longer
     # and longer all the same
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=3, probe_every=10_000, relative_times=False)
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=3, probe_every=10_000, relative_times=False, forget_start=0)
     picks = run_policy(policy, 1, [1.0, 1.5, 5.0], [1.0, 3.0, 1.2], rounds=300)
     b = policy.buckets[1]
     assert b.measured[1] < policy.explore and picks[-150:] == [2] * 150 and b.streak >= 4 and b.settled
     # every candidate explored, probes every 50 rounds: holds grow, but each ends by the next probe round
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=50, relative_times=False)
+    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=50, relative_times=False, forget_start=0)
     tokens, ms = [3.0, 4.0, 5.0], [1.0, 1.1, 1.2]
     queue, checks, longest = [], [], 0
     for r in range(400):
@@ -961,6 +1034,22 @@ def test_holds_grow_only_once_the_wider_candidates_were_explored_and_end_at_the_
         longest = max(longest, b.hold + 1)
     assert b.settled and longest > 2 * HOLD_ROUNDS
     assert len(checks) >= 6 and all(q - p == 50 for p, q in zip(checks, checks[1:])), checks
+
+
+def test_a_round_that_waits_for_exploration_samples_at_the_usual_interval():
+    """A settled bucket samples one round in SAMPLE_EVERY_IDLE (SETTLED_HOLD); exploration starts that over: a round
+    that waits for an explored candidate's first time (its round in flight) samples at SAMPLE_EVERY again."""
+    from sglang_ddtree.sglang.auto import SAMPLE_EVERY, SAMPLE_EVERY_IDLE
+
+    policy = AutoBudgetPolicy([CHAIN, 16], explore=1, probe_every=10_000)
+    for _ in range(3):
+        policy.observe(1, 0, 1, 1.0, [3.0, 4.0], [2.0, None])
+    b = policy.buckets[1]
+    b.settled = True
+    assert policy.sample_interval(1) == SAMPLE_EVERY_IDLE
+    b.tried[1] = 1  # the 16-tree explored, its time not back yet
+    assert policy.choose(1) == 0 and b.waited[1] == 1  # the best known runs meanwhile
+    assert not b.settled and policy.sample_interval(1) == SAMPLE_EVERY
 
 
 def test_warm_rounds_leave_a_candidates_first_uses_untimed():
@@ -1081,8 +1170,9 @@ def test_floor_min_times_keeps_one_slow_first_round_from_flooring_the_wider_tree
 
     tokens, ms = [3.0, 4.0, 4.5, 5.0, 6.0], [3.75, 4.0, 4.0, 4.0, 4.0]
 
-    def run(floor_min_times):
-        policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], floor_min_times=floor_min_times)
+    def run(floor_min_times, forget_start=0):
+        policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], floor_min_times=floor_min_times,
+                                  forget_start=forget_start)
         picks, timed = [], [0] * 5
         for _ in range(STALE_ROUNDS - 50):
             i = policy.choose(1)
@@ -1095,6 +1185,9 @@ def test_floor_min_times_keeps_one_slow_first_round_from_flooring_the_wider_tree
         return picks
 
     assert 4 not in run(1)  # floored out: the secant of the 16-tree's 4 ms and the 32-tree's one 8 ms
+    # (re-measured after the start, FORGET_START, the 32-tree reads its true cost and the 128-tree runs from then)
+    late = run(1, forget_start=128)
+    assert 128 < late.index(4) < 200 and late[-20:] == [4] * 20
     picks = run(2)
     assert picks.index(4) < 40 and picks[100:].count(4) >= 0.9 * len(picks[100:])
 
@@ -1444,7 +1537,9 @@ def test_relative_times_follow_a_drifting_host():
         for seed in range(6):
             # both at HOLD_ROUNDS (relative times never grow their holds): the timing estimates compared alike. With
             # growing holds (HOLD_MAX) the plain times read 0.992 here, against 0.995 relative.
-            policy = AutoBudgetPolicy(list(CANDIDATES), widths=WIDTHS, relative_times=relative, hold_max=HOLD_ROUNDS)
+            # (no re-measure of the start, FORGET_START: the simulated figures above were taken without it)
+            policy = AutoBudgetPolicy(list(CANDIDATES), widths=WIDTHS, relative_times=relative, hold_max=HOLD_ROUNDS,
+                                      forget_start=0)
             picks = simulate(seed, base, tokens, expected, 2500, 4, noise=0.10, outlier=0.05, policy=policy,
                              drift_sigma=0.2, drift_rounds=250)[300:]
             rates.append(rate_over_best(picks, base, tokens))
@@ -1478,7 +1573,9 @@ def test_relative_times_follow_a_step_of_one_candidates_cost():
     100 of 200 rounds, as it does with times read as they are (there within a decision or two; here after ~40
     rounds, the chain and a 64-tree decision between)."""
     for relative in (False, True):
-        policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, relative_times=relative)
+        # no scheduled probes and no re-measure of the start (FORGET_START): the step alone moves the choice
+        policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, relative_times=relative,
+                                  forget_start=0)
         tokens, ms = [3.0, 4.0, 5.0], [1.0, 1.1, 1.2]
         queue, picks = [], []
         for r in range(200):

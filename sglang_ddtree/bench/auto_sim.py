@@ -21,7 +21,7 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
              drift_rounds: float | None = None, content_sigma: float = 0.0, content_rounds: float | None = None,
              token_noise: float = 0.0, expected_follows: float = 0.5, prompt_sigma: float = 0.0,
              prompt_rounds: int | None = None, poisson_tokens: bool = False, warm_mult: tuple = (),
-             switch_mult: float = 1.0, switch_outlier: float = 0.0) -> list[int]:
+             chain_warm_mult: tuple = (), switch_mult: float = 1.0, switch_outlier: float = 0.0) -> list[int]:
     """Candidate i's round costs base[i] ms x lognormal(noise), doubled with probability `outlier`, and x phase_mult
     while the host is in a slow phase (phases flip with probability 1 / phase_len a round; none without phase_len);
     a round commits tokens[i] per request; the drafter expects expected[i]. First rounds of a candidate are cold
@@ -44,7 +44,9 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
     the next narrower one's plus Poisson((tokens[j] - tokens[j - 1]) x exp(y)) (per round a wider tree commits at
     least as much, by a count that is often 0). warm_mult: a candidate's rounds after its cold first one cost
     warm_mult[0], warm_mult[1], ... times more (lease 24's debug dump at batch 1: the first timed round of each
-    candidate 1.13-1.47x its median, the second 1.04-1.17x). switch_mult / switch_outlier: a round whose candidate
+    candidate 1.13-1.47x its median, the second 1.04-1.17x). chain_warm_mult: the same for the chain alone, on top
+    (lease 33c's batch-1 servers timed the lean chain round's exploration at 6.4-7.8 ms against 3.7-5.4 for the
+    trees; leases 31b-32 at 26-40 ms). switch_mult / switch_outlier: a round whose candidate
     is not the previous round's costs switch_mult times more, and 1.5x more again with probability switch_outlier
     (the same dump, batch 1, rounds after a candidate's first three: such rounds' quartiles 0.995 / 1.035 / 1.088 of
     the candidate's median against 0.967 / 0.999 / 1.036 for the others, 9% of them >= 1.4x against 4%). Returns the
@@ -84,6 +86,8 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
         ms *= start_mult if starting else 1.0
         if 2 <= uses[i] < 2 + len(warm_mult):
             ms *= warm_mult[uses[i] - 2]
+        if i == 0 and 2 <= uses[i] < 2 + len(chain_warm_mult):
+            ms *= chain_warm_mult[uses[i] - 2]
         if switched:
             ms *= switch_mult * (1.5 if switch_outlier and rng.random() < switch_outlier else 1.0)
         committed = start_tokens if starting and start_tokens is not None else tokens

@@ -108,6 +108,24 @@ CALIBRATION_LEARN_ALL = 500
 # gate changes what is reported, not what runs: the calibrated series stays the table's own.
 CALIBRATION_GATE = 100
 
+# At its FORGET_START-th round a bucket re-measures its start, once: every candidate with times from the bucket's
+# first FORGET_START // 2 rounds and a rate of at least STALE_HOPE of the best is explored again (whether or not it
+# could win), and its start times are replaced once it has three new ones (0: never). Why: the rounds at a server's
+# start and a candidate's first uses in a bucket run slow (lease 24's debug dump: a candidate's first timed rounds
+# 1.13-1.47x its median; lease 26: the first explored trees 6.0-8.9 ms against ~4.0-4.4 later; lease 33c: the chain's
+# exploration 6.4-7.8 ms against 3.7-5.4 for the trees), and only the incumbent's times refresh: the others keep
+# their start times until a stale probe (STALE_ROUNDS) or a few probe_every probes replace them, so a start decided
+# on such times can hold for hundreds of rounds (the tiny batch-1 rows of leases 21e-33c ran the 128-tree in 0-95%
+# of their rounds). Re-measured after the incumbent has run a while, the others read their warm cost; their start
+# times bound the wider candidates' floors until then, so nothing is explored blind. Simulated (simulate_auto_flat.py,
+# 30 cases; mean of the cases' means / of their worst seeds / the worst seed; auto_flat_sim_forget_start*.json): with
+# the chain no longer flooring the trees (_cost_floor) 0.9924 / 0.965 / 0.812, with this too 0.9929 / 0.980 / 0.893
+# (before both, 0.9916 / 0.962 / 0.823); the tiny-like batch-1 starts' worst seeds 0.812-0.978 -> 0.954-0.977, the
+# lock-out test 0.995 / 0.970 -> 0.998 / 0.992, the 8B-like cases unchanged (their wide trees, far behind the chain,
+# are not re-measured), flat noise 0.10 0.997 -> 0.996. SGLANG_DDTREE_AUTO_FORGET_START=N sets it per server (0:
+# off), for an A/B in one run.
+FORGET_START = 128
+
 # A decision of the best candidate holds for HOLD_ROUNDS rounds of its bucket (exploration and probes are single
 # rounds), and the worker drains the feedback only before a decision (AutoBudgetPolicy.deciding). Why: lease 23's
 # host stages timed the worker's chooser block (feedback drain, choose, sample_interval) at 0.15-0.17 ms a round on
@@ -346,6 +364,7 @@ class _Bucket:
     last_measured: list[int]  # round index of the last measurement
     waited: list[int]  # rounds exploration waited for the candidate's first timed round
     recent: list[collections.deque]  # the last RECENT measured round ms per candidate
+    recent_at: list[collections.deque]  # the bucket's round at each of them (FORGET_START)
     # per candidate, of `recent` (_Bucket.timed keeps them current): its median, interquartile spread as a normal
     # sigma and least; kept, not recomputed, because the chooser reads them every round and only the timed
     # candidate's change (sorting every candidate's times each round was ~half of choose())
@@ -361,6 +380,10 @@ class _Bucket:
     streak: int = 0  # decisions of the best in a row that repeated the one before (HOLD_MAX)
     settled: bool = False  # the hold grew to SETTLED_HOLD: sampled rounds at the idle interval (SETTLED_HOLD)
     decisions: int = 0  # rounds that decided (choose() past a hold), for the export
+    forgot: bool = False  # its start was re-measured (FORGET_START)
+    # FORGET_START: candidate -> (the start's last round, the round it was flagged at, new times needed): its times of
+    # the start's rounds are dropped once it has that many timed after the flag
+    replace: dict = field(default_factory=dict)
     next_probe: int = 0  # the first round at which a probe may run again (probe_every)
     last_probe: int = -(10 ** 9)  # the round of the last probe (a RELATIVE_TIMES re-probe waits REPROBE_GAP after it)
     seen: list = field(default_factory=list)  # rounds observed per candidate, timed or not (WARM_ROUNDS)
@@ -391,12 +414,26 @@ class _Bucket:
         self.last_choices.append(i)
         self.others_in_run += i != 0
 
-    def timed(self, i: int, ms: float, sampled: bool = False) -> None:
-        """Candidate i's round took ms (sampled: the round computed the expectations): into its recent times and
-        their statistics, and with RELATIVE_TIMES into its ratio to the last timed round of another candidate."""
-        if self.relative:
+    def timed(self, i: int, ms: float, sampled: bool = False, at: int | None = None) -> None:
+        """Candidate i's round took ms (sampled: the round computed the expectations; at: the bucket's round it was
+        measured at, default now): into its recent times and their statistics, and with RELATIVE_TIMES into its
+        ratio to the last timed round of another candidate."""
+        if self.relative and at is None:
             self._pair(i, math.log(ms), sampled)
         self.recent[i].append(ms)
+        self.recent_at[i].append(self.rounds if at is None else at)
+        if i in self.replace:
+            start, flagged, needed = self.replace[i]
+            if sum(a > flagged for a in self.recent_at[i]) >= needed:  # enough new times: the start's go
+                del self.replace[i]
+                kept = [(x, a) for x, a in zip(self.recent[i], self.recent_at[i]) if a > start]
+                self.recent[i].clear()
+                self.recent_at[i].clear()
+                for x, a in kept[:-1]:
+                    self.recent[i].append(x)
+                    self.recent_at[i].append(a)
+                self.timed(i, kept[-1][0], at=kept[-1][1])  # the statistics, from what is left
+                return
         xs = sorted(self.recent[i])
         n = len(xs)
         self.median[i], self.least[i] = xs[n // 2], xs[0]
@@ -503,6 +540,8 @@ class AutoBudgetPolicy:
     # e.g. the chain's lean round (worker._chain_round) against DFLASH's.
     force: int | None = None
     probe_every: int = 64
+    # a bucket drops its start's times once, at this round of it (None: the module's FORGET_START; 0: never)
+    forget_start: int | None = None
     hold_rounds: int = 0  # a decision holds this many rounds of its bucket (0: the module's HOLD_ROUNDS)
     # the longest hold of a repeated decision (None: the module's HOLD_MAX; hold_rounds or less: no growth) and
     # whether a settled bucket samples at the idle interval (None: True), for an A/B in one run
@@ -546,6 +585,9 @@ class AutoBudgetPolicy:
         if len(self.candidates) < 2:
             raise ValueError("auto needs at least one tree budget besides the chain.")
         self.explore = EXPLORE_ROUNDS if self.explore is None else self.explore
+        self.forget_start = FORGET_START if self.forget_start is None else self.forget_start
+        if self.forget_start < 0:
+            raise ValueError(f"forget_start must be >= 0, got {self.forget_start}.")
         if self.explore < 1 or self.probe_every < 1 or self.half_life_rounds <= 0 or self.hold_rounds < 0:
             raise ValueError("explore and probe_every must be >= 1, half_life_rounds > 0 and hold_rounds >= 0.")
         self.hold_rounds = self.hold_rounds or HOLD_ROUNDS
@@ -595,6 +637,7 @@ class AutoBudgetPolicy:
         if bucket not in self.buckets:
             n = len(self.candidates)
             self.buckets[bucket] = _Bucket([_Decayed() for _ in range(n)], [0] * n, [0] * n, [-1] * n, [0] * n,
+                                           [collections.deque(maxlen=RECENT) for _ in range(n)],
                                            [collections.deque(maxlen=RECENT) for _ in range(n)],
                                            next_probe=self.probe_every, mad=self.spread == "mad",
                                            relative=self.relative_times)
@@ -712,11 +755,17 @@ class AutoBudgetPolicy:
         time used here is a candidate's least recent one (RECENT), not its mean.
         A candidate's times count here once it has floor_min_times of them (FLOOR_MIN_TIMES).
         - Measured itself: its least time, less NOISE (a probe re-measures what would win at that price).
-        - Otherwise: the dearest measured candidate that verifies no more tokens (a wider verify does not cost
-          less), and, from two measured narrower trees, the secant through them extended to i's width: round time
-          is a convex function of the verify width (flat while launch- or memory-bound, then linear once
-          compute-bound), so the extension stays below it. The slope is taken less NOISE, so timing noise cannot
-          rule out a candidate that would win. The chain verifies causally (another cost curve): not in the secant.
+        - Otherwise: the dearest measured candidate of its kind (tree or chain) that verifies no more tokens (a
+          wider verify does not cost less), and, from two measured narrower trees, the secant through them extended
+          to i's width: round time is a convex function of the verify width (flat while launch- or memory-bound,
+          then linear once compute-bound), so the extension stays below it. The slope is taken less NOISE, so timing
+          noise cannot rule out a candidate that would win. The chain's round is another code path on another cost
+          curve (a causal verify in the lean chain round, worker._chain_round): its times bound no tree's floor.
+          Lease 33c's two tiny batch-1 servers timed its exploration rounds, the server's first, at 7.8 / 6.4 ms
+          against 3.7-5.4 for the trees (leases 31b-32: 26-40 ms); as the narrowest candidate's least time it
+          floored every tree, and neither server explored the 128-tree in its batch-1 rows (one ran the 16-tree in
+          80% of them, x0.90 of its fixed 128-tree arm). Where a tree costs at least the chain (8B shapes) the
+          16-tree's own times give the wider trees the same floor.
         Lease 10 (8B shapes, batch 16, a drafter never right), when the floor was the narrower candidates' dearest
         time alone: the 128-tree (2064 verify tokens) was verified in 7 of 382 rounds, the 32-tree in 5."""
         enough = [len(b.recent[j]) >= self.floor_min_times for j in range(len(self.candidates))]
@@ -725,8 +774,10 @@ class AutoBudgetPolicy:
         fresh = FLOOR_FRESH if self.floor_fresh is None else self.floor_fresh
         usable = [enough[j] and (not fresh or b.rounds - b.last_measured[j] <= fresh)
                   for j in range(len(self.candidates))]
+        chain = self.candidates[i] == CHAIN
         narrower = [self._least_ms(b, j) for j in range(len(self.candidates))
-                    if j != i and self.widths[j] <= self.widths[i] and usable[j]]
+                    if j != i and self.widths[j] <= self.widths[i] and usable[j]
+                    and (self.candidates[j] == CHAIN) == chain]
         if not narrower:
             return None
         floor = max(narrower)
@@ -758,6 +809,25 @@ class AutoBudgetPolicy:
         tokens, floor = self.est_tokens(i), self._cost_floor(b, i)
         return tokens / floor if tokens is not None and floor else None
 
+    def _remeasure_start(self, b: _Bucket, bucket: int) -> None:
+        """FORGET_START: every candidate with times from the bucket's first forget_start // 2 rounds and a rate of at
+        least STALE_HOPE of the best is explored again, whether or not it could win (a start ran at most ~2x slow:
+        leases 24-33c read 1.13-2.0x; one further behind cannot be a slow start's victim, and at 8B-like batch 16
+        the wide trees, 3-7x the chain's cost, would be explored again for nothing). Its start times stay until it
+        has three new ones (_Bucket.timed), so the floors they give the wider candidates hold meanwhile: a wider
+        tree is still never explored blind."""
+        start = self.forget_start // 2
+        rates = self.rates(bucket)
+        known = [r for r in rates if r is not None and math.isfinite(r)]
+        hope = STALE_HOPE * max(known) if known else 0.0
+        for i in range(len(self.candidates)):
+            if any(at <= start for at in b.recent_at[i]) and (rates[i] is None or rates[i] >= hope):
+                # three new times: the rates' median needs three (_typical_ms), floors floor_min_times
+                b.replace[i] = (start, b.rounds, max(3, self.floor_min_times))
+                b.measured[i] = b.tried[i] = b.waited[i] = 0
+        b.best, b.streak, b.settled = None, 0, False
+        b.forgot = True
+
     def choose(self, bucket: int) -> int:
         """Index into candidates for the next round of a batch in this bucket. Exploration and probes skip a
         candidate that cannot win (`_could_win`): with a drafter that is rarely right (a dummy model, an
@@ -772,6 +842,8 @@ class AutoBudgetPolicy:
             self.sampling = None
             return self._chosen(b, b.held)
         b.decisions += 1
+        if self.forget_start and not b.forgot and b.rounds >= self.forget_start:
+            self._remeasure_start(b, bucket)
         if self.force is not None:  # held as a decision is, so the feedback is drained as often as `auto` drains it
             self.sampling = None
             b.held, b.hold = self.force, self._hold_after(b, self.force)
@@ -793,7 +865,8 @@ class AutoBudgetPolicy:
         for i in self._explore_order:  # explore: narrowest unmeasured first
             if b.measured[i] >= self.explore:
                 continue
-            if b.tried[i] < self._explore_tries and (self.explore_all or self._could_win(b, i, best_rate)):
+            if b.tried[i] < self._explore_tries and (self.explore_all or i in b.replace
+                                                     or self._could_win(b, i, best_rate)):
                 choice = i
                 break
             if (b.tried[i] < self._explore_tries and self.explore_best_elsewhere
@@ -805,8 +878,8 @@ class AutoBudgetPolicy:
                 b.waited[i] += 1  # its time is in flight: run the best known meanwhile, explore nothing wider yet
                 waiting = True
                 break
-        if choice is not None or waiting:  # exploring: the next decision of the best starts its holds over
-            b.best, b.streak = None, 0
+        if choice is not None or waiting:  # exploring: the next decision of the best starts its holds (and
+            b.best, b.streak, b.settled = None, 0, False  # the sampling interval) over
         if (choice is None and b.reprobe
                 and b.rounds >= b.last_probe + min(self.probe_every, REPROBE_GAP)):
             # RELATIVE_TIMES: a candidate whose pair's newest entry lies off, if it could win: a probe brought forward
@@ -968,9 +1041,10 @@ class AutoBudgetPolicy:
             "observed_over_expected": {k: _r(self.ratio(i)) for i, k in enumerate(labels)},
             "round_ms": {str(bucket): {k: _r(b.round_ms[i].mean()) for i, k in enumerate(labels)}
                          for bucket, b in sorted(self.buckets.items())},
-            # per bucket: its rounds, the decisions among them (the rest held: HOLD_ROUNDS / HOLD_MAX) and whether
-            # it is settled now (SETTLED_HOLD)
-            "decisions": {str(bucket): {"rounds": b.rounds, "decisions": b.decisions, "settled": b.settled}
+            # per bucket: its rounds, the decisions among them (the rest held: HOLD_ROUNDS / HOLD_MAX), whether
+            # it is settled now (SETTLED_HOLD) and whether it dropped its start's times (FORGET_START)
+            "decisions": {str(bucket): {"rounds": b.rounds, "decisions": b.decisions, "settled": b.settled,
+                                        "forgot_start": b.forgot}
                           for bucket, b in sorted(self.buckets.items())},
         }
 
@@ -1196,6 +1270,12 @@ def auto_hold_max() -> int | None:
     """SGLANG_DDTREE_AUTO_HOLD_MAX: the policy's hold_max for this server (None when unset: the module's HOLD_MAX;
     HOLD_ROUNDS or less: decisions never hold longer), for an A/B in one run."""
     return _env_at_least("SGLANG_DDTREE_AUTO_HOLD_MAX", int, 1, "a round count >= 1")
+
+
+def auto_forget_start() -> int | None:
+    """SGLANG_DDTREE_AUTO_FORGET_START: the policy's forget_start for this server (None when unset: the module's
+    FORGET_START; 0: never), for an A/B in one run."""
+    return _env_at_least("SGLANG_DDTREE_AUTO_FORGET_START", int, 0, "a round count >= 0")
 
 
 def auto_settled_sampling() -> bool | None:
