@@ -310,6 +310,8 @@ def adaptive(out: dict) -> None:
 #   sampling before, left out: ARM_KNOBS; 5 repeats x 4 prompt groups) replace lease 30's. The chain that `auto` runs
 #   there is the narrowest candidate, so its holds grow under ff32690's rule exactly when they did under 1341668's
 #   (every wider candidate explored). The tiny pair since lease 31 is measured in-process (AB_SWEEPS).
+# - lease 34 (c941520: the chain's times no longer floor the trees, each bucket re-measures its start at round 128):
+#   the 8B shapes (DFLASH and `auto`, 3 repeats x 4 prompt groups) replace lease 33's.
 SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.jsonl", "sweep_auto_8b_lease20.jsonl",
                       "sweep_auto_8b_lease20b.jsonl", "sweep_auto_8b_bs1_lease20c.jsonl",
                       "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl",
@@ -317,7 +319,8 @@ SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.js
                       "sweep_auto_8b_lease25.jsonl", "sweep_paired_tiny_lease26.jsonl",
                       "sweep_paired_tiny_lease27.jsonl", "sweep_paired_tiny_lease28.jsonl",
                       "sweep_paired_tiny_lease29.jsonl", "sweep_auto_8b_lease29.jsonl",
-                      "sweep_paired_tiny_lease30.jsonl", "sweep_auto_8b_lease30.jsonl", "sweep_auto_8b_lease33.jsonl")
+                      "sweep_paired_tiny_lease30.jsonl", "sweep_auto_8b_lease30.jsonl", "sweep_auto_8b_lease33.jsonl",
+                      "sweep_auto_8b_lease34.jsonl")
 # Servers of one configuration started side by side in one interleaved run (a setup and its --copy-setup copy): how
 # far two identical servers' tokens/s lie apart on this host.
 SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl",
@@ -368,7 +371,8 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
                  "sweep_paired_tiny_lease30.jsonl": "tiny|ddtree-128",
                  "sweep_auto_8b_lease30.jsonl": "8b-dummy|dflash",
                  "sweep_ab_tiny_lease31.jsonl": "tiny|ddtree-128",  # lease 31b's A/B servers ran alone: no base row
-                 "sweep_auto_8b_lease33.jsonl": "8b-dummy|dflash"}
+                 "sweep_auto_8b_lease33.jsonl": "8b-dummy|dflash",
+                 "sweep_auto_8b_lease34.jsonl": "8b-dummy|dflash"}
 # The in-process A/B (SGLANG_DDTREE_AUTO_AB: an `auto` server alternating blocks of 8 decode rounds with the fixed
 # 128-tree, each arm tallied apart), lease 31 (e04941f), tiny pair, 20 runs of 512 tokens a row, next to DFLASH and
 # DDTREE 128 servers: `tiny-ab` `auto` as it is, `tiny-f` held on the 128-tree (SGLANG_DDTREE_AUTO_FORCE=128: `auto`'s
@@ -381,11 +385,17 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
 # 16). Lease 33 (1341668: holds grow to HOLD_MAX once every candidate was explored, settled sampling, the learn walk),
 # 12 runs: `tiny-n`, `tiny-n2` (as it is), `tiny-o` (SGLANG_DDTREE_AUTO_HOLD_MAX=4, ..._SETTLED_SAMPLING=0: the holds
 # and sampling before); 33b (the same commit): `tiny-n3`, `tiny-n4`, `tiny-f` (held on the 128-tree); 33c (ff32690:
-# holds grow once the candidates wider than the choice were explored), 8 runs: `tiny-n5`, `tiny-n6`. The headline is
-# the last file's `auto` as it is, its servers' runs pooled (bench.paired.ab_pooled).
+# holds grow once the candidates wider than the choice were explored), 8 runs: `tiny-n5`, `tiny-n6`. Lease 34 (c941520:
+# the chain's times no longer floor the trees; each bucket re-measures its start at round 128, FORGET_START): 34 at
+# batch 1 only, 12 runs, `tiny-n1`-`n3` as it is and `tiny-o1`-`o3` with SGLANG_DDTREE_AUTO_FORGET_START=0; 34b at
+# every batch size, 8 runs, `tiny-n1`-`n3`; 34c the same with `tiny-n4`-`n6` and `tiny-o1`-`o3`. The headline is
+# `auto` as it is in AB_HEADLINE_SWEEPS, every such server's runs pooled (bench.paired.ab_pooled): nine servers at
+# batch 1, six at 4 / 16 / 64.
 AB_SWEEPS = ("sweep_ab_tiny_lease31.jsonl", "sweep_ab_tiny_lease31b.jsonl", "sweep_ab_tiny_lease32.jsonl",
              "sweep_ab_tiny_lease32b.jsonl", "sweep_ab_tiny_lease33.jsonl", "sweep_ab_tiny_lease33b.jsonl",
-             "sweep_ab_tiny_lease33c.jsonl")
+             "sweep_ab_tiny_lease33c.jsonl", "sweep_ab_tiny_lease34.jsonl", "sweep_ab_tiny_lease34b.jsonl",
+             "sweep_ab_tiny_lease34c.jsonl")
+AB_HEADLINE_SWEEPS = ("sweep_ab_tiny_lease34.jsonl", "sweep_ab_tiny_lease34b.jsonl", "sweep_ab_tiny_lease34c.jsonl")
 # What a sweep's servers ran without setting it (their commit's default then), for the arm labels.
 AB_IMPLIED_ENV = {"sweep_ab_tiny_lease32.jsonl": ["SGLANG_DDTREE_AUTO_RELATIVE_TIMES=1"]}
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
@@ -460,8 +470,10 @@ def _ab_server(row: dict) -> bool:
 
 
 # Knobs whose rows are an A/B's other arm, not `auto` as it is (lease 33's 8B `8b-o|auto`: the holds and sampling
-# before HOLD_MAX). Knobs older than these were set in rows that the listed files already keep apart.
-ARM_KNOBS = ("SGLANG_DDTREE_AUTO_HOLD_MAX=", "SGLANG_DDTREE_AUTO_SETTLED_SAMPLING=")
+# before HOLD_MAX; lease 34's `tiny-o*`: no re-measure of the start). Knobs older than these were set in rows that
+# the listed files already keep apart.
+ARM_KNOBS = ("SGLANG_DDTREE_AUTO_HOLD_MAX=", "SGLANG_DDTREE_AUTO_SETTLED_SAMPLING=",
+             "SGLANG_DDTREE_AUTO_FORGET_START=")
 
 
 def _not_auto_as_it_is(row: dict) -> bool:
@@ -675,15 +687,15 @@ def sglang_auto_ab(out: dict) -> None:
     whole row and run by run with a 95% interval, per batch size and pooled, with each arm's tau, GPU ms and host ms
     a round. The arms share the process, the moment and the text, so these intervals are the rounds' own spread, not
     the host's speed between servers (the cross-server ratios of the same sweep: sglang_paired_ratios).
-    sglang_auto_ab_over_fixed_128_tiny: the arm that ran `auto` as it is, run by run, per batch size, its servers'
-    runs pooled (ab_pooled; the last file that has such an arm)."""
+    sglang_auto_ab_over_fixed_128_tiny: the arm that ran `auto` as it is, run by run, per batch size, the runs of
+    every such server of AB_HEADLINE_SWEEPS (one commit) pooled (ab_pooled)."""
     sys.path.insert(0, str(RESULTS.parents[1]))
     from sglang_ddtree.bench.paired import ab_pooled, ab_table, row_label
     from sglang_ddtree.bench.results import latest_results, read_rows
 
     table: dict = {}
-    headline: dict = {}
-    headline_source = None
+    headline_rows: list = []
+    headline_labels: set = set()
     for name in AB_SWEEPS:
         if not (RESULTS / name).exists():
             raise FileNotFoundError(name)
@@ -697,10 +709,13 @@ def sglang_auto_ab(out: dict) -> None:
                 "all_batch_sizes": t["all_batch_sizes"]}
             if arm == "as it is" and label.startswith("tiny"):
                 as_it_is.append(label)
-        if as_it_is:
-            pooled = ab_pooled(rows, set(as_it_is))
-            headline = {str(bs): v["ratio"] for bs, v in pooled["by_batch_size"].items() if v}
-            headline_source = f"{name} ({' + '.join(sorted(as_it_is))}, runs pooled)"
+        if name in AB_HEADLINE_SWEEPS and as_it_is:
+            headline_rows += [r for r in rows if row_label(r) in as_it_is]
+            headline_labels |= set(as_it_is)
+    pooled = ab_pooled(headline_rows, headline_labels) if headline_rows else None
+    headline = {str(bs): v["ratio"] for bs, v in pooled["by_batch_size"].items() if v} if pooled else {}
+    headline_source = (f"{' + '.join(AB_HEADLINE_SWEEPS)} (`auto` as it is: {' + '.join(sorted(headline_labels))}, "
+                       f"runs pooled)")
     out["sglang_auto_ab"] = table
     out["sglang_auto_ab_over_fixed_128_tiny"] = headline
     out["sglang_auto_ab_over_fixed_128_tiny_source"] = headline_source if headline else None

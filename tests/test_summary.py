@@ -135,8 +135,8 @@ def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
     """An `auto` server with SGLANG_DDTREE_AUTO_AB alternates rounds with the fixed tree: its tokens/s mixes both arms,
     so the cross-server headline leaves it out, and sglang_auto_ab reports its arms instead, named by what the `auto`
     arm ran (a knob its commit defaulted to, AB_IMPLIED_ENV, named too unless the server set it). The committed
-    summary's headline A/B entry is the last A/B sweep's `auto` as it is, per batch size, its servers' runs pooled
-    (between the servers' own ratios)."""
+    summary's headline A/B entry is `auto` as it is in AB_HEADLINE_SWEEPS, per batch size, every such server's runs
+    pooled (between the servers' own ratios)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("make_summary", ROOT / "scripts" / "make_summary.py")
@@ -152,14 +152,19 @@ def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
     assert ms._ab_arm(ab, implied) == "AUTO_RELATIVE_TIMES=1"
     assert ms._ab_arm(ab + ["SGLANG_DDTREE_AUTO_RELATIVE_TIMES=0"], implied) == "AUTO_RELATIVE_TIMES=0"
     summary = json.loads((ROOT / "benchmarks" / "results" / "summary.json").read_text())
-    last = ms.AB_SWEEPS[-1]
-    as_it_is = sorted(label for label, entry in summary["sglang_auto_ab"][last].items() if entry["arm"] == "as it is")
-    assert len(as_it_is) == 2  # lease 32b: tiny-a, tiny-a2
-    assert summary["sglang_auto_ab_over_fixed_128_tiny_source"] == f"{last} ({' + '.join(as_it_is)}, runs pooled)"
+    # the headline pools `auto` as it is over AB_HEADLINE_SWEEPS (one commit's files)
+    assert set(ms.AB_HEADLINE_SWEEPS) <= set(ms.AB_SWEEPS)
+    servers = {(name, label) for name in ms.AB_HEADLINE_SWEEPS
+               for label, entry in summary["sglang_auto_ab"][name].items() if entry["arm"] == "as it is"}
+    labels = sorted({label for _, label in servers})
+    assert len(servers) == 9 and len(labels) == 6  # lease 34: tiny-n1..n3 at batch 1 only, n1..n3 and n4..n6
+    assert summary["sglang_auto_ab_over_fixed_128_tiny_source"] == (
+        f"{' + '.join(ms.AB_HEADLINE_SWEEPS)} (`auto` as it is: {' + '.join(labels)}, runs pooled)")
     headline = summary["sglang_auto_ab_over_fixed_128_tiny"]
     assert sorted(headline) == ["1", "16", "4", "64"]
     for bs, ratio in headline.items():
-        own = sorted(summary["sglang_auto_ab"][last][label]["by_batch_size"][bs]["runs"]["ratio"] for label in as_it_is)
-        assert own[0] - 1e-3 <= ratio <= own[1] + 1e-3
+        own = sorted(summary["sglang_auto_ab"][name][label]["by_batch_size"][bs]["runs"]["ratio"]
+                     for name, label in servers if bs in summary["sglang_auto_ab"][name][label]["by_batch_size"])
+        assert len(own) >= 6 and own[0] - 1e-3 <= ratio <= own[-1] + 1e-3
     # no A/B server's own tokens/s reaches the cross-server headline's sources
     assert all(name not in ms.AB_SWEEPS for name in ms.SGLANG_AUTO_SWEEPS)

@@ -422,9 +422,9 @@ class _Bucket:
             self._pair(i, math.log(ms), sampled)
         self.recent[i].append(ms)
         self.recent_at[i].append(self.rounds if at is None else at)
-        if i in self.replace:
+        if i in self.replace:  # re-measured (FORGET_START): once it has `needed` new times, the start's go
             start, flagged, needed = self.replace[i]
-            if sum(a > flagged for a in self.recent_at[i]) >= needed:  # enough new times: the start's go
+            if sum(a > flagged for a in self.recent_at[i]) >= needed:
                 del self.replace[i]
                 kept = [(x, a) for x, a in zip(self.recent[i], self.recent_at[i]) if a > start]
                 self.recent[i].clear()
@@ -540,7 +540,7 @@ class AutoBudgetPolicy:
     # e.g. the chain's lean round (worker._chain_round) against DFLASH's.
     force: int | None = None
     probe_every: int = 64
-    # a bucket drops its start's times once, at this round of it (None: the module's FORGET_START; 0: never)
+    # a bucket re-measures its start once, at this round of it (None: the module's FORGET_START; 0: never)
     forget_start: int | None = None
     hold_rounds: int = 0  # a decision holds this many rounds of its bucket (0: the module's HOLD_ROUNDS)
     # the longest hold of a repeated decision (None: the module's HOLD_MAX; hold_rounds or less: no growth) and
@@ -1042,7 +1042,7 @@ class AutoBudgetPolicy:
             "round_ms": {str(bucket): {k: _r(b.round_ms[i].mean()) for i, k in enumerate(labels)}
                          for bucket, b in sorted(self.buckets.items())},
             # per bucket: its rounds, the decisions among them (the rest held: HOLD_ROUNDS / HOLD_MAX), whether
-            # it is settled now (SETTLED_HOLD) and whether it dropped its start's times (FORGET_START)
+            # it is settled now (SETTLED_HOLD) and whether it re-measured its start (FORGET_START)
             "decisions": {str(bucket): {"rounds": b.rounds, "decisions": b.decisions, "settled": b.settled,
                                         "forgot_start": b.forgot}
                           for bucket, b in sorted(self.buckets.items())},
