@@ -311,7 +311,9 @@ def adaptive(out: dict) -> None:
 #   there is the narrowest candidate, so its holds grow under ff32690's rule exactly when they did under 1341668's
 #   (every wider candidate explored). The tiny pair since lease 31 is measured in-process (AB_SWEEPS).
 # - lease 34 (c941520: the chain's times no longer floor the trees, each bucket re-measures its start at round 128):
-#   the 8B shapes (DFLASH and `auto`, 3 repeats x 4 prompt groups) replace lease 33's.
+#   the 8B shapes (DFLASH and `auto`, 3 repeats x 4 prompt groups) replace lease 33's. The re-measure (FORGET_START)
+#   was on by default there and is off since; at 8B shapes it re-explores only the 16- and 32-trees, once a bucket
+#   (the wider trees are far behind the chain), so these rows stand for the code as it is to within that.
 SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.jsonl", "sweep_auto_8b_lease20.jsonl",
                       "sweep_auto_8b_lease20b.jsonl", "sweep_auto_8b_bs1_lease20c.jsonl",
                       "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl",
@@ -385,19 +387,26 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
 # 16). Lease 33 (1341668: holds grow to HOLD_MAX once every candidate was explored, settled sampling, the learn walk),
 # 12 runs: `tiny-n`, `tiny-n2` (as it is), `tiny-o` (SGLANG_DDTREE_AUTO_HOLD_MAX=4, ..._SETTLED_SAMPLING=0: the holds
 # and sampling before); 33b (the same commit): `tiny-n3`, `tiny-n4`, `tiny-f` (held on the 128-tree); 33c (ff32690:
-# holds grow once the candidates wider than the choice were explored), 8 runs: `tiny-n5`, `tiny-n6`. Lease 34 (c941520:
-# the chain's times no longer floor the trees; each bucket re-measures its start at round 128, FORGET_START): 34 at
-# batch 1 only, 12 runs, `tiny-n1`-`n3` as it is and `tiny-o1`-`o3` with SGLANG_DDTREE_AUTO_FORGET_START=0; 34b at
-# every batch size, 8 runs, `tiny-n1`-`n3`; 34c the same with `tiny-n4`-`n6` and `tiny-o1`-`o3`. The headline is
-# `auto` as it is in AB_HEADLINE_SWEEPS, every such server's runs pooled (bench.paired.ab_pooled): nine servers at
-# batch 1, six at 4 / 16 / 64.
+# holds grow once the candidates wider than the choice were explored), 8 runs: `tiny-n5`, `tiny-n6`. Lease 34
+# (c941520: the chain's times no longer floor the trees; each bucket re-measures its start at round 128,
+# FORGET_START): 34 at batch 1 only, 12 runs, `tiny-n1`-`n3` with the start re-measure and `tiny-o1`-`o3` with
+# SGLANG_DDTREE_AUTO_FORGET_START=0; 34b at every batch size, 8 runs, `tiny-n1`-`n3`; 34c the same with `tiny-n4`-`n6`
+# and `tiny-o1`-`o3`; 34d (cbe84ca, the same code) `tiny-n7`-`n9` and `tiny-f1`-`f3` (held on the 128-tree: `auto`'s
+# own cost). FORGET_START was 128 by default in those servers and is 0 since (AB_IMPLIED_ENV names the `n` servers'
+# arm; CURRENT_DEFAULTS makes the `o` servers, which set 0, `auto` as it is). The headline is `auto` as it is in
+# AB_HEADLINE_SWEEPS, every such server's runs pooled (bench.paired.ab_pooled): six servers at batch 1, three at 4 /
+# 16 / 64.
 AB_SWEEPS = ("sweep_ab_tiny_lease31.jsonl", "sweep_ab_tiny_lease31b.jsonl", "sweep_ab_tiny_lease32.jsonl",
              "sweep_ab_tiny_lease32b.jsonl", "sweep_ab_tiny_lease33.jsonl", "sweep_ab_tiny_lease33b.jsonl",
              "sweep_ab_tiny_lease33c.jsonl", "sweep_ab_tiny_lease34.jsonl", "sweep_ab_tiny_lease34b.jsonl",
-             "sweep_ab_tiny_lease34c.jsonl")
-AB_HEADLINE_SWEEPS = ("sweep_ab_tiny_lease34.jsonl", "sweep_ab_tiny_lease34b.jsonl", "sweep_ab_tiny_lease34c.jsonl")
+             "sweep_ab_tiny_lease34c.jsonl", "sweep_ab_tiny_lease34d.jsonl")
+AB_HEADLINE_SWEEPS = ("sweep_ab_tiny_lease34.jsonl", "sweep_ab_tiny_lease34c.jsonl")
 # What a sweep's servers ran without setting it (their commit's default then), for the arm labels.
-AB_IMPLIED_ENV = {"sweep_ab_tiny_lease32.jsonl": ["SGLANG_DDTREE_AUTO_RELATIVE_TIMES=1"]}
+AB_IMPLIED_ENV = {"sweep_ab_tiny_lease32.jsonl": ["SGLANG_DDTREE_AUTO_RELATIVE_TIMES=1"],
+                  **{f"sweep_ab_tiny_lease34{x}.jsonl": ["SGLANG_DDTREE_AUTO_FORGET_START=128"]
+                     for x in ("", "b", "c", "d")}}
+# Knob settings equal to the code's default now: an arm that set one ran `auto` as it is.
+CURRENT_DEFAULTS = ("SGLANG_DDTREE_AUTO_FORGET_START=0",)
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
@@ -675,7 +684,8 @@ def _ab_arm(env: list[str], implied: tuple = ()) -> str:
     implied: NAME=VALUE knobs its commit defaulted to where the server_env does not set NAME (AB_IMPLIED_ENV)."""
     named = {e.split("=", 1)[0] for e in env}
     env = list(env) + [e for e in implied if e.split("=", 1)[0] not in named]
-    knobs = [e for e in env if not e.startswith(("SGLANG_DDTREE_AUTO_LOG_EVERY=", "SGLANG_DDTREE_AUTO_AB="))]
+    knobs = [e for e in env if not e.startswith(("SGLANG_DDTREE_AUTO_LOG_EVERY=", "SGLANG_DDTREE_AUTO_AB="))
+             and e not in CURRENT_DEFAULTS]
     forced = [e.split("=", 1)[1] for e in knobs if e.startswith("SGLANG_DDTREE_AUTO_FORCE=")]
     if forced:
         return f"forced={forced[0]}"

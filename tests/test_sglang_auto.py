@@ -146,12 +146,13 @@ def test_policy_does_not_explore_wide_trees_blind_at_large_batch():
     its cold round, before the secant through the 64-tree's 38 ms floors it at ~72 ms."""
     widths = [16, 17, 33, 65, 129]
     ms = [11.0, 11.5, 20.0, 38.0, 73.0]
-    one_time = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths, floor_min_times=1)
+    # (both with the start re-measured at round 128, FORGET_START, which must not explore a wide tree blind either)
+    one_time = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths, floor_min_times=1, forget_start=128)
     picks = run_with_cold_rounds(one_time, 16, [1.0] * 5, [1.5, 2.0, 3.0, 4.0, 6.0], ms, 384)
     assert 3 not in picks and 4 not in picks
     # the 16- and 32-trees' explorations, then their re-measure after the start (FORGET_START: ~4 rounds each)
     assert picks.count(0) >= 360
-    policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths)
+    policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths, forget_start=128)
     picks = run_with_cold_rounds(policy, 16, [1.0] * 5, [1.5, 2.0, 3.0, 4.0, 6.0], ms, 384)
     b = policy.buckets[16]
     # the wide trees run only in exploration, a bounded few rounds, the 128-tree never timed
@@ -1034,6 +1035,24 @@ def test_holds_grow_only_once_the_wider_candidates_were_explored_and_end_at_the_
         longest = max(longest, b.hold + 1)
     assert b.settled and longest > 2 * HOLD_ROUNDS
     assert len(checks) >= 6 and all(q - p == 50 for p, q in zip(checks, checks[1:])), checks
+
+
+def test_forget_start_from_the_environment(monkeypatch):
+    """SGLANG_DDTREE_AUTO_FORGET_START: the policy's forget_start per server (unset: auto.FORGET_START, off since
+    lease 34's A/B; 0: off), a round count >= 0."""
+    from sglang_ddtree.sglang import auto
+
+    monkeypatch.delenv("SGLANG_DDTREE_AUTO_FORGET_START", raising=False)
+    assert auto.auto_forget_start() is None and auto.FORGET_START == 0
+    assert AutoBudgetPolicy([CHAIN, 16]).forget_start == 0
+    for raw, want in (("0", 0), ("128", 128)):
+        monkeypatch.setenv("SGLANG_DDTREE_AUTO_FORGET_START", raw)
+        assert auto.auto_forget_start() == want
+        assert AutoBudgetPolicy([CHAIN, 16], forget_start=auto.auto_forget_start()).forget_start == want
+    for bad in ("-1", "soon", "1.5"):
+        monkeypatch.setenv("SGLANG_DDTREE_AUTO_FORGET_START", bad)
+        with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_FORGET_START"):
+            auto.auto_forget_start()
 
 
 def test_a_round_that_waits_for_exploration_samples_at_the_usual_interval():

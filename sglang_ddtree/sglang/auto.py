@@ -122,9 +122,15 @@ CALIBRATION_GATE = 100
 # the chain no longer flooring the trees (_cost_floor) 0.9924 / 0.965 / 0.812, with this too 0.9929 / 0.980 / 0.893
 # (before both, 0.9916 / 0.962 / 0.823); the tiny-like batch-1 starts' worst seeds 0.812-0.978 -> 0.954-0.977, the
 # lock-out test 0.995 / 0.970 -> 0.998 / 0.992, the 8B-like cases unchanged (their wide trees, far behind the chain,
-# are not re-measured), flat noise 0.10 0.997 -> 0.996. SGLANG_DDTREE_AUTO_FORGET_START=N sets it per server (0:
-# off), for an A/B in one run.
-FORGET_START = 128
+# are not re-measured), flat noise 0.10 0.997 -> 0.996. Measured (lease 34, tiny pair, in-process A/B against each
+# server's fixed 128-tree arm; docs/gpu-suite.md "Lease 34"): not resolvable in the pooled ratios (x1.004 / 0.949 /
+# 0.949 / 0.966 against x0.974 / 0.966 / 0.948 / 0.978 off, three servers per arm), but 4 of the 12 servers with it
+# ran the chain for 95-310 rounds of a row (x0.88-0.96 there), none of the 6 without it more than 27: re-measured,
+# the lean chain reads its warm 3.5-3.8 ms while the trees' observed / expected ratios stay those of their few
+# start rounds (tiny-n8: the 128-tree's 0.74-0.86, an estimate of ~4.2 tokens a round where its fixed arm committed
+# 5.87), which the simulation does not model (its ratios are exact).
+# Off (0) until the trees' stale ratios are dealt with; SGLANG_DDTREE_AUTO_FORGET_START=128 turns it on, for an A/B.
+FORGET_START = 0
 
 # A decision of the best candidate holds for HOLD_ROUNDS rounds of its bucket (exploration and probes are single
 # rounds), and the worker drains the feedback only before a decision (AutoBudgetPolicy.deciding). Why: lease 23's
