@@ -108,6 +108,15 @@ CASES = {
     # median, twice as often >= 1.4x (auto_sim.simulate's switch_mult / switch_outlier). Probes time only such
     # rounds. (ebae9a7's SWITCH_SETTLE left them untimed and timed a probe's second round: no gain simulated,
     # auto_flat_sim_switch_settle.json, none measured, sweep_starts_tiny_lease25.jsonl; removed.)
+    # Lease 34's chain runs (sweep_ab_tiny_lease34d.jsonl, auto_chooser_log_tiny_lease34d.txt): on the tiny pair the
+    # lean chain round is the cheapest (3.5-3.8 ms against ~4.4) and commits ~4.1 tokens against the 128-tree's ~5.9;
+    # the trees' ratios came from a few start rounds that committed less (the 128-tree's observed / expected
+    # 0.74-0.86), and a chain round observes no tree, so 4 of 12 servers ran the chain for 95-310 rounds of a row.
+    # Here the trees' first 100 rounds commit 80% and the chain's first uses cost 1.6x.
+    "tiny-like batch 1, the trees' start rounds commit 80% (lease 34's chain runs)": dict(
+        TINY_START, base=[3.6, 4.4, 4.4, 4.4, 4.4], tokens=[4.1, 4.7, 5.1, 5.5, 5.9],
+        expected=[4.1, 4.6, 4.9, 5.2, 5.5], seeds=24, start_rounds=100,
+        start_tokens=[4.1, 3.76, 4.08, 4.4, 4.72], warm_mult=(1.3, 1.08), chain_warm_mult=(1.6, 1.6, 1.6)),
     "tiny-like batch 1 from the start, switches x1.04 (+5% at x1.5)": dict(
         TINY_START, warm_mult=(1.3, 1.08), switch_mult=1.04,
         switch_outlier=0.05),
