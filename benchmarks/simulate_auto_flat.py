@@ -200,7 +200,7 @@ def main(argv=None) -> int:
                     help="the policies' settled_sampling (a settled bucket samples at the idle interval: "
                          "SGLANG_DDTREE_AUTO_SETTLED_SAMPLING; default: on)")
     ap.add_argument("--forget-start", type=int, default=None,
-                    help="auto.FORGET_START for this run (the round at which a bucket drops its start's times; 0: "
+                    help="auto.FORGET_START for this run (the round at which a bucket re-measures its start; 0: "
                          "never; default: the code's)")
     ap.add_argument("--cases", default=None, help="only the cases whose name contains this text")
     ap.add_argument("--out", type=Path)

@@ -420,14 +420,13 @@ class _Bucket:
         self.last_choices.append(i)
         self.others_in_run += i != 0
 
-    def timed(self, i: int, ms: float, sampled: bool = False, at: int | None = None) -> None:
-        """Candidate i's round took ms (sampled: the round computed the expectations; at: the bucket's round it was
-        measured at, default now): into its recent times and their statistics, and with RELATIVE_TIMES into its
-        ratio to the last timed round of another candidate."""
-        if self.relative and at is None:
+    def timed(self, i: int, ms: float, sampled: bool = False) -> None:
+        """Candidate i's round took ms (sampled: the round computed the expectations): into its recent times and
+        their statistics, and with RELATIVE_TIMES into its ratio to the last timed round of another candidate."""
+        if self.relative:
             self._pair(i, math.log(ms), sampled)
         self.recent[i].append(ms)
-        self.recent_at[i].append(self.rounds if at is None else at)
+        self.recent_at[i].append(self.rounds)
         if i in self.replace:  # re-measured (FORGET_START): once it has `needed` new times, the start's go
             start, flagged, needed = self.replace[i]
             if sum(a > flagged for a in self.recent_at[i]) >= needed:
@@ -435,11 +434,9 @@ class _Bucket:
                 kept = [(x, a) for x, a in zip(self.recent[i], self.recent_at[i]) if a > start]
                 self.recent[i].clear()
                 self.recent_at[i].clear()
-                for x, a in kept[:-1]:
+                for x, a in kept:
                     self.recent[i].append(x)
                     self.recent_at[i].append(a)
-                self.timed(i, kept[-1][0], at=kept[-1][1])  # the statistics, from what is left
-                return
         xs = sorted(self.recent[i])
         n = len(xs)
         self.median[i], self.least[i] = xs[n // 2], xs[0]
