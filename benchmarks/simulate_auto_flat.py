@@ -5,9 +5,10 @@ the 32-, 64- and 128-trees at 4.31 / 4.41 / 4.32 ms and gave the narrower ones 3
 8B-like cases where the chain should win, a case with real cost gaps, and the scenarios of tests/test_sglang_auto.py
 that guard against lock-outs (a slow start, one slow sample, slow host phases). `--shrink-z Z`, `--recent N`,
 `--floor-fresh N`, `--floor-min-times N`, `--hold N`, `--warm-rounds N`, `--explore N`, `--spread iqr|mad` and
-`--relative-times` / `--no-relative-times`, `--hold-max N`, `--forget-start N` evaluate the chooser with
-auto.SHRINK_Z / auto.RECENT / auto.FLOOR_FRESH / auto.FLOOR_MIN_TIMES / auto.HOLD_ROUNDS / auto.WARM_ROUNDS /
-auto.EXPLORE_ROUNDS / auto.SPREAD / auto.RELATIVE_TIMES / auto.HOLD_MAX / auto.FORGET_START set to them (0: no
+`--relative-times` / `--no-relative-times`, `--hold-max N`, `--forget-start N`, `--times-expire N` evaluate the
+chooser with auto.SHRINK_Z / auto.RECENT / auto.FLOOR_FRESH / auto.FLOOR_MIN_TIMES / auto.HOLD_ROUNDS /
+auto.WARM_ROUNDS / auto.EXPLORE_ROUNDS / auto.SPREAD / auto.RELATIVE_TIMES / auto.HOLD_MAX / auto.FORGET_START /
+auto.TIMES_EXPIRE set to them (0: no
 shrinkage; no freshness limit; 1: every timed round bounds floors; 1: a decision every round; 0: every timed round
 counts; 0: never), `--sample-every N` with the policies' sample_every
 (SGLANG_DDTREE_AUTO_SAMPLE_EVERY), `--no-settled-sampling` without settled_sampling
@@ -202,6 +203,9 @@ def main(argv=None) -> int:
     ap.add_argument("--forget-start", type=int, default=None,
                     help="auto.FORGET_START for this run (the round at which a bucket re-measures its start; 0: "
                          "never; default: the code's)")
+    ap.add_argument("--times-expire", type=int, default=None,
+                    help="auto.TIMES_EXPIRE for this run (a new time drops the candidate's times older than N "
+                         "rounds; 0: never; default: the code's)")
     ap.add_argument("--cases", default=None, help="only the cases whose name contains this text")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -213,7 +217,7 @@ def main(argv=None) -> int:
                                       ("recent", "RECENT", 1), ("floor_fresh", "FLOOR_FRESH", 0),
                                       ("floor_min_times", "FLOOR_MIN_TIMES", 1), ("explore", "EXPLORE_ROUNDS", 1),
                                       ("shrink_z", "SHRINK_Z", 0), ("hold_max", "HOLD_MAX", 1),
-                                      ("forget_start", "FORGET_START", 0)):
+                                      ("forget_start", "FORGET_START", 0), ("times_expire", "TIMES_EXPIRE", 0)):
         value = getattr(args, option)
         if value is not None:
             if value < minimum:
@@ -273,6 +277,7 @@ def main(argv=None) -> int:
             "explore_rounds": auto.EXPLORE_ROUNDS, "explore_all": args.explore_all,
             "sample_every": args.sample_every or auto.SAMPLE_EVERY, "relative_times": auto.RELATIVE_TIMES,
             "hold_max": auto.HOLD_MAX, "forget_start": auto.FORGET_START,
+            "times_expire": auto.TIMES_EXPIRE,
             "settled_sampling": args.settled_sampling is not False,
             "cases_filter": args.cases,
             "cases": rows}, indent=1))

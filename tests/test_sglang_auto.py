@@ -232,6 +232,61 @@ def test_a_bucket_forgets_its_starts_times_once():
         AutoBudgetPolicy([CHAIN, 16], forget_start=-1)
 
 
+def test_a_new_time_expires_a_candidates_old_ones():
+    """TIMES_EXPIRE (lease 34c's `tiny-o1`: its 128-tree's median stayed its slow exploration's while the 64-tree
+    ran): the 128-tree's exploration rounds were its slow first uses (6.6 ms against the 16-tree's 4.4), so the
+    16-tree won. Its stale probe (STALE_ROUNDS) brings one warm time; kept next to the three slow ones it cannot move
+    the median, and the 16-tree keeps running until ~3 such probes; with the slow times expired the probe's time is
+    the 128-tree's, and the 128-tree (the best rate) runs from then."""
+    widths = [16, 17, 129]
+    kept = AutoBudgetPolicy([CHAIN, 16, 128], widths=widths, forget_start=0, times_expire=0)
+    before = run_with_slow_first_uses(kept, 520, [0, 0, 3])
+    assert before[400:520].count(2) <= 2, [before[400:520].count(i) for i in range(3)]
+    policy = AutoBudgetPolicy([CHAIN, 16, 128], widths=widths, forget_start=0, times_expire=256)
+    picks = run_with_slow_first_uses(policy, 520, [0, 0, 3])
+    assert picks[:380] == before[:380]  # nothing expires before the stale probe (round ~385)
+    assert picks[400:520].count(2) >= 0.9 * 120, [picks[400:520].count(i) for i in range(3)]
+    b = policy.buckets[1]
+    assert b.expired_least[2] == pytest.approx(6.6) and max(b.recent[2]) == pytest.approx(4.4)
+    with pytest.raises(ValueError, match="times_expire"):
+        AutoBudgetPolicy([CHAIN, 16], times_expire=-1)
+
+
+def test_expired_times_still_floor_the_wide_trees():
+    """An expiry must not let the wide trees that cannot win be probed more: at 8B-like convex costs (chain 11 ms,
+    128-tree 73) their expired times still bound their floors (_bound_ms) until they have enough new ones, so over
+    3000 rounds the 64- and 128-trees run no more often with TIMES_EXPIRE than without."""
+    widths = [16, 17, 33, 65, 129]
+    ms = [11.0, 11.5, 20.0, 38.0, 73.0]
+    runs = {}
+    for expire in (0, 256):
+        policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths, forget_start=0, times_expire=expire)
+        picks = run_with_cold_rounds(policy, 16, [1.0] * 5, [1.5, 2.0, 3.0, 4.0, 6.0], ms, 3000)
+        runs[expire] = [picks.count(i) for i in range(5)]
+        if expire:
+            assert any(x is not None for x in policy.buckets[16].expired_least)  # times did expire
+    assert runs[256][3] <= runs[0][3] and runs[256][4] <= runs[0][4], runs
+    assert runs[256][0] >= 0.9 * 3000, runs
+
+
+def test_times_expire_from_the_environment(monkeypatch):
+    """SGLANG_DDTREE_AUTO_TIMES_EXPIRE: the policy's times_expire per server (unset: auto.TIMES_EXPIRE; 0: off), a
+    round count >= 0."""
+    from sglang_ddtree.sglang import auto
+
+    monkeypatch.delenv("SGLANG_DDTREE_AUTO_TIMES_EXPIRE", raising=False)
+    assert auto.auto_times_expire() is None
+    assert AutoBudgetPolicy([CHAIN, 16]).times_expire == auto.TIMES_EXPIRE
+    for raw, want in (("0", 0), ("256", 256)):
+        monkeypatch.setenv("SGLANG_DDTREE_AUTO_TIMES_EXPIRE", raw)
+        assert auto.auto_times_expire() == want
+        assert AutoBudgetPolicy([CHAIN, 16], times_expire=auto.auto_times_expire()).times_expire == want
+    for bad in ("-1", "later"):
+        monkeypatch.setenv("SGLANG_DDTREE_AUTO_TIMES_EXPIRE", bad)
+        with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_TIMES_EXPIRE"):
+            auto.auto_times_expire()
+
+
 def test_explore_all_verifies_every_candidate_even_one_that_cannot_win():
     """SGLANG_DDTREE_AUTO_EXPLORE_ALL (the GPU server tests' mode): the same costs as above, where the 64- and
     128-trees are ruled out unverified, now explored `explore` rounds each; then the chooser exploits as before."""

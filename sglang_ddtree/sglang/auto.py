@@ -242,6 +242,26 @@ SPREAD = "iqr"
 #   bound the wider candidates' cost floors; a candidate never timed stays unexplored while it cannot win;
 # - probe and exploration rounds carry the expectations (`sampling`), so a probe also refreshes the ratio.
 STALE_ROUNDS = 256
+# A candidate's new timed round drops its times from more than TIMES_EXPIRE rounds of its bucket before it (0: times
+# are kept until RECENT newer ones push them out), and its decayed mean restarts from the times it keeps. Why: only
+# the running candidate's times refresh; another keeps the times it had when it last ran, and a stale probe adds one
+# time in STALE_ROUNDS to its RECENT, so its median stays that of rounds hundreds of rounds old. Lease 34c's
+# `tiny-o1` (auto_chooser_log_tiny_lease34c.txt): at batch 4 its 128-tree's median was 6.38 ms, its exploration's at
+# the bucket's start, while the same server's fixed arm ran that tree at 4.17 ms a round and `auto` ran the 64-tree
+# (4.33 ms) in 429 of the row's 441 rounds (x0.929 of the fixed arm, tau 6.44 against 6.64); at batch 1 the same
+# (5.44 against 4.25 ms for the 64-tree, 233 of 363 rounds, x0.920). With the old times dropped at the stale probe,
+# the probe's time is the candidate's (the decayed mean until it has three again: _typical_ms); a slow one keeps it
+# out until the next stale probe, as before. Nothing is explored that was not: only the times a probe brings replace
+# older ones, and the expired times still bound the candidate's floor until it has enough new ones (_bound_ms), so
+# the wide trees that cannot win at 8B-like shapes are probed no more often than before. Simulated
+# (simulate_auto_flat.py, 31 cases; mean of the cases' means / of their worst seeds / the worst seed;
+# auto_flat_sim_times_expire*.json): 0.9919 / 0.964 / 0.733 against 0.9921 / 0.962 / 0.812 without - neutral on
+# the whole: the slow-start lock-outs gain (the lock-out test's worst seed 0.970 -> 0.993, the convex 8B-like batch
+# 16 after batch 1 0.823 -> 0.955, host drift 0.975 -> 0.989), cases where a single probe's time is noise lose
+# (content and token noise 0.997 -> 0.993), and one seed of the tiny-like start with dear sampled rounds runs the
+# chain more (0.812 -> 0.733: the trees' stale observed / expected ratios, which this leaves alone). Off (0) until a
+# GPU A/B decides; SGLANG_DDTREE_AUTO_TIMES_EXPIRE=256 turns it on.
+TIMES_EXPIRE = 0
 
 # With EXPLORE_BEST_ELSEWHERE a new bucket's exploration also tries every candidate that has the best rate in another
 # bucket, whatever its cost floor says. Why one would: lease 25's tiny sweep (sweep_paired_tiny_lease25.jsonl, the
@@ -387,6 +407,7 @@ class _Bucket:
     settled: bool = False  # the hold grew to SETTLED_HOLD: sampled rounds at the idle interval (SETTLED_HOLD)
     decisions: int = 0  # rounds that decided (choose() past a hold), for the export
     forgot: bool = False  # its start was re-measured (FORGET_START)
+    expired_least: list = field(default_factory=list)  # per candidate, the least of its last expired times
     # FORGET_START: candidate -> (the start's last round, the round it was flagged at, new times needed): its times of
     # the start's rounds are dropped once it has that many timed after the flag
     replace: dict = field(default_factory=dict)
@@ -411,6 +432,7 @@ class _Bucket:
     def __post_init__(self):
         n = len(self.recent)
         self.median, self.spread, self.least = [None] * n, [None] * n, [None] * n
+        self.expired_least = [None] * n
         self.seen = [0] * n
         self.window_counts = [0] * n
 
@@ -419,6 +441,19 @@ class _Bucket:
             self.others_in_run -= 1  # leaves the window
         self.last_choices.append(i)
         self.others_in_run += i != 0
+
+    def expire(self, i: int, before: int) -> bool:
+        """Drop candidate i's times taken at bucket rounds before `before` (TIMES_EXPIRE); True if any went. Its
+        statistics are recomputed by the next `timed` call (the caller's)."""
+        at = self.recent_at[i]
+        if not at or at[0] >= before:
+            return False
+        dropped = []
+        while at and at[0] < before:
+            at.popleft()
+            dropped.append(self.recent[i].popleft())
+        self.expired_least[i] = min(dropped)  # still its cost floor until it has enough new times (_cost_floor)
+        return True
 
     def timed(self, i: int, ms: float, sampled: bool = False) -> None:
         """Candidate i's round took ms (sampled: the round computed the expectations): into its recent times and
@@ -545,6 +580,9 @@ class AutoBudgetPolicy:
     probe_every: int = 64
     # a bucket re-measures its start once, at this round of it (None: the module's FORGET_START; 0: never)
     forget_start: int | None = None
+    # a new time drops the candidate's times older than this many rounds of its bucket (None: the module's
+    # TIMES_EXPIRE; 0: never), for an A/B in one run (SGLANG_DDTREE_AUTO_TIMES_EXPIRE)
+    times_expire: int | None = None
     hold_rounds: int = 0  # a decision holds this many rounds of its bucket (0: the module's HOLD_ROUNDS)
     # the longest hold of a repeated decision (None: the module's HOLD_MAX; hold_rounds or less: no growth) and
     # whether a settled bucket samples at the idle interval (None: True), for an A/B in one run
@@ -591,6 +629,9 @@ class AutoBudgetPolicy:
         self.forget_start = FORGET_START if self.forget_start is None else self.forget_start
         if self.forget_start < 0:
             raise ValueError(f"forget_start must be >= 0, got {self.forget_start}.")
+        self.times_expire = TIMES_EXPIRE if self.times_expire is None else self.times_expire
+        if self.times_expire < 0:
+            raise ValueError(f"times_expire must be >= 0, got {self.times_expire}.")
         if self.explore < 1 or self.probe_every < 1 or self.half_life_rounds <= 0 or self.hold_rounds < 0:
             raise ValueError("explore and probe_every must be >= 1, half_life_rounds > 0 and hold_rounds >= 0.")
         self.hold_rounds = self.hold_rounds or HOLD_ROUNDS
@@ -771,20 +812,20 @@ class AutoBudgetPolicy:
           16-tree's own times give the wider trees the same floor.
         Lease 10 (8B shapes, batch 16, a drafter never right), when the floor was the narrower candidates' dearest
         time alone: the 128-tree (2064 verify tokens) was verified in 7 of 382 rounds, the 32-tree in 5."""
-        enough = [len(b.recent[j]) >= self.floor_min_times for j in range(len(self.candidates))]
-        if enough[i]:
-            return self._least_ms(b, i) * (1.0 - NOISE)
+        least = [self._bound_ms(b, j) for j in range(len(self.candidates))]
+        if least[i] is not None:
+            return least[i] * (1.0 - NOISE)
         fresh = FLOOR_FRESH if self.floor_fresh is None else self.floor_fresh
-        usable = [enough[j] and (not fresh or b.rounds - b.last_measured[j] <= fresh)
+        usable = [least[j] is not None and (not fresh or b.rounds - b.last_measured[j] <= fresh)
                   for j in range(len(self.candidates))]
         chain = self.candidates[i] == CHAIN
-        narrower = [self._least_ms(b, j) for j in range(len(self.candidates))
+        narrower = [least[j] for j in range(len(self.candidates))
                     if j != i and self.widths[j] <= self.widths[i] and usable[j]
                     and (self.candidates[j] == CHAIN) == chain]
         if not narrower:
             return None
         floor = max(narrower)
-        trees = [(self.widths[j], self._least_ms(b, j)) for j in range(len(self.candidates))
+        trees = [(self.widths[j], least[j]) for j in range(len(self.candidates))
                  if j != i and self.candidates[j] != CHAIN and self.widths[j] < self.widths[i] and usable[j]]
         if len(trees) >= 2:
             (w1, t1), (w2, t2) = min(trees), max(trees)
@@ -793,6 +834,18 @@ class AutoBudgetPolicy:
                 if slope > 0:
                     floor = max(floor, t2 + slope * (self.widths[i] - w2))
         return floor
+
+    def _bound_ms(self, b: _Bucket, j: int) -> float | None:
+        """The time candidate j's cost floors use: its least recent time once it has floor_min_times of them; before
+        that, after its older times expired (TIMES_EXPIRE), the least of the expired and the new ones (an expiry
+        must not let the wide trees that cannot win be probed more: at 8B-like shapes a 128-tree probe costs ~6
+        chain rounds); else None."""
+        if len(b.recent[j]) >= self.floor_min_times:
+            return b.least[j]
+        old = b.expired_least[j]
+        if old is None:
+            return None
+        return old if b.least[j] is None else min(old, b.least[j])
 
     def _could_win(self, b: _Bucket, i: int, best_rate: float | None) -> bool:
         """Whether candidate i may beat the best measured rate: its estimated tokens over the floor of its round
@@ -1011,6 +1064,10 @@ class AutoBudgetPolicy:
         b.seen[chosen] += 1
         warm = b.seen[chosen] > self.warm_rounds  # else a first use of the candidate in this bucket (WARM_ROUNDS)
         if warm and round_ms is not None and math.isfinite(round_ms) and round_ms > 0:
+            if self.times_expire and b.expire(chosen, b.rounds - self.times_expire):
+                b.round_ms[chosen] = _Decayed()  # restarts from the times kept (TIMES_EXPIRE)
+                for x in b.recent[chosen]:
+                    b.round_ms[chosen].add(x, 1.0, keep)
             b.round_ms[chosen].add(round_ms, 1.0, keep)
             b.timed(chosen, round_ms, sampled=bool(expected_sum))
             b.measured[chosen] += 1
@@ -1279,6 +1336,12 @@ def auto_forget_start() -> int | None:
     """SGLANG_DDTREE_AUTO_FORGET_START: the policy's forget_start for this server (None when unset: the module's
     FORGET_START; 0: never), for an A/B in one run."""
     return _env_at_least("SGLANG_DDTREE_AUTO_FORGET_START", int, 0, "a round count >= 0")
+
+
+def auto_times_expire() -> int | None:
+    """SGLANG_DDTREE_AUTO_TIMES_EXPIRE: the policy's times_expire for this server (None when unset: the module's
+    TIMES_EXPIRE; 0: never), for an A/B in one run."""
+    return _env_at_least("SGLANG_DDTREE_AUTO_TIMES_EXPIRE", int, 0, "a round count >= 0")
 
 
 def auto_settled_sampling() -> bool | None:
