@@ -314,6 +314,9 @@ def adaptive(out: dict) -> None:
 #   the 8B shapes (DFLASH and `auto`, 3 repeats x 4 prompt groups) replace lease 33's. The re-measure (FORGET_START)
 #   was on by default there and is off since; at 8B shapes it re-explores only the 16- and 32-trees, once a bucket
 #   (the wider trees are far behind the chain), so these rows stand for the code as it is to within that.
+# - lease 35 (7a3115e, 5 repeats x 4 prompt groups) replaces lease 34's 8B shapes. TIMES_EXPIRE was off there and is
+#   on since; at 8B shapes `auto` runs the chain and the trees' expired times still bound their floors (_bound_ms),
+#   so the expiry changes only which stale probe's time a tree keeps (simulated 8B-like cases 0.997-0.998 either way).
 SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.jsonl", "sweep_auto_8b_lease20.jsonl",
                       "sweep_auto_8b_lease20b.jsonl", "sweep_auto_8b_bs1_lease20c.jsonl",
                       "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl",
@@ -322,7 +325,7 @@ SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.js
                       "sweep_paired_tiny_lease27.jsonl", "sweep_paired_tiny_lease28.jsonl",
                       "sweep_paired_tiny_lease29.jsonl", "sweep_auto_8b_lease29.jsonl",
                       "sweep_paired_tiny_lease30.jsonl", "sweep_auto_8b_lease30.jsonl", "sweep_auto_8b_lease33.jsonl",
-                      "sweep_auto_8b_lease34.jsonl")
+                      "sweep_auto_8b_lease34.jsonl", "sweep_auto_8b_lease35.jsonl")
 # Servers of one configuration started side by side in one interleaved run (a setup and its --copy-setup copy): how
 # far two identical servers' tokens/s lie apart on this host.
 SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl",
@@ -395,18 +398,25 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
 # own cost). FORGET_START was 128 by default in those servers and is 0 since (AB_IMPLIED_ENV names the `n` servers'
 # arm; CURRENT_DEFAULTS makes the `o` servers, which set 0, `auto` as it is). The headline is `auto` as it is in
 # AB_HEADLINE_SWEEPS, every such server's runs pooled (bench.paired.ab_pooled): six servers at batch 1, three at 4 /
-# 16 / 64.
+# 16 / 64. Lease 35 (7a3115e, TIMES_EXPIRE off by default there and on since), 8 runs a row: 35 `tiny-e1`-`e3`
+# (SGLANG_DDTREE_AUTO_TIMES_EXPIRE=256) and `tiny-o1`-`o3` (no expiry); 35b `tiny-f1`, `tiny-f2` (held on the
+# 128-tree), `tiny-L1`, `tiny-L2` (held, SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL=0), `tiny-e4`, `tiny-o4`; 35c
+# `tiny-e5`, `tiny-e6`, `tiny-o5`, `tiny-o6`, `tiny-f3`, `tiny-L3`. The headline is the six `e` servers (`auto` as it
+# is since), runs pooled. Every server before lease 35 ran without the expiry (AB_IMPLIED_ENV).
 AB_SWEEPS = ("sweep_ab_tiny_lease31.jsonl", "sweep_ab_tiny_lease31b.jsonl", "sweep_ab_tiny_lease32.jsonl",
              "sweep_ab_tiny_lease32b.jsonl", "sweep_ab_tiny_lease33.jsonl", "sweep_ab_tiny_lease33b.jsonl",
              "sweep_ab_tiny_lease33c.jsonl", "sweep_ab_tiny_lease34.jsonl", "sweep_ab_tiny_lease34b.jsonl",
-             "sweep_ab_tiny_lease34c.jsonl", "sweep_ab_tiny_lease34d.jsonl")
-AB_HEADLINE_SWEEPS = ("sweep_ab_tiny_lease34.jsonl", "sweep_ab_tiny_lease34c.jsonl")
+             "sweep_ab_tiny_lease34c.jsonl", "sweep_ab_tiny_lease34d.jsonl", "sweep_ab_tiny_lease35.jsonl",
+             "sweep_ab_tiny_lease35b.jsonl", "sweep_ab_tiny_lease35c.jsonl")
+AB_HEADLINE_SWEEPS = ("sweep_ab_tiny_lease35.jsonl", "sweep_ab_tiny_lease35b.jsonl", "sweep_ab_tiny_lease35c.jsonl")
 # What a sweep's servers ran without setting it (their commit's default then), for the arm labels.
-AB_IMPLIED_ENV = {"sweep_ab_tiny_lease32.jsonl": ["SGLANG_DDTREE_AUTO_RELATIVE_TIMES=1"],
-                  **{f"sweep_ab_tiny_lease34{x}.jsonl": ["SGLANG_DDTREE_AUTO_FORGET_START=128"]
+_NO_EXPIRY = "SGLANG_DDTREE_AUTO_TIMES_EXPIRE=0"  # every commit before lease 35's default (the knob came with it)
+AB_IMPLIED_ENV = {**{name: [_NO_EXPIRY] for name in AB_SWEEPS},
+                  "sweep_ab_tiny_lease32.jsonl": ["SGLANG_DDTREE_AUTO_RELATIVE_TIMES=1", _NO_EXPIRY],
+                  **{f"sweep_ab_tiny_lease34{x}.jsonl": ["SGLANG_DDTREE_AUTO_FORGET_START=128", _NO_EXPIRY]
                      for x in ("", "b", "c", "d")}}
 # Knob settings equal to the code's default now: an arm that set one ran `auto` as it is.
-CURRENT_DEFAULTS = ("SGLANG_DDTREE_AUTO_FORGET_START=0",)
+CURRENT_DEFAULTS = ("SGLANG_DDTREE_AUTO_FORGET_START=0", "SGLANG_DDTREE_AUTO_TIMES_EXPIRE=256")
 PAD_AB_SWEEPS = ("sweep_auto_tiny_lease16_pad_ab1.jsonl", "sweep_auto_tiny_lease16_pad_ab2.jsonl")
 
 
@@ -482,7 +492,8 @@ def _ab_server(row: dict) -> bool:
 # before HOLD_MAX; lease 34's `tiny-o*`: no re-measure of the start). Knobs older than these were set in rows that
 # the listed files already keep apart.
 ARM_KNOBS = ("SGLANG_DDTREE_AUTO_HOLD_MAX=", "SGLANG_DDTREE_AUTO_SETTLED_SAMPLING=",
-             "SGLANG_DDTREE_AUTO_FORGET_START=")
+             "SGLANG_DDTREE_AUTO_FORGET_START=", "SGLANG_DDTREE_AUTO_TIMES_EXPIRE=",
+             "SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL=")
 
 
 def _not_auto_as_it_is(row: dict) -> bool:
@@ -687,8 +698,10 @@ def _ab_arm(env: list[str], implied: tuple = ()) -> str:
     knobs = [e for e in env if not e.startswith(("SGLANG_DDTREE_AUTO_LOG_EVERY=", "SGLANG_DDTREE_AUTO_AB="))
              and e not in CURRENT_DEFAULTS]
     forced = [e.split("=", 1)[1] for e in knobs if e.startswith("SGLANG_DDTREE_AUTO_FORCE=")]
-    if forced:
-        return f"forced={forced[0]}"
+    if forced:  # a held server's other knobs still change its own cost (lease 35's CALIBRATION_LEARN_ALL=0)
+        others = sorted(k[len("SGLANG_DDTREE_"):] for k in knobs
+                        if not k.startswith(("SGLANG_DDTREE_AUTO_FORCE=", _NO_EXPIRY.split("=")[0] + "=")))
+        return ",".join([f"forced={forced[0]}"] + others)
     return ",".join(sorted(k[len("SGLANG_DDTREE_"):] for k in knobs)) or "as it is"
 
 

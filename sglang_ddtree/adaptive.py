@@ -331,17 +331,30 @@ class ScoreCalibrator:
     def reset(self) -> None:
         """An empty table (raw scores). In place once allocated: CUDA graphs captured with the table (the SGLang
         worker's stages) keep reading the same tensors."""
+        self._pending_rounds = 0
         if getattr(self, "_sums", None) is not None:
             self._sums.zero_()
-            self.rounds.zero_()
+            self._rounds.zero_()
             return
-        # one tensor, so that `learn` is two kernels; count / pred / obs are views of it
+        # one tensor, so that `learn` is one kernel (a host count of requests); count / pred / obs are views of it
         self._sums = torch.zeros((3, *self.config.shape), dtype=torch.float64, device=self.device)
         self.count = self._sums[0]  # decayed observation count
         self.pred = self._sums[1]  # decayed sum of P_cal(parent) * q
         self.obs = self._sums[2]  # decayed sum of accepted (0/1)
         self._flat = self._sums.view(3, -1)  # [3, cells], as observation's delta: kept, learn runs every scored round
-        self.rounds = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._rounds = torch.zeros((), dtype=torch.int64, device=self.device)
+
+    @property
+    def rounds(self) -> torch.Tensor:
+        """Request-rounds learnt since the last reset, a 0-dim int64 tensor on the table's device (the same tensor
+        throughout). `learn` with a host number of requests counts them on the host and adds them here when read:
+        one kernel launch fewer per learnt round (the SGLang worker learns every tree round of a fresh server's first
+        CALIBRATION_LEARN_ALL request-rounds; lease 35's held A/B put that phase's host cost at ~0.065 ms a batch-1
+        round)."""
+        if self._pending_rounds:
+            self._rounds.add_(self._pending_rounds)
+            self._pending_rounds = 0
+        return self._rounds
 
     # -- cells
 
@@ -428,10 +441,11 @@ class ScoreCalibrator:
         """Decay the table by one step per request, then add an `observation`'s delta. requests: a number or a
         0-dim tensor (no host sync either way).
 
-        A number (the SGLang worker's: it knows its batch's requests) costs two kernels, the decay a Python float
-        folded into one add; a tensor costs seven. Why it matters: lease 28's batch-1 host profile of the tiny pair
-        (benchmarks/results/host_profile_lease28/) put the tensor path at 100-106 us a decode batch under cProfile
-        (half the batches scored there), the largest piece of `auto`'s own host cost."""
+        A number (the SGLang worker's: it knows its batch's requests) costs one kernel, the decay a Python float
+        folded into one add and the count kept on the host until `rounds` is read; a tensor costs seven. Why it
+        matters: lease 28's batch-1 host profile of the tiny pair (benchmarks/results/host_profile_lease28/) put the
+        tensor path at 100-106 us a decode batch under cProfile (half the batches scored there), the largest piece
+        of `auto`'s own host cost."""
         sums = self._flat
         delta = delta.to(self.device)
         if isinstance(requests, torch.Tensor):
@@ -440,7 +454,7 @@ class ScoreCalibrator:
             sums.mul_(torch.pow(self.config.decay, requests.double()))
             sums.add_(delta)
         else:
-            self.rounds += int(requests)
+            self._pending_rounds += int(requests)  # added to the device count when read (rounds)
             torch.add(delta, sums, alpha=self.config.decay ** requests, out=sums)  # delta + decay * sums
 
     def update(self, tree: DraftTree, path: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:

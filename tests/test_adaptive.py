@@ -285,6 +285,29 @@ def test_calibrator_state_reset_export_and_bounded_memory():
     json.dumps(other.export())
 
 
+def test_calibrator_counts_host_requests_without_a_launch_until_read():
+    """learn() with a host number of requests adds it to a host counter (one kernel launch fewer a learnt round);
+    `rounds` folds it into the same device tensor when read, and reset() and load_state_dict() drop what is
+    pending."""
+    cal = ScoreCalibrator(depth_limit=4)
+    delta = torch.zeros(cal._flat.shape, dtype=torch.float64)
+    tensor = cal.rounds
+    cal.learn(delta, 3)
+    cal.learn(delta, torch.tensor(2.0))  # the tensor path adds on the device, after what is pending
+    cal.learn(delta, 4)
+    assert int(cal._rounds) == 5 and cal._pending_rounds == 4
+    assert cal.rounds is tensor and int(cal.rounds) == 9 and cal._pending_rounds == 0
+    cal.learn(delta, 7)
+    cal.reset()
+    assert int(cal.rounds) == 0
+    cal.learn(delta, 6)
+    state = {**cal.state_dict()}
+    assert int(state["rounds"]) == 6
+    cal.learn(delta, 1)
+    cal.load_state_dict(state)
+    assert int(cal.rounds) == 6
+
+
 def test_calibrator_decay_and_active_mask():
     lp = _lp(2, 4, 10, seed=3)
     tree = build_tree(lp, 20, torch.tensor([0, 0]))

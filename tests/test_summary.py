@@ -156,13 +156,23 @@ def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
     then = ("SGLANG_DDTREE_AUTO_FORGET_START=128",)
     assert ms._ab_arm(ab + ["SGLANG_DDTREE_AUTO_FORGET_START=0"], then) == "as it is"
     assert ms._ab_arm(ab, then) == "AUTO_FORGET_START=128"
+    # lease 35: the servers' commit had no expiry of old times (TIMES_EXPIRE 256 now); a held server's other knobs
+    # name its arm too (they change its own cost), the expiry not (a held server makes no choice)
+    before = ("SGLANG_DDTREE_AUTO_TIMES_EXPIRE=0",)
+    assert ms._ab_arm(ab, before) == "AUTO_TIMES_EXPIRE=0"
+    assert ms._ab_arm(ab + ["SGLANG_DDTREE_AUTO_TIMES_EXPIRE=256"], before) == "as it is"
+    assert ms._ab_arm(ab + ["SGLANG_DDTREE_AUTO_FORCE=128"], before) == "forced=128"
+    assert ms._ab_arm(ab + ["SGLANG_DDTREE_AUTO_FORCE=128", "SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL=0"],
+                      before) == "forced=128,AUTO_CALIBRATION_LEARN_ALL=0"
+    assert ms._not_auto_as_it_is({"server_env": ["SGLANG_DDTREE_AUTO_TIMES_EXPIRE=0"]})
     summary = json.loads((ROOT / "benchmarks" / "results" / "summary.json").read_text())
     # the headline pools `auto` as it is over AB_HEADLINE_SWEEPS (one commit's files)
     assert set(ms.AB_HEADLINE_SWEEPS) <= set(ms.AB_SWEEPS)
     servers = {(name, label) for name in ms.AB_HEADLINE_SWEEPS
                for label, entry in summary["sglang_auto_ab"][name].items() if entry["arm"] == "as it is"}
     labels = sorted({label for _, label in servers})
-    assert len(servers) == 6 and len(labels) == 3  # lease 34: tiny-o1..o3 at batch 1 only, and at every batch size
+    # lease 35: tiny-e1..e3 (35), e4 (35b), e5 and e6 (35c), each at every batch size
+    assert len(servers) == 6 and labels == [f"tiny-e{i}|auto" for i in range(1, 7)]
     assert summary["sglang_auto_ab_over_fixed_128_tiny_source"] == (
         f"{' + '.join(ms.AB_HEADLINE_SWEEPS)} (`auto` as it is: {' + '.join(labels)}, runs pooled)")
     headline = summary["sglang_auto_ab_over_fixed_128_tiny"]

@@ -259,9 +259,14 @@ STALE_ROUNDS = 256
 # the whole: the slow-start lock-outs gain (the lock-out test's worst seed 0.970 -> 0.993, the convex 8B-like batch
 # 16 after batch 1 0.823 -> 0.955, host drift 0.975 -> 0.989), cases where a single probe's time is noise lose
 # (content and token noise 0.997 -> 0.993), and one seed of the tiny-like start with dear sampled rounds runs the
-# chain more (0.812 -> 0.733: the trees' stale observed / expected ratios, which this leaves alone). Off (0) until a
-# GPU A/B decides; SGLANG_DDTREE_AUTO_TIMES_EXPIRE=256 turns it on.
-TIMES_EXPIRE = 0
+# chain more (0.812 -> 0.733: the trees' stale observed / expected ratios, which this leaves alone). Measured (lease
+# 35, tiny pair, in-process A/B against each server's fixed 128-tree arm, six servers per arm, 8 runs a row, runs
+# pooled; sweep_ab_tiny_lease35*.jsonl): with it x0.996 [0.959, 1.034] / 0.962 [0.932, 0.994] / 0.991 [0.969,
+# 1.013] / 0.996 [0.981, 1.010] at batch 1 / 4 / 16 / 64, without x0.989 / 0.964 / 0.993 / 0.969 [0.955, 0.984];
+# at batch 64 (a server's last bucket) all six servers with it read 0.992-1.000 and all six without 0.944-0.987;
+# over all batch sizes x0.986 [0.973, 1.000] against x0.979 [0.966, 0.992]. On by default;
+# SGLANG_DDTREE_AUTO_TIMES_EXPIRE=0 turns it off.
+TIMES_EXPIRE = 256
 
 # With EXPLORE_BEST_ELSEWHERE a new bucket's exploration also tries every candidate that has the best rate in another
 # bucket, whatever its cost floor says. Why one would: lease 25's tiny sweep (sweep_paired_tiny_lease25.jsonl, the
@@ -1420,7 +1425,7 @@ class CalibrationMonitor:
     def learn(self, delta: torch.Tensor, requests: int) -> None:
         """A scored round's table delta (after the round's stages: graph warm-ups and captures never get here);
         requests: the round's real requests, known on the host (the stage's errors[2] counts the same rows on the
-        device; the host number makes the table's update two kernels instead of seven: ScoreCalibrator.learn)."""
+        device; the host number makes the table's update one kernel instead of seven: ScoreCalibrator.learn)."""
         self.calibrator.learn(delta, int(requests))
         self.learnt += requests
 
