@@ -1388,6 +1388,13 @@ def test_a_forced_candidate_runs_every_round_on_the_usual_sampling_schedule(monk
     # no exploration (every round sampled) nor probes: the schedule's interval, backing off as the chain runs
     assert 0 < sum(sampled) <= 200 // SAMPLE_EVERY + 1
     assert sum(sampled[100:]) <= 100 // SAMPLE_EVERY_IDLE + 1
+    # its holds grow past the probe slots as a settled bucket's do (lease 35's held servers decided every 4 rounds
+    # once the first probe slot had passed: next_probe was never moved on)
+    held = AutoBudgetPolicy([CHAIN, 16, 64], probe_every=64, force=2)
+    for r in range(1000):
+        assert held.choose(4) == 2
+    b = held.buckets[4]
+    assert b.settled and b.decisions <= 1000 // 64 + 8, b.decisions
 
 
 def test_the_ab_block_knob_is_off_unless_set_to_a_positive_count(monkeypatch):
