@@ -263,7 +263,7 @@ def test_ab_tallies_keep_the_arms_apart_and_count_only_rounds_that_follow_a_deco
     clock = _ClockEvent.clock
     clock[0] = 0.0
 
-    def one_round(arm, accepted, ms, cold=False, after_prefill=False, host_ms=2.0):
+    def one_round(arm, accepted, ms, cold=False, after_prefill=False, host_ms=2.0, sampled=False, widest=True):
         if after_prefill:
             stats.other_batch()
         clock[0] += 0.5  # `between`
@@ -272,7 +272,7 @@ def test_ab_tallies_keep_the_arms_apart_and_count_only_rounds_that_follow_a_deco
             clock[0] += (ms - 0.5) / 5
             host[0] += host_ms / 5e3
             timer.mark(name)
-        timer.arm, timer.cold = arm, cold
+        timer.arm, timer.cold, timer.sampled, timer.widest = arm, cold, sampled, widest
         by_accepted = [0.0] * (depth + 1)
         for a in accepted:
             by_accepted[a] += 1
@@ -282,8 +282,9 @@ def test_ab_tallies_keep_the_arms_apart_and_count_only_rounds_that_follow_a_deco
 
     before = prom.parse(prometheus_client.generate_latest(registry).decode())
     one_round("auto", [3, 3], 4.0, after_prefill=True)  # no `between`: skipped
-    for _ in range(10):
-        one_round("auto", [3, 2], 4.0)  # 4 + 3 = 7 tokens in 4 ms
+    for k in range(10):
+        # 4 + 3 = 7 tokens in 4 ms; every other one sampled, one in five a narrower candidate's
+        one_round("auto", [3, 2], 4.0, sampled=k % 2 == 0, widest=k % 5 != 0)
         one_round("fixed", [2, 2], 5.0)  # 6 tokens in 5 ms
     one_round("fixed", [3, 3], 1.0, cold=True)  # graph captures: skipped
     one_round(None, [3, 3], 1.0)  # no A/B arm: nothing
@@ -301,6 +302,13 @@ def test_ab_tallies_keep_the_arms_apart_and_count_only_rounds_that_follow_a_deco
     assert arms["auto"]["tokens"] == 70 + 2 and arms["auto"]["seconds"] == pytest.approx(12 * 4.0e-3)
     assert arms["ratio"] == pytest.approx((72 / 48.0) / (60 / 50.0))
     assert arms["fixed"]["host_ms"] == pytest.approx(2.0)
+    # the auto arm's split (the 1-token rounds after were neither sampled nor narrower): 5 sampled, 2 narrower rounds
+    assert arms["auto"]["sampled_rounds"] == 5 and arms["auto"]["sampled_round_ms"] == pytest.approx(4.0)
+    assert arms["auto"]["narrower_rounds"] == 2 and arms["auto"]["narrower_tau"] == pytest.approx(3.5)
+    assert arms["auto"]["narrower_round_ms"] == pytest.approx(4.0)
+    assert arms["auto"]["widest_tokens_per_s"] == pytest.approx((72 - 14) / (10 * 4.0e-3))
+    assert arms["auto"]["widest_tau"] == pytest.approx((72 - 14) / (22 - 4))
+    assert "sampled_rounds" not in arms["fixed"]  # the fixed arm has no split
     assert sum(arms["fixed"]["host_stage_ms"].values()) == pytest.approx(2.0)
     # the arm-less round and the rounds of both arms all reached the ordinary series too
     assert value(registry, "sglang:ddtree_rounds_total", budget="auto") >= 2 + 40 + 2 + 2
@@ -312,7 +320,7 @@ def test_ab_tallies_flush_by_their_own_cadence():
     from sglang_ddtree.sglang.stats import ABTallies
 
     class Timer:
-        arm, cold = "auto", False
+        arm, cold, sampled, widest = "auto", False, False, True
 
         def ab_counted(self):
             return True

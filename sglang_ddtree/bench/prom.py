@@ -134,6 +134,7 @@ def ab_arms(delta: dict[Sample, float]) -> dict | None:
                    "tokens_per_s": sums["tokens"] / sums["seconds"],
                    "tau": sums["tokens"] / sums["request_rounds"] if sums["request_rounds"] > 0 else None,
                    "round_ms": 1e3 * sums["seconds"] / sums["rounds"]}
+        arm_out.update(_ab_split(delta, arm, sums))
         if sums["host_rounds"] > 0:
             arm_out["host_ms"] = 1e3 * sums["host_seconds"] / sums["host_rounds"]
             arm_out["host_stage_ms"] = {
@@ -147,6 +148,37 @@ def ab_arms(delta: dict[Sample, float]) -> dict | None:
     if all(arm in out for arm in AB_ARMS):
         out["ratio"] = out["auto"]["tokens_per_s"] / out["fixed"]["tokens_per_s"]
     return out
+
+
+def _ab_split(delta: dict[Sample, float], arm: str, sums: dict[str, float]) -> dict:
+    """An arm's rounds split (stats.ABTallies, servers since lease 35): sampled_rounds and their GPU ms a round;
+    narrower_rounds (a candidate other than the widest tree) with their tau and ms a round; widest_tokens_per_s and
+    widest_tau over the other rounds (the widest tree's: for `auto`, its own cost at the fixed arm's choice). {} when
+    the arm has neither (the fixed arm; a server before these series)."""
+    split = {field: _total(delta, f"sglang:ddtree_ab_{field}_total", arm=arm)
+             for field in ("sampled_rounds", "sampled_seconds", "narrower_rounds", "narrower_seconds",
+                           "narrower_tokens", "narrower_request_rounds")}
+    if split["sampled_rounds"] <= 0 and split["narrower_rounds"] <= 0:
+        return {}
+    out = {"sampled_rounds": int(round(split["sampled_rounds"])),
+           "sampled_round_ms": 1e3 * split["sampled_seconds"] / split["sampled_rounds"]
+           if split["sampled_rounds"] > 0 else None,
+           "narrower_rounds": int(round(split["narrower_rounds"])),
+           "narrower_tau": split["narrower_tokens"] / split["narrower_request_rounds"]
+           if split["narrower_request_rounds"] > 0 else None,
+           "narrower_round_ms": 1e3 * split["narrower_seconds"] / split["narrower_rounds"]
+           if split["narrower_rounds"] > 0 else None}
+    out.update(_ab_widest(sums, split))
+    return out
+
+
+def _ab_widest(sums: dict[str, float], split: dict[str, float]) -> dict:
+    seconds = sums["seconds"] - split["narrower_seconds"]
+    request_rounds = sums["request_rounds"] - split["narrower_request_rounds"]
+    tokens = sums["tokens"] - split["narrower_tokens"]
+    if seconds <= 0 or request_rounds <= 0:
+        return {}
+    return {"widest_tokens_per_s": tokens / seconds, "widest_tau": tokens / request_rounds}
 
 
 def ddtree_summary(delta: dict[Sample, float], budget: int | str | None = None) -> dict | None:

@@ -31,7 +31,9 @@ With SGLANG_DDTREE_AUTO_AB (an `auto` server alternating blocks of rounds betwee
 a measuring mode: sglang_ddtree.sglang.auto.auto_ab_block), per arm (label `arm` = auto | fixed), over the rounds
 that count (ABTallies): ab_rounds_total (batch rounds), ab_request_rounds_total, ab_tokens_total (committed),
 ab_seconds_total (GPU-timeline seconds, `between` included: the stages' sum), ab_host_seconds_total (the worker's
-round call) and ab_host_stage_seconds_total{stage}, and ab_skipped_rounds_total (rounds that do not count).
+round call) and ab_host_stage_seconds_total{stage}, and ab_skipped_rounds_total (rounds that do not count); the
+arm's rounds that sampled (ab_sampled_rounds_total, ab_sampled_seconds_total) and those that verified a candidate
+other than the widest tree (ab_narrower_{rounds,seconds,tokens,request_rounds}_total).
 """
 
 from __future__ import annotations
@@ -83,6 +85,10 @@ class RoundTimer:
         # one-time work (graph captures, verify-state builds), both set by the worker before record_round
         self.arm: str | None = None
         self.cold = False
+        # ... and, for the tallies' split of an arm's rounds, whether the round sampled (computed `auto`'s
+        # expectations) and whether it verified the widest tree (the fixed arm's; False for `auto`'s narrower picks)
+        self.sampled = False
+        self.widest = True
         # The round's stream, looked up once: Event.record() without one looks it up per call through several
         # Python layers (lease 18's batch-4 host profile: ~8 such lookups a round more than DFLASH's, ~120 us a
         # batch under cProfile); the worker stays on one stream for the whole round.
@@ -428,6 +434,15 @@ class ABTallies:
                           "or with graph captures).",
         "host_rounds": "SGLANG_DDTREE_AUTO_AB: batch rounds in ab_host_seconds_total.",
         "host_seconds": "SGLANG_DDTREE_AUTO_AB: host seconds of the worker's round call, rounds that count.",
+        # The arm's rounds split (`auto`'s own cost against its choices): those that sampled, those of a candidate
+        # narrower than the widest tree (their tokens and request-rounds too: the rest are the widest tree's)
+        "sampled_rounds": "SGLANG_DDTREE_AUTO_AB: rounds that count and sampled `auto`'s expectations.",
+        "sampled_seconds": "SGLANG_DDTREE_AUTO_AB: GPU-timeline seconds of those sampled rounds.",
+        "narrower_rounds": "SGLANG_DDTREE_AUTO_AB: rounds that count and verified a candidate other than the widest "
+                           "tree.",
+        "narrower_seconds": "SGLANG_DDTREE_AUTO_AB: GPU-timeline seconds of those narrower rounds.",
+        "narrower_tokens": "SGLANG_DDTREE_AUTO_AB: tokens committed in those narrower rounds.",
+        "narrower_request_rounds": "SGLANG_DDTREE_AUTO_AB: request-rounds of those narrower rounds.",
     }
     FLUSH_ROUNDS = 8
 
@@ -450,10 +465,20 @@ class ABTallies:
         sums = self._arm(timer.arm)
         if timer.ab_counted():
             n = self.depth_limit
+            request_rounds, tokens = values[n + 4], committed_tokens(values[: n + 1])
+            seconds = sum(timer.elapsed_ms().values()) / 1e3
             sums["rounds"] += 1
-            sums["request_rounds"] += values[n + 4]
-            sums["tokens"] += committed_tokens(values[: n + 1])
-            sums["seconds"] += sum(timer.elapsed_ms().values()) / 1e3
+            sums["request_rounds"] += request_rounds
+            sums["tokens"] += tokens
+            sums["seconds"] += seconds
+            if timer.sampled:
+                sums["sampled_rounds"] += 1
+                sums["sampled_seconds"] += seconds
+            if not timer.widest:
+                sums["narrower_rounds"] += 1
+                sums["narrower_seconds"] += seconds
+                sums["narrower_tokens"] += tokens
+                sums["narrower_request_rounds"] += request_rounds
         else:
             sums["skipped_rounds"] += 1
         self._unflushed += 1

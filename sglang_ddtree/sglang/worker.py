@@ -504,11 +504,12 @@ class DDTreeWorker(DFlashWorkerV2):
             bucket = buckets[bs] = next((size for size in sizes if size >= bs), bs)
         return bucket
 
-    def _ab_mark(self, timer, fixed_arm: bool, cold: bool) -> None:
-        """SGLANG_DDTREE_AUTO_AB: the round's arm and whether it did one-time work, for the tallies
-        (stats.ABTallies, fed by record_round and finish_round)."""
+    def _ab_mark(self, timer, fixed_arm: bool, cold: bool, sampled: bool = False, widest: bool = True) -> None:
+        """SGLANG_DDTREE_AUTO_AB: the round's arm, whether it did one-time work, sampled `auto`'s expectations and
+        verified the widest tree, for the tallies (stats.ABTallies, fed by record_round and finish_round)."""
         if self.ab_block:
             timer.arm, timer.cold = ("fixed" if fixed_arm else "auto"), cold
+            timer.sampled, timer.widest = sampled, widest
 
     def reset_calibration(self) -> bool:
         """`auto`'s calibration table starts empty again (plugin: POST /set_internal_state with
@@ -651,7 +652,10 @@ class DDTreeWorker(DFlashWorkerV2):
                 if sampled else None
             cold = self._auto_after_round(timer, bs, bucket, chosen, built, captures, vector, sampled,
                                           plan.calibration_delta if scored else None, stalled)
-        self._ab_mark(timer, fixed_arm, cold)
+        if use_auto:
+            self._ab_mark(timer, False, cold, sampled, chosen == len(self.auto.candidates) - 1)
+        else:
+            self._ab_mark(timer, fixed_arm, cold)
         # reqs/seq_lens are only read by the debug dump (after its sync): no host sync on the default path.
         self.stats.record_round(tree, walk, timer, batch_size=bs, reqs=getattr(batch, "reqs", None),
                                 seq_lens=prefix_lens, summary=summary,
@@ -724,7 +728,7 @@ class DDTreeWorker(DFlashWorkerV2):
         timer.mark("commit")
         cold = self._auto_after_round(timer, bs, bucket, chosen, built, captures, None, False, None,
                                       self._stalls.stalled(timer.host_ms))
-        self._ab_mark(timer, False, cold)
+        self._ab_mark(timer, False, cold, widest=False)  # the lean chain: `auto`'s, unsampled
         self.stats.record_round(None, None, timer, batch_size=bs, summary=out["summary"])
         if self.pad_stages and bucket not in self.auto.captured_buckets:
             self._capture_bucket(batch, bucket, bs, draft_hidden, roots, prefix_lens, choices.dtype)

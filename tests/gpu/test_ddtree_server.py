@@ -239,7 +239,8 @@ def test_auto_ab_runs_both_arms_and_tallies_them_apart(servers, outputs, gpu_rec
         return {arm: sum(v for labels, v in _metric_values(server, metric).items() if f'arm="{arm}"' in labels)
                 for arm in ("auto", "fixed")}
 
-    fields = ("rounds", "request_rounds", "tokens", "seconds", "skipped_rounds", "host_rounds", "host_seconds")
+    fields = ("rounds", "request_rounds", "tokens", "seconds", "skipped_rounds", "host_rounds", "host_seconds",
+              "sampled_rounds", "narrower_rounds", "narrower_request_rounds")
     tallies = {field: by_arm(f"sglang:ddtree_ab_{field}_total") for field in fields}
     batch_rounds = sum(v for labels, v in _metric_values(server, "sglang:ddtree_stage_seconds_count").items()
                        if 'stage="commit"' in labels)  # every round published (the A/B's publish lags it)
@@ -259,6 +260,12 @@ def test_auto_ab_runs_both_arms_and_tallies_them_apart(servers, outputs, gpu_rec
                - tallies["rounds"]["fixed"] - tallies["skipped_rounds"]["fixed"]) <= 0.2 * counted + 8
     # `auto`'s candidate counter counts at the round, the tallies a publish later (ABTallies.FLUSH_ROUNDS + in flight)
     assert auto_rounds <= tallies["rounds"]["auto"] + tallies["skipped_rounds"]["auto"] + 10
+    # the arms' split (since lease 35): `auto` sampled some of its rounds (exploration samples every round), the
+    # fixed arm none and verified only the widest tree; `auto`'s narrower rounds are a part of its counted ones
+    assert 0 < tallies["sampled_rounds"]["auto"] <= tallies["rounds"]["auto"]
+    assert tallies["sampled_rounds"]["fixed"] == 0 and tallies["narrower_rounds"]["fixed"] == 0
+    assert tallies["narrower_rounds"]["auto"] <= tallies["rounds"]["auto"]
+    assert tallies["narrower_request_rounds"]["auto"] <= tallies["request_rounds"]["auto"]
 
 
 def _metric_values(server, name):
