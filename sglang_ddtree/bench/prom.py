@@ -168,17 +168,12 @@ def _ab_split(delta: dict[Sample, float], arm: str, sums: dict[str, float]) -> d
            if split["narrower_request_rounds"] > 0 else None,
            "narrower_round_ms": 1e3 * split["narrower_seconds"] / split["narrower_rounds"]
            if split["narrower_rounds"] > 0 else None}
-    out.update(_ab_widest(sums, split))
-    return out
-
-
-def _ab_widest(sums: dict[str, float], split: dict[str, float]) -> dict:
     seconds = sums["seconds"] - split["narrower_seconds"]
     request_rounds = sums["request_rounds"] - split["narrower_request_rounds"]
     tokens = sums["tokens"] - split["narrower_tokens"]
-    if seconds <= 0 or request_rounds <= 0:
-        return {}
-    return {"widest_tokens_per_s": tokens / seconds, "widest_tau": tokens / request_rounds}
+    if seconds > 0 and request_rounds > 0:
+        out.update(widest_tokens_per_s=tokens / seconds, widest_tau=tokens / request_rounds)
+    return out
 
 
 def ddtree_summary(delta: dict[Sample, float], budget: int | str | None = None) -> dict | None:

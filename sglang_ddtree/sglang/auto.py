@@ -744,11 +744,6 @@ class AutoBudgetPolicy:
             return b.median[i]
         return b.round_ms[i].mean()
 
-    @staticmethod
-    def _least_ms(b: _Bucket, i: int) -> float | None:
-        """The least of candidate i's last RECENT timed rounds in this bucket (None: none timed)."""
-        return b.least[i]
-
     def rates(self, bucket: int) -> list[float | None]:
         return list(self._cached(("rates", bucket), lambda: self._rates(bucket), self._version))
 
