@@ -766,3 +766,32 @@ def test_pack_base_writes_the_package_a_server_started_in_the_repo_root_imports(
     bad = subprocess.run(["bash", str(DEVICE / "pack_base.sh"), "not-a-commit", str(tmp_path / "x")], cwd=REPO,
                          capture_output=True, text=True)
     assert bad.returncode != 0 and not (tmp_path / "x").exists()
+
+
+def test_tiny_ab_lets_an_arm_change_the_shared_warm_up(tmp_path):
+    """lease_steps.sh tiny-ab with TA_SETS: bench_budgets.py gets the step's shared 128-token warm-up before the
+    arms' --set items, so `tiny-w1.warmup_new_tokens=640` wins (--set applies in order; lease 36's longer warm-up
+    arm). A fake python3 on PATH records the sweep's argv instead of starting servers."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    argv_file = tmp_path / "argv.json"
+    (fake / "python3").write_text(
+        "#!" + sys.executable + "\n"
+        "import json, os, sys\n"
+        "if sys.argv[1].endswith('bench_budgets.py'):\n"
+        "    args = sys.argv[1:]\n"
+        "    os.makedirs(args[args.index('--log-dir') + 1], exist_ok=True)\n"
+        f"    json.dump(args, open({str(argv_file)!r}, 'w'))\n")
+    (fake / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "TA_RIVALS": "0", "TA_ARMS": "e1: w1:",
+           "TA_SETS": "tiny-w1.warmup_new_tokens=640", "TA_TIMEOUT_S": "60"}
+    env.pop("DDTREE_JIT_ROOT", None)
+    done = subprocess.run(["bash", str(DEVICE / "lease_steps.sh"), "tiny-ab", str(tmp_path / "out"), "abc1234"],
+                          cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    args = json.loads(argv_file.read_text())
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    assert sets.index("all.warmup_new_tokens=128") < sets.index("tiny-w1.warmup_new_tokens=640")
+    assert args[args.index("--setups") + 1] == "tiny-e1,tiny-w1"
+    # the arms' copies exist before the item that names one of them
+    assert args.index("tiny-w1=tiny") < args.index("tiny-w1.warmup_new_tokens=640")

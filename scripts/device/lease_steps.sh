@@ -139,11 +139,12 @@ auto_arm_copies() {  # PREFIX BASE ENV ARMS...: per NAME:EXTRA arm (EXTRA comma-
 }
 pinned_sweep() {  # WS TIMEOUT_S COMMIT ARGS...: bench_budgets.py on GPU 0 with what tiny-paired, tiny-starts and
     # tiny-ab share (a 128-token warm-up, one prompt group rotating per run, interleaved, HumanEval prompts), results
-    # in WS/sweep, server logs in WS/logs, its output in WS/run.log; ARGS: setups, rows, CPUs, repeats, minutes
+    # in WS/sweep, server logs in WS/logs, its output in WS/run.log; ARGS: setups, rows, CPUs, repeats, minutes, and
+    # --set items, which come after the shared warm-up (--set applies in order) so a setup can change it
     local ws=$1 timeout_s=$2 commit=$3
     shift 3
-    CUDA_VISIBLE_DEVICES=0 timeout "$timeout_s" python3 benchmarks/bench_budgets.py "$@" \
-        --set all.warmup_new_tokens=128 --prompt-groups 1 --rotate-prompts --interleave \
+    CUDA_VISIBLE_DEVICES=0 timeout "$timeout_s" python3 benchmarks/bench_budgets.py \
+        --set all.warmup_new_tokens=128 "$@" --prompt-groups 1 --rotate-prompts --interleave \
         --prompts-file runs/bench/humaneval_prompts.jsonl --out "$ws/sweep" --log-dir "$ws/logs" --commit "$commit" \
         > "$ws/run.log" 2>&1
 }
@@ -643,6 +644,11 @@ tiny-ab)
         copies=(--set tiny.methods=dflash,ddtree --set tiny.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100)
     fi
     auto_arm_copies tiny tiny "$ab" $arms
+    # TA_SETS: space-separated SETUP.FIELD=VALUE for bench_budgets.py's --set, after the arms' (lease 36: a longer
+    # warm-up for some arms, e.g. TA_SETS="tiny-w1.warmup_new_tokens=640")
+    for item in ${TA_SETS:-}; do
+        copies+=(--set "$item")
+    done
     list=$(IFS=,; echo "${setups[*]}")
     pinned_sweep /tmp/ta "${TA_TIMEOUT_S:-1080}" "$commit" --setups "$list" \
         "${copies[@]}" --set all.budgets=128 \
