@@ -317,6 +317,7 @@ def adaptive(out: dict) -> None:
 # - lease 35 (7a3115e, 5 repeats x 4 prompt groups) replaces lease 34's 8B shapes. TIMES_EXPIRE was off there and is
 #   on since; at 8B shapes `auto` runs the chain and the trees' expired times still bound their floors (_bound_ms),
 #   so the expiry changes only which stale probe's time a tree keeps (simulated 8B-like cases 0.997-0.998 either way).
+# - lease 36 (940a7e6, the expiry on by default, 5 repeats x 4 prompt groups) replaces lease 35's 8B shapes.
 SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.jsonl", "sweep_auto_8b_lease20.jsonl",
                       "sweep_auto_8b_lease20b.jsonl", "sweep_auto_8b_bs1_lease20c.jsonl",
                       "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl",
@@ -325,7 +326,7 @@ SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.js
                       "sweep_paired_tiny_lease27.jsonl", "sweep_paired_tiny_lease28.jsonl",
                       "sweep_paired_tiny_lease29.jsonl", "sweep_auto_8b_lease29.jsonl",
                       "sweep_paired_tiny_lease30.jsonl", "sweep_auto_8b_lease30.jsonl", "sweep_auto_8b_lease33.jsonl",
-                      "sweep_auto_8b_lease34.jsonl", "sweep_auto_8b_lease35.jsonl")
+                      "sweep_auto_8b_lease34.jsonl", "sweep_auto_8b_lease35.jsonl", "sweep_auto_8b_lease36.jsonl")
 # Servers of one configuration started side by side in one interleaved run (a setup and its --copy-setup copy): how
 # far two identical servers' tokens/s lie apart on this host.
 SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl",
@@ -402,16 +403,25 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
 # (SGLANG_DDTREE_AUTO_TIMES_EXPIRE=256) and `tiny-o1`-`o3` (no expiry); 35b `tiny-f1`, `tiny-f2` (held on the
 # 128-tree), `tiny-L1`, `tiny-L2` (held, SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL=0), `tiny-e4`, `tiny-o4`; 35c
 # `tiny-e5`, `tiny-e6`, `tiny-o5`, `tiny-o6`, `tiny-f3`, `tiny-L3`. The headline is the six `e` servers (`auto` as it
-# is since), runs pooled. Every server before lease 35 ran without the expiry (AB_IMPLIED_ENV).
+# is since), runs pooled. Every server before lease 35 ran without the expiry (AB_IMPLIED_ENV). Lease 36 (940a7e6, the
+# same chooser as lease 35's `e` servers, the expiry on by default), 8 runs a row: 36 `tiny-e1`-`e3` (as it is),
+# `tiny-w1`-`w3` (as it is, each row's warm-up 640 new tokens instead of 128: AB_SETUP_NOTES) and `tiny-f1` (held on
+# the 128-tree); 36b `tiny-e4`-`e9`. The headline pools the `auto` as it is servers of leases 35 and 36 (15 servers).
 AB_SWEEPS = ("sweep_ab_tiny_lease31.jsonl", "sweep_ab_tiny_lease31b.jsonl", "sweep_ab_tiny_lease32.jsonl",
              "sweep_ab_tiny_lease32b.jsonl", "sweep_ab_tiny_lease33.jsonl", "sweep_ab_tiny_lease33b.jsonl",
              "sweep_ab_tiny_lease33c.jsonl", "sweep_ab_tiny_lease34.jsonl", "sweep_ab_tiny_lease34b.jsonl",
              "sweep_ab_tiny_lease34c.jsonl", "sweep_ab_tiny_lease34d.jsonl", "sweep_ab_tiny_lease35.jsonl",
-             "sweep_ab_tiny_lease35b.jsonl", "sweep_ab_tiny_lease35c.jsonl")
-AB_HEADLINE_SWEEPS = ("sweep_ab_tiny_lease35.jsonl", "sweep_ab_tiny_lease35b.jsonl", "sweep_ab_tiny_lease35c.jsonl")
+             "sweep_ab_tiny_lease35b.jsonl", "sweep_ab_tiny_lease35c.jsonl", "sweep_ab_tiny_lease36.jsonl",
+             "sweep_ab_tiny_lease36b.jsonl")
+AB_HEADLINE_SWEEPS = ("sweep_ab_tiny_lease35.jsonl", "sweep_ab_tiny_lease35b.jsonl", "sweep_ab_tiny_lease35c.jsonl",
+                      "sweep_ab_tiny_lease36.jsonl", "sweep_ab_tiny_lease36b.jsonl")
 # What a sweep's servers ran without setting it (their commit's default then), for the arm labels.
 _NO_EXPIRY = "SGLANG_DDTREE_AUTO_TIMES_EXPIRE=0"  # every commit before lease 35's default (the knob came with it)
-AB_IMPLIED_ENV = {**{name: [_NO_EXPIRY] for name in AB_SWEEPS},
+_EXPIRY_DEFAULT = ("sweep_ab_tiny_lease36.jsonl", "sweep_ab_tiny_lease36b.jsonl")  # commits with the expiry on
+# A setup field an arm changed that its rows do not record (result rows carry warmup_new_tokens since lease 36's
+# commit; its own rows do not), named in the arm's label.
+AB_SETUP_NOTES = {"sweep_ab_tiny_lease36.jsonl": {f"tiny-w{i}": ["warmup_new_tokens=640"] for i in (1, 2, 3)}}
+AB_IMPLIED_ENV = {**{name: [_NO_EXPIRY] for name in AB_SWEEPS if name not in _EXPIRY_DEFAULT},
                   "sweep_ab_tiny_lease32.jsonl": ["SGLANG_DDTREE_AUTO_RELATIVE_TIMES=1", _NO_EXPIRY],
                   **{f"sweep_ab_tiny_lease34{x}.jsonl": ["SGLANG_DDTREE_AUTO_FORGET_START=128", _NO_EXPIRY]
                      for x in ("", "b", "c", "d")}}
@@ -691,18 +701,18 @@ def paired(out: dict) -> None:
 
 
 def _ab_arm(env: list[str], implied: tuple = ()) -> str:
-    """What an A/B server's `auto` arm ran, from its server_env: "as it is", "forced=<candidate>", or its knobs;
-    implied: NAME=VALUE knobs its commit defaulted to where the server_env does not set NAME (AB_IMPLIED_ENV)."""
+    """What an A/B server's `auto` arm ran, from its server_env (and AB_SETUP_NOTES' setup fields): "as it is",
+    "forced=<candidate>", or its knobs; implied: NAME=VALUE knobs its commit defaulted to where the server_env does not set NAME (AB_IMPLIED_ENV)."""
     named = {e.split("=", 1)[0] for e in env}
     env = list(env) + [e for e in implied if e.split("=", 1)[0] not in named]
     knobs = [e for e in env if not e.startswith(("SGLANG_DDTREE_AUTO_LOG_EVERY=", "SGLANG_DDTREE_AUTO_AB="))
              and e not in CURRENT_DEFAULTS]
     forced = [e.split("=", 1)[1] for e in knobs if e.startswith("SGLANG_DDTREE_AUTO_FORCE=")]
     if forced:  # a held server's other knobs still change its own cost (lease 35's CALIBRATION_LEARN_ALL=0)
-        others = sorted(k[len("SGLANG_DDTREE_"):] for k in knobs
+        others = sorted(k.removeprefix("SGLANG_DDTREE_") for k in knobs
                         if not k.startswith(("SGLANG_DDTREE_AUTO_FORCE=", _NO_EXPIRY.split("=")[0] + "=")))
         return ",".join([f"forced={forced[0]}"] + others)
-    return ",".join(sorted(k[len("SGLANG_DDTREE_"):] for k in knobs)) or "as it is"
+    return ",".join(sorted(k.removeprefix("SGLANG_DDTREE_") for k in knobs)) or "as it is"
 
 
 def sglang_auto_ab(out: dict) -> None:
@@ -711,7 +721,7 @@ def sglang_auto_ab(out: dict) -> None:
     a round. The arms share the process, the moment and the text, so these intervals are the rounds' own spread, not
     the host's speed between servers (the cross-server ratios of the same sweep: sglang_paired_ratios).
     sglang_auto_ab_over_fixed_128_tiny: the arm that ran `auto` as it is, run by run, per batch size, the runs of
-    every such server of AB_HEADLINE_SWEEPS (one commit) pooled (ab_pooled)."""
+    every such server of AB_HEADLINE_SWEEPS (one chooser: leases 35 and 36) pooled (ab_pooled)."""
     sys.path.insert(0, str(RESULTS.parents[1]))
     from sglang_ddtree.bench.paired import ab_pooled, ab_table, row_label
     from sglang_ddtree.bench.results import latest_results, read_rows
@@ -719,14 +729,17 @@ def sglang_auto_ab(out: dict) -> None:
     table: dict = {}
     headline_rows: list = []
     headline_labels: set = set()
+    headline_servers = 0  # labels repeat from sweep to sweep (lease 35's and 36's `tiny-e1` are two servers)
     for name in AB_SWEEPS:
         if not (RESULTS / name).exists():
             raise FileNotFoundError(name)
         rows = list(latest_results(read_rows(RESULTS / name)).values())
         envs = {row_label(r): r.get("server_env") or [] for r in rows if r.get("kind") == "result" and r.get("ab_runs")}
         as_it_is = []
+        notes = AB_SETUP_NOTES.get(name, {})
         for label, t in ab_table(rows).items():
-            arm = _ab_arm(envs.get(label, []), tuple(AB_IMPLIED_ENV.get(name, ())))
+            arm = _ab_arm(envs.get(label, []) + notes.get(label.split("|")[0], []),
+                          tuple(AB_IMPLIED_ENV.get(name, ())))
             table.setdefault(name, {})[label] = {
                 "arm": arm, "by_batch_size": {str(bs): v for bs, v in t["by_batch_size"].items()},
                 "all_batch_sizes": t["all_batch_sizes"]}
@@ -735,10 +748,11 @@ def sglang_auto_ab(out: dict) -> None:
         if name in AB_HEADLINE_SWEEPS and as_it_is:
             headline_rows += [r for r in rows if row_label(r) in as_it_is]
             headline_labels |= set(as_it_is)
+            headline_servers += len(as_it_is)
     pooled = ab_pooled(headline_rows, headline_labels) if headline_rows else None
     headline = {str(bs): v["ratio"] for bs, v in pooled["by_batch_size"].items() if v} if pooled else {}
-    headline_source = (f"{' + '.join(AB_HEADLINE_SWEEPS)} (`auto` as it is: {' + '.join(sorted(headline_labels))}, "
-                       f"runs pooled)")
+    headline_source = (f"{' + '.join(AB_HEADLINE_SWEEPS)} (`auto` as it is: {headline_servers} servers, "
+                       f"{' + '.join(sorted(headline_labels))} in each sweep that has them, runs pooled)")
     out["sglang_auto_ab"] = table
     out["sglang_auto_ab_over_fixed_128_tiny"] = headline
     out["sglang_auto_ab_over_fixed_128_tiny_source"] = headline_source if headline else None

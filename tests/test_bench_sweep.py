@@ -249,6 +249,18 @@ def test_a_changed_workload_is_measured_again(tmp_path):
                if r["setup"] == "tiny" and r["status"] == "ok")
 
 
+def test_a_row_records_its_warm_up(tmp_path):
+    """Each result row says its warm-up (new tokens per request), `auto` rows at least AUTO_WARMUP_NEW_TOKENS: lease
+    36's `tiny-w` servers ran a longer warm-up that their rows could not show."""
+    clock = Clock()
+    longer = dataclasses.replace(TINY, warmup_new_tokens=640)
+    sweep(tmp_path, make_plan(longer), FakeLauncher(clock), clock).run()
+    rows = [r for r in results(tmp_path).values() if r["status"] == "ok"]
+    assert rows and all(r["warmup_new_tokens"] == 640 for r in rows)
+    short = dataclasses.replace(TINY, warmup_new_tokens=0)
+    assert short.warmup_tokens("auto") == P.AUTO_WARMUP_NEW_TOKENS > short.warmup_tokens("ddtree") == 0
+
+
 def test_a_server_that_does_not_start_fails_its_rows_only(tmp_path):
     plan = make_plan(TINY)
     clock = Clock()

@@ -166,15 +166,18 @@ def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
                       before) == "forced=128,AUTO_CALIBRATION_LEARN_ALL=0"
     assert ms._not_auto_as_it_is({"server_env": ["SGLANG_DDTREE_AUTO_TIMES_EXPIRE=0"]})
     summary = json.loads((ROOT / "benchmarks" / "results" / "summary.json").read_text())
-    # the headline pools `auto` as it is over AB_HEADLINE_SWEEPS (one commit's files)
+    # the headline pools `auto` as it is over AB_HEADLINE_SWEEPS (one chooser's files)
     assert set(ms.AB_HEADLINE_SWEEPS) <= set(ms.AB_SWEEPS)
     servers = {(name, label) for name in ms.AB_HEADLINE_SWEEPS
                for label, entry in summary["sglang_auto_ab"][name].items() if entry["arm"] == "as it is"}
     labels = sorted({label for _, label in servers})
-    # lease 35: tiny-e1..e3 (35), e4 (35b), e5 and e6 (35c), each at every batch size
-    assert len(servers) == 6 and labels == [f"tiny-e{i}|auto" for i in range(1, 7)]
+    # lease 35: tiny-e1..e3 (35), e4 (35b), e5 and e6 (35c); lease 36: e1..e3 (36), e4..e9 (36b); its `w` servers
+    # (a longer warm-up, AB_SETUP_NOTES) and held `f1` are named by their arm and left out
+    assert len(servers) == 15 and labels == [f"tiny-e{i}|auto" for i in range(1, 10)]
+    assert summary["sglang_auto_ab"]["sweep_ab_tiny_lease36.jsonl"]["tiny-w1|auto"]["arm"] == "warmup_new_tokens=640"
     assert summary["sglang_auto_ab_over_fixed_128_tiny_source"] == (
-        f"{' + '.join(ms.AB_HEADLINE_SWEEPS)} (`auto` as it is: {' + '.join(labels)}, runs pooled)")
+        f"{' + '.join(ms.AB_HEADLINE_SWEEPS)} (`auto` as it is: 15 servers, {' + '.join(labels)} in each sweep "
+        f"that has them, runs pooled)")
     headline = summary["sglang_auto_ab_over_fixed_128_tiny"]
     assert sorted(headline) == ["1", "16", "4", "64"]
     for bs, ratio in headline.items():

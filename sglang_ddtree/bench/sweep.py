@@ -164,6 +164,9 @@ class Sweep:
                         # them from one server and not another: compare like with like)
                         decode_graphs=row.batch_size in server.memory.graph_batch_sizes,
                         max_new_tokens=server.setup.max_new_tokens,
+                        # the row's warm-up, new tokens per request (`auto` at least AUTO_WARMUP_NEW_TOKENS): before
+                        # lease 36 rows did not say, and its `tiny-w` servers changed it
+                        warmup_new_tokens=server.setup.warmup_tokens(row.method),
                         prompt_kind=server.setup.prompt_kind, acceptance_meaningful=server.setup.report_acceptance,
                         server_args=server.args, **({"server_env": list(server.setup.server_env)}
                                                     if server.setup.server_env else {}))
