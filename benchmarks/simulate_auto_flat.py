@@ -5,10 +5,10 @@ the 32-, 64- and 128-trees at 4.31 / 4.41 / 4.32 ms and gave the narrower ones 3
 8B-like cases where the chain should win, a case with real cost gaps, and the scenarios of tests/test_sglang_auto.py
 that guard against lock-outs (a slow start, one slow sample, slow host phases). `--shrink-z Z`, `--recent N`,
 `--floor-fresh N`, `--floor-min-times N`, `--hold N`, `--warm-rounds N`, `--explore N`, `--spread iqr|mad` and
-`--relative-times` / `--no-relative-times`, `--hold-max N`, `--forget-start N`, `--times-expire N` evaluate the
-chooser with auto.SHRINK_Z / auto.RECENT / auto.FLOOR_FRESH / auto.FLOOR_MIN_TIMES / auto.HOLD_ROUNDS /
-auto.WARM_ROUNDS / auto.EXPLORE_ROUNDS / auto.SPREAD / auto.RELATIVE_TIMES / auto.HOLD_MAX / auto.FORGET_START /
-auto.TIMES_EXPIRE set to them (0: no
+`--relative-times` / `--no-relative-times`, `--hold-max N`, `--forget-start N`, `--times-expire N`,
+`--switch-untimed` evaluate the chooser with auto.SHRINK_Z / auto.RECENT / auto.FLOOR_FRESH / auto.FLOOR_MIN_TIMES /
+auto.HOLD_ROUNDS / auto.WARM_ROUNDS / auto.EXPLORE_ROUNDS / auto.SPREAD / auto.RELATIVE_TIMES / auto.HOLD_MAX /
+auto.FORGET_START / auto.TIMES_EXPIRE / auto.SWITCH_UNTIMED set to them (0: no
 shrinkage; no freshness limit; 1: every timed round bounds floors; 1: a decision every round; 0: every timed round
 counts; 0: never), `--sample-every N` with the policies' sample_every
 (SGLANG_DDTREE_AUTO_SAMPLE_EVERY), `--no-settled-sampling` without settled_sampling
@@ -146,6 +146,29 @@ CASES = {
         base=[11.0, 11.5, 13.0, 16.0, 22.0], noise=0.03, outlier=0.01, tokens=[3.0, 4.0, 4.5, 5.0, 5.5],
         expected=[4.0, 5.0, 6.0, 7.0, 8.0], rounds=1500, skip=0, seeds=16, batch=16,
         first=dict(base=[8.0, 8.2, 8.5, 9.0, 10.0], batch=1, rounds=1500)),
+    # Lease 36's A/B tallies (ab_arms' narrower_*): a round of a candidate that is not the incumbent (probes,
+    # exploration) took ~1.25x the fixed 128-tree's round (1.12-1.55x; a switch, a sampled round and a decision in
+    # one), and servers whose first decisions went to the chain or the 64-tree kept them for hundreds of rounds
+    # (tiny-e4 at batch 4, the chain in 448 of 465 rounds: the lean chain 4.77 ms and ~4.7 tokens a round against the
+    # 128-tree's 5.27 ms and ~6.6; tiny-e3 at batch 1). These cases: the lean chain ~0.9x of the trees' flat cost, a
+    # switched round x1.2 (5% of them x1.5 more) plus 0.3 ms when sampled, a row's length of rounds (SWITCH_UNTIMED).
+    "tiny-like batch 1, lean chain, switches x1.2 (lease 36)": dict(
+        TINY_START, base=[4.1, 4.6, 4.6, 4.65, 4.7], tokens=[4.4, 5.3, 5.6, 5.9, 6.2],
+        expected=[4.2, 4.85, 5.15, 5.4, 5.6], rounds=700, warm_mult=(1.3, 1.08), switch_mult=1.2,
+        switch_outlier=0.05, sampled_ms=0.3),
+    "tiny-like batch 4 after batch 1, lean chain, switches x1.2 (lease 36)": dict(
+        base=[4.77, 5.1, 5.15, 5.2, 5.27], tokens=[4.7, 5.6, 6.0, 6.3, 6.6], expected=[4.45, 5.08, 5.38, 5.64, 5.87],
+        noise=0.10, outlier=0.05, rounds=600, skip=0, seeds=48, batch=4, poisson_tokens=True, prompt_sigma=0.3,
+        prompt_rounds=350, warm_mult=(1.3, 1.08), switch_mult=1.2, switch_outlier=0.05, sampled_ms=0.3,
+        first=dict(base=[4.1, 4.6, 4.6, 4.65, 4.7], batch=1, rounds=600, warm_mult=(1.3, 1.08))),
+    "8B-like batch 16, switches x1.2 (+5% at x1.5)": dict(base=[11.0, 11.5, 20.0, 38.0, 73.0], noise=0.03,
+                                                           outlier=0.01, tokens=[1.0] * 5,
+                                                           expected=[1.5, 2.0, 3.0, 4.0, 6.0], switch_mult=1.2,
+                                                           switch_outlier=0.05),
+    "8B-like batch 16 after batch 1 (milder convex), switches x1.2": dict(
+        base=[11.0, 11.5, 13.0, 16.0, 22.0], noise=0.03, outlier=0.01, tokens=[3.0, 4.0, 4.5, 5.0, 5.5],
+        expected=[4.0, 5.0, 6.0, 7.0, 8.0], rounds=1500, skip=0, seeds=16, batch=16, switch_mult=1.2,
+        switch_outlier=0.05, first=dict(base=[8.0, 8.2, 8.5, 9.0, 10.0], batch=1, rounds=1500)),
     # tests/test_sglang_auto.py's scenarios, with more seeds
     "slow start committing little (lock-out test)": dict(base=[4.4, 4.5, 4.6, 4.68, 4.75], noise=0.08, outlier=0.0,
                                                          tokens=LOCKOUT_TOKENS, expected=[4.0, 4.8, 5.2, 5.5, 5.9],
@@ -206,6 +229,9 @@ def main(argv=None) -> int:
     ap.add_argument("--times-expire", type=int, default=None,
                     help="auto.TIMES_EXPIRE for this run (a new time drops the candidate's times older than N "
                          "rounds; 0: never; default: the code's)")
+    ap.add_argument("--switch-untimed", action=argparse.BooleanOptionalAction, default=None,
+                    help="auto.SWITCH_UNTIMED for this run (a round after a switch of candidate untimed, probes "
+                         "PROBE_ROUNDS long; default: the code's)")
     ap.add_argument("--cases", default=None, help="only the cases whose name contains this text")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -229,6 +255,8 @@ def main(argv=None) -> int:
         auto.EXPLORE_BEST_ELSEWHERE = args.explore_best_elsewhere
     if args.relative_times is not None:
         auto.RELATIVE_TIMES = args.relative_times
+    if args.switch_untimed is not None:
+        auto.SWITCH_UNTIMED = args.switch_untimed
     if args.sample_every is not None and args.sample_every < 1:
         ap.error("--sample-every must be >= 1")
     rows = []

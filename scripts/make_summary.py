@@ -702,7 +702,8 @@ def paired(out: dict) -> None:
 
 def _ab_arm(env: list[str], implied: tuple = ()) -> str:
     """What an A/B server's `auto` arm ran, from its server_env (and AB_SETUP_NOTES' setup fields): "as it is",
-    "forced=<candidate>", or its knobs; implied: NAME=VALUE knobs its commit defaulted to where the server_env does not set NAME (AB_IMPLIED_ENV)."""
+    "forced=<candidate>", or its knobs; implied: NAME=VALUE knobs its commit defaulted to where the server_env does
+    not set NAME (AB_IMPLIED_ENV)."""
     named = {e.split("=", 1)[0] for e in env}
     env = list(env) + [e for e in implied if e.split("=", 1)[0] not in named]
     knobs = [e for e in env if not e.startswith(("SGLANG_DDTREE_AUTO_LOG_EVERY=", "SGLANG_DDTREE_AUTO_AB="))

@@ -9,7 +9,7 @@ import torch
 from sglang_ddtree import adaptive
 from sglang_ddtree.adaptive import CHAIN
 from sglang_ddtree.sglang import args as ddtree_args
-from sglang_ddtree.sglang import ops
+from sglang_ddtree.sglang import auto, ops
 from sglang_ddtree.sglang.auto import AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, observed_candidates
 from sglang_ddtree.tree import build_tree_from_topk, chain_tree, topk_draft
 from sglang_ddtree.walk import walk_choices
@@ -285,6 +285,67 @@ def test_times_expire_from_the_environment(monkeypatch):
         monkeypatch.setenv("SGLANG_DDTREE_AUTO_TIMES_EXPIRE", bad)
         with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_TIMES_EXPIRE"):
             auto.auto_times_expire()
+
+
+def run_with_switches(policy, rounds, switch_mult, lag=2):
+    """Chain and 128-tree at batch 1 (4.0 / 4.8 ms, 4.0 / 5.5 tokens: the tree's rate 15% above the chain's): a
+    candidate's first round is cold (untimed), the tree's next three (the rest of its exploration) cost 1.5x, and a
+    round whose candidate is not the previous round's costs switch_mult (lease 36: probes and exploration rounds
+    ~1.25x the fixed tree's round)."""
+    ms, tokens = [4.0, 4.8], [4.0, 5.5]
+    queue, picks, uses = [], [], [0, 0]
+    for _ in range(rounds):
+        i = policy.choose(1)
+        uses[i] += 1
+        t = ms[i] * (1.5 if i == 1 and 2 <= uses[i] <= 4 else 1.0)
+        t *= switch_mult if picks and picks[-1] != i else 1.0
+        picks.append(i)
+        seen = observed_candidates(policy.candidates, i)
+        queue.append((i, uses[i] == 1, t, [tok if s else None for tok, s in zip(tokens, seen)]))
+        if len(queue) > lag:
+            j, cold, tj, obs = queue.pop(0)
+            policy.observe(1, j, 1, None if cold else tj, [1.2 * tok for tok in tokens], obs)
+    return picks
+
+
+def test_switch_untimed_lets_a_probe_read_the_candidates_own_cost():
+    """SWITCH_UNTIMED: with every switched round 1.3x dear, the 128-tree (15% above the chain's rate), slow through its
+    exploration, loses the bucket's first decisions to the chain and is timed again only in switched probe rounds
+    once its times are stale (4.8 x 1.3 = 6.24 ms against the chain's 4.0: 0.88 of its rate; its slow times expired,
+    TIMES_EXPIRE): it never takes over. With a switched round untimed and probes two rounds long, the stale probe's
+    second round reads 4.8 ms and the tree runs from then. A probe then verifies its candidate twice in a row."""
+    widths = [16, 129]
+    before = run_with_switches(AutoBudgetPolicy([CHAIN, 128], widths=widths, switch_untimed=False), 1000, 1.3)
+    assert before[300:].count(1) <= 0.1 * 700, before[300:].count(1)
+    policy = AutoBudgetPolicy([CHAIN, 128], widths=widths, switch_untimed=True)
+    picks = run_with_switches(policy, 1000, 1.3)
+    assert picks[:300] == before[:300]  # the same until the stale probe (STALE_ROUNDS after its exploration)
+    assert picks[400:].count(1) >= 0.9 * 600, picks[400:].count(1)
+    b = policy.buckets[1]
+    assert max(b.recent[1]) == pytest.approx(4.8)  # only unswitched rounds timed: no 1.3x, no first use left
+    # the chain, probed from the tree: runs of two (a probe), never one
+    runs, k = [], 0
+    for x in picks[400:] + [1]:
+        if x == 0:
+            k += 1
+        elif k:
+            runs.append(k)
+            k = 0
+    assert runs and set(runs) == {auto.PROBE_ROUNDS}, runs
+
+
+def test_switch_untimed_from_the_environment(monkeypatch):
+    """SGLANG_DDTREE_AUTO_SWITCH_UNTIMED=0/1: the policy's switch_untimed per server (unset: auto.SWITCH_UNTIMED)."""
+    monkeypatch.delenv("SGLANG_DDTREE_AUTO_SWITCH_UNTIMED", raising=False)
+    assert auto.auto_switch_untimed() is None
+    assert AutoBudgetPolicy([CHAIN, 16]).switch_untimed is auto.SWITCH_UNTIMED
+    for raw, want in (("0", False), ("1", True)):
+        monkeypatch.setenv("SGLANG_DDTREE_AUTO_SWITCH_UNTIMED", raw)
+        assert auto.auto_switch_untimed() is want
+        assert AutoBudgetPolicy([CHAIN, 16], switch_untimed=auto.auto_switch_untimed()).switch_untimed is want
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SWITCH_UNTIMED", "yes")
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_SWITCH_UNTIMED"):
+        auto.auto_switch_untimed()
 
 
 def test_explore_all_verifies_every_candidate_even_one_that_cannot_win():

@@ -371,6 +371,29 @@ PAIR_MIN = 3
 LEVEL_MOVED = 0.15
 REPROBE_GAP = 16
 
+# With SWITCH_UNTIMED a round whose candidate is not its bucket's previous round's is left untimed (its tokens and
+# expectations still count), and a probe runs PROBE_ROUNDS rounds in a row, so that the probe's time is a round like
+# the incumbent's many and not the switch's. Why: lease 36's A/B tallies split `auto`'s rounds (ab_arms' narrower_*):
+# where a row verified a candidate other than the 128-tree only in a few probes and exploration rounds (3-25 of ~400-
+# 600), those rounds took 1.12-1.55x, typically ~1.25x, the same server's fixed 128-tree round (tiny-e6..e9 at batch
+# 4: 6.14-6.89 against 4.86-5.41 ms) - a switch of graphs and attention state, a sampled round and a decision in one.
+# A candidate that is not the incumbent is timed almost only in such rounds, so it must beat the incumbent by ~25% to
+# take over; on the tiny pair, where the candidates' rates lie within ~5-20% of each other, whichever won the bucket's
+# first decisions kept it: tiny-e4's batch-4 rows ran the chain in 448 of 465 rounds (x0.913 of its fixed arm) with
+# its 128-tree's bucket median at 6.74 ms while its fixed arm ran that tree at 5.27, tiny-e3's batch-1 rows the chain
+# in all 384 (x0.834), tiny-w3's the 64-tree in 274 of 330 (auto_chooser_log_tiny_lease36*.txt). (SWITCH_SETTLE, a
+# probe's second round timed, was tried in lease 25 with the simulator's switches at x1.04 and gained nothing.) The
+# price: a probe verifies its candidate twice (one round in probe_every more of a candidate that is not the best).
+# Simulated (simulate_auto_flat.py, 35 cases with lease 36's, switched rounds x1.2 plus 0.3 ms sampled;
+# auto_flat_sim_switch_untimed*.json; mean of the cases' means / of their worst seeds / the worst seed): 0.9891 /
+# 0.963 / 0.875 against 0.9916 / 0.960 / 0.733 without - the worst seeds gain (the lease-36-like batch-1 start 0.815
+# -> 0.912, the tiny-like start with dear sampled rounds 0.733 -> 0.880, the milder convex 8B-like batch 16 0.906 ->
+# 0.990), the settled flat cases lose 0.3-0.5% (the probes' second rounds), and one seed of the lease-36-like batch 4
+# ran the chain (0.987 -> 0.897). The simulator does not reproduce the GPU's lock-ins (its batch-4 case reads 0.995
+# without this, the GPU 0.958), so a GPU A/B decides. Off: SGLANG_DDTREE_AUTO_SWITCH_UNTIMED=1 turns it on.
+SWITCH_UNTIMED = False
+PROBE_ROUNDS = 2
+
 
 @dataclass
 class _Decayed:
@@ -419,6 +442,7 @@ class _Bucket:
     next_probe: int = 0  # the first round at which a probe may run again (probe_every)
     last_probe: int = -(10 ** 9)  # the round of the last probe (a RELATIVE_TIMES re-probe waits REPROBE_GAP after it)
     seen: list = field(default_factory=list)  # rounds observed per candidate, timed or not (WARM_ROUNDS)
+    last_observed: int = -1  # the candidate of the bucket's last observed round (SWITCH_UNTIMED)
     elsewhere: set = field(default_factory=set)  # candidates explored as another bucket's best (EXPLORE_BEST_ELSEWHERE)
     mad: bool = False  # spread as the median absolute deviation, else the interquartile range (SPREAD)
     # RELATIVE_TIMES: rounds observed in the bucket; per sampled flag the last timed round (candidate, observed round,
@@ -588,6 +612,9 @@ class AutoBudgetPolicy:
     # a new time drops the candidate's times older than this many rounds of its bucket (None: the module's
     # TIMES_EXPIRE; 0: never), for an A/B in one run (SGLANG_DDTREE_AUTO_TIMES_EXPIRE)
     times_expire: int | None = None
+    # a round after a switch of candidate untimed and probes PROBE_ROUNDS long (None: the module's SWITCH_UNTIMED),
+    # for an A/B in one run (SGLANG_DDTREE_AUTO_SWITCH_UNTIMED)
+    switch_untimed: bool | None = None
     hold_rounds: int = 0  # a decision holds this many rounds of its bucket (0: the module's HOLD_ROUNDS)
     # the longest hold of a repeated decision (None: the module's HOLD_MAX; hold_rounds or less: no growth) and
     # whether a settled bucket samples at the idle interval (None: True), for an A/B in one run
@@ -635,6 +662,7 @@ class AutoBudgetPolicy:
         if self.forget_start < 0:
             raise ValueError(f"forget_start must be >= 0, got {self.forget_start}.")
         self.times_expire = TIMES_EXPIRE if self.times_expire is None else self.times_expire
+        self.switch_untimed = SWITCH_UNTIMED if self.switch_untimed is None else bool(self.switch_untimed)
         if self.times_expire < 0:
             raise ValueError(f"times_expire must be >= 0, got {self.times_expire}.")
         if self.explore < 1 or self.probe_every < 1 or self.half_life_rounds <= 0 or self.hold_rounds < 0:
@@ -922,7 +950,7 @@ class AutoBudgetPolicy:
         known = [(r, i) for i, r in enumerate(rates) if r is not None and math.isfinite(r)]
         best = max(known)[1] if known else None
         best_rate = rates[best] if best is not None else None
-        choice, waiting = None, False
+        choice, waiting, exploring = None, False, False
         for i in self._explore_order:  # explore: narrowest unmeasured first
             if b.measured[i] >= self.explore:
                 continue
@@ -939,6 +967,7 @@ class AutoBudgetPolicy:
                 b.waited[i] += 1  # its time is in flight: run the best known meanwhile, explore nothing wider yet
                 waiting = True
                 break
+        exploring = choice is not None
         if choice is not None or waiting:  # exploring: the next decision of the best starts its holds (and
             b.best, b.streak, b.settled = None, 0, False  # the sampling interval) over
         if (choice is None and b.reprobe
@@ -963,8 +992,13 @@ class AutoBudgetPolicy:
         if choice is None:
             choice = best if best is not None else 0
         # exploration and probes are one round each, and so is a choice made while exploration waits for a time (it
-        # counts its waits in decisions); a choice of the best holds, longer when it repeats (HOLD_MAX)
-        b.held, b.hold = choice, 0 if probing or waiting else self._hold_after(b, choice)
+        # counts its waits in decisions); a choice of the best holds, longer when it repeats (HOLD_MAX). With
+        # SWITCH_UNTIMED a probe runs PROBE_ROUNDS rounds (its first, after the switch, untimed: observe)
+        if probing:
+            hold = PROBE_ROUNDS - 1 if self.switch_untimed and not exploring else 0
+        else:
+            hold = 0 if waiting else self._hold_after(b, choice)
+        b.held, b.hold = choice, hold
         return self._chosen(b, choice)
 
     def _hold_after(self, b: _Bucket, choice: int) -> int:
@@ -1068,6 +1102,9 @@ class AutoBudgetPolicy:
         b = self._bucket(bucket)
         b.seen[chosen] += 1
         warm = b.seen[chosen] > self.warm_rounds  # else a first use of the candidate in this bucket (WARM_ROUNDS)
+        switched, b.last_observed = chosen != b.last_observed, chosen
+        if self.switch_untimed and switched:
+            round_ms = None  # SWITCH_UNTIMED: the switch's round is not the candidate's cost
         if warm and round_ms is not None and math.isfinite(round_ms) and round_ms > 0:
             if self.times_expire and b.expire(chosen, b.rounds - self.times_expire):
                 b.round_ms[chosen] = _Decayed()  # restarts from the times kept (TIMES_EXPIRE)
@@ -1347,6 +1384,13 @@ def auto_times_expire() -> int | None:
     """SGLANG_DDTREE_AUTO_TIMES_EXPIRE: the policy's times_expire for this server (None when unset: the module's
     TIMES_EXPIRE; 0: never), for an A/B in one run."""
     return _env_at_least("SGLANG_DDTREE_AUTO_TIMES_EXPIRE", int, 0, "a round count >= 0")
+
+
+def auto_switch_untimed() -> bool | None:
+    """SGLANG_DDTREE_AUTO_SWITCH_UNTIMED=0/1: the policy's switch_untimed for this server (None when unset: the
+    module's SWITCH_UNTIMED), for an A/B in one run."""
+    raw = _env_choice("SGLANG_DDTREE_AUTO_SWITCH_UNTIMED", ("0", "1"))
+    return None if raw is None else raw == "1"
 
 
 def auto_settled_sampling() -> bool | None:

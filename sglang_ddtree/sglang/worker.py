@@ -74,7 +74,8 @@ from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, ABSchedule, AutoBudget
                                       auto_floor_fresh, auto_floor_min_times, auto_force, auto_forget_start,
                                       auto_hold_max, auto_hold_rounds, auto_log_every, auto_relative_times,
                                       auto_sample_every, auto_settled_sampling, auto_shrink_z, auto_spread,
-                                      auto_times_expire, auto_warm_rounds, calibration_prior_mass)
+                                      auto_switch_untimed, auto_times_expire, auto_warm_rounds,
+                                      calibration_prior_mass)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -369,7 +370,7 @@ class DDTreeWorker(DFlashWorkerV2):
                                   hold_rounds=auto_hold_rounds() or 0, hold_max=auto_hold_max(),
                                   settled_sampling=auto_settled_sampling(), sample_every=auto_sample_every(),
                                   relative_times=auto_relative_times(), forget_start=auto_forget_start(),
-                                  times_expire=auto_times_expire())
+                                  times_expire=auto_times_expire(), switch_untimed=auto_switch_untimed())
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
         calibration = CalibrationMonitor(calibrator, self.stats.prometheus)
