@@ -74,7 +74,13 @@ def test_policy_explores_then_picks_the_best_rate():
     # a bucket of its own: costs are per batch size (here the 64-tree is cheap at batch 8)
     picks8 = run_policy(policy, 8, tokens, [1.0, 1.1, 1.15], 20)
     assert picks8[-1] == 2 and picks[-1] == 1
-    assert policy.export()["rounds_chosen"] == {"chain": 4, "16": 38, "64": 18}
+    exported = policy.export()
+    assert exported["rounds_chosen"] == {"chain": 4, "16": 38, "64": 18}
+    # per bucket: the rounds each candidate ran there, and the medians the rates compare
+    by_bucket = exported["rounds_by_bucket"]
+    assert by_bucket["1"] == {"chain": picks.count(0), "16": picks.count(1), "64": picks.count(2)}
+    assert by_bucket["8"] == {"chain": picks8.count(0), "16": picks8.count(1), "64": picks8.count(2)}
+    assert exported["median_ms"]["1"] == {"chain": 1.0, "16": 1.1, "64": 2.0}
 
 
 def test_policy_picks_the_chain_when_trees_do_not_pay():

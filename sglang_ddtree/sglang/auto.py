@@ -1148,6 +1148,12 @@ class AutoBudgetPolicy:
             "decisions": {str(bucket): {"rounds": b.rounds, "decisions": b.decisions, "settled": b.settled,
                                         "forgot_start": b.forgot}
                           for bucket, b in sorted(self.buckets.items())},
+            # per bucket: the rounds each candidate ran (observed so far) and the median of its recent times, what
+            # rates compare (round_ms above is the decayed mean): a bucket locked on one candidate shows here
+            # (lease 36 read its lock-ins from the A/B tallies: the totals above mix the buckets)
+            "rounds_by_bucket": {str(bucket): dict(zip(labels, b.seen)) for bucket, b in sorted(self.buckets.items())},
+            "median_ms": {str(bucket): {k: _r(b.median[i]) for i, k in enumerate(labels)}
+                          for bucket, b in sorted(self.buckets.items())},
         }
 
 
