@@ -950,7 +950,7 @@ class AutoBudgetPolicy:
         known = [(r, i) for i, r in enumerate(rates) if r is not None and math.isfinite(r)]
         best = max(known)[1] if known else None
         best_rate = rates[best] if best is not None else None
-        choice, waiting, exploring = None, False, False
+        choice, waiting = None, False
         for i in self._explore_order:  # explore: narrowest unmeasured first
             if b.measured[i] >= self.explore:
                 continue
@@ -967,7 +967,7 @@ class AutoBudgetPolicy:
                 b.waited[i] += 1  # its time is in flight: run the best known meanwhile, explore nothing wider yet
                 waiting = True
                 break
-        exploring = choice is not None
+        exploring = choice is not None  # (a probe below is not: with SWITCH_UNTIMED it runs PROBE_ROUNDS rounds)
         if choice is not None or waiting:  # exploring: the next decision of the best starts its holds (and
             b.best, b.streak, b.settled = None, 0, False  # the sampling interval) over
         if (choice is None and b.reprobe
