@@ -376,6 +376,43 @@ def test_plan_fits_the_device_tool_limits(tmp_path):
     assert "--jit-cache .device-cache/jit/jit-cache.tar.xz" in last["command"]
 
 
+def test_plan_installs_split_parts_and_runs_other_work(tmp_path):
+    """A chunk split by split_chunk.py is installed one part a call (lease 35: the tracked tree plus a whole site-1
+    was over 64 MiB), but only parts of this pack (parts.json's chunk name and sha256); --work runs another command
+    (a lease_steps.sh step) in the last call, with extra carried paths; a carried path this checkout lacks and an
+    oversized call are problems, the latter with the split that would fit."""
+    plan_mod = load_script("plan")
+    split_chunk = load_script("split_chunk")
+    cache = tmp_path / ".device-cache"
+    for name, size in (("site-1", 3000), ("site-2", 1000)):
+        (cache / name).mkdir(parents=True)
+        (cache / name / f"{name}.tar.xz").write_bytes(bytes(range(256)) * (size // 256) + b"x" * (size % 256))
+    manifest = {"chunks": [{"name": n, "carry": f".device-cache/{n}",
+                            "sha256": hashlib.sha256((cache / n / f"{n}.tar.xz").read_bytes()).hexdigest()}
+                           for n in ("site-1", "site-2")]}
+    split_chunk.split(cache / "site-1", 1200)  # three parts
+    (cache / "site-2-part1").mkdir()  # a part of another pack: not this chunk's sha256, left alone
+    (cache / "site-2-part1" / "parts.json").write_text(json.dumps({"chunk": "site-2", "parts": 1, "sha256": "0"}))
+    (tmp_path / "runs" / "bench").mkdir(parents=True)
+    work = "bash scripts/device/lease_steps.sh tiny-ab $OUT abc1234"
+    calls = plan_mod.plan(manifest, [], [], 540, False, repo=tmp_path, base_bytes=0, work=work,
+                          extra_carry=["runs/bench"])
+    assert [c["carry"][0] for c in calls] == [".device-cache/site-1-part1", ".device-cache/site-1-part2",
+                                              ".device-cache/site-1-part3", ".device-cache/site-2"]
+    assert calls[-1]["carry"] == [".device-cache/site-2", "runs/bench"]
+    assert calls[-1]["command"] == ("bash scripts/device/install_chunk.sh .device-cache/site-2 && "
+                                    f"source scripts/device/env.sh && {work}")
+    assert all(not c["problems"] for c in calls)
+    lacking = plan_mod.plan(manifest, [], [], 540, False, repo=tmp_path, base_bytes=0, work=work,
+                            extra_carry=["runs/elsewhere"])
+    assert lacking[-1]["problems"] == ["not in this checkout: runs/elsewhere"]
+    big = plan_mod.plan(manifest, [], [], 540, False, repo=tmp_path, base_bytes=50 * 2**20, work="true")
+    assert not big[0]["problems"]
+    tight = plan_mod.plan({"chunks": manifest["chunks"][1:]}, [], [], 540, False, repo=tmp_path,
+                          base_bytes=64 * 2**20 - 500, work="true")
+    assert "the working tree alone is too large" in tight[0]["problems"][0]
+
+
 # ------------------------------------------------------------------- the server fixture, against a fake SGLang
 
 FAKE_LAUNCH_SERVER = '''

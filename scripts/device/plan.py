@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""Print the device calls that install the packed site and run the GPU suite, each checked against the device
-tool's limits (command <= 2000 characters, <= 8 carry paths, working tree + carried paths <= 64 MiB).
+"""Print the device calls that install the packed site and run the GPU suite (or any other work), each checked
+against the device tool's limits (command <= 2000 characters, <= 8 carry paths, working tree + carried paths <= 64
+MiB).
 
   python scripts/device/plan.py                         # install + tests/gpu, JIT cache carried if present
   python scripts/device/plan.py tests/gpu/test_server_smoke.py --bench 'bench1=python3 benchmarks/x.py'
+  python scripts/device/plan.py --work 'bash scripts/device/lease_steps.sh tiny-ab $OUT abc1234' --carry runs/bench
   python scripts/device/plan.py --json                  # the same as JSON: [{"command", "carry", "mib"}, ...]
 
-The last chunk's install shares a call with the suite (one call fewer, while /tmp is still warm); earlier
-chunks get a call each. Run them back to back: the machine is given back 30 s after a call ends.
+The last chunk's install shares a call with the work (one call fewer, while /tmp is still warm); earlier chunks get
+a call each. A chunk split by split_chunk.py (folders <chunk>-part1, -part2, ... whose parts.json names the
+manifest's chunk and sha256) is installed one part a call instead, the last part sharing the work's call when it
+is the last chunk's (since lease 35 the tracked tree, ~47 MB, leaves ~17 MB a call for a part). Run them back to
+back: the machine is given back 30 s after a call ends.
 """
 
 from __future__ import annotations
@@ -41,27 +46,49 @@ def path_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
+def install_units(chunk: dict, repo: Path = REPO_ROOT) -> list[str]:
+    """What installs a chunk, one call each: its split parts (split_chunk.py's <carry>-partN folders, when their
+    parts.json names this chunk and its sha256, so a part of an older pack is never used), else the chunk itself."""
+    parts = []
+    for folder in sorted(repo.glob(chunk["carry"] + "-part*")):
+        meta_path = folder / "parts.json"
+        if not meta_path.is_file():
+            continue
+        meta = json.loads(meta_path.read_text())
+        if meta.get("chunk") == chunk["name"] and meta.get("sha256") == chunk.get("sha256"):
+            parts.append((int(folder.name.rsplit("-part", 1)[1]), folder.relative_to(repo).as_posix(), meta))
+    parts.sort()
+    if parts and [i for i, _, _ in parts] == list(range(1, parts[0][2]["parts"] + 1)):
+        return [path for _, path, _ in parts]
+    return [chunk["carry"]]
+
+
 def plan(manifest: dict, tests: list[str], benches: list[str], deadline_s: int, return_jit: bool,
-         repo: Path = REPO_ROOT, base_bytes: int | None = None) -> list[dict]:
+         repo: Path = REPO_ROOT, base_bytes: int | None = None, work: str | None = None,
+         extra_carry: list[str] | None = None) -> list[dict]:
+    """The calls: an install call per chunk (or per part of a split chunk), the last one with the work: the GPU suite
+    over `tests` (with `benches`), or `work`, a shell command run after `source scripts/device/env.sh`."""
     base = tree_bytes(repo) if base_bytes is None else base_bytes
     chunks = manifest["chunks"]
     if not chunks:
         raise ValueError("the manifest lists no chunks; run scripts/device/pack_site.py first.")
-    calls = []
-    for c in chunks[:-1]:
-        calls.append({"command": f"bash scripts/device/install_chunk.sh {c['carry']}", "carry": [c["carry"]]})
-    last = chunks[-1]
-    suite = ["python3", "scripts/device/run_gpu_suite.py", *tests, "--deadline-s", str(deadline_s)]
-    carry = [last["carry"]]
-    if (repo / JIT_CACHE).exists():
-        suite += ["--jit-cache", JIT_CACHE]
+    units = [unit for c in chunks for unit in install_units(c, repo)]
+    calls = [{"command": f"bash scripts/device/install_chunk.sh {u}", "carry": [u]} for u in units[:-1]]
+    carry = [units[-1]]
+    if work is None:
+        suite = ["python3", "scripts/device/run_gpu_suite.py", *tests, "--deadline-s", str(deadline_s)]
+        if (repo / JIT_CACHE).exists():
+            suite += ["--jit-cache", JIT_CACHE]
+        if return_jit:
+            suite.append("--return-jit-cache")
+        for b in benches:
+            suite += ["--bench", b]
+        work = shlex.join(suite)
+    if (repo / JIT_CACHE).exists():  # the suite restores it; lease_steps.sh steps unpack it (unpack_jit_cache)
         carry.append(str(Path(JIT_CACHE).parent))
-    if return_jit:
-        suite.append("--return-jit-cache")
-    for b in benches:
-        suite += ["--bench", b]
-    calls.append({"command": f"bash scripts/device/install_chunk.sh {last['carry']} && "
-                             f"source scripts/device/env.sh && {shlex.join(suite)}",
+    carry += list(extra_carry or [])
+    calls.append({"command": f"bash scripts/device/install_chunk.sh {units[-1]} && source scripts/device/env.sh && "
+                             f"{work}",
                   "carry": carry})
     for call in calls:
         call["mib"] = round((base + sum(path_bytes(repo / p) for p in call["carry"])) / 2**20, 2)
@@ -70,8 +97,15 @@ def plan(manifest: dict, tests: list[str], benches: list[str], deadline_s: int, 
             problems.append(f"command is {len(call['command'])} characters (limit {MAX_COMMAND})")
         if len(call["carry"]) > MAX_CARRY:
             problems.append(f"{len(call['carry'])} carry paths (limit {MAX_CARRY})")
-        if call["mib"] > MAX_TREE_MIB:
-            problems.append(f"{call['mib']} MiB travel (limit {MAX_TREE_MIB}); pack smaller chunks")
+        missing = [p for p in call["carry"] if p in (extra_carry or []) and not (repo / p).exists()]
+        if missing:  # the device tool removes a carried path this checkout lacks (a new checkout has no runs/bench:
+            # bench_budgets.py --write-prompts runs/bench/humaneval_prompts.jsonl)
+            problems.append(f"not in this checkout: {', '.join(missing)}")
+        if base + sum(path_bytes(repo / p) for p in call["carry"]) > MAX_TREE_MIB * 2**20:
+            room = MAX_TREE_MIB * 2**20 - base - sum(path_bytes(repo / p) for p in call["carry"][1:])
+            hint = (f"split it: python3 scripts/device/split_chunk.py {call['carry'][0]} --part-mb "
+                    f"{max(1, int(room / 1e6) - 1)}" if room > 2e6 else "the working tree alone is too large")
+            problems.append(f"{call['mib']} MiB travel (limit {MAX_TREE_MIB}); {hint}")
         call["problems"] = problems
     return calls
 
@@ -82,15 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench", action="append", default=[], metavar="NAME=CMD")
     ap.add_argument("--deadline-s", type=int, default=540)
     ap.add_argument("--no-return-jit-cache", action="store_true")
+    ap.add_argument("--work", default=None, metavar="CMD",
+                    help="run this shell command in the last call instead of the GPU suite (after env.sh)")
+    ap.add_argument("--carry", action="append", default=[], metavar="PATH",
+                    help="another git-ignored path the last call carries (e.g. runs/bench)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     manifest_path = CACHE_DIR / "manifest.json"
     if not manifest_path.exists():
-        print("no .device-cache/manifest.json: run scripts/device/fetch_wheels.py and pack_site.py first",
+        print("no .device-cache/manifest.json (a new checkout): run scripts/device/fetch_wheels.py and pack_site.py "
+              "first, then split_chunk.py on any chunk this plan says is too large (docs/gpu-suite.md, section 1)",
               file=sys.stderr)
         return 2
     calls = plan(json.loads(manifest_path.read_text()), args.tests, args.bench, args.deadline_s,
-                 not args.no_return_jit_cache)
+                 not args.no_return_jit_cache, work=args.work, extra_carry=args.carry)
     if args.json:
         print(json.dumps(calls, indent=1))
     else:
