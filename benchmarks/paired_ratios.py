@@ -81,6 +81,8 @@ def main(argv=None) -> int:
             runs_text = _line(entry["runs"]) if entry["runs"] else "too few runs with both arms"
             arms_text = "; ".join(f"{arm} tau {n.get('tau') or 0:.2f}, {n.get('round_ms') or 0:.2f} ms"
                                   + (f" (host {n['host_ms']:.2f})" if n.get("host_ms") else "")
+                                  + (f", narrower {n['narrower_rounds']}/{n['rounds']} rounds"
+                                     if n.get("narrower_rounds") is not None else "")
                                   for arm, n in entry["arms"].items())
             print(f"  batch {bs:<4} all rounds {pooled_text}   run by run {runs_text}   [{arms_text}]")
         if table_ab["all_batch_sizes"]:

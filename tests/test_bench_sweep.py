@@ -736,3 +736,21 @@ def test_ab_pooled_pools_the_runs_of_one_configurations_servers():
     assert pooled["all_batch_sizes"]["rounds"] == 80
     assert ab_pooled(rows, {"tiny-a|auto"})["all_batch_sizes"] == alone["tiny-a|auto"]["all_batch_sizes"]
     assert ab_pooled(rows, {"nothing|auto"}) == {"by_batch_size": {}, "all_batch_sizes": None}
+
+
+def test_ab_table_shows_autos_narrower_rounds():
+    """bench.paired.ab_table carries the A/B split tallies of servers since lease 35 (ab_arms' narrower_rounds,
+    sampled_rounds): lease 36's tiny-e4 ran a candidate other than the 128-tree in 448 of its 465 batch-4 rounds (the
+    chain lock-in its tau and ratio show), while its fixed arm has no such series; rows before the split have none."""
+    from sglang_ddtree.bench.paired import ab_table
+    from sglang_ddtree.bench.results import latest_results, read_rows
+
+    results_dir = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    rows = list(latest_results(read_rows(results_dir / "sweep_ab_tiny_lease36b.jsonl")).values())
+    arms = ab_table(rows)["tiny-e4|auto"]["by_batch_size"][4]["arms"]
+    assert (arms["auto"]["narrower_rounds"], arms["auto"]["rounds"]) == (448, 465)
+    assert arms["auto"]["sampled_rounds"] > 0 and arms["auto"]["narrower_round_ms"] > 0
+    assert "narrower_rounds" not in arms["fixed"]
+    old = list(latest_results(read_rows(results_dir / "sweep_ab_tiny_lease32b.jsonl")).values())
+    assert all("narrower_rounds" not in n for t in ab_table(old).values() for e in t["by_batch_size"].values()
+               for n in e["arms"].values())

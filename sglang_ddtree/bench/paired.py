@@ -223,7 +223,9 @@ def ab_table(rows: list[dict]) -> dict:
     """SGLANG_DDTREE_AUTO_AB rows (an `auto` server alternating blocks of rounds with the fixed widest tree, each
     arm tallied apart: sglang_ddtree.sglang.stats.ABTallies): per row label and batch size, the arms' tokens/s
     ratio over the whole row ("ratio": their tallies summed), run by run ("runs": the geometric mean of the runs'
-    ratios with its 95% interval, paired_ratio), and each arm's tau, GPU ms and host ms a round; under "all batch
+    ratios with its 95% interval, paired_ratio), and each arm's tau, GPU ms and host ms a round, with `auto`'s rounds
+    of a candidate other than the widest tree (narrower_rounds, their ms a round; a row locked on the chain or a
+    narrower tree shows here, lease 36) and its sampled rounds where the server tallied them; under "all batch
     sizes" every run of the row's batch sizes together. The arms share the process, the moment and the text, so
     the interval is the rounds' own spread, not the host's speed from run to run (auto.auto_ab_block).
     {label: {"by_batch_size": {bs: {...}}, "all_batch_sizes": paired_ratio(...) | None}}."""
@@ -237,7 +239,8 @@ def ab_table(rows: list[dict]) -> dict:
         entry = {"block": r.get("ab_block"), "ratio": round(arms["ratio"], 4) if "ratio" in arms else None,
                  "runs": paired_ratio(a, f) if len(a) >= 2 else None, "runs_with_both_arms": len(a),
                  "arms": {arm: {k: (round(v, 4) if isinstance(v, float) else v) for k, v in numbers.items()
-                                if k in ("tau", "round_ms", "host_ms", "rounds", "skipped_rounds", "tokens_per_s")}
+                                if k in ("tau", "round_ms", "host_ms", "rounds", "skipped_rounds", "tokens_per_s",
+                                         "narrower_rounds", "narrower_round_ms", "sampled_rounds")}
                           for arm, numbers in arms.items() if isinstance(numbers, dict)}}
         out.setdefault(label, {"by_batch_size": {}})["by_batch_size"][int(r["batch_size"])] = entry
     for label, table in out.items():
