@@ -195,23 +195,30 @@ def test_the_chains_slow_start_floors_no_tree():
     assert b._cost_floor(b.buckets[1], 0) == pytest.approx(7.8 * 0.9)
 
 
-def run_with_slow_first_uses(policy, rounds, slow_uses, lag=2):
-    """Chain, 16- and 128-tree at batch 1 (4.0 / 4.4 / 4.4 ms, 3.0 / 4.0 / 4.6 tokens): a candidate's first
-    round is cold (untimed), its next slow_uses[i] rounds cost 1.5x (lease 24's first uses, lease 26's first
-    explored trees)."""
-    ms, tokens = [4.0, 4.4, 4.4], [3.0, 4.0, 4.6]
-    queue, picks, uses = [], [], [0, 0, 0]
+def run_batch1(policy, rounds, ms, tokens, factor, lag=2):
+    """Drive the policy at batch 1: a round of candidate i commits tokens[i] (the drafter expects 1.2x that) and
+    takes ms[i] x factor(i, its uses so far counting this one, the previous round's candidate or None); a
+    candidate's first round is cold (untimed); observations arrive `lag` rounds late."""
+    queue, picks, uses = [], [], [0] * len(ms)
     for _ in range(rounds):
         i = policy.choose(1)
-        picks.append(i)
         uses[i] += 1
-        t = ms[i] * (1.5 if 2 <= uses[i] <= 1 + slow_uses[i] else 1.0)
+        t = ms[i] * factor(i, uses[i], picks[-1] if picks else None)
+        picks.append(i)
         seen = observed_candidates(policy.candidates, i)
         queue.append((i, uses[i] == 1, t, [tok if s else None for tok, s in zip(tokens, seen)]))
         if len(queue) > lag:
             j, cold, tj, obs = queue.pop(0)
             policy.observe(1, j, 1, None if cold else tj, [1.2 * tok for tok in tokens], obs)
     return picks
+
+
+def run_with_slow_first_uses(policy, rounds, slow_uses, lag=2):
+    """Chain, 16- and 128-tree at batch 1 (4.0 / 4.4 / 4.4 ms, 3.0 / 4.0 / 4.6 tokens): a candidate's first
+    round is cold (untimed), its next slow_uses[i] rounds cost 1.5x (lease 24's first uses, lease 26's first
+    explored trees)."""
+    return run_batch1(policy, rounds, [4.0, 4.4, 4.4], [3.0, 4.0, 4.6],
+                      lambda i, used, _: 1.5 if 2 <= used <= 1 + slow_uses[i] else 1.0, lag)
 
 
 def test_a_bucket_forgets_its_starts_times_once():
@@ -298,20 +305,11 @@ def run_with_switches(policy, rounds, switch_mult, lag=2):
     candidate's first round is cold (untimed), the tree's next three (the rest of its exploration) cost 1.5x, and a
     round whose candidate is not the previous round's costs switch_mult (lease 36: probes and exploration rounds
     ~1.25x the fixed tree's round)."""
-    ms, tokens = [4.0, 4.8], [4.0, 5.5]
-    queue, picks, uses = [], [], [0, 0]
-    for _ in range(rounds):
-        i = policy.choose(1)
-        uses[i] += 1
-        t = ms[i] * (1.5 if i == 1 and 2 <= uses[i] <= 4 else 1.0)
-        t *= switch_mult if picks and picks[-1] != i else 1.0
-        picks.append(i)
-        seen = observed_candidates(policy.candidates, i)
-        queue.append((i, uses[i] == 1, t, [tok if s else None for tok, s in zip(tokens, seen)]))
-        if len(queue) > lag:
-            j, cold, tj, obs = queue.pop(0)
-            policy.observe(1, j, 1, None if cold else tj, [1.2 * tok for tok in tokens], obs)
-    return picks
+    def factor(i, used, previous):
+        return ((1.5 if i == 1 and 2 <= used <= 4 else 1.0)
+                * (switch_mult if previous is not None and previous != i else 1.0))
+
+    return run_batch1(policy, rounds, [4.0, 4.8], [4.0, 5.5], factor, lag)
 
 
 def test_switch_untimed_lets_a_probe_read_the_candidates_own_cost():
