@@ -91,7 +91,8 @@ def plan(manifest: dict, tests: list[str], benches: list[str], deadline_s: int, 
                              f"{work}",
                   "carry": carry})
     for call in calls:
-        call["mib"] = round((base + sum(path_bytes(repo / p) for p in call["carry"])) / 2**20, 2)
+        sizes = [path_bytes(repo / p) for p in call["carry"]]  # the install unit first, then the rest
+        call["mib"] = round((base + sum(sizes)) / 2**20, 2)
         problems = []
         if len(call["command"]) > MAX_COMMAND:
             problems.append(f"command is {len(call['command'])} characters (limit {MAX_COMMAND})")
@@ -101,8 +102,8 @@ def plan(manifest: dict, tests: list[str], benches: list[str], deadline_s: int, 
         if missing:  # the device tool removes a carried path this checkout lacks (a new checkout has no runs/bench:
             # bench_budgets.py --write-prompts runs/bench/humaneval_prompts.jsonl)
             problems.append(f"not in this checkout: {', '.join(missing)}")
-        if base + sum(path_bytes(repo / p) for p in call["carry"]) > MAX_TREE_MIB * 2**20:
-            room = MAX_TREE_MIB * 2**20 - base - sum(path_bytes(repo / p) for p in call["carry"][1:])
+        if base + sum(sizes) > MAX_TREE_MIB * 2**20:
+            room = MAX_TREE_MIB * 2**20 - base - sum(sizes[1:])
             hint = (f"split it: python3 scripts/device/split_chunk.py {call['carry'][0]} --part-mb "
                     f"{max(1, int(room / 1e6) - 1)}" if room > 2e6 else "the working tree alone is too large")
             problems.append(f"{call['mib']} MiB travel (limit {MAX_TREE_MIB}); {hint}")
