@@ -6,7 +6,9 @@ prints, per batch size, each row's tokens/s over the base row's (the geometric m
 95% interval and the number of rounds, then the same with the rounds of every batch size together; `--json PATH`
 writes the same tables. Rows are named setup|method or setup|method-budget. Rows of an `auto` server with the
 in-process A/B (SGLANG_DDTREE_AUTO_AB) also get a table of their own: the `auto` arm over the fixed arm, over the
-whole row and run by run (bench.paired.ab_table); a sweep of such servers alone needs no base row.
+whole row and run by run (bench.paired.ab_table), and where `auto`'s own host time goes, all such servers' rows
+together (ab_own_host_split: its arm's host ms a round less the fixed arm's, per host stage); a sweep of such
+servers alone needs no base row.
 `--arm NAME=LABEL,LABEL,...` (repeated) adds, per batch size, each arm's servers together over the base row and over
 the first arm (group_ratio: per round the mean over an arm's copies), for lease_steps.sh tiny-starts:
 
@@ -23,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sglang_ddtree.bench.paired import (ab_table, arm_table, paired_table, pooled_ratios,  # noqa: E402
-                                        rate_outlier_runs, row_label)
+from sglang_ddtree.bench.paired import (ab_own_host_split, ab_table, arm_table, paired_table,  # noqa: E402
+                                        pooled_ratios, rate_outlier_runs, row_label)
 from sglang_ddtree.bench.results import latest_results, read_rows  # noqa: E402
 
 
@@ -54,6 +56,7 @@ def main(argv=None) -> int:
         by_arm = arm_table(rows, args.base, arms, drop_outliers=drop) if arms else {}
         outliers = rate_outlier_runs(rows)
         ab = ab_table(rows)
+        own_host = ab_own_host_split(rows, set(ab))
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -87,6 +90,12 @@ def main(argv=None) -> int:
             print(f"  batch {bs:<4} all rounds {pooled_text}   run by run {runs_text}   [{arms_text}]")
         if table_ab["all_batch_sizes"]:
             print(f"  all batch sizes, run by run {_line(table_ab['all_batch_sizes'])}")
+    if own_host:
+        print(f"auto's own host time, its arm's ms a round less the fixed arm's (all {len(ab)} A/B servers' rows)")
+        for bs, d in own_host.items():
+            stages = " ".join(f"{k} {v:+.3f}" for k, v in d["stages"].items())
+            print(f"  batch {bs:<4} host {d['host']:+.3f}  round {d['round']:+.3f} "
+                  f"(fixed {d['fixed_round_ms']:.2f} ms)  [{stages}]  {d['rows']} rows")
     for label, by_bs in outliers.items():
         for bs, runs in by_bs.items():
             print(f"note: {label} at batch {bs}: run(s) {', '.join(map(str, runs))} (from 0) had requests decoding "
@@ -102,6 +111,8 @@ def main(argv=None) -> int:
         if ab:
             out["ab"] = {label: {"by_batch_size": {str(k): v for k, v in t["by_batch_size"].items()},
                                  "all_batch_sizes": t["all_batch_sizes"]} for label, t in ab.items()}
+        if own_host:
+            out["ab_own_host_split"] = {str(k): v for k, v in own_host.items()}
         if arms:
             out["arms"] = arms
             out["arms_by_batch_size"] = {str(k): v for k, v in by_arm.items()}

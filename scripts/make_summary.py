@@ -318,6 +318,8 @@ def adaptive(out: dict) -> None:
 #   on since; at 8B shapes `auto` runs the chain and the trees' expired times still bound their floors (_bound_ms),
 #   so the expiry changes only which stale probe's time a tree keeps (simulated 8B-like cases 0.997-0.998 either way).
 # - lease 36 (940a7e6, the expiry on by default, 5 repeats x 4 prompt groups) replaces lease 35's 8B shapes.
+# - lease 37 (493a9a3, the code as lease 36's with SWITCH_UNTIMED off by default, 5 repeats x 4 prompt groups)
+#   replaces lease 36's 8B shapes; its `8b-s|auto` set SGLANG_DDTREE_AUTO_SWITCH_UNTIMED=1: left out (ARM_KNOBS).
 SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.jsonl", "sweep_auto_8b_lease20.jsonl",
                       "sweep_auto_8b_lease20b.jsonl", "sweep_auto_8b_bs1_lease20c.jsonl",
                       "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl",
@@ -326,7 +328,8 @@ SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.js
                       "sweep_paired_tiny_lease27.jsonl", "sweep_paired_tiny_lease28.jsonl",
                       "sweep_paired_tiny_lease29.jsonl", "sweep_auto_8b_lease29.jsonl",
                       "sweep_paired_tiny_lease30.jsonl", "sweep_auto_8b_lease30.jsonl", "sweep_auto_8b_lease33.jsonl",
-                      "sweep_auto_8b_lease34.jsonl", "sweep_auto_8b_lease35.jsonl", "sweep_auto_8b_lease36.jsonl")
+                      "sweep_auto_8b_lease34.jsonl", "sweep_auto_8b_lease35.jsonl", "sweep_auto_8b_lease36.jsonl",
+                      "sweep_auto_8b_lease37.jsonl")
 # Servers of one configuration started side by side in one interleaved run (a setup and its --copy-setup copy): how
 # far two identical servers' tokens/s lie apart on this host.
 SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl",
@@ -406,18 +409,22 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
 # is since), runs pooled. Every server before lease 35 ran without the expiry (AB_IMPLIED_ENV). Lease 36 (940a7e6, the
 # same chooser as lease 35's `e` servers, the expiry on by default), 8 runs a row: 36 `tiny-e1`-`e3` (as it is),
 # `tiny-w1`-`w3` (as it is, each row's warm-up 640 new tokens instead of 128: AB_SETUP_NOTES) and `tiny-f1` (held on
-# the 128-tree); 36b `tiny-e4`-`e9`. The headline pools the `auto` as it is servers of leases 35 and 36 (15 servers).
+# the 128-tree); 36b `tiny-e4`-`e9`. Lease 37 (493a9a3, the same chooser with SWITCH_UNTIMED, new and off by
+# default), 8 runs a row: 37 `tiny-e1`-`e4` (as it is) and `tiny-s1`-`s4` (SGLANG_DDTREE_AUTO_SWITCH_UNTIMED=1); 37b
+# `tiny-e5`-`e7` and `tiny-s5`-`s7`. The headline pools the `auto` as it is servers of leases 35-37 (22 servers).
 AB_SWEEPS = ("sweep_ab_tiny_lease31.jsonl", "sweep_ab_tiny_lease31b.jsonl", "sweep_ab_tiny_lease32.jsonl",
              "sweep_ab_tiny_lease32b.jsonl", "sweep_ab_tiny_lease33.jsonl", "sweep_ab_tiny_lease33b.jsonl",
              "sweep_ab_tiny_lease33c.jsonl", "sweep_ab_tiny_lease34.jsonl", "sweep_ab_tiny_lease34b.jsonl",
              "sweep_ab_tiny_lease34c.jsonl", "sweep_ab_tiny_lease34d.jsonl", "sweep_ab_tiny_lease35.jsonl",
              "sweep_ab_tiny_lease35b.jsonl", "sweep_ab_tiny_lease35c.jsonl", "sweep_ab_tiny_lease36.jsonl",
-             "sweep_ab_tiny_lease36b.jsonl")
+             "sweep_ab_tiny_lease36b.jsonl", "sweep_ab_tiny_lease37.jsonl", "sweep_ab_tiny_lease37b.jsonl")
 AB_HEADLINE_SWEEPS = ("sweep_ab_tiny_lease35.jsonl", "sweep_ab_tiny_lease35b.jsonl", "sweep_ab_tiny_lease35c.jsonl",
-                      "sweep_ab_tiny_lease36.jsonl", "sweep_ab_tiny_lease36b.jsonl")
+                      "sweep_ab_tiny_lease36.jsonl", "sweep_ab_tiny_lease36b.jsonl", "sweep_ab_tiny_lease37.jsonl",
+                      "sweep_ab_tiny_lease37b.jsonl")
 # What a sweep's servers ran without setting it (their commit's default then), for the arm labels.
 _NO_EXPIRY = "SGLANG_DDTREE_AUTO_TIMES_EXPIRE=0"  # every commit before lease 35's default (the knob came with it)
-_EXPIRY_DEFAULT = ("sweep_ab_tiny_lease36.jsonl", "sweep_ab_tiny_lease36b.jsonl")  # commits with the expiry on
+_EXPIRY_DEFAULT = ("sweep_ab_tiny_lease36.jsonl", "sweep_ab_tiny_lease36b.jsonl", "sweep_ab_tiny_lease37.jsonl",
+                   "sweep_ab_tiny_lease37b.jsonl")  # commits with the expiry on
 # A setup field an arm changed that its rows do not record (result rows carry warmup_new_tokens since lease 36's
 # commit; its own rows do not), named in the arm's label.
 AB_SETUP_NOTES = {"sweep_ab_tiny_lease36.jsonl": {f"tiny-w{i}": ["warmup_new_tokens=640"] for i in (1, 2, 3)}}
@@ -503,7 +510,7 @@ def _ab_server(row: dict) -> bool:
 # the listed files already keep apart.
 ARM_KNOBS = ("SGLANG_DDTREE_AUTO_HOLD_MAX=", "SGLANG_DDTREE_AUTO_SETTLED_SAMPLING=",
              "SGLANG_DDTREE_AUTO_FORGET_START=", "SGLANG_DDTREE_AUTO_TIMES_EXPIRE=",
-             "SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL=")
+             "SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL=", "SGLANG_DDTREE_AUTO_SWITCH_UNTIMED=")
 
 
 def _not_auto_as_it_is(row: dict) -> bool:
@@ -722,9 +729,11 @@ def sglang_auto_ab(out: dict) -> None:
     a round. The arms share the process, the moment and the text, so these intervals are the rounds' own spread, not
     the host's speed between servers (the cross-server ratios of the same sweep: sglang_paired_ratios).
     sglang_auto_ab_over_fixed_128_tiny: the arm that ran `auto` as it is, run by run, per batch size, the runs of
-    every such server of AB_HEADLINE_SWEEPS (one chooser: leases 35 and 36) pooled (ab_pooled)."""
+    every such server of AB_HEADLINE_SWEEPS (one chooser: leases 35-37) pooled (ab_pooled);
+    sglang_auto_ab_own_host_ms_tiny: the same rows' `auto` arm's host ms a round less the fixed arm's, per host stage
+    (ab_own_host_split)."""
     sys.path.insert(0, str(RESULTS.parents[1]))
-    from sglang_ddtree.bench.paired import ab_pooled, ab_table, row_label
+    from sglang_ddtree.bench.paired import ab_own_host_split, ab_pooled, ab_table, row_label
     from sglang_ddtree.bench.results import latest_results, read_rows
 
     table: dict = {}
@@ -757,6 +766,9 @@ def sglang_auto_ab(out: dict) -> None:
     out["sglang_auto_ab"] = table
     out["sglang_auto_ab_over_fixed_128_tiny"] = headline
     out["sglang_auto_ab_over_fixed_128_tiny_source"] = headline_source if headline else None
+    # where the same servers' `auto` arm spends host time beyond its fixed arm's, per host stage (lease 37)
+    out["sglang_auto_ab_own_host_ms_tiny"] = (
+        {str(bs): v for bs, v in ab_own_host_split(headline_rows, headline_labels).items()} if headline_rows else {})
 
 
 EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, round_graphs, budgets, tp2, hybrid, adaptive,

@@ -754,3 +754,39 @@ def test_ab_table_shows_autos_narrower_rounds():
     old = list(latest_results(read_rows(results_dir / "sweep_ab_tiny_lease32b.jsonl")).values())
     assert all("narrower_rounds" not in n for t in ab_table(old).values() for e in t["by_batch_size"].values()
                for n in e["arms"].values())
+
+
+def test_ab_own_host_split_is_autos_arm_less_the_fixed_arm_per_stage():
+    """bench.paired.ab_own_host_split: per batch size, the mean over the named servers' rows of `auto`'s arm's host
+    ms (in all and per host stage; a stage one arm lacks counts 0 there) less the fixed arm's, and the same for the
+    GPU round; rows of servers not named, or without both arms' times, add nothing. Checked by hand on two rows,
+    then on lease 37's file: its stage differences sum to its host difference, and `choose` is `auto`'s alone."""
+    from sglang_ddtree.bench.paired import ab_own_host_split
+    from sglang_ddtree.bench.results import latest_results, read_rows
+
+    def row(setup, bs, auto_stages, fixed_stages, auto_round, fixed_round):
+        arm = lambda stages, round_ms: {"host_ms": sum(stages.values()), "host_stage_ms": stages,  # noqa: E731
+                                        "round_ms": round_ms, "rounds": 10}
+        return {"kind": "result", "status": "ok", "setup": setup, "method": "auto", "budget": None,
+                "batch_size": bs, "ab_runs": [{}], "ddtree_metrics": {"ab": {"auto": arm(auto_stages, auto_round),
+                                                                            "fixed": arm(fixed_stages, fixed_round)}}}
+
+    rows = [row("tiny-a", 4, {"choose": 0.05, "draft": 1.0, "after": 0.30}, {"draft": 0.98, "after": 0.28}, 5.2, 5.0),
+            row("tiny-b", 4, {"choose": 0.03, "draft": 1.0, "after": 0.20}, {"draft": 1.0, "after": 0.24}, 5.1, 5.1),
+            row("tiny-c", 4, {"choose": 9.0}, {}, 9.0, 1.0)]
+    split = ab_own_host_split(rows, {"tiny-a|auto", "tiny-b|auto"})
+    assert list(split) == [4]
+    d = split[4]
+    assert d["rows"] == 2 and abs(d["fixed_round_ms"] - 5.05) < 1e-9 and abs(d["round"] - 0.1) < 1e-9
+    assert d["stages"] == {"after": -0.01, "choose": 0.04, "draft": 0.01}
+    assert abs(d["host"] - 0.04) < 1e-9
+    assert ab_own_host_split(rows, {"nothing|auto"}) == {}
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "sweep_ab_tiny_lease37.jsonl"
+    rows = list(latest_results(read_rows(path)).values())
+    split = ab_own_host_split(rows, {f"tiny-e{i}|auto" for i in (1, 2, 3, 4)})
+    assert sorted(split) == [1, 4, 16, 64]
+    for d in split.values():
+        assert d["rows"] == 4
+        assert abs(sum(d["stages"].values()) - d["host"]) < 0.002  # rounded to 1e-4 per stage
+        assert d["stages"]["choose"] > 0 and d["host"] > 0

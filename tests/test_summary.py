@@ -172,11 +172,13 @@ def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
                for label, entry in summary["sglang_auto_ab"][name].items() if entry["arm"] == "as it is"}
     labels = sorted({label for _, label in servers})
     # lease 35: tiny-e1..e3 (35), e4 (35b), e5 and e6 (35c); lease 36: e1..e3 (36), e4..e9 (36b); its `w` servers
-    # (a longer warm-up, AB_SETUP_NOTES) and held `f1` are named by their arm and left out
-    assert len(servers) == 15 and labels == [f"tiny-e{i}|auto" for i in range(1, 10)]
+    # (a longer warm-up, AB_SETUP_NOTES) and held `f1` are named by their arm and left out; lease 37: e1..e4 (37),
+    # e5..e7 (37b), its `s` servers (SWITCH_UNTIMED) named by their knob and left out
+    assert len(servers) == 22 and labels == [f"tiny-e{i}|auto" for i in range(1, 10)]
     assert summary["sglang_auto_ab"]["sweep_ab_tiny_lease36.jsonl"]["tiny-w1|auto"]["arm"] == "warmup_new_tokens=640"
+    assert summary["sglang_auto_ab"]["sweep_ab_tiny_lease37b.jsonl"]["tiny-s5|auto"]["arm"] == "AUTO_SWITCH_UNTIMED=1"
     assert summary["sglang_auto_ab_over_fixed_128_tiny_source"] == (
-        f"{' + '.join(ms.AB_HEADLINE_SWEEPS)} (`auto` as it is: 15 servers, {' + '.join(labels)} in each sweep "
+        f"{' + '.join(ms.AB_HEADLINE_SWEEPS)} (`auto` as it is: 22 servers, {' + '.join(labels)} in each sweep "
         f"that has them, runs pooled)")
     headline = summary["sglang_auto_ab_over_fixed_128_tiny"]
     assert sorted(headline) == ["1", "16", "4", "64"]
@@ -184,5 +186,9 @@ def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
         own = sorted(summary["sglang_auto_ab"][name][label]["by_batch_size"][bs]["runs"]["ratio"]
                      for name, label in servers if bs in summary["sglang_auto_ab"][name][label]["by_batch_size"])
         assert len(own) >= 3 and own[0] - 1e-3 <= ratio <= own[-1] + 1e-3
+    # the same servers' own host time over their fixed arms, by stage: one row per server and batch size
+    own = summary["sglang_auto_ab_own_host_ms_tiny"]
+    assert sorted(own) == ["1", "16", "4", "64"] and all(d["rows"] == len(servers) for d in own.values())
+    assert all("choose" in d["stages"] for d in own.values())
     # no A/B server's own tokens/s reaches the cross-server headline's sources
     assert all(name not in ms.AB_SWEEPS for name in ms.SGLANG_AUTO_SWEEPS)

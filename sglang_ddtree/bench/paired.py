@@ -264,3 +264,33 @@ def ab_pooled(rows: list[dict], labels) -> dict:
     return {"by_batch_size": {bs: paired_ratio(a, f) for bs, (a, f) in sorted(by_bs.items()) if len(a) >= 2},
             "all_batch_sizes": paired_ratio(*every) if len(every[0]) >= 2 else None}
 
+
+def ab_own_host_split(rows: list[dict], labels) -> dict:
+    """Where `auto`'s own host time goes, from SGLANG_DDTREE_AUTO_AB rows of the servers `labels`: per batch size,
+    the mean over rows of `auto`'s arm's host ms a round less the fixed arm's, in all ("host"), per host stage of the
+    worker's round call (the arms' host_stage_ms: `choose` is `auto`'s alone, `after` its feedback and table work
+    after the commit) and on the GPU timeline ("round"), with the rows' count and the fixed arm's mean round ms (the
+    scale). The arms share the process and the moment, so a stage's difference is what `auto`'s code adds to it
+    (lease 37: ~0.11-0.15 ms a tiny-pair round, 2-3%, `choose` ~0.045 of it at every batch size).
+    {bs: {"rows": n, "fixed_round_ms": ms, "round": d, "host": d, "stages": {stage: d}}}."""
+    by_bs: dict = {}
+    for r in _measured(rows):
+        arms = (r.get("ddtree_metrics") or {}).get("ab") or {}
+        a, f = arms.get("auto"), arms.get("fixed")
+        if not (r.get("ab_runs") and row_label(r) in labels and isinstance(a, dict) and isinstance(f, dict)):
+            continue
+        if not all(k in arm for arm in (a, f) for k in ("host_ms", "round_ms")):
+            continue
+        stages_a, stages_f = a.get("host_stage_ms") or {}, f.get("host_stage_ms") or {}
+        diffs = {"round": a["round_ms"] - f["round_ms"], "host": a["host_ms"] - f["host_ms"],
+                 "fixed_round_ms": f["round_ms"]}
+        diffs.update({f"stage:{k}": stages_a.get(k, 0.0) - stages_f.get(k, 0.0) for k in set(stages_a) | set(stages_f)})
+        for k, v in diffs.items():
+            by_bs.setdefault(int(r["batch_size"]), {}).setdefault(k, []).append(v)
+    out = {}
+    for bs, d in sorted(by_bs.items()):
+        mean = {k: round(sum(v) / len(v), 4) for k, v in d.items()}
+        out[bs] = {"rows": len(d["round"]), "fixed_round_ms": mean["fixed_round_ms"], "round": mean["round"],
+                   "host": mean["host"],
+                   "stages": {k.removeprefix("stage:"): v for k, v in sorted(mean.items()) if k.startswith("stage:")}}
+    return out

@@ -390,7 +390,11 @@ REPROBE_GAP = 16
 # -> 0.912, the tiny-like start with dear sampled rounds 0.733 -> 0.880, the milder convex 8B-like batch 16 0.906 ->
 # 0.990), the settled flat cases lose 0.3-0.5% (the probes' second rounds), and one seed of the lease-36-like batch 4
 # ran the chain (0.987 -> 0.897). The simulator does not reproduce the GPU's lock-ins (its batch-4 case reads 0.995
-# without this, the GPU 0.958), so a GPU A/B decides. Off: SGLANG_DDTREE_AUTO_SWITCH_UNTIMED=1 turns it on.
+# without this, the GPU 0.958), so a GPU A/B decides. Measured (lease 37, tiny pair, in-process A/B against each
+# server's fixed 128-tree arm, seven servers per arm, 8 runs a row, runs pooled; sweep_ab_tiny_lease37*.jsonl):
+# x0.990 / 0.977 / 0.976 / 0.963 at batch 1 / 4 / 16 / 64 with it, x1.001 / 0.979 / 0.961 / 0.975 without, x0.977
+# [0.965, 0.989] against x0.979 [0.966, 0.992] over all; rows on a narrower candidate for more than 30% of their
+# rounds 8 of 28 with it, 3 of 28 without. No gain: off. SGLANG_DDTREE_AUTO_SWITCH_UNTIMED=1 turns it on.
 SWITCH_UNTIMED = False
 PROBE_ROUNDS = 2
 
