@@ -94,8 +94,9 @@ def main(argv=None) -> int:
         print(f"auto's own host time, its arm's ms a round less the fixed arm's (all {len(ab)} A/B servers' rows)")
         for bs, d in own_host.items():
             stages = " ".join(f"{k} {v:+.3f}" for k, v in d["stages"].items())
+            sampled = "" if d["sampled_extra"] is None else f", sampled rounds' extra {d['sampled_extra']:+.3f}"
             print(f"  batch {bs:<4} host {d['host']:+.3f}  round {d['round']:+.3f} "
-                  f"(fixed {d['fixed_round_ms']:.2f} ms)  [{stages}]  {d['rows']} rows")
+                  f"(fixed {d['fixed_round_ms']:.2f} ms{sampled})  [{stages}]  {d['rows']} rows")
     for label, by_bs in outliers.items():
         for bs, runs in by_bs.items():
             print(f"note: {label} at batch {bs}: run(s) {', '.join(map(str, runs))} (from 0) had requests decoding "

@@ -774,8 +774,11 @@ def test_ab_own_host_split_is_autos_arm_less_the_fixed_arm_per_stage():
     rows = [row("tiny-a", 4, {"choose": 0.05, "draft": 1.0, "after": 0.30}, {"draft": 0.98, "after": 0.28}, 5.2, 5.0),
             row("tiny-b", 4, {"choose": 0.03, "draft": 1.0, "after": 0.20}, {"draft": 1.0, "after": 0.24}, 5.1, 5.1),
             row("tiny-c", 4, {"choose": 9.0}, {}, 9.0, 1.0)]
+    # tiny-a's auto arm: 2 of its 10 rounds sampled at 6.0 ms, so the other 8 took (52 - 12) / 8 = 5.0 ms and sampling
+    # adds 0.2 x 1.0 ms a round; tiny-b tallied no sampled rounds and is left out of that mean
+    rows[0]["ddtree_metrics"]["ab"]["auto"].update(sampled_rounds=2, sampled_round_ms=6.0)
     split = ab_own_host_split(rows, {"tiny-a|auto", "tiny-b|auto"})
-    assert list(split) == [4]
+    assert list(split) == [4] and abs(split[4]["sampled_extra"] - 0.2) < 1e-9
     d = split[4]
     assert d["rows"] == 2 and abs(d["fixed_round_ms"] - 5.05) < 1e-9 and abs(d["round"] - 0.1) < 1e-9
     assert d["stages"] == {"after": -0.01, "choose": 0.04, "draft": 0.01}
@@ -789,4 +792,34 @@ def test_ab_own_host_split_is_autos_arm_less_the_fixed_arm_per_stage():
     for d in split.values():
         assert d["rows"] == 4
         assert abs(sum(d["stages"].values()) - d["host"]) < 0.002  # rounded to 1e-4 per stage
-        assert d["stages"]["choose"] > 0 and d["host"] > 0
+        assert d["stages"]["choose"] > 0 and d["host"] > 0 and 0 < d["sampled_extra"] < d["round"] + 0.05
+
+
+def test_host_profile_diff_names_autos_own_functions(tmp_path):
+    """benchmarks/host_profile_diff.py on lease 33's committed profiles (an `auto` server and the fixed 128-tree,
+    600 decode batches each): the batch count comes from the .txt beside each .pstats, `auto`'s chooser functions are
+    only in its profile, a builtin named with its address in both (Event.record) is matched across the two
+    processes, and per-batch times are the profile's totals over 600."""
+    import importlib.util
+    import pstats
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("host_profile_diff", root / "benchmarks" / "host_profile_diff.py")
+    hpd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hpd)
+    d = root / "benchmarks" / "results" / "host_profile_lease33"
+    a, b = d / "host_profile_ddtree_auto_13128.pstats", d / "host_profile_ddtree_128_13171.pstats"
+    assert hpd.batches_of(a) == 600 and hpd.batches_of(b) == 600
+    pa, pb = hpd.per_batch(a, 600), hpd.per_batch(b, 600)
+    drain = [k for k in pa if k.endswith(":drain") and k.startswith("auto.py:")]
+    assert len(drain) == 1 and drain[0] not in pb
+    total = sum(v[2] for (f, _, n), v in pstats.Stats(str(a)).stats.items() if f.endswith("auto.py") and n == "drain")
+    assert abs(pa[drain[0]][0] - 1e3 * total / 600) < 1e-9
+    record = [k for k in pa if "Event.record" in k]
+    assert len(record) == 1 and record[0] in pb and " at 0x" not in record[0]
+    out = tmp_path / "diff.json"
+    assert hpd.main([str(a), str(b), "--top", "5", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["batches"] == [600, 600] and len(result["largest_differences"]) == 5
+    only_a = {r["function"] for r in result["only_in_a"]}
+    assert drain[0] in only_a and not any("Event.record" in f for f in only_a)

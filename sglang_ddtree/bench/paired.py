@@ -270,9 +270,12 @@ def ab_own_host_split(rows: list[dict], labels) -> dict:
     the mean over rows of `auto`'s arm's host ms a round less the fixed arm's, in all ("host"), per host stage of the
     worker's round call (the arms' host_stage_ms: `choose` is `auto`'s alone, `after` its feedback and table work
     after the commit) and on the GPU timeline ("round"), with the rows' count and the fixed arm's mean round ms (the
-    scale). The arms share the process and the moment, so a stage's difference is what `auto`'s code adds to it
-    (lease 37: ~0.11-0.15 ms a tiny-pair round, 2-3%, `choose` ~0.045 of it at every batch size).
-    {bs: {"rows": n, "fixed_round_ms": ms, "round": d, "host": d, "stages": {stage: d}}}."""
+    scale); "sampled_extra": the part of "round" that is the sampled rounds' extra cost over the arm's other rounds,
+    per round of the arm, the mean over the rows that tallied them (None where none did: rows before lease 36). The
+    arms share the process and the moment, so a stage's difference is what `auto`'s code adds to it (leases 35-37:
+    ~0.10-0.15 ms a tiny-pair round, 2-3%, `choose` ~0.047 of it at every batch size and the sampled rounds' extra
+    ~0.045).
+    {bs: {"rows": n, "fixed_round_ms": ms, "round": d, "host": d, "sampled_extra": d, "stages": {stage: d}}}."""
     by_bs: dict = {}
     for r in _measured(rows):
         arms = (r.get("ddtree_metrics") or {}).get("ab") or {}
@@ -284,6 +287,11 @@ def ab_own_host_split(rows: list[dict], labels) -> dict:
         stages_a, stages_f = a.get("host_stage_ms") or {}, f.get("host_stage_ms") or {}
         diffs = {"round": a["round_ms"] - f["round_ms"], "host": a["host_ms"] - f["host_ms"],
                  "fixed_round_ms": f["round_ms"]}
+        n, k = a.get("rounds") or 0, a.get("sampled_rounds") or 0
+        if 0 < k < n and a.get("sampled_round_ms"):  # the sampled rounds' extra over the arm's other rounds, spread
+            # over all its rounds (GPU timeline): what sampling costs `auto` a round
+            rest_ms = (a["round_ms"] * n - a["sampled_round_ms"] * k) / (n - k)
+            diffs["sampled_extra"] = k / n * (a["sampled_round_ms"] - rest_ms)
         diffs.update({f"stage:{k}": stages_a.get(k, 0.0) - stages_f.get(k, 0.0) for k in set(stages_a) | set(stages_f)})
         for k, v in diffs.items():
             by_bs.setdefault(int(r["batch_size"]), {}).setdefault(k, []).append(v)
@@ -291,6 +299,6 @@ def ab_own_host_split(rows: list[dict], labels) -> dict:
     for bs, d in sorted(by_bs.items()):
         mean = {k: round(sum(v) / len(v), 4) for k, v in d.items()}
         out[bs] = {"rows": len(d["round"]), "fixed_round_ms": mean["fixed_round_ms"], "round": mean["round"],
-                   "host": mean["host"],
+                   "host": mean["host"], "sampled_extra": mean.get("sampled_extra"),
                    "stages": {k.removeprefix("stage:"): v for k, v in sorted(mean.items()) if k.startswith("stage:")}}
     return out
