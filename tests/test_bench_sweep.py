@@ -773,11 +773,12 @@ def test_ab_own_host_split_is_autos_arm_less_the_fixed_arm_per_stage():
 
     rows = [row("tiny-a", 4, {"choose": 0.05, "draft": 1.0, "after": 0.30}, {"draft": 0.98, "after": 0.28}, 5.2, 5.0),
             row("tiny-b", 4, {"choose": 0.03, "draft": 1.0, "after": 0.20}, {"draft": 1.0, "after": 0.24}, 5.1, 5.1),
-            row("tiny-c", 4, {"choose": 9.0}, {}, 9.0, 1.0)]
+            row("tiny-c", 4, {"choose": 9.0}, {}, 9.0, 1.0), row("tiny-d", 4, {"choose": 9.0}, {}, 9.0, 1.0)]
+    del rows[3]["ddtree_metrics"]["ab"]["fixed"]["host_ms"]  # named below, but its fixed arm has no host time
     # tiny-a's auto arm: 2 of its 10 rounds sampled at 6.0 ms, so the other 8 took (52 - 12) / 8 = 5.0 ms and sampling
     # adds 0.2 x 1.0 ms a round; tiny-b tallied no sampled rounds and is left out of that mean
     rows[0]["ddtree_metrics"]["ab"]["auto"].update(sampled_rounds=2, sampled_round_ms=6.0)
-    split = ab_own_host_split(rows, {"tiny-a|auto", "tiny-b|auto"})
+    split = ab_own_host_split(rows, {"tiny-a|auto", "tiny-b|auto", "tiny-d|auto"})
     assert list(split) == [4] and abs(split[4]["sampled_extra"] - 0.2) < 1e-9
     d = split[4]
     assert d["rows"] == 2 and abs(d["fixed_round_ms"] - 5.05) < 1e-9 and abs(d["round"] - 0.1) < 1e-9

@@ -287,14 +287,15 @@ def ab_own_host_split(rows: list[dict], labels) -> dict:
         stages_a, stages_f = a.get("host_stage_ms") or {}, f.get("host_stage_ms") or {}
         diffs = {"round": a["round_ms"] - f["round_ms"], "host": a["host_ms"] - f["host_ms"],
                  "fixed_round_ms": f["round_ms"]}
-        n, k = a.get("rounds") or 0, a.get("sampled_rounds") or 0
-        if 0 < k < n and a.get("sampled_round_ms"):  # the sampled rounds' extra over the arm's other rounds, spread
-            # over all its rounds (GPU timeline): what sampling costs `auto` a round
-            rest_ms = (a["round_ms"] * n - a["sampled_round_ms"] * k) / (n - k)
-            diffs["sampled_extra"] = k / n * (a["sampled_round_ms"] - rest_ms)
-        diffs.update({f"stage:{k}": stages_a.get(k, 0.0) - stages_f.get(k, 0.0) for k in set(stages_a) | set(stages_f)})
-        for k, v in diffs.items():
-            by_bs.setdefault(int(r["batch_size"]), {}).setdefault(k, []).append(v)
+        rounds, sampled = a.get("rounds") or 0, a.get("sampled_rounds") or 0
+        if 0 < sampled < rounds and a.get("sampled_round_ms"):  # the sampled rounds' extra over the arm's other
+            # rounds, spread over all its rounds (GPU timeline): what sampling costs `auto` a round
+            rest_ms = (a["round_ms"] * rounds - a["sampled_round_ms"] * sampled) / (rounds - sampled)
+            diffs["sampled_extra"] = sampled / rounds * (a["sampled_round_ms"] - rest_ms)
+        for stage in set(stages_a) | set(stages_f):
+            diffs[f"stage:{stage}"] = stages_a.get(stage, 0.0) - stages_f.get(stage, 0.0)
+        for name, value in diffs.items():
+            by_bs.setdefault(int(r["batch_size"]), {}).setdefault(name, []).append(value)
     out = {}
     for bs, d in sorted(by_bs.items()):
         mean = {k: round(sum(v) / len(v), 4) for k, v in d.items()}
