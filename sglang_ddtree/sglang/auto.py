@@ -666,9 +666,9 @@ class AutoBudgetPolicy:
         if self.forget_start < 0:
             raise ValueError(f"forget_start must be >= 0, got {self.forget_start}.")
         self.times_expire = TIMES_EXPIRE if self.times_expire is None else self.times_expire
-        self.switch_untimed = SWITCH_UNTIMED if self.switch_untimed is None else bool(self.switch_untimed)
         if self.times_expire < 0:
             raise ValueError(f"times_expire must be >= 0, got {self.times_expire}.")
+        self.switch_untimed = SWITCH_UNTIMED if self.switch_untimed is None else bool(self.switch_untimed)
         if self.explore < 1 or self.probe_every < 1 or self.half_life_rounds <= 0 or self.hold_rounds < 0:
             raise ValueError("explore and probe_every must be >= 1, half_life_rounds > 0 and hold_rounds >= 0.")
         self.hold_rounds = self.hold_rounds or HOLD_ROUNDS
@@ -1106,9 +1106,10 @@ class AutoBudgetPolicy:
         b = self._bucket(bucket)
         b.seen[chosen] += 1
         warm = b.seen[chosen] > self.warm_rounds  # else a first use of the candidate in this bucket (WARM_ROUNDS)
-        switched, b.last_observed = chosen != b.last_observed, chosen
-        if self.switch_untimed and switched:
-            round_ms = None  # SWITCH_UNTIMED: the switch's round is not the candidate's cost
+        if self.switch_untimed:  # the switch's round is not the candidate's cost (tracked only with the knob on)
+            if chosen != b.last_observed:
+                round_ms = None
+            b.last_observed = chosen
         if warm and round_ms is not None and math.isfinite(round_ms) and round_ms > 0:
             if self.times_expire and b.expire(chosen, b.rounds - self.times_expire):
                 b.round_ms[chosen] = _Decayed()  # restarts from the times kept (TIMES_EXPIRE)
