@@ -3,7 +3,8 @@ the fixed 128-tree's from `lease_steps.sh host-profile`) side by side, per funct
 functions whose own time (or, with --cumulative, cumulative time) differs most, and the functions one profile has
 that the other lacks. Why: the in-process A/B puts `auto`'s own host time at 0.10-0.15 ms a tiny-pair round over the
 fixed arm's, ~0.047 of it in the worker's chooser block (lease 37, `sglang_auto_ab_own_host_ms_tiny`), while the
-policy's Python alone takes ~10 us a round on a CPU (bench_auto_round_host.py): the profiles name where the rest is.
+policy's whole per-round block takes 10-18 us a round on this repo's 2-core VM (bench_auto_round_host.py,
+auto_round_host_cpu_5c47395.json): the profiles say which functions hold the server's time.
 
     python benchmarks/host_profile_diff.py hp/host_profile_ddtree_auto_1.pstats hp/host_profile_ddtree_128_2.pstats
 
