@@ -238,6 +238,73 @@ def test_host_stage_times_are_summed_per_stage_and_read_back_as_means(monkeypatc
     assert fixed == pytest.approx({**expected, "choose": 0.0, "draft": 1.07})
 
 
+def test_auto_host_detail_stages_split_the_chooser_and_after_and_exist_only_where_marked(monkeypatch):
+    """SGLANG_DDTREE_AUTO_HOST_DETAIL: the worker marks `auto`'s own host work under stages.AUTO_HOST_DETAIL's names
+    (the chooser block's parts before `choose`, tree_auto before the tree stage, the after_* parts after the commit,
+    `after` from the last of them). Each reads back as its own mean through Prometheus and the summed stages still
+    add up to the round call; a server that never marks them has no such series (made at first use), so its rows
+    carry only stages.HOST_STAGES. Scripted clocks: no CUDA."""
+    import torch
+
+    from sglang_ddtree.bench import prom
+    from sglang_ddtree.sglang import stats as stats_mod
+    from sglang_ddtree.stages import AUTO_HOST_DETAIL, HOST_STAGES
+
+    monkeypatch.setattr(torch.cuda, "Event", _ClockEvent)
+    host = [100.0]
+    monkeypatch.setattr(stats_mod.time, "perf_counter", lambda: host[0])
+    steps = [("draft", 0.02, True), ("choose_prep", 0.004, True), ("choose_held", 0.003, True),
+             ("choose_drain", 0.02, True), ("choose", 0.01, True), ("draft", 1.0, False), ("tree_auto", 0.006, True),
+             ("tree", 0.3, False), ("verify", 1.2, False), ("walk", 0.1, False), ("commit", 0.7, False),
+             ("after_cat", 0.005, True), ("after_push", 0.007, True), ("after_learn", 0.009, True),
+             ("after_auto", 0.002, True)]
+
+    def server(detail: bool):
+        registry = prometheus_client.CollectorRegistry()
+        stats = stats_mod.DDTreeStats(enable_metrics=False, debug_path=None, depth_limit=3, budget=8)
+        stats.enabled = True
+        stats.prometheus = _Prometheus(depth_limit=3, budget=8, registry=registry)
+        before = prom.parse(prometheus_client.generate_latest(registry).decode())
+        for _ in range(stats.HOST_FLUSH_ROUNDS):
+            timer = stats.round_timer()
+            for name, ms, host_only in steps:
+                host[0] += ms / 1e3
+                if not host_only:
+                    timer.mark(name)
+                elif detail or name in ("draft", "choose"):
+                    timer.host_mark(name)
+            host[0] += 0.4e-3
+            stats.finish_round(timer)
+        text = prometheus_client.generate_latest(registry).decode()
+        return text, prom.ddtree_summary(prom.diff(prom.parse(text), before), budget=8)["host_stage_ms"]
+
+    text, detailed = server(detail=True)
+    want = {"draft": 1.02, "choose_prep": 0.004, "choose_held": 0.003, "choose_drain": 0.02, "choose": 0.01,
+            "tree_auto": 0.006, "tree": 0.3, "verify": 1.2, "walk": 0.1, "commit": 0.7, "after_cat": 0.005,
+            "after_push": 0.007, "after_learn": 0.009, "after_auto": 0.002, "after": 0.4}
+    assert detailed == pytest.approx(want)
+    assert sum(detailed.values()) == pytest.approx(sum(ms for _, ms, _ in steps) + 0.4)
+    text, plain = server(detail=False)
+    # without the marks the same work lands in the undivided stages: the chooser in `choose`, the rest in after
+    assert plain == pytest.approx({"draft": 1.02, "choose": 0.037, "tree": 0.306, "verify": 1.2, "walk": 0.1,
+                                   "commit": 0.7, "after": 0.423})
+    assert set(plain) <= set(HOST_STAGES) and not any(f'stage="{name}"' in text for name in AUTO_HOST_DETAIL)
+
+
+def test_auto_host_detail_knob(monkeypatch):
+    from sglang_ddtree.sglang.auto import auto_host_detail
+
+    for raw, want in ((None, False), ("", False), ("0", False), ("1", True)):
+        if raw is None:
+            monkeypatch.delenv("SGLANG_DDTREE_AUTO_HOST_DETAIL", raising=False)
+        else:
+            monkeypatch.setenv("SGLANG_DDTREE_AUTO_HOST_DETAIL", raw)
+        assert auto_host_detail() is want
+    monkeypatch.setenv("SGLANG_DDTREE_AUTO_HOST_DETAIL", "yes")
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_HOST_DETAIL"):
+        auto_host_detail()
+
+
 def test_ab_tallies_keep_the_arms_apart_and_count_only_rounds_that_follow_a_decode_round(monkeypatch):
     """SGLANG_DDTREE_AUTO_AB: rounds tagged with an arm feed that arm's counters, with their committed tokens (from
     the round vector), request-rounds and GPU time (the stages, `between` included); a round after a prefill (no

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import re
-from sglang_ddtree.stages import HOST_STAGES, SERVER_STAGES as STAGES
+from sglang_ddtree.stages import AUTO_HOST_DETAIL, HOST_STAGES, SERVER_STAGES as STAGES
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -140,7 +140,7 @@ def ab_arms(delta: dict[Sample, float]) -> dict | None:
             arm_out["host_stage_ms"] = {
                 stage: 1e3 * _total(delta, "sglang:ddtree_ab_host_stage_seconds_total", arm=arm, stage=stage)
                 / sums["host_rounds"]
-                for stage in HOST_STAGES
+                for stage in HOST_STAGES + AUTO_HOST_DETAIL
                 if _select(delta, _counter_names("sglang:ddtree_ab_host_stage_seconds_total"), arm=arm, stage=stage)}
         out[arm] = arm_out
     if not out:
@@ -198,7 +198,7 @@ def ddtree_summary(delta: dict[Sample, float], budget: int | str | None = None) 
     if host_rounds > 0:
         out["host_stage_ms"] = {stage: 1e3 * _total(delta, "sglang:ddtree_stage_host_seconds_total", stage=stage,
                                                     **labels) / host_rounds
-                                for stage in HOST_STAGES
+                                for stage in HOST_STAGES + AUTO_HOST_DETAIL
                                 if _select(delta, ("sglang:ddtree_stage_host_seconds_total",), stage=stage, **labels)}
     if rounds > 0:
         accepted = _total(delta, "sglang:ddtree_accepted_tokens_total", **labels)

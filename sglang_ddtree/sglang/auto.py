@@ -1411,6 +1411,13 @@ def auto_settled_sampling() -> bool | None:
     return None if raw is None else raw == "1"
 
 
+def auto_host_detail() -> bool:
+    """SGLANG_DDTREE_AUTO_HOST_DETAIL=1 (unset or 0: off): `auto`'s rounds mark its own host work apart
+    (stages.AUTO_HOST_DETAIL: the chooser block's parts, the round counter and walk variant, the feedback and table
+    work after the commit), a measuring mode for an A/B arm; each mark costs a clock read and a list append."""
+    return _env_choice("SGLANG_DDTREE_AUTO_HOST_DETAIL", ("0", "1")) == "1"
+
+
 def auto_sample_every() -> int | None:
     """SGLANG_DDTREE_AUTO_SAMPLE_EVERY: the policy's sample_every for this server (None when unset: the module's
     SAMPLE_EVERY), for an A/B in one run."""

@@ -207,6 +207,7 @@ class _Prometheus:
         host_stage = counter("stage_host_seconds_total", "Host (CPU) seconds of the worker's round call by stage "
                              "(choose = `auto`'s chooser; after = from the commit to the end of the call).", "stage")
         self.host_stage = {name: host_stage.labels(**labels, stage=name) for name in HOST_STAGES}
+        self._host_stage, self._host_labels = host_stage, labels
         self.host_stage_rounds = counter("stage_host_rounds_total", "Batch rounds in "
                                          "sglang:ddtree_stage_host_seconds_total.").labels(**labels)
         self.depth_limit = depth_limit
@@ -258,7 +259,10 @@ class _Prometheus:
 
     def host_stages(self, totals: dict[str, float], rounds: int) -> None:
         for name, ms in totals.items():
-            self.host_stage[name].inc(ms / 1e3)
+            child = self.host_stage.get(name)
+            if child is None:  # stages.AUTO_HOST_DETAIL's, made at first use: no zero series on other servers
+                child = self.host_stage[name] = self._host_stage.labels(**self._host_labels, stage=name)
+            child.inc(ms / 1e3)
         self.host_stage_rounds.inc(rounds)
 
     def _calibration_series(self) -> None:

@@ -72,7 +72,7 @@ from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, ABSchedule, AutoBudget
                                       CalibrationMonitor, StallDetector, WalkSchedule, auto_ab_block,
                                       auto_calibration_learn_all, auto_explore_best_elsewhere, auto_explore_rounds,
                                       auto_floor_fresh, auto_floor_min_times, auto_force, auto_forget_start,
-                                      auto_hold_max, auto_hold_rounds, auto_log_every, auto_relative_times,
+                                      auto_hold_max, auto_host_detail, auto_hold_rounds, auto_log_every, auto_relative_times,
                                       auto_sample_every, auto_settled_sampling, auto_shrink_z, auto_spread,
                                       auto_switch_untimed, auto_times_expire, auto_warm_rounds,
                                       calibration_prior_mass)
@@ -213,6 +213,8 @@ class DDTreeWorker(DFlashWorkerV2):
         # tree (0: off); its tallies are Prometheus counters
         self.ab_block = auto_ab_block()
         self._stalls = StallDetector()  # rounds that stalled on the host are cold (auto.STALL_HOST_MS)
+        # SGLANG_DDTREE_AUTO_HOST_DETAIL: `auto`'s own host work marked apart (stages.AUTO_HOST_DETAIL)
+        self._host_detail = self.auto is not None and auto_host_detail()
         self._ab = ABSchedule(self.ab_block)
         if self.ab_block and self.auto is None:
             raise ValueError("SGLANG_DDTREE_AUTO_AB compares `auto` with the fixed widest tree in one server: it needs "
@@ -557,9 +559,15 @@ class DDTreeWorker(DFlashWorkerV2):
             timer.host_mark("draft")  # the round's preparation so far is the draft's host time, as in a fixed round
             built = self._ensure_auto_verify_states()
             bucket = self._graph_bucket(bs)
+            if self._host_detail:
+                timer.host_mark("choose_prep")
             held = self.auto.policy.held_round(bucket, self.auto.rounds)  # a held choice reads nothing (HOLD_ROUNDS)
+            if self._host_detail:
+                timer.host_mark("choose_held")
             if held is None:
                 self.auto.feedback.drain()
+                if self._host_detail:
+                    timer.host_mark("choose_drain")
                 chosen = self.auto.policy.choose(bucket)
                 sampled = self.auto.policy.sampled(self.auto.rounds, bucket)
             else:
@@ -596,6 +604,8 @@ class DDTreeWorker(DFlashWorkerV2):
             else:
                 variant = "plain"
             walk_stage = self.auto.walk_stages[chosen][variant]
+            if self._host_detail:
+                timer.host_mark("tree_auto")
             tree, verify_ids, verify_positions, expected = self.auto.tree_stages[chosen][sampled](
                 topk_values, topk_tokens, roots, prefix_lens, rows=bs)
         causal = use_auto and self.auto.candidates[chosen] == CHAIN  # a chain needs no tree mask
@@ -651,6 +661,8 @@ class DDTreeWorker(DFlashWorkerV2):
             # round's expectations) and sends nothing but its time
             vector = torch.cat([expected, plan.observed, plan.calibration if scored else self.auto.no_calibration]) \
                 if sampled else None
+            if self._host_detail:
+                timer.host_mark("after_cat")
             cold = self._auto_after_round(timer, bs, bucket, chosen, built, captures, vector, sampled,
                                           plan.calibration_delta if scored else None, stalled)
         if use_auto:
@@ -764,10 +776,16 @@ class DDTreeWorker(DFlashWorkerV2):
         cold = built or captured or self.auto.first_use(bucket, chosen) or stalled
         self.auto.feedback.push(vector, timer, bucket, chosen, bs, cold=cold, sampled=sampled,
                                 young=self.auto.calibration.young())
+        if self._host_detail:
+            timer.host_mark("after_push")
         if calibration_delta is not None:  # the table learns now, in stream order before the next scored walk stage
             self.auto.calibration.learn(calibration_delta, bs)
+            if self._host_detail:
+                timer.host_mark("after_learn")
         self.auto.calibration.after_round()
         self.auto.maybe_log(self.ps.tp_rank)
+        if self._host_detail:
+            timer.host_mark("after_auto")
         return cold
 
     # ------------------------------------------------------------------------------------------------------------
