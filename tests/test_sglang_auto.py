@@ -667,6 +667,38 @@ def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
     assert sample("sglang:ddtree_calibration_ratio", **cell) == 1.0
 
 
+def test_calibration_snapshots_wait_export_seconds_between_publishes(monkeypatch):
+    """CalibrationMonitor.after_round reads the clock every EXPORT_EVERY rounds and starts a snapshot (published the
+    round after its copy) only when EXPORT_SECONDS passed since the last one started; the first check publishes."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from sglang_ddtree.sglang import auto as auto_mod
+    from sglang_ddtree.sglang.stats import _Prometheus
+
+    clock = [1000.0]
+    monkeypatch.setattr(auto_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(CalibrationMonitor, "EXPORT_EVERY", 4)
+    monkeypatch.setattr(CalibrationMonitor, "EXPORT_SECONDS", 10.0)
+    registry = prometheus_client.CollectorRegistry()
+    monitor = CalibrationMonitor(adaptive.ScoreCalibrator(), _Prometheus(depth_limit=6, budget="auto",
+                                                                         registry=registry))
+    published = []
+    monkeypatch.setattr(monitor, "_publish", lambda summary: published.append(clock[0]))
+
+    def rounds(n, seconds_each=1.0):
+        for _ in range(n):
+            clock[0] += seconds_each
+            monitor.after_round()
+
+    rounds(5)  # round 4 starts the first snapshot, round 5 publishes it
+    assert published == [1005.0]
+    rounds(7)  # rounds 8 and 12 check the clock: 4 and 8 s since round 4's start, too soon
+    assert len(published) == 1
+    rounds(5)  # round 16 (12 s after round 4) starts one, round 17 publishes
+    assert published == [1005.0, 1017.0]
+    rounds(8, seconds_each=0.1)  # rounds 20 and 24: under a second later
+    assert len(published) == 2
+
+
 def test_calibration_table_publish_resolves_each_cells_gauges_once():
     """_Prometheus.calibration_table: the first publish resolves every cell's two gauges with labels(), later
     publishes reuse them (each lookup builds and locks a label key), with the same values as resolving anew; a cell

@@ -291,6 +291,28 @@ def test_auto_host_detail_stages_split_the_chooser_and_after_and_exist_only_wher
     assert set(plain) <= set(HOST_STAGES) and not any(f'stage="{name}"' in text for name in AUTO_HOST_DETAIL)
 
 
+def test_auto_round_counter_is_published_in_sums_of_auto_round_flush_rounds():
+    """`auto`'s rounds per candidate reach sglang:ddtree_auto_rounds_total in sums (_Prometheus.AUTO_ROUND_FLUSH):
+    nothing before the flush, then every candidate's rounds at once, none lost, none counted twice."""
+    registry = prometheus_client.CollectorRegistry()
+    prom = _Prometheus(depth_limit=3, budget="auto", registry=registry)
+    n = prom.AUTO_ROUND_FLUSH
+    picks = ["128"] * (n - 3) + ["chain", "64", "chain"]
+    for candidate in picks[:-1]:
+        prom.auto_round(candidate)
+    assert value(registry, "sglang:ddtree_auto_rounds_total", budget="auto", candidate="128") is None
+    prom.auto_round(picks[-1])
+    for candidate in ("128", "chain", "64"):
+        assert value(registry, "sglang:ddtree_auto_rounds_total", budget="auto",
+                     candidate=candidate) == picks.count(candidate)
+    for _ in range(2 * n + 5):
+        prom.auto_round("32")
+    assert value(registry, "sglang:ddtree_auto_rounds_total", budget="auto", candidate="32") == 2 * n
+    prom.flush_auto_rounds()
+    assert value(registry, "sglang:ddtree_auto_rounds_total", budget="auto", candidate="32") == 2 * n + 5
+    assert value(registry, "sglang:ddtree_auto_rounds_total", budget="auto", candidate="128") == n - 3
+
+
 def test_auto_host_detail_knob(monkeypatch):
     from sglang_ddtree.sglang.auto import auto_host_detail
 

@@ -50,7 +50,8 @@
 #        (scripts/device/pack_base.sh COMMIT, under runs/bench): the second setup runs that commit's package
 #   bash scripts/device/lease_steps.sh tiny-ab OUTDIR COMMIT   # one GPU, ALONE, ~7 min (detach it): the in-process
 #        A/B (SGLANG_DDTREE_AUTO_AB) of `auto` servers (TA_ARMS: NAME:ENV ...), each against its own fixed 128-tree
-#        arm, next to DFLASH and DDTREE 128 (TA_RIVALS=0: without); paired_ratios.py prints the A/B table
+#        arm, next to DFLASH and DDTREE 128 (TA_RIVALS=0: without); paired_ratios.py prints the A/B table; the
+#        chooser logs every TA_LOG_EVERY (1000) `auto` rounds
 #   bash scripts/device/lease_steps.sh tiny-starts OUTDIR COMMIT   # one GPU, ALONE, ~5-8 min: TS_COPIES (3) auto
 #        servers per arm (TS_ENV_A / TS_ENV_B; TS_ARMS="a b c" adds TS_ENV_C) and one DDTREE 128, started together,
 #        pinned, interleaved, batch TS_BATCH_SIZES (1), TS_REPEATS (24) runs; then benchmarks/paired_ratios.py over
@@ -635,7 +636,10 @@ tiny-ab)
     mkdir -p "$out" /tmp/ta
     rc=0
     unpack_jit_cache
-    ab="SGLANG_DDTREE_AUTO_LOG_EVERY=100,SGLANG_DDTREE_AUTO_AB=${TA_BLOCK:-8}"
+    # the chooser's log line (every TA_LOG_EVERY `auto` rounds, 1000; 100 before lease 39) is `auto`'s arm's own cost
+    # in the A/B: its export and format take 73 us for one bucket on the dev CPU, an estimated 0.5-2 ms with four
+    # buckets in the server, 5-20 us a round at 100 (the production default is 2000)
+    ab="SGLANG_DDTREE_AUTO_LOG_EVERY=${TA_LOG_EVERY:-1000},SGLANG_DDTREE_AUTO_AB=${TA_BLOCK:-8}"
     arms=${TA_ARMS:-"ab: f:SGLANG_DDTREE_AUTO_FORCE=128 l:SGLANG_DDTREE_AUTO_HOLD_ROUNDS=16,SGLANG_DDTREE_AUTO_SAMPLE_EVERY=16"}
     setups=()
     copies=()

@@ -35,6 +35,7 @@ import collections
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -1447,13 +1448,20 @@ class CalibrationMonitor:
       summed over its requests (ops.calibration_round), both predicted before the table learns the round, arrive
       through AutoFeedback: running totals here (mean absolute error per request-round, raw against calibrated:
       the issue's measure of whether calibration predicts better), Prometheus counters.
-    - The table: every EXPORT_EVERY rounds its per-(depth, path class, rank class) sums are copied to pinned memory
-      without a sync and, once the copy completed, published as Prometheus gauges (the debug dump writes the whole
-      table every 100 rounds, `ScoreCalibrator.export`).
+    - The table: its per-(depth, path class, rank class) sums are copied to pinned memory without a sync and, once
+      the copy completed, published as Prometheus gauges, at most once in EXPORT_SECONDS (the clock is read every
+      EXPORT_EVERY rounds; the first check publishes) (the debug dump writes the whole table every 100 rounds,
+      `ScoreCalibrator.export`).
     - reset (POST /set_internal_state {"server_args": {"ddtree_calibration_reset": 1}}, plugin hook ->
       `DDTreeWorker.reset_calibration`): an empty table, totals zeroed, the gauges published at once."""
 
-    EXPORT_EVERY = 256
+    # A publish sets every cell's two gauges (~180 sets: bench_calibration_publish.py; ~0.56 ms on the dev CPU with
+    # the summary's rows). Every 256 rounds that was ~2 us a round on the CPU, ~6 in the server (lease 38's detail
+    # split put `auto`'s after-commit bookkeeping at ~14 us a tiny-pair round, with the log at LOG_EVERY=100); a
+    # dashboard reads the table on a scale of seconds, so a publish waits EXPORT_SECONDS since the last one started
+    # (at 5 ms a round: one in ~2000 rounds).
+    EXPORT_EVERY = 64
+    EXPORT_SECONDS = 10.0
 
     def __init__(self, calibrator, prometheus=None):
         self.calibrator = calibrator
@@ -1465,6 +1473,7 @@ class CalibrationMonitor:
         self._snapshot = torch.zeros((3, *calibrator.config.shape[:3]), dtype=torch.float64, pin_memory=pin)
         self._pending = None  # the snapshot copy's event (or True on CPU) while one is in flight
         self._rounds = 0
+        self._last_export = None  # time.monotonic() when the last snapshot started (None: none yet)
 
     def young(self) -> bool:
         """Whether the gated predictor is still the raw one (CALIBRATION_GATE): asked when the round is pushed,
@@ -1492,7 +1501,8 @@ class CalibrationMonitor:
         self.learnt += requests
 
     def after_round(self) -> None:
-        """Every decode round: publish a completed snapshot; every EXPORT_EVERY rounds start the next one."""
+        """Every decode round: publish a completed snapshot; every EXPORT_EVERY rounds start the next one if
+        EXPORT_SECONDS passed since the last one started."""
         self._rounds += 1
         if self.prometheus is None:
             return
@@ -1500,6 +1510,10 @@ class CalibrationMonitor:
             self._publish(self._snapshot)
             self._pending = None
         if self._pending is None and self._rounds % self.EXPORT_EVERY == 0:
+            now = time.monotonic()
+            if self._last_export is not None and now - self._last_export < self.EXPORT_SECONDS:
+                return
+            self._last_export = now
             self._snapshot.copy_(self.calibrator.summary(), non_blocking=True)
             if self._snapshot.is_pinned():
                 self._pending = torch.cuda.Event()

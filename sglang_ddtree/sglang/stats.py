@@ -152,7 +152,9 @@ class RoundTimer:
         return self.marks[-1][1] if self.marks else None
 
     def done(self) -> bool:
-        return not self.enabled or not self.marks or self.marks[-1][1].query()
+        # elapsed_ms() ran only once done: its cached times answer without a CUDA call (the metrics' drain reads every
+        # round's before `auto`'s feedback drain asks)
+        return not self.enabled or not self.marks or self._elapsed is not None or self.marks[-1][1].query()
 
     def elapsed_ms(self) -> dict[str, float]:
         """Each stage's ms (and `between`), once done(). Computed once: the metrics and `auto`'s feedback both read
@@ -215,6 +217,8 @@ class _Prometheus:
                              "('chain' = the drafter's top-1 path).", "candidate")
         self._auto_labels = labels
         self._auto_children: dict = {}
+        self._auto_pending: dict = {}  # candidate -> rounds not yet in the counter (AUTO_ROUND_FLUSH)
+        self._auto_unflushed = 0
         # `auto`'s calibration table (sglang_ddtree.sglang.auto.CalibrationMonitor): created at first use, so that
         # fixed-budget servers export no empty series
         self._registry, self._names = registry, names
@@ -251,11 +255,26 @@ class _Prometheus:
             child = self._ab_children[key] = self._ab[field].labels(**self._auto_labels, **extra)
         return child
 
+    # `auto`'s rounds per candidate reach the counter in sums of this many rounds: an inc() per round was a lock and,
+    # under SGLang's multiprocess metrics, an mmap write (1.7 us on the dev CPU against 0.17 for a dict add), in the
+    # span that lease 38's detail split timed at ~28 us a tiny-pair round (tree_auto). A scrape misses at most the
+    # last AUTO_ROUND_FLUSH - 1 rounds (ABTallies and the host stages lag the same way).
+    AUTO_ROUND_FLUSH = 16
+
     def auto_round(self, candidate: str) -> None:
-        child = self._auto_children.get(candidate)
-        if child is None:  # resolved once per candidate: labels() builds and locks a lookup every call (~8 us)
-            child = self._auto_children[candidate] = self._auto.labels(**self._auto_labels, candidate=candidate)
-        child.inc()
+        self._auto_pending[candidate] = self._auto_pending.get(candidate, 0) + 1
+        self._auto_unflushed += 1
+        if self._auto_unflushed >= self.AUTO_ROUND_FLUSH:
+            self.flush_auto_rounds()
+
+    def flush_auto_rounds(self) -> None:
+        for candidate, n in self._auto_pending.items():
+            child = self._auto_children.get(candidate)
+            if child is None:  # resolved once per candidate: labels() builds and locks a lookup every call (~8 us)
+                child = self._auto_children[candidate] = self._auto.labels(**self._auto_labels, candidate=candidate)
+            child.inc(n)
+        self._auto_pending.clear()
+        self._auto_unflushed = 0
 
     def host_stages(self, totals: dict[str, float], rounds: int) -> None:
         for name, ms in totals.items():
@@ -325,7 +344,7 @@ class _Prometheus:
 
     def _cal_child(self, key: tuple[str, str, str]):
         """A table cell's two gauges, resolved once, as auto_round's and calibration_errors' series. Why: a publish
-        (one in CalibrationMonitor.EXPORT_EVERY rounds) sets ~90 cells, and labels() builds and locks a lookup per
+        (at most one in CalibrationMonitor.EXPORT_SECONDS) sets ~90 cells, and labels() builds and locks a lookup per
         call: 1.17 ms a publish of 90 cells on the dev CPU with it, 0.30 without (benchmarks/
         bench_calibration_publish.py, results/calibration_publish_cpu*.json); under cProfile 8% of `auto`'s whole
         per-round host block before, 3% after (results/auto_round_host_cpu*.json)."""
