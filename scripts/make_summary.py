@@ -320,6 +320,8 @@ def adaptive(out: dict) -> None:
 # - lease 36 (940a7e6, the expiry on by default, 5 repeats x 4 prompt groups) replaces lease 35's 8B shapes.
 # - lease 37 (493a9a3, the code as lease 36's with SWITCH_UNTIMED off by default, 5 repeats x 4 prompt groups)
 #   replaces lease 36's 8B shapes; its `8b-s|auto` set SGLANG_DDTREE_AUTO_SWITCH_UNTIMED=1: left out (ARM_KNOBS).
+# - lease 38 (3a7b8c1, the chooser as lease 37's; SGLANG_DDTREE_AUTO_HOST_DETAIL new and off, 5 repeats x 4 prompt
+#   groups) replaces lease 37's 8B shapes; its `8b-f|auto` set SGLANG_DDTREE_AUTO_FORGET_START=128: left out.
 SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.jsonl", "sweep_auto_8b_lease20.jsonl",
                       "sweep_auto_8b_lease20b.jsonl", "sweep_auto_8b_bs1_lease20c.jsonl",
                       "sweep_auto_tiny_lease21.jsonl", "sweep_auto_8b_lease21.jsonl",
@@ -329,7 +331,7 @@ SGLANG_AUTO_SWEEPS = ("sweep_auto_8b_lease19.jsonl", "sweep_auto_tiny_lease19.js
                       "sweep_paired_tiny_lease29.jsonl", "sweep_auto_8b_lease29.jsonl",
                       "sweep_paired_tiny_lease30.jsonl", "sweep_auto_8b_lease30.jsonl", "sweep_auto_8b_lease33.jsonl",
                       "sweep_auto_8b_lease34.jsonl", "sweep_auto_8b_lease35.jsonl", "sweep_auto_8b_lease36.jsonl",
-                      "sweep_auto_8b_lease37.jsonl")
+                      "sweep_auto_8b_lease37.jsonl", "sweep_auto_8b_lease38.jsonl")
 # Servers of one configuration started side by side in one interleaved run (a setup and its --copy-setup copy): how
 # far two identical servers' tokens/s lie apart on this host.
 SAME_CONFIG_SWEEPS = ("sweep_noise_tiny_lease21b.jsonl", "sweep_twins_tiny_lease21e.jsonl",
@@ -411,20 +413,29 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
 # `tiny-w1`-`w3` (as it is, each row's warm-up 640 new tokens instead of 128: AB_SETUP_NOTES) and `tiny-f1` (held on
 # the 128-tree); 36b `tiny-e4`-`e9`. Lease 37 (493a9a3, the same chooser with SWITCH_UNTIMED, new and off by
 # default), 8 runs a row: 37 `tiny-e1`-`e4` (as it is) and `tiny-s1`-`s4` (SGLANG_DDTREE_AUTO_SWITCH_UNTIMED=1); 37b
-# `tiny-e5`-`e7` and `tiny-s5`-`s7`. The headline pools the `auto` as it is servers of leases 35-37 (22 servers).
+# `tiny-e5`-`e7` and `tiny-s5`-`s7`. Lease 38 (3a7b8c1, the same chooser; SGLANG_DDTREE_AUTO_HOST_DETAIL new and
+# off), 8 runs a row: 38 `tiny-e1`-`e3` (as it is), `tiny-s1`-`s3` (SGLANG_DDTREE_AUTO_SAMPLE_EVERY=8), `tiny-d1`,
+# `tiny-d2` (SGLANG_DDTREE_AUTO_HOST_DETAIL=1: its marks add their own cost, so not as it is; AB_DETAIL_ARM); 38b
+# `tiny-e4`, `e5`, `s4`, `s5`, `d3`, `d4`; 38c `tiny-e6`-`e8`, `s6`-`s8`. The headline pools the `auto` as it is
+# servers of leases 35-38 (30 servers).
 AB_SWEEPS = ("sweep_ab_tiny_lease31.jsonl", "sweep_ab_tiny_lease31b.jsonl", "sweep_ab_tiny_lease32.jsonl",
              "sweep_ab_tiny_lease32b.jsonl", "sweep_ab_tiny_lease33.jsonl", "sweep_ab_tiny_lease33b.jsonl",
              "sweep_ab_tiny_lease33c.jsonl", "sweep_ab_tiny_lease34.jsonl", "sweep_ab_tiny_lease34b.jsonl",
              "sweep_ab_tiny_lease34c.jsonl", "sweep_ab_tiny_lease34d.jsonl", "sweep_ab_tiny_lease35.jsonl",
              "sweep_ab_tiny_lease35b.jsonl", "sweep_ab_tiny_lease35c.jsonl", "sweep_ab_tiny_lease36.jsonl",
-             "sweep_ab_tiny_lease36b.jsonl", "sweep_ab_tiny_lease37.jsonl", "sweep_ab_tiny_lease37b.jsonl")
+             "sweep_ab_tiny_lease36b.jsonl", "sweep_ab_tiny_lease37.jsonl", "sweep_ab_tiny_lease37b.jsonl",
+             "sweep_ab_tiny_lease38.jsonl", "sweep_ab_tiny_lease38b.jsonl", "sweep_ab_tiny_lease38c.jsonl")
 AB_HEADLINE_SWEEPS = ("sweep_ab_tiny_lease35.jsonl", "sweep_ab_tiny_lease35b.jsonl", "sweep_ab_tiny_lease35c.jsonl",
                       "sweep_ab_tiny_lease36.jsonl", "sweep_ab_tiny_lease36b.jsonl", "sweep_ab_tiny_lease37.jsonl",
-                      "sweep_ab_tiny_lease37b.jsonl")
+                      "sweep_ab_tiny_lease37b.jsonl", "sweep_ab_tiny_lease38.jsonl", "sweep_ab_tiny_lease38b.jsonl",
+                      "sweep_ab_tiny_lease38c.jsonl")
+# The arm whose `auto` rounds mark its own host work apart (stages.AUTO_HOST_DETAIL): sglang_auto_ab_host_detail_ms_tiny
+AB_DETAIL_ARM = "AUTO_HOST_DETAIL=1"
 # What a sweep's servers ran without setting it (their commit's default then), for the arm labels.
 _NO_EXPIRY = "SGLANG_DDTREE_AUTO_TIMES_EXPIRE=0"  # every commit before lease 35's default (the knob came with it)
 _EXPIRY_DEFAULT = ("sweep_ab_tiny_lease36.jsonl", "sweep_ab_tiny_lease36b.jsonl", "sweep_ab_tiny_lease37.jsonl",
-                   "sweep_ab_tiny_lease37b.jsonl")  # commits with the expiry on
+                   "sweep_ab_tiny_lease37b.jsonl", "sweep_ab_tiny_lease38.jsonl", "sweep_ab_tiny_lease38b.jsonl",
+                   "sweep_ab_tiny_lease38c.jsonl")  # commits with the expiry on
 # A setup field an arm changed that its rows do not record (result rows carry warmup_new_tokens since lease 36's
 # commit; its own rows do not), named in the arm's label.
 AB_SETUP_NOTES = {"sweep_ab_tiny_lease36.jsonl": {f"tiny-w{i}": ["warmup_new_tokens=640"] for i in (1, 2, 3)}}
@@ -729,9 +740,10 @@ def sglang_auto_ab(out: dict) -> None:
     a round. The arms share the process, the moment and the text, so these intervals are the rounds' own spread, not
     the host's speed between servers (the cross-server ratios of the same sweep: sglang_paired_ratios).
     sglang_auto_ab_over_fixed_128_tiny: the arm that ran `auto` as it is, run by run, per batch size, the runs of
-    every such server of AB_HEADLINE_SWEEPS (one chooser: leases 35-37) pooled (ab_pooled);
+    every such server of AB_HEADLINE_SWEEPS (one chooser: leases 35-38) pooled (ab_pooled);
     sglang_auto_ab_own_host_ms_tiny: the same rows' `auto` arm's host ms a round less the fixed arm's, per host stage
-    (ab_own_host_split)."""
+    (ab_own_host_split); sglang_auto_ab_host_detail_ms_tiny: the same split over the AB_DETAIL_ARM servers, whose
+    `auto` rounds marked their own host work apart (lease 38)."""
     sys.path.insert(0, str(RESULTS.parents[1]))
     from sglang_ddtree.bench.paired import ab_own_host_split, ab_pooled, ab_table, row_label
     from sglang_ddtree.bench.results import latest_results, read_rows
@@ -740,6 +752,8 @@ def sglang_auto_ab(out: dict) -> None:
     headline_rows: list = []
     headline_labels: set = set()
     headline_servers = 0  # labels repeat from sweep to sweep (lease 35's and 36's `tiny-e1` are two servers)
+    detail_rows: list = []
+    detail_labels: set = set()
     for name in AB_SWEEPS:
         if not (RESULTS / name).exists():
             raise FileNotFoundError(name)
@@ -755,6 +769,9 @@ def sglang_auto_ab(out: dict) -> None:
                 "all_batch_sizes": t["all_batch_sizes"]}
             if arm == "as it is" and label.startswith("tiny"):
                 as_it_is.append(label)
+            if arm == AB_DETAIL_ARM and label.startswith("tiny"):
+                detail_rows += [r for r in rows if row_label(r) == label]
+                detail_labels.add(label)
         if name in AB_HEADLINE_SWEEPS and as_it_is:
             headline_rows += [r for r in rows if row_label(r) in as_it_is]
             headline_labels |= set(as_it_is)
@@ -769,6 +786,8 @@ def sglang_auto_ab(out: dict) -> None:
     # where the same servers' `auto` arm spends host time beyond its fixed arm's, per host stage (lease 37)
     out["sglang_auto_ab_own_host_ms_tiny"] = (
         {str(bs): v for bs, v in ab_own_host_split(headline_rows, headline_labels).items()} if headline_rows else {})
+    out["sglang_auto_ab_host_detail_ms_tiny"] = (
+        {str(bs): v for bs, v in ab_own_host_split(detail_rows, detail_labels).items()} if detail_rows else {})
 
 
 EXTRACTORS = [tree_stages, tiny_pair, offline, gpu_suite, sglang, round_graphs, budgets, tp2, hybrid, adaptive,
