@@ -73,8 +73,8 @@ from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, ABSchedule, AutoBudget
                                       auto_calibration_learn_all, auto_explore_best_elsewhere, auto_explore_rounds,
                                       auto_floor_fresh, auto_floor_min_times, auto_force, auto_forget_start,
                                       auto_hold_max, auto_hold_rounds, auto_host_detail, auto_log_every,
-                                      auto_relative_times, auto_sample_every, auto_settled_sampling, auto_shrink_z, auto_spread,
-                                      auto_switch_untimed, auto_times_expire, auto_warm_rounds,
+                                      auto_relative_times, auto_sample_every, auto_settled_sampling, auto_shrink_z,
+                                      auto_spread, auto_switch_untimed, auto_times_expire, auto_warm_rounds,
                                       calibration_prior_mass)
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
