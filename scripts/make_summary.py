@@ -752,14 +752,14 @@ def sglang_auto_ab(out: dict) -> None:
     headline_rows: list = []
     headline_labels: set = set()
     headline_servers = 0  # labels repeat from sweep to sweep (lease 35's and 36's `tiny-e1` are two servers)
-    detail_rows: list = []
+    detail_rows: list = []  # the AB_DETAIL_ARM servers' rows (sglang_auto_ab_host_detail_ms_tiny)
     detail_labels: set = set()
     for name in AB_SWEEPS:
         if not (RESULTS / name).exists():
             raise FileNotFoundError(name)
         rows = list(latest_results(read_rows(RESULTS / name)).values())
         envs = {row_label(r): r.get("server_env") or [] for r in rows if r.get("kind") == "result" and r.get("ab_runs")}
-        as_it_is = []
+        as_it_is, detailed = [], []
         notes = AB_SETUP_NOTES.get(name, {})
         for label, t in ab_table(rows).items():
             arm = _ab_arm(envs.get(label, []) + notes.get(label.split("|")[0], []),
@@ -770,12 +770,14 @@ def sglang_auto_ab(out: dict) -> None:
             if arm == "as it is" and label.startswith("tiny"):
                 as_it_is.append(label)
             if arm == AB_DETAIL_ARM and label.startswith("tiny"):
-                detail_rows += [r for r in rows if row_label(r) == label]
-                detail_labels.add(label)
+                detailed.append(label)
         if name in AB_HEADLINE_SWEEPS and as_it_is:
             headline_rows += [r for r in rows if row_label(r) in as_it_is]
             headline_labels |= set(as_it_is)
             headline_servers += len(as_it_is)
+        if detailed:
+            detail_rows += [r for r in rows if row_label(r) in detailed]
+            detail_labels |= set(detailed)
     pooled = ab_pooled(headline_rows, headline_labels) if headline_rows else None
     headline = {str(bs): v["ratio"] for bs, v in pooled["by_batch_size"].items() if v} if pooled else {}
     headline_source = (f"{' + '.join(AB_HEADLINE_SWEEPS)} (`auto` as it is: {headline_servers} servers, "

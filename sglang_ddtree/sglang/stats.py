@@ -152,8 +152,8 @@ class RoundTimer:
         return self.marks[-1][1] if self.marks else None
 
     def done(self) -> bool:
-        # elapsed_ms() ran only once done: its cached times answer without a CUDA call (the metrics' drain reads every
-        # round's before `auto`'s feedback drain asks)
+        # elapsed_ms() runs only once done: when the metrics' drain (or `auto`'s) already read the times, the cache
+        # answers without a CUDA call
         return not self.enabled or not self.marks or self._elapsed is not None or self.marks[-1][1].query()
 
     def elapsed_ms(self) -> dict[str, float]:
@@ -209,7 +209,7 @@ class _Prometheus:
         host_stage = counter("stage_host_seconds_total", "Host (CPU) seconds of the worker's round call by stage "
                              "(choose = `auto`'s chooser; after = from the commit to the end of the call).", "stage")
         self.host_stage = {name: host_stage.labels(**labels, stage=name) for name in HOST_STAGES}
-        self._host_stage, self._host_labels = host_stage, labels
+        self._host_stage = host_stage
         self.host_stage_rounds = counter("stage_host_rounds_total", "Batch rounds in "
                                          "sglang:ddtree_stage_host_seconds_total.").labels(**labels)
         self.depth_limit = depth_limit
@@ -280,7 +280,7 @@ class _Prometheus:
         for name, ms in totals.items():
             child = self.host_stage.get(name)
             if child is None:  # stages.AUTO_HOST_DETAIL's, made at first use: no zero series on other servers
-                child = self.host_stage[name] = self._host_stage.labels(**self._host_labels, stage=name)
+                child = self.host_stage[name] = self._host_stage.labels(**self._auto_labels, stage=name)
             child.inc(ms / 1e3)
         self.host_stage_rounds.inc(rounds)
 
