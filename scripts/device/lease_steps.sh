@@ -637,8 +637,8 @@ tiny-ab)
     rc=0
     unpack_jit_cache
     # the chooser's log line (every TA_LOG_EVERY `auto` rounds, 1000; 100 before lease 39) is `auto`'s arm's own cost
-    # in the A/B: its export and format take 73 us for one bucket on the dev CPU, an estimated 0.5-2 ms with four
-    # buckets in the server, 5-20 us a round at 100 (the production default is 2000)
+    # in the A/B: its export and format take 63 us for one bucket on the dev CPU (auto_bookkeeping_cpu.json), an
+    # estimated 0.5-2 ms with four buckets in the server, 5-20 us a round at 100 (the production default is 2000)
     ab="SGLANG_DDTREE_AUTO_LOG_EVERY=${TA_LOG_EVERY:-1000},SGLANG_DDTREE_AUTO_AB=${TA_BLOCK:-8}"
     arms=${TA_ARMS:-"ab: f:SGLANG_DDTREE_AUTO_FORCE=128 l:SGLANG_DDTREE_AUTO_HOLD_ROUNDS=16,SGLANG_DDTREE_AUTO_SAMPLE_EVERY=16"}
     setups=()

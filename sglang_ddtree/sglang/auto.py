@@ -1455,11 +1455,11 @@ class CalibrationMonitor:
     - reset (POST /set_internal_state {"server_args": {"ddtree_calibration_reset": 1}}, plugin hook ->
       `DDTreeWorker.reset_calibration`): an empty table, totals zeroed, the gauges published at once."""
 
-    # A publish sets every cell's two gauges (~180 sets: bench_calibration_publish.py; ~0.56 ms on the dev CPU with
-    # the summary's rows). Every 256 rounds that was ~2 us a round on the CPU, ~6 in the server (lease 38's detail
-    # split put `auto`'s after-commit bookkeeping at ~14 us a tiny-pair round, with the log at LOG_EVERY=100); a
-    # dashboard reads the table on a scale of seconds, so a publish waits EXPORT_SECONDS since the last one started
-    # (at 5 ms a round: one in ~2000 rounds).
+    # A publish sets every cell's two gauges (~180 sets: bench_calibration_publish.py; 0.43 ms on the dev CPU with
+    # the summary's rows, results/auto_bookkeeping_cpu.json). Every 256 rounds that was ~2 us a round on the CPU,
+    # more in the server (lease 38's detail split put `auto`'s after-commit bookkeeping at ~14 us a tiny-pair round,
+    # with the log at LOG_EVERY=100); a dashboard reads the table on a scale of seconds, so a publish waits
+    # EXPORT_SECONDS since the last one started (at 5 ms a round: one in ~2000 rounds).
     EXPORT_EVERY = 64
     EXPORT_SECONDS = 10.0
 

@@ -256,9 +256,10 @@ class _Prometheus:
         return child
 
     # `auto`'s rounds per candidate reach the counter in sums of this many rounds: an inc() per round was a lock and,
-    # under SGLang's multiprocess metrics, an mmap write (1.7 us on the dev CPU against 0.17 for a dict add), in the
-    # span that lease 38's detail split timed at ~28 us a tiny-pair round (tree_auto). A scrape misses at most the
-    # last AUTO_ROUND_FLUSH - 1 rounds (ABTallies and the host stages lag the same way).
+    # under SGLang's multiprocess metrics, an mmap write (1.3 us on the dev CPU against 0.13 for a dict add,
+    # benchmarks/results/auto_bookkeeping_cpu.json), in the span that lease 38's detail split timed at ~28 us a
+    # tiny-pair round (tree_auto). A scrape misses at most the last AUTO_ROUND_FLUSH - 1 rounds (ABTallies and the
+    # host stages lag the same way).
     AUTO_ROUND_FLUSH = 16
 
     def auto_round(self, candidate: str) -> None:

@@ -1,0 +1,44 @@
+"""benchmarks/ab_arms_pooled.py: the per-arm reading of `tiny-ab` sweeps that docs/gpu-suite.md's tables quote."""
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import ab_arms_pooled  # noqa: E402
+
+
+def _row(label, narrower, rounds):
+    setup, method = label.split("|")
+    return {"kind": "result", "ab_runs": [{}], "setup": setup, "method": method, "budget": None, "batch_size": 4,
+            "ddtree_metrics": {"ab": {"ratio": 0.9, "auto": {"rounds": rounds, "narrower_rounds": narrower}}}}
+
+
+def test_locked_rows_are_those_above_the_share_of_the_arms_servers():
+    rows = [_row("tiny-e1|auto", 31, 100), _row("tiny-e2|auto", 30, 100), _row("tiny-s1|auto", 90, 100),
+            {"kind": "run"}]
+    locked = ab_arms_pooled.locked_rows(rows, {"tiny-e1|auto", "tiny-e2|auto"}, 0.3)
+    assert [(r["server"], r["narrower_rounds"]) for r in locked] == [("tiny-e1|auto", 31)]
+
+
+def test_lease38_arms_match_the_committed_file(tmp_path):
+    results = ROOT / "benchmarks" / "results"
+    sweeps = [str(results / f"sweep_ab_tiny_lease38{x}.jsonl") for x in ("", "b", "c")]
+    out = tmp_path / "arms.json"
+    assert ab_arms_pooled.main(sweeps + ["--arm", "e=tiny-e", "--arm", "s=tiny-s", "--arm", "d=tiny-d",
+                                         "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["arms"] == json.loads((results / "ab_arms_pooled_lease38.json").read_text())["arms"]
+    assert [len(got["arms"][a]["servers"]) for a in "esd"] == [8, 8, 4]
+    # the as-it-is arm's servers are the headline's lease 38 servers, each pooled ratio within its servers' runs
+    summary = json.loads((results / "summary.json").read_text())["sglang_auto_ab"]
+    headline = sorted(label for name in ("sweep_ab_tiny_lease38.jsonl", "sweep_ab_tiny_lease38b.jsonl",
+                                         "sweep_ab_tiny_lease38c.jsonl")
+                      for label, entry in summary[name].items() if entry["arm"] == "as it is")
+    assert got["arms"]["e"]["servers"] == headline
+    for bs, pooled in got["arms"]["e"]["pooled"].items():
+        own = [summary[name][label]["by_batch_size"][bs]["runs"]["ratio"] for name in summary
+               if name.startswith("sweep_ab_tiny_lease38") for label in summary[name] if label in headline]
+        assert min(own) - 1e-3 <= pooled["ratio"] <= max(own) + 1e-3
