@@ -2,10 +2,13 @@
 `tiny-e` for the servers as they are, `tiny-s` for a knob's arm), their runs pooled (bench.paired.ab_pooled: `auto`
 over its fixed arm per batch size and over all, 95% intervals), their own host time split by stage
 (ab_own_host_split), and the rows on a narrower candidate than the fixed arm's for more than a share of their rounds
-(lock-ins). What docs/gpu-suite.md's per-lease arm tables quote.
+(lock-ins). What docs/gpu-suite.md's per-lease arm tables quote, and the intervals of the summary's headline (the
+`auto` as it is servers of AB_HEADLINE_SWEEPS, `tiny-e*` in each).
 
     python benchmarks/ab_arms_pooled.py benchmarks/results/sweep_ab_tiny_lease38{,b,c}.jsonl \\
         --arm e=tiny-e --arm s=tiny-s --arm d=tiny-d --json benchmarks/results/ab_arms_pooled_lease38.json
+    python benchmarks/ab_arms_pooled.py benchmarks/results/sweep_ab_tiny_lease3{5,5b,5c,6,6b,7,7b,8,8b,8c}.jsonl \
+        --arm e=tiny-e --json benchmarks/results/ab_arms_pooled_headline.json
 """
 
 from __future__ import annotations
@@ -44,20 +47,24 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     rows: list = []
-    for path in args.sweeps:  # labels must not repeat across the files (one lease's servers are numbered apart)
-        rows += list(latest_results(read_rows(path)).values())
-    servers = {row_label(r) for r in rows if r.get("kind") == "result" and r.get("ab_runs")}
+    per_sweep: list = []  # each file's A/B server labels: a label may repeat across files (another lease's server)
+    for path in args.sweeps:
+        sweep_rows = list(latest_results(read_rows(path)).values())
+        rows += sweep_rows
+        per_sweep.append({row_label(r) for r in sweep_rows if r.get("kind") == "result" and r.get("ab_runs")})
+    servers = set().union(*per_sweep)
     out: dict = {"sweeps": [p.name for p in args.sweeps], "locked_share": args.locked_share, "arms": {}}
     for spec in args.arm:
         name, _, prefix = spec.partition("=")
         labels = {s for s in servers if s.startswith(prefix)}
+        count = sum(len(labels & sweep) for sweep in per_sweep)
         if not labels:
             ap.error(f"arm {name}: no A/B server's label starts with {prefix!r}")
         pooled = ab_pooled(rows, labels)
         locked = locked_rows(rows, labels, args.locked_share)
         rows_counted = sum(1 for r in rows if r.get("kind") == "result" and r.get("ab_runs")
                            and row_label(r) in labels)
-        out["arms"][name] = {"servers": sorted(labels),
+        out["arms"][name] = {"servers": sorted(labels), "server_count": count,
                              "pooled": {str(k): v for k, v in pooled["by_batch_size"].items()},
                              "all_batch_sizes": pooled["all_batch_sizes"],
                              "own_host": {str(k): v for k, v in ab_own_host_split(rows, labels).items()},
@@ -67,7 +74,7 @@ def main(argv=None) -> int:
             if v:
                 cells.append(f"batch {bs} x{v['ratio']:.3f} [{v['ci95'][0]:.3f}, {v['ci95'][1]:.3f}]")
         a = pooled["all_batch_sizes"]
-        print(f"{name} ({len(labels)} servers): " + ", ".join(cells)
+        print(f"{name} ({count} servers): " + ", ".join(cells)
               + f"; all x{a['ratio']:.3f} [{a['ci95'][0]:.3f}, {a['ci95'][1]:.3f}]; locked rows {len(locked)} of "
               f"{rows_counted}")
     if args.json:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 import ab_arms_pooled  # noqa: E402
 
@@ -42,3 +43,19 @@ def test_lease38_arms_match_the_committed_file(tmp_path):
         own = [summary[name][label]["by_batch_size"][bs]["runs"]["ratio"] for name in summary
                if name.startswith("sweep_ab_tiny_lease38") for label in summary[name] if label in headline]
         assert min(own) - 1e-3 <= pooled["ratio"] <= max(own) + 1e-3
+
+
+def test_headline_file_is_the_summary_headline_with_its_intervals():
+    """ab_arms_pooled_headline.json (the intervals README and the docs quote) pools the same servers as the summary's
+    headline (sglang_auto_ab_over_fixed_128_tiny) and reads the same ratios."""
+    import make_summary
+
+    results = ROOT / "benchmarks" / "results"
+    summary = json.loads((results / "summary.json").read_text())
+    arm = json.loads((results / "ab_arms_pooled_headline.json").read_text())
+    assert arm["sweeps"] == list(make_summary.AB_HEADLINE_SWEEPS)
+    e = arm["arms"]["e"]
+    assert f"`auto` as it is: {e['server_count']} servers" in summary["sglang_auto_ab_over_fixed_128_tiny_source"]
+    for bs, ratio in summary["sglang_auto_ab_over_fixed_128_tiny"].items():
+        pooled = e["pooled"][bs]
+        assert round(pooled["ratio"], 4) == ratio and pooled["ci95"][0] < ratio < pooled["ci95"][1]
