@@ -669,7 +669,9 @@ def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
 
 def test_calibration_snapshots_wait_export_seconds_between_publishes(monkeypatch):
     """CalibrationMonitor.after_round reads the clock every EXPORT_EVERY rounds and starts a snapshot (published the
-    round after its copy) only when EXPORT_SECONDS passed since the last one started; the first check publishes."""
+    round after its copy) only when EXPORT_SECONDS passed since the last one started; the first check publishes, and so does the one
+    EXPORT_EVERY rounds after a reset (lease 39: the server module's learn-again-after-a-reset check waited 10 s for
+    the gauges before this)."""
     prometheus_client = pytest.importorskip("prometheus_client")
     from sglang_ddtree.sglang import auto as auto_mod
     from sglang_ddtree.sglang.stats import _Prometheus
@@ -697,6 +699,15 @@ def test_calibration_snapshots_wait_export_seconds_between_publishes(monkeypatch
     assert published == [1005.0, 1017.0]
     rounds(8, seconds_each=0.1)  # rounds 20 and 24: under a second later
     assert len(published) == 2
+    rounds(2, seconds_each=0.1)
+    monitor.reset()  # round 26: publishes the empty table at once; rounds now count from the reset
+    assert len(published) == 3
+    rounds(3, seconds_each=0.1)  # no check at round 28: only EXPORT_EVERY rounds after the reset
+    assert len(published) == 3
+    rounds(2, seconds_each=0.1)  # round 4 after the reset (~1.5 s after round 16's start) starts one, 5 publishes
+    assert len(published) == 4
+    rounds(8, seconds_each=0.1)  # rounds 8 and 12 after it: the wait holds again after that publish
+    assert len(published) == 4
 
 
 def test_calibration_table_publish_resolves_each_cells_gauges_once():

@@ -1453,7 +1453,8 @@ class CalibrationMonitor:
       EXPORT_EVERY rounds; the first check publishes) (the debug dump writes the whole table every 100 rounds,
       `ScoreCalibrator.export`).
     - reset (POST /set_internal_state {"server_args": {"ddtree_calibration_reset": 1}}, plugin hook ->
-      `DDTreeWorker.reset_calibration`): an empty table, totals zeroed, the gauges published at once."""
+      `DDTreeWorker.reset_calibration`): an empty table, totals zeroed, the gauges published at once, and again
+      EXPORT_EVERY rounds later without waiting EXPORT_SECONDS."""
 
     # A publish sets every cell's two gauges (~180 sets: bench_calibration_publish.py; 0.43 ms on the dev CPU with
     # the summary's rows, results/auto_bookkeeping_cpu.json). Every 256 rounds that was ~2 us a round on the CPU,
@@ -1537,6 +1538,11 @@ class CalibrationMonitor:
         self.learnt = 0
         self.resets += 1
         self._pending = None
+        # the check EXPORT_EVERY rounds after the reset publishes whatever the clock says: whoever reset the table
+        # wants to see it learn again soon, not EXPORT_SECONDS later (lease 39's server module caught that wait);
+        # counting from the reset gives the young table EXPORT_EVERY rounds to learn before that publish
+        self._last_export = None
+        self._rounds = 0
         if self.prometheus is not None:
             self._publish(self.calibrator.summary().cpu())
 
