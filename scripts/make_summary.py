@@ -416,26 +416,32 @@ PAIRED_SWEEPS = {"sweep_paired_tiny_lease22.jsonl": "tiny|ddtree-128",
 # `tiny-e5`-`e7` and `tiny-s5`-`s7`. Lease 38 (3a7b8c1, the same chooser; SGLANG_DDTREE_AUTO_HOST_DETAIL new and
 # off), 8 runs a row: 38 `tiny-e1`-`e3` (as it is), `tiny-s1`-`s3` (SGLANG_DDTREE_AUTO_SAMPLE_EVERY=8), `tiny-d1`,
 # `tiny-d2` (SGLANG_DDTREE_AUTO_HOST_DETAIL=1: its marks add their own cost, so not as it is; AB_DETAIL_ARM); 38b
-# `tiny-e4`, `e5`, `s4`, `s5`, `d3`, `d4`; 38c `tiny-e6`-`e8`, `s6`-`s8`. The headline pools the `auto` as it is
-# servers of leases 35-38 (30 servers).
+# `tiny-e4`, `e5`, `s4`, `s5`, `d3`, `d4`; 38c `tiny-e6`-`e8`, `s6`-`s8`. Lease 39 (dbf4e29: aa3bbae's bookkeeping
+# cuts, the same picks), 8 runs a row: 39 `tiny-e1`-`e6` (as it is), `tiny-d1`, `tiny-d2` (HOST_DETAIL); 39b
+# `tiny-e7`-`e12`. The headline pools the `auto` as it is servers of leases 35-39 (42 servers).
 AB_SWEEPS = ("sweep_ab_tiny_lease31.jsonl", "sweep_ab_tiny_lease31b.jsonl", "sweep_ab_tiny_lease32.jsonl",
              "sweep_ab_tiny_lease32b.jsonl", "sweep_ab_tiny_lease33.jsonl", "sweep_ab_tiny_lease33b.jsonl",
              "sweep_ab_tiny_lease33c.jsonl", "sweep_ab_tiny_lease34.jsonl", "sweep_ab_tiny_lease34b.jsonl",
              "sweep_ab_tiny_lease34c.jsonl", "sweep_ab_tiny_lease34d.jsonl", "sweep_ab_tiny_lease35.jsonl",
              "sweep_ab_tiny_lease35b.jsonl", "sweep_ab_tiny_lease35c.jsonl", "sweep_ab_tiny_lease36.jsonl",
              "sweep_ab_tiny_lease36b.jsonl", "sweep_ab_tiny_lease37.jsonl", "sweep_ab_tiny_lease37b.jsonl",
-             "sweep_ab_tiny_lease38.jsonl", "sweep_ab_tiny_lease38b.jsonl", "sweep_ab_tiny_lease38c.jsonl")
+             "sweep_ab_tiny_lease38.jsonl", "sweep_ab_tiny_lease38b.jsonl", "sweep_ab_tiny_lease38c.jsonl",
+             "sweep_ab_tiny_lease39.jsonl", "sweep_ab_tiny_lease39b.jsonl")
 AB_HEADLINE_SWEEPS = ("sweep_ab_tiny_lease35.jsonl", "sweep_ab_tiny_lease35b.jsonl", "sweep_ab_tiny_lease35c.jsonl",
                       "sweep_ab_tiny_lease36.jsonl", "sweep_ab_tiny_lease36b.jsonl", "sweep_ab_tiny_lease37.jsonl",
                       "sweep_ab_tiny_lease37b.jsonl", "sweep_ab_tiny_lease38.jsonl", "sweep_ab_tiny_lease38b.jsonl",
-                      "sweep_ab_tiny_lease38c.jsonl")
-# The arm whose `auto` rounds mark its own host work apart (stages.AUTO_HOST_DETAIL): sglang_auto_ab_host_detail_ms_tiny
+                      "sweep_ab_tiny_lease38c.jsonl", "sweep_ab_tiny_lease39.jsonl", "sweep_ab_tiny_lease39b.jsonl")
+# The arm whose `auto` rounds mark its own host work apart (stages.AUTO_HOST_DETAIL): sglang_auto_ab_host_detail_ms_tiny,
+# from the sweeps of the bookkeeping as it is (AB_DETAIL_SWEEPS: aa3bbae changed what `after_auto` and `tree_auto`
+# hold, so lease 38's `d` servers are not pooled with lease 39's; their split stays in ab_arms_pooled_lease38.json)
 AB_DETAIL_ARM = "AUTO_HOST_DETAIL=1"
+AB_DETAIL_SWEEPS = ("sweep_ab_tiny_lease39.jsonl",)
 # What a sweep's servers ran without setting it (their commit's default then), for the arm labels.
 _NO_EXPIRY = "SGLANG_DDTREE_AUTO_TIMES_EXPIRE=0"  # every commit before lease 35's default (the knob came with it)
 _EXPIRY_DEFAULT = ("sweep_ab_tiny_lease36.jsonl", "sweep_ab_tiny_lease36b.jsonl", "sweep_ab_tiny_lease37.jsonl",
                    "sweep_ab_tiny_lease37b.jsonl", "sweep_ab_tiny_lease38.jsonl", "sweep_ab_tiny_lease38b.jsonl",
-                   "sweep_ab_tiny_lease38c.jsonl")  # commits with the expiry on
+                   "sweep_ab_tiny_lease38c.jsonl", "sweep_ab_tiny_lease39.jsonl",
+                   "sweep_ab_tiny_lease39b.jsonl")  # commits with the expiry on
 # A setup field an arm changed that its rows do not record (result rows carry warmup_new_tokens since lease 36's
 # commit; its own rows do not), named in the arm's label.
 AB_SETUP_NOTES = {"sweep_ab_tiny_lease36.jsonl": {f"tiny-w{i}": ["warmup_new_tokens=640"] for i in (1, 2, 3)}}
@@ -740,10 +746,10 @@ def sglang_auto_ab(out: dict) -> None:
     a round. The arms share the process, the moment and the text, so these intervals are the rounds' own spread, not
     the host's speed between servers (the cross-server ratios of the same sweep: sglang_paired_ratios).
     sglang_auto_ab_over_fixed_128_tiny: the arm that ran `auto` as it is, run by run, per batch size, the runs of
-    every such server of AB_HEADLINE_SWEEPS (one chooser: leases 35-38) pooled (ab_pooled);
+    every such server of AB_HEADLINE_SWEEPS (one chooser: leases 35-39) pooled (ab_pooled);
     sglang_auto_ab_own_host_ms_tiny: the same rows' `auto` arm's host ms a round less the fixed arm's, per host stage
-    (ab_own_host_split); sglang_auto_ab_host_detail_ms_tiny: the same split over the AB_DETAIL_ARM servers, whose
-    `auto` rounds marked their own host work apart (lease 38)."""
+    (ab_own_host_split); sglang_auto_ab_host_detail_ms_tiny: the same split over the AB_DETAIL_ARM servers of
+    AB_DETAIL_SWEEPS, whose `auto` rounds marked their own host work apart (lease 39)."""
     sys.path.insert(0, str(RESULTS.parents[1]))
     from sglang_ddtree.bench.paired import ab_own_host_split, ab_pooled, ab_table, row_label
     from sglang_ddtree.bench.results import latest_results, read_rows
@@ -775,7 +781,7 @@ def sglang_auto_ab(out: dict) -> None:
             headline_rows += [r for r in rows if row_label(r) in as_it_is]
             headline_labels |= set(as_it_is)
             headline_servers += len(as_it_is)
-        if detailed:
+        if detailed and name in AB_DETAIL_SWEEPS:
             detail_rows += [r for r in rows if row_label(r) in detailed]
             detail_labels |= set(detailed)
     pooled = ab_pooled(headline_rows, headline_labels) if headline_rows else None

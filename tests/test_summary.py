@@ -174,14 +174,15 @@ def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
     # lease 35: tiny-e1..e3 (35), e4 (35b), e5 and e6 (35c); lease 36: e1..e3 (36), e4..e9 (36b); its `w` servers
     # (a longer warm-up, AB_SETUP_NOTES) and held `f1` are named by their arm and left out; lease 37: e1..e4 (37),
     # e5..e7 (37b), its `s` servers (SWITCH_UNTIMED) named by their knob and left out; lease 38: e1..e3 (38), e4, e5
-    # (38b), e6..e8 (38c), its `s` (SAMPLE_EVERY=8) and `d` (HOST_DETAIL) servers named and left out
-    assert len(servers) == 30 and labels == [f"tiny-e{i}|auto" for i in range(1, 10)]
+    # (38b), e6..e8 (38c), its `s` (SAMPLE_EVERY=8) and `d` (HOST_DETAIL) servers named and left out; lease 39:
+    # e1..e6 (39), e7..e12 (39b), its `d` servers left out
+    assert len(servers) == 42 and labels == sorted(f"tiny-e{i}|auto" for i in range(1, 13))
     assert summary["sglang_auto_ab"]["sweep_ab_tiny_lease36.jsonl"]["tiny-w1|auto"]["arm"] == "warmup_new_tokens=640"
     assert summary["sglang_auto_ab"]["sweep_ab_tiny_lease37b.jsonl"]["tiny-s5|auto"]["arm"] == "AUTO_SWITCH_UNTIMED=1"
     assert summary["sglang_auto_ab"]["sweep_ab_tiny_lease38c.jsonl"]["tiny-s8|auto"]["arm"] == "AUTO_SAMPLE_EVERY=8"
     assert summary["sglang_auto_ab"]["sweep_ab_tiny_lease38b.jsonl"]["tiny-d3|auto"]["arm"] == ms.AB_DETAIL_ARM
     assert summary["sglang_auto_ab_over_fixed_128_tiny_source"] == (
-        f"{' + '.join(ms.AB_HEADLINE_SWEEPS)} (`auto` as it is: 30 servers, {' + '.join(labels)} in each sweep "
+        f"{' + '.join(ms.AB_HEADLINE_SWEEPS)} (`auto` as it is: 42 servers, {' + '.join(labels)} in each sweep "
         f"that has them, runs pooled)")
     headline = summary["sglang_auto_ab_over_fixed_128_tiny"]
     assert sorted(headline) == ["1", "16", "4", "64"]
@@ -193,12 +194,13 @@ def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
     own = summary["sglang_auto_ab_own_host_ms_tiny"]
     assert sorted(own) == ["1", "16", "4", "64"] and all(d["rows"] == len(servers) for d in own.values())
     assert all("choose" in d["stages"] for d in own.values())
-    # the as-it-is servers mark no detail; the four HOST_DETAIL servers (lease 38) split `choose` and `after`
+    # the as-it-is servers mark no detail; the two HOST_DETAIL servers of AB_DETAIL_SWEEPS (lease 39: the
+    # bookkeeping as it is; lease 38's four ran the code before aa3bbae) split `choose` and `after`
     from sglang_ddtree.stages import AUTO_HOST_DETAIL
 
     assert not any(name in d["stages"] for d in own.values() for name in AUTO_HOST_DETAIL)
     detail = summary["sglang_auto_ab_host_detail_ms_tiny"]
-    assert sorted(detail) == ["1", "16", "4", "64"] and all(d["rows"] == 4 for d in detail.values())
+    assert sorted(detail) == ["1", "16", "4", "64"] and all(d["rows"] == 2 for d in detail.values())
     assert all(set(AUTO_HOST_DETAIL) - {"after_learn"} <= set(d["stages"]) for d in detail.values())
     # no A/B server's own tokens/s reaches the cross-server headline's sources
     assert all(name not in ms.AB_SWEEPS for name in ms.SGLANG_AUTO_SWEEPS)
