@@ -97,15 +97,14 @@ def main(argv=None) -> int:
                                   "--repeats", str(args.repeats)], env=env, capture_output=True, text=True,
                                  check=True).stdout
             counters[mode] = json.loads(out)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    from sglang_ddtree.bench.results import emit_result, head_commit
+
     result = {"what": "us per call on the CPU (median of repeats): Prometheus Counter inc in-process and under "
                       "multiprocess mode against a dict add; the chooser's log line; the calibration table's "
                       "publish with its summary rows",
-              "commit": commit or None, "loops": args.loops, "repeats": args.repeats, "counter": counters,
+              "commit": head_commit(), "loops": args.loops, "repeats": args.repeats, "counter": counters,
               **log_and_publish_us(args.loops, args.repeats)}
-    print(json.dumps(result, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    emit_result(result, args.out)
     return 0
 
 

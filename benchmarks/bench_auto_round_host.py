@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import pstats
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -120,20 +118,18 @@ def main(argv=None) -> int:
     for (_, _, name), (_, _, _, cumulative, _) in stats.stats.items():
         if name in PIECES:
             shares[name] = round(shares.get(name, 0.0) + cumulative / stats.total_tt, 3)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[1]).stdout.strip() or None
+    from sglang_ddtree.bench.results import emit_result, head_commit
+
     result = {"what": "us per round of auto's per-round host block on the CPU (median of repeats), its Python calls a "
                       "round, and each piece's cumulative share of it under cProfile (drain includes observe; "
                       "after_round the table publish)",
-              "commit": commit, "rounds": args.rounds, "repeats": args.repeats,
+              "commit": head_commit(), "rounds": args.rounds, "repeats": args.repeats,
               "median_us_per_round": round(statistics.median(times), 1), "runs_us": [round(t, 1) for t in times],
               # deterministic where the timings are not (this 2-core VM's timings moved 25-53 us between runs of
               # one commit): Python calls a round, builtins included, in the profiled pass
               "python_calls_per_round": round(stats.total_calls / args.rounds, 1),
               "cumulative_share_profiled": dict(sorted(shares.items(), key=lambda kv: -kv[1]))}
-    print(json.dumps(result, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    emit_result(result, args.out)
     return 0
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,10 +42,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     times = publish_us(args.loops, args.repeats)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[1]).stdout.strip() or None
+    from sglang_ddtree.bench.results import head_commit
+
     result = {"what": "us per publish of the 90-cell calibration table (median of repeats of loops)",
-              "cells": 90, "loops": args.loops, "repeats": args.repeats, "commit": commit,
+              "cells": 90, "loops": args.loops, "repeats": args.repeats, "commit": head_commit(),
               "median_us": round(statistics.median(times), 1), "runs_us": [round(t, 1) for t in times]}
     print(json.dumps(result))
     if args.out:

@@ -824,3 +824,23 @@ def test_host_profile_diff_names_autos_own_functions(tmp_path):
     assert result["batches"] == [600, 600] and len(result["largest_differences"]) == 5
     only_a = {r["function"] for r in result["only_in_a"]}
     assert drain[0] in only_a and not any("Event.record" in f for f in only_a)
+
+
+def test_cpu_bench_result_helpers_name_the_commit_and_write_what_they_print(tmp_path, capsys):
+    """results.head_commit / emit_result, shared by the one-file CPU benches (bench_auto_round_host.py,
+    bench_auto_bookkeeping.py, bench_calibration_publish.py): the checkout's HEAD, and the printed JSON written as is."""
+    import re
+    import subprocess
+
+    from sglang_ddtree.bench.results import emit_result, head_commit
+
+    expected = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parents[1]).stdout.strip() or None
+    assert head_commit() == expected and (expected is None or re.fullmatch(r"[0-9a-f]{40}", expected))
+    result = {"what": "x", "runs_us": [1.5, 2.0], "commit": expected}
+    out = tmp_path / "r.json"
+    emit_result(result, out)
+    printed = capsys.readouterr().out
+    assert json.loads(printed) == result and out.read_text() == printed
+    emit_result(result, None)  # print only
+    assert json.loads(capsys.readouterr().out) == result

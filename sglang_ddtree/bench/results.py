@@ -13,11 +13,28 @@ signal mid-row) is never done. Readers take the latest line per key.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from sglang_ddtree.bench.plan import METHODS
 
 RESULTS_NAME = "bench_budgets.jsonl"
 STATUSES = ("ok", "skipped", "failed", "interrupted")
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def head_commit() -> str | None:
+    """The checkout's HEAD commit (None outside a git checkout): names the code a one-file CPU bench measured."""
+    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=_REPO).stdout.strip() or None
+
+
+def emit_result(result: dict, out: Path | None) -> None:
+    """A one-file CPU bench's result: printed, and written to `out` when given (indented JSON, one trailing
+    newline)."""
+    text = json.dumps(result, indent=1)
+    print(text)
+    if out:
+        Path(out).write_text(text + "\n")
 
 
 def read_rows(path: str | Path, *, strict: bool = False) -> list[dict]:
