@@ -7,7 +7,7 @@ over its fixed arm per batch size and over all, 95% intervals), their own host t
 
     python benchmarks/ab_arms_pooled.py benchmarks/results/sweep_ab_tiny_lease38{,b,c}.jsonl \\
         --arm e=tiny-e --arm s=tiny-s --arm d=tiny-d --json benchmarks/results/ab_arms_pooled_lease38.json
-    python benchmarks/ab_arms_pooled.py benchmarks/results/sweep_ab_tiny_lease3{5,5b,5c,6,6b,7,7b,8,8b,8c}.jsonl \
+    python benchmarks/ab_arms_pooled.py benchmarks/results/sweep_ab_tiny_lease3{5,5b,5c,6,6b,7,7b,8,8b,8c,9,9b}.jsonl \
         --arm e=tiny-e --json benchmarks/results/ab_arms_pooled_headline.json
 """
 

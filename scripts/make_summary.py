@@ -427,10 +427,8 @@ AB_SWEEPS = ("sweep_ab_tiny_lease31.jsonl", "sweep_ab_tiny_lease31b.jsonl", "swe
              "sweep_ab_tiny_lease36b.jsonl", "sweep_ab_tiny_lease37.jsonl", "sweep_ab_tiny_lease37b.jsonl",
              "sweep_ab_tiny_lease38.jsonl", "sweep_ab_tiny_lease38b.jsonl", "sweep_ab_tiny_lease38c.jsonl",
              "sweep_ab_tiny_lease39.jsonl", "sweep_ab_tiny_lease39b.jsonl")
-AB_HEADLINE_SWEEPS = ("sweep_ab_tiny_lease35.jsonl", "sweep_ab_tiny_lease35b.jsonl", "sweep_ab_tiny_lease35c.jsonl",
-                      "sweep_ab_tiny_lease36.jsonl", "sweep_ab_tiny_lease36b.jsonl", "sweep_ab_tiny_lease37.jsonl",
-                      "sweep_ab_tiny_lease37b.jsonl", "sweep_ab_tiny_lease38.jsonl", "sweep_ab_tiny_lease38b.jsonl",
-                      "sweep_ab_tiny_lease38c.jsonl", "sweep_ab_tiny_lease39.jsonl", "sweep_ab_tiny_lease39b.jsonl")
+# one chooser since lease 35: every later A/B sweep is the headline's (a new lease's sweeps go in AB_SWEEPS only)
+AB_HEADLINE_SWEEPS = AB_SWEEPS[AB_SWEEPS.index("sweep_ab_tiny_lease35.jsonl"):]
 # The arm whose `auto` rounds mark its own host work apart (stages.AUTO_HOST_DETAIL): sglang_auto_ab_host_detail_ms_tiny,
 # from the sweeps of the bookkeeping as it is (AB_DETAIL_SWEEPS: aa3bbae changed what `after_auto` and `tree_auto`
 # hold, so lease 38's `d` servers are not pooled with lease 39's; their split stays in ab_arms_pooled_lease38.json)
@@ -438,10 +436,7 @@ AB_DETAIL_ARM = "AUTO_HOST_DETAIL=1"
 AB_DETAIL_SWEEPS = ("sweep_ab_tiny_lease39.jsonl",)
 # What a sweep's servers ran without setting it (their commit's default then), for the arm labels.
 _NO_EXPIRY = "SGLANG_DDTREE_AUTO_TIMES_EXPIRE=0"  # every commit before lease 35's default (the knob came with it)
-_EXPIRY_DEFAULT = ("sweep_ab_tiny_lease36.jsonl", "sweep_ab_tiny_lease36b.jsonl", "sweep_ab_tiny_lease37.jsonl",
-                   "sweep_ab_tiny_lease37b.jsonl", "sweep_ab_tiny_lease38.jsonl", "sweep_ab_tiny_lease38b.jsonl",
-                   "sweep_ab_tiny_lease38c.jsonl", "sweep_ab_tiny_lease39.jsonl",
-                   "sweep_ab_tiny_lease39b.jsonl")  # commits with the expiry on
+_EXPIRY_DEFAULT = AB_SWEEPS[AB_SWEEPS.index("sweep_ab_tiny_lease36.jsonl"):]  # commits with the expiry on
 # A setup field an arm changed that its rows do not record (result rows carry warmup_new_tokens since lease 36's
 # commit; its own rows do not), named in the arm's label.
 AB_SETUP_NOTES = {"sweep_ab_tiny_lease36.jsonl": {f"tiny-w{i}": ["warmup_new_tokens=640"] for i in (1, 2, 3)}}
