@@ -2,10 +2,11 @@
 # Real-size runs on the GPU machine (after the install chunks): the widened Qwen3-8B-shaped pair (setup 8b-real,
 # built into runs/8b-real by sglang_ddtree.widen on first use) swept and checked.
 #
-#   bash scripts/device/real8b.sh sweep OUT COMMIT BACKEND MINUTES [bench_budgets args...]
-#       the budget sweep on one backend (triton or flashinfer); resumable: a second call with the same BACKEND
-#       continues the same results file (kept in /tmp/real8b while the machine is warm); copies the JSONL, the
-#       sweep's log and a tarball of the server logs into OUT
+#   bash scripts/device/real8b.sh sweep OUT COMMIT NAME MINUTES [bench_budgets args...]
+#       the budget sweep (`--setups 8b-real` unless the args say otherwise; `--copy-setup 8b-real-fi=8b-real --set
+#       8b-real-fi.backend=flashinfer` adds flashinfer); resumable: a second call with the same NAME continues the
+#       same results file (kept in /tmp/real8b while the machine is warm); copies the JSONL, the sweep's log and a
+#       tarball of the server logs into OUT
 #   bash scripts/device/real8b.sh lossless OUT COMMIT BACKEND
 #       tests/gpu/test_real8b.py: greedy == plain up to ties at B 16/64/256, batch 1 and 16, and the KV-leak check
 #
@@ -14,7 +15,7 @@ set -uo pipefail
 step=${1:?step}
 out=${2:?outdir}
 commit=${3:?commit}
-backend=${4:-triton}
+backend=${4:-triton}  # sweep: the workspace name; lossless: the attention backend
 shift 4 || shift $#
 cd "$(dirname "$0")/../.."
 source scripts/device/env.sh
@@ -27,14 +28,8 @@ case "$step" in
 sweep)
     minutes=${1:?minutes}
     shift
-    setup=8b-real
-    copy=()
-    if [ "$backend" != triton ]; then
-        setup=8b-real-$backend
-        copy=(--copy-setup "$setup=8b-real" --set "$setup.backend=$backend")
-    fi
     python3 -m sglang_ddtree.widen --shape qwen3-8b --out runs/8b-real --if-missing || exit 1
-    timeout $(( ${minutes%.*} * 60 + 90 )) python3 benchmarks/bench_budgets.py --setups "$setup" "${copy[@]}" \
+    timeout $(( ${minutes%.*} * 60 + 90 )) python3 benchmarks/bench_budgets.py \
         --prompts-file runs/bench/humaneval_prompts.jsonl --out "$ws/sweep" --log-dir "$ws/logs" \
         --commit "$commit" --max-minutes "$minutes" --interleave "$@" >> "$ws/run.log" 2>&1
     rc=$?
