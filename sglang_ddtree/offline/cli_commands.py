@@ -237,9 +237,15 @@ def add_compare_parser(sub) -> None:
                    help="method to compare (repeatable or comma list); default: all methods in both files")
     p.add_argument("--min-match-rate", type=float, default=None, help="fail below this exact-match rate")
     p.add_argument("--max-tau-drop", type=float, default=None, help="fail when tau drops by more than this")
-    p.add_argument("--noise-margin", type=float, default=0.5,
-                   help="top-2 logit margin below which a divergence counts as a near-tie (default 0.5; use ~1e-3 "
-                        "for float32-vs-float32 runs)")
+    p.add_argument("--rule", choices=("auto", "exact", "float32-tie", "margin"), default="auto",
+                   help="what counts as noise (auto: exact when both files are exact decoders in the same dtype, "
+                        "every difference a bug; float32-tie when one side is float32 and the other not; else "
+                        "margin); the report says which rule was used")
+    p.add_argument("--noise-margin", type=float, default=0.25,
+                   help="tie threshold of the float32-tie and margin rules: top-2 log-prob gap (nats) below which a "
+                        "first divergence is a tie (default 0.25)")
+    p.add_argument("--exact-tol", type=float, default=1e-3,
+                   help="exact rule: largest difference of a recorded top-2 gap or tree score that is not a bug")
     p.add_argument("--score-tol", type=float, default=0.05, help="tolerance on tree scores (log-prob)")
     p.add_argument("--no-trees", action="store_true", help="skip tree comparison")
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the tau CI")
@@ -269,7 +275,8 @@ def cmd_compare(args) -> int:
         if args.methods:
             methods = [m.strip() for arg in args.methods for m in arg.split(",") if m.strip()]
         th = Thresholds(min_match_rate=args.min_match_rate, max_tau_drop=args.max_tau_drop,
-                        noise_margin=args.noise_margin, score_tol=args.score_tol, check_trees=not args.no_trees)
+                        noise_margin=args.noise_margin, score_tol=args.score_tol, check_trees=not args.no_trees,
+                        rule=args.rule, exact_tol=args.exact_tol)
         report = compare(base, cand, methods=methods, thresholds=th, n_boot=args.bootstrap, seed=args.seed)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -305,6 +312,8 @@ def add_import_parser(sub) -> None:
     p.add_argument("--prompt-ids-from", help="take prompt ids from this dataset (same order and count as the file)")
     p.add_argument("--dataset-path", help="local file for --prompt-ids-from")
     p.add_argument("--trust-pickle", action="store_true", help="load with weights_only=False (files you made)")
+    p.add_argument("--dtype", help="dtype the reference ran in (the file does not record it; default: unknown)")
+    p.add_argument("--device", help="device the reference ran on (cpu, cuda; default: unknown)")
     p.set_defaults(func=cmd_import)
 
 
@@ -318,10 +327,16 @@ def cmd_import(args) -> int:
 
             ids = [p.id for p in load_prompts(args.prompt_ids_from, args.dataset_path)]
         b = import_reference(args.reference, trust_pickle=args.trust_pickle, prompt_ids=ids,
-                             dataset=args.dataset or args.prompt_ids_from)
+                             dataset=args.dataset or args.prompt_ids_from, dtype=args.dtype, device=args.device)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     write_baseline(args.out, b.header, b.records)
     print(f"imported {len(b.records)} records ({', '.join(b.methods)}) into {args.out}")
+    extra = b.header.extra.get("reference_extra_final_rounds", 0)
+    if extra:
+        print(f"{extra} record(s) end with the reference's extra final round (run after an exactly full output); "
+              "it is kept in extra.reference_extra_final_round and not counted in tau")
+    if b.header.dtype is None:
+        print("dtype unknown (the reference file does not record it): pass --dtype to record what you ran")
     return 0
