@@ -188,14 +188,14 @@ def load_reference_baseline(path=REFERENCE_PATH):
     return import_reference(path, dataset=CHECK.dataset)
 
 
-def check(run, baselines: dict, *, methods=None) -> dict[str, dict]:
+def check(run, baselines: dict, *, methods=None, thresholds=None) -> dict[str, dict]:
     """compare(baseline, run) for each named baseline; returns the reports by name."""
     from sglang_ddtree.compare import compare
 
     out = {}
     for name, base in baselines.items():
         common = [m for m in (methods or run.methods) if m in base.methods]
-        out[name] = compare(base, run, methods=common, n_boot=200)
+        out[name] = compare(base, run, methods=common, n_boot=200, thresholds=thresholds)
     return out
 
 
