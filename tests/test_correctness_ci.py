@@ -81,3 +81,41 @@ def test_matches_the_wide_offline_baseline(run):
     report = cc.check(run, {"wide": wide})["wide"]
     _assert_passes(report)
     assert all(m["prompts"] == len(cc.CHECK.prompt_indices) for m in report["methods"].values())
+
+
+def test_ten_prompt_reference_style_file_compares_without_flags(tmp_path):
+    """A reference-style .pt (no dtype or device recorded, prompts named 0..9, tree traces, extra final rounds)
+    against our baseline file on the same prompts: `sglang-ddtree compare REF.pt OURS.jsonl` with no option."""
+    import argparse
+
+    import torch
+
+    from sglang_ddtree.baseline import write_baseline
+    from sglang_ddtree.offline.cli_commands import add_compare_parser
+
+    s = cc.CheckSettings(prompt_indices=tuple(range(10)), methods=("plain", "ddtree_tb16"),
+                         reference_methods=("plain", "ddtree_tb16"), max_new_tokens=32)
+    pair = cc.TinyPair(s)
+    ours = pair.decode()
+    write_baseline(tmp_path / "ours.jsonl", ours.header, ours.records)
+    block = int(pair.drafter.config.block_size)
+    long_run = pair.decode(max_new_tokens=s.max_new_tokens + block, record_trees=True)
+    ref = cc.export_reference_style(long_run, pair.prompts, s.max_new_tokens, block, s.methods,
+                                    stop_token_ids=pair.eos,
+                                    args={"dataset": "humaneval", "max_new_tokens": s.max_new_tokens,
+                                          "temperature": 0.0, "tree_budget": "16"})
+    torch.save(ref, tmp_path / "ref.pt")
+    parser = argparse.ArgumentParser()
+    add_compare_parser(parser.add_subparsers())
+    args = parser.parse_args(["compare", str(tmp_path / "ref.pt"), str(tmp_path / "ours.jsonl"),
+                              "--json", str(tmp_path / "r.json")])
+    assert args.func(args) == 0
+    import json
+
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["passed"] and rep["overall"]["exact_match"] == 20
+    # honest metadata: the file does not say its dtype, so the float32 side's own top-2 gaps judge any difference
+    assert rep["baseline"]["dtype"] is None and rep["rule"]["name"] == "float32-tie"
+    assert rep["rule"]["float32_side"] == "candidate"
+    assert all(m["prompts"] == 10 and m["matched_by"] == "prompt token hash" for m in rep["methods"].values())
+    assert rep["methods"]["plain"]["reference_extra_final_rounds"]["baseline"] == 10

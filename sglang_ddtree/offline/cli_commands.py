@@ -29,6 +29,12 @@ def add_offline_parser(sub) -> None:
     p.add_argument("--prompt-field", help="override the dataset's text field")
     p.add_argument("--id-field", help="override the dataset's id field")
     p.add_argument("--limit", type=int, help="first N prompts (file order)")
+    p.add_argument("--prompt-style", choices=("ours", "zlab"), default="ours",
+                   help="zlab: z-lab's DFlash benchmark wording, chat template as text then encode, and its "
+                        "--max-samples shuffle (sglang_ddtree/zlab.py), to compare with a z-lab summary")
+    p.add_argument("--max-samples", type=int, help="zlab prompt style: z-lab's --max-samples (seeded shuffle, first N)")
+    p.add_argument("--shuffle-seed", type=int, default=42,
+                   help="zlab prompt style: the shuffle's seed (42: z-lab's MLX backend; 0: its transformers backend)")
     p.add_argument("--chat", choices=("auto", "yes", "no"), default="auto",
                    help="wrap prompts in the tokenizer's chat template (auto: when it has one)")
     p.add_argument("--methods", default="plain,dflash,ddtree",
@@ -169,8 +175,14 @@ def cmd_offline(args) -> int:
         methods = expand_methods(args.methods.split(","), budgets)
         if args.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
-        prompts = load_prompts(args.dataset, args.dataset_path, limit=args.limit, text_field=args.prompt_field,
-                               id_field=args.id_field)
+        if args.prompt_style == "zlab":
+            from sglang_ddtree.zlab import zlab_prompts
+
+            prompts = zlab_prompts(args.dataset, args.dataset_path, max_samples=args.max_samples,
+                                   shuffle_seed=args.shuffle_seed)[: args.limit]
+        else:
+            prompts = load_prompts(args.dataset, args.dataset_path, limit=args.limit, text_field=args.prompt_field,
+                                   id_field=args.id_field)
         target, drafter, tokenizer, info = _load_models(args)
         needs_drafter = [m for m in methods if m != "plain"]
         if needs_drafter and drafter is None:
@@ -195,7 +207,12 @@ def cmd_offline(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     chat = {"auto": None, "yes": True, "no": False}[args.chat]
-    inputs = [PromptInput(p.id, p.index, encode_prompt(tokenizer, p, chat=chat)) for p in prompts]
+    if args.prompt_style == "zlab":
+        from sglang_ddtree.zlab import zlab_encode
+
+        inputs = [PromptInput(p.id, p.index, zlab_encode(tokenizer, p)) for p in prompts]
+    else:
+        inputs = [PromptInput(p.id, p.index, encode_prompt(tokenizer, p, chat=chat)) for p in prompts]
     settings = RunSettings(
         methods=methods, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, eos_token_ids=[] if args.ignore_eos else _eos_ids(tokenizer, target),
@@ -207,6 +224,8 @@ def cmd_offline(args) -> int:
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_new_tokens=args.max_new_tokens,
         block_size=info["block_size"], dataset=args.dataset, versions=_versions(),
         extra={"methods": methods, "limit": args.limit, "chat": args.chat, "commit": args.commit,
+               **({"prompt_style": "zlab", "max_samples": args.max_samples, "shuffle_seed": args.shuffle_seed}
+                  if args.prompt_style == "zlab" else {}),
                "eos_token_ids": settings.eos_token_ids, "record_trees": args.record_trees, **hybrid_settings,
                **({"auto": dataclasses.asdict(auto_settings)} if auto_settings else {})},
     )
@@ -340,3 +359,46 @@ def cmd_import(args) -> int:
     if b.header.dtype is None:
         print("dtype unknown (the reference file does not record it): pass --dtype to record what you ran")
     return 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# compare-zlab
+
+
+def add_zlab_parser(sub) -> None:
+    p = sub.add_parser("compare-zlab", help="compare our tau and acceptance histogram with a z-lab DFlash summary")
+    p.add_argument("summary", help="z-lab benchmark's printed summary (text) or its JSON form")
+    p.add_argument("ours", help="our baseline JSONL on the same prompts (offline --prompt-style zlab, or from-server)")
+    p.add_argument("--method", default="dflash", help="our method to compare (default dflash: z-lab's chain)")
+    p.add_argument("--dataset", help="dataset the summary is for (the printed text does not say)")
+    p.add_argument("--samples", type=int, help="prompts the summary averaged over (the printed text does not say)")
+    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the intervals")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--json", dest="json_out", help="write the report as JSON here")
+    p.set_defaults(func=cmd_compare_zlab)
+
+
+def cmd_compare_zlab(args) -> int:
+    """Exit 0: consistent; 1: not consistent; 2: bad input."""
+    from sglang_ddtree.baseline import read_baseline
+    from sglang_ddtree.zlab import compare_with_zlab, format_zlab_report, read_zlab_summary
+
+    try:
+        summary = read_zlab_summary(args.summary, dataset=args.dataset, samples=args.samples)
+        ours = read_baseline(args.ours)
+        records = [r for r in ours.records if r.method == args.method]
+        if not records:
+            raise ValueError(f"{args.ours} has no record of method {args.method!r}; it has {ours.methods}.")
+        if summary.dataset and ours.header.dataset and summary.dataset != ours.header.dataset:
+            raise ValueError(f"the summary is for dataset {summary.dataset!r} but {args.ours} for "
+                             f"{ours.header.dataset!r}.")
+        rep = compare_with_zlab(summary, records, n_boot=args.bootstrap, seed=args.seed)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_zlab_report(rep))
+    if args.json_out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(_finite(rep), f, indent=1, allow_nan=False)
+    return 0 if rep["consistent"] else 1
