@@ -146,6 +146,7 @@ class MethodRecord:
     prefill_ms: float | None = None
     total_ms: float | None = None
     trees: list[dict[str, list]] | None = None  # per round: tokens / parents / scores / ranks (valid nodes)
+    tree_hashes: list[str] | None = None  # per round: `tree_hash` of the round's tree (node order ignored)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -198,7 +199,7 @@ class MethodRecord:
                 f"{where}: accept_lengths sum to {sum(self.accept_lengths)} but there are {len(self.output_ids)} "
                 "output tokens; rounds plus the prefill token must cover every output token."
             )
-        for name in ("accepted_ranks", "tree_sizes", "expected_accepts", "trees"):
+        for name in ("accepted_ranks", "tree_sizes", "expected_accepts", "trees", "tree_hashes"):
             v = getattr(self, name)
             if v is not None and len(v) != n_rounds:
                 raise ValueError(f"{where}: {name} has {len(v)} entries but there are {n_rounds} rounds.")
@@ -214,6 +215,8 @@ class MethodRecord:
             for stage, vals in self.stage_ms.items():
                 if len(vals) != n_rounds:
                     raise ValueError(f"{where}: stage_ms[{stage!r}] has {len(vals)} entries for {n_rounds} rounds.")
+        if self.tree_hashes is not None and not all(isinstance(h, str) or h is None for h in self.tree_hashes):
+            raise ValueError(f"{where}: tree_hashes must be strings (or null for a round without a tree).")
         if self.trees is not None and check_trees:
             for r, t in enumerate(self.trees):
                 if t is not None:
@@ -495,6 +498,42 @@ def prompt_sha256(prompt_ids: Iterable[int]) -> str:
     return hashlib.sha256(json.dumps([int(t) for t in prompt_ids]).encode()).hexdigest()
 
 
+TREE_HASH_CHARS = 16
+
+
+def tree_hash(tokens: list[int], parents: list[int]) -> str:
+    """A short hash of a round's tree (node 0 = the root, parents point to earlier nodes) that ignores node order:
+    sha256 of the sorted list of every node's token path from the root (root token included), first 16 hex
+    digits. Two trees with the same draft prefixes hash alike whatever order their builder emitted them in."""
+    if len(tokens) != len(parents) or not tokens:
+        raise ValueError("tree_hash needs non-empty tokens and parents of equal length.")
+    paths: list[tuple[int, ...]] = [(int(tokens[0]),)]
+    for i in range(1, len(tokens)):
+        p = int(parents[i])
+        if not 0 <= p < i:
+            raise ValueError(f"tree_hash: node {i} has parent {p}; a parent must be an earlier node.")
+        paths.append(paths[p] + (int(tokens[i]),))
+    text = json.dumps(sorted(paths), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:TREE_HASH_CHARS]
+
+
+def round_tree_hashes(rec: "MethodRecord") -> list[str | None] | None:
+    """Per-round tree hashes of a record: computed from its dumped `trees` where it has them (the trees are what is
+    compared), else its recorded `tree_hashes`, else None."""
+    if rec.trees is None:
+        return None if rec.tree_hashes is None else list(rec.tree_hashes)
+    out: list[str | None] = []
+    for r, t in enumerate(rec.trees):
+        if t is None:
+            out.append(rec.tree_hashes[r] if rec.tree_hashes is not None and r < len(rec.tree_hashes) else None)
+            continue
+        try:
+            out.append(tree_hash(t["tokens"], t["parents"]))
+        except (ValueError, KeyError, TypeError):
+            out.append("malformed")
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------
 # importer for the DDTree paper's reference benchmark output (torch.save file)
 
@@ -548,10 +587,18 @@ def load_reference_file(path: str | os.PathLike, *, trust_pickle: bool = False) 
 
 def _reference_tree(t: Any, root_token: int | None, where: str) -> dict[str, list]:
     """One round's tree from the reference dump. Accepted shapes (anything else is rejected):
-    a dict with tokens (`tokens`|`node_tokens`|`token_ids`) and parents (`parents`|`parent_ids`), optional
-    scores (`scores`|`log_probs`|`logw`); or a tuple/list (tokens, parents[, scores]). If node 0 is not a root
-    (parents[0] != -1), the nodes are taken as the draft nodes under an implicit root and a root is prepended
-    with the round's root token."""
+
+    * the reference's own tree trace (`ddtree_generate(..., save_tree_traces=True)`): a dict
+      `{"accepted_indices": [0, i1, ...], "tree": {"node_token_ids": [n tokens], "node_depths": [n depths],
+      "parents": [-1, p1, ..., pn]}}`: the draft nodes are listed without the root, `parents` has one entry more
+      (index 0 is the root) and node i of the verify is draft node i - 1;
+    * a dict with tokens (`tokens`|`node_tokens`|`token_ids`|`node_token_ids`) and parents
+      (`parents`|`parent_ids`), optional scores (`scores`|`log_probs`|`logw`) and depths (`depths`|`node_depths`);
+    * a tuple/list (tokens, parents[, scores]).
+    When the tokens list only the draft nodes, a root with the round's root token is prepended: either `parents`
+    already has the root's entry (one longer than the tokens, parents[0] = -1) or the depth-1 nodes have parent -1
+    and every parent index is shifted by one. The dump keeps `depths` (checked against the parents) and
+    `accepted` (the accepted node indices, root first) when the file has them."""
 
     def pick(d, names):
         for n in names:
@@ -559,49 +606,99 @@ def _reference_tree(t: Any, root_token: int | None, where: str) -> dict[str, lis
                 return _get(d, n)
         return None
 
+    accepted = None
+    depths = None
+    if isinstance(t, (dict, types.SimpleNamespace)) and _has(t, "tree") and _get(t, "tree") is not None:
+        acc = _get(t, "accepted_indices")
+        accepted = None if acc is None else [int(x) for x in _to_list(acc, where)]
+        t = _get(t, "tree")
     if isinstance(t, (tuple, list)) and 2 <= len(t) <= 3 and all(hasattr(x, "__len__") for x in t):
         tokens, parents = _to_list(t[0], where), _to_list(t[1], where)
         scores = _to_list(t[2], where) if len(t) == 3 else None
     elif isinstance(t, (dict, types.SimpleNamespace)):
-        tokens = pick(t, ("tokens", "node_tokens", "token_ids"))
+        tokens = pick(t, ("tokens", "node_tokens", "token_ids", "node_token_ids"))
         parents = pick(t, ("parents", "parent_ids"))
         if tokens is None or parents is None:
             keys = sorted(t.keys() if isinstance(t, dict) else vars(t).keys())
-            raise ValueError(f"{where}: unknown tree shape, keys {keys}; expected tokens and parents.")
+            raise ValueError(f"{where}: unknown tree shape, keys {keys}; expected tokens (node_token_ids) and "
+                             "parents, or the reference's {'accepted_indices', 'tree'} trace.")
         tokens, parents = _to_list(tokens, where), _to_list(parents, where)
         sc = pick(t, ("scores", "log_probs", "logw"))
         scores = _to_list(sc, where) if sc is not None else None
+        dp = pick(t, ("depths", "node_depths"))
+        depths = [int(x) for x in _to_list(dp, where)] if dp is not None else None
     else:
         raise ValueError(f"{where}: unknown tree shape {type(t).__name__}; expected a dict or (tokens, parents[, scores]).")
     tokens = [int(x) for x in tokens]
     parents = [int(x) for x in parents]
     scores = None if scores is None else [float(x) for x in scores]
-    if len(tokens) != len(parents) or (scores is not None and len(scores) != len(tokens)):
-        raise ValueError(f"{where}: tree tokens/parents/scores have different lengths.")
-    roots = [i for i, p in enumerate(parents) if p == -1]
-    rooted = roots == [0] and (root_token is None or tokens[0] == root_token)
-    if not rooted:
+    if len(parents) == len(tokens) + 1 and parents and parents[0] == -1:
+        # the reference's layout: parents include the root's entry, the tokens do not
         if root_token is None:
-            raise ValueError(f"{where}: tree has no root node and the round's root token is unknown.")
+            raise ValueError(f"{where}: the tree lists draft nodes only and the round's root token is unknown.")
         tokens = [root_token] + tokens
-        parents = [-1] + [p + 1 for p in parents]
         scores = None if scores is None else [0.0] + scores
-    dump = {"tokens": tokens, "parents": parents}
+        if depths is not None and len(depths) == len(tokens) - 1:
+            depths = [0] + depths
+    elif len(tokens) != len(parents) or (scores is not None and len(scores) != len(tokens)):
+        raise ValueError(f"{where}: tree tokens/parents/scores have different lengths "
+                         f"({len(tokens)}/{len(parents)}/{'-' if scores is None else len(scores)}).")
+    else:
+        roots = [i for i, p in enumerate(parents) if p == -1]
+        rooted = roots == [0] and (root_token is None or tokens[0] == root_token)
+        if not rooted:
+            if root_token is None:
+                raise ValueError(f"{where}: tree has no root node and the round's root token is unknown.")
+            tokens = [root_token] + tokens
+            parents = [-1] + [p + 1 for p in parents]
+            scores = None if scores is None else [0.0] + scores
+            if depths is not None and len(depths) == len(tokens) - 1:
+                depths = [0] + depths
+    dump: dict[str, list] = {"tokens": tokens, "parents": parents}
     if scores is not None:
         dump["scores"] = scores
+    if depths is not None:
+        dump["depths"] = depths
     validate_tree_dump(dump, where)
+    if depths is not None:
+        for i in range(1, len(tokens)):
+            if depths[i] != depths[parents[i]] + 1:
+                raise ValueError(f"{where}: node {i} has depth {depths[i]} but its parent {parents[i]} has depth "
+                                 f"{depths[parents[i]]}; node depths disagree with the parents.")
+    if accepted is not None:
+        if not accepted or accepted[0] != 0:
+            raise ValueError(f"{where}: accepted_indices must start with the root (0), got {accepted[:4]}.")
+        for prev, cur in zip(accepted, accepted[1:]):
+            if not 0 < cur < len(tokens) or parents[cur] != prev:
+                raise ValueError(f"{where}: accepted_indices {accepted} is not a path from the root "
+                                 f"(node {cur} is not a child of node {prev}).")
+        dump["accepted"] = accepted
     return dump
+
+
+REFERENCE_EXTRA_ROUND_KEY = "reference_extra_final_round"
 
 
 def import_reference(path: str | os.PathLike, *, trust_pickle: bool = False, prompt_ids: list[str] | None = None,
                      dataset: str | None = None, target_path: str | None = None,
-                     drafter_path: str | None = None) -> Baseline:
+                     drafter_path: str | None = None, dtype: str | None = None,
+                     device: str | None = None) -> Baseline:
     """Convert the DDTree paper's benchmark output into a Baseline. `baseline` is renamed `plain`.
 
     Expected top level: {"responses": [ {method: result, ...} per prompt ], "block_size": int, "args": dict}.
     A result (dict or namespace) holds output_ids (prompt + generated, [1, T] or [T]), num_input_tokens,
     num_output_tokens, acceptance_lengths, and optionally time_to_first_token, time_per_output_token,
-    decode_rounds, stage_times, round_timestamps, round_trees.
+    decode_rounds, stage_times, round_timestamps, round_trees (see `_reference_tree`).
+
+    Every record gets the sha256 of its prompt's token ids (the first num_input_tokens of output_ids), so `compare`
+    matches prompts by their tokens whatever they are called. Prompt ids: `prompt_ids`, else the response index.
+    dtype / device: what the run used. The file does not say (the published harness loads bf16 on CUDA, a run on
+    other hardware had to change it), so they come from these arguments, else from `args['dtype']` /
+    `args['device']` when the harness recorded them, else stay unknown (null).
+    The reference loop runs one more round when a round leaves the output exactly full (its loop goes on while
+    the root position is below prompt + max_new_tokens) and records that round's acceptance, although none of its
+    tokens is kept; such a final round is taken out of `accept_lengths` (and `trees`) and kept in
+    `extra['reference_extra_final_round']`, so tau counts the rounds that produced output, as our decoders do.
     """
     path = str(path)
     data = load_reference_file(path, trust_pickle=trust_pickle)
@@ -633,21 +730,37 @@ def import_reference(path: str | os.PathLike, *, trust_pickle: bool = False, pro
                 raise ValueError(f"{where}: unknown method key {ref_method!r}; expected baseline, dflash or ddtree_tb<B>.") from None
             records.append(_import_result(res, pid, i, method, f"{where}[{ref_method!r}]"))
 
+    dtype = dtype or _str_or_none(args.get("dtype") or args.get("torch_dtype"))
+    device = device or _str_or_none(args.get("device"))
+    extra_rounds = sum(1 for r in records if REFERENCE_EXTRA_ROUND_KEY in r.extra)
     header = BaselineHeader(
         source="import:ddtree-reference",
         target={"path": target_path or args.get("model_name_or_path"), "fingerprint": None},
         drafter={"path": drafter_path or args.get("draft_name_or_path"), "fingerprint": None},
-        dtype="bfloat16",  # the reference harness loads both models in bf16
-        device="cuda",
+        dtype=_normalise_dtype(dtype),
+        device=device,
         attn_implementation=data.get("target_attn_implementation"),
         temperature=temperature,
         seed=0,  # the reference seeds everything with 0
         max_new_tokens=args.get("max_new_tokens"),
         block_size=int(block_size) if block_size is not None else None,
         dataset=dataset or args.get("dataset"),
-        extra={"imported_from": os.path.abspath(path), "reference_args": _jsonable(args)},
+        extra={"imported_from": os.path.abspath(path), "reference_args": _jsonable(args),
+               "dtype_source": "given" if dtype else "unknown (the reference file does not record it)",
+               "reference_extra_final_rounds": extra_rounds},
     )
     return Baseline(header, records, path)
+
+
+def _str_or_none(x: Any) -> str | None:
+    return None if x is None else str(x)
+
+
+def _normalise_dtype(name: str | None) -> str | None:
+    if name is None:
+        return None
+    n = str(name).replace("torch.", "").lower()
+    return {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(n, n)
 
 
 def _jsonable(x: Any) -> Any:
@@ -678,8 +791,10 @@ def _import_result(res: Any, pid: str, index: int, method: str, where: str) -> M
     ids = [int(t) for t in _to_list(ids, where)]
     n_in = int(_get(res, "num_input_tokens"))
     n_out = int(_get(res, "num_output_tokens"))
+    sha = None
     if len(ids) == n_in + n_out:
         out = ids[n_in:]
+        sha = prompt_sha256(ids[:n_in])
     elif len(ids) == n_out:  # generated part only
         out = ids
     else:
@@ -689,7 +804,7 @@ def _import_result(res: Any, pid: str, index: int, method: str, where: str) -> M
         )
     acc = [int(a) for a in _to_list(_get(res, "acceptance_lengths"), where)]
     rec = MethodRecord(prompt_id=pid, method=method, output_ids=out, prompt_index=index, num_input_tokens=n_in,
-                       accept_lengths=acc)
+                       prompt_sha256=sha, accept_lengths=acc)
     ttft = _get(res, "time_to_first_token")
     if ttft is not None:
         rec.prefill_ms = float(ttft) * 1000.0  # reference timings are in seconds
@@ -712,8 +827,41 @@ def _import_result(res: Any, pid: str, index: int, method: str, where: str) -> M
             None if t is None else _reference_tree(t, out[s] if s < len(out) else None, f"{where} round_trees[{r}]")
             for r, (t, s) in enumerate(zip(trees, starts))
         ]
+        for r, (t, a, s) in enumerate(zip(rec.trees, acc, starts)):
+            if t is None or "accepted" not in t:
+                continue
+            if len(t["accepted"]) != a:
+                raise ValueError(f"{where} round_trees[{r}]: {len(t['accepted'])} accepted indices but the round's "
+                                 f"acceptance length is {a}.")
+            path_tokens = [t["tokens"][i] for i in t["accepted"][1:]]
+            emitted = out[s + 1: s + a]
+            if path_tokens[:len(emitted)] != emitted:
+                raise ValueError(f"{where} round_trees[{r}]: the accepted nodes' tokens {path_tokens} are not the "
+                                 f"output's tokens {emitted} at positions {s + 1}..{s + a - 1}.")
+    _drop_extra_final_round(rec)
+    if rec.trees is not None:
+        rec.tree_hashes = round_tree_hashes(rec)
     rec.validate(where)
     return rec
+
+
+def _drop_extra_final_round(rec: MethodRecord) -> None:
+    """The reference's loop runs one round past an exactly full output (see `import_reference`): when every output
+    token was already emitted before the last round, that round is taken out and kept in extra."""
+    acc = rec.accept_lengths
+    if not acc or sum(acc[:-1]) + 1 < len(rec.output_ids):
+        return
+    info: dict[str, Any] = {"accept_length": acc[-1], "round": len(acc) - 1,
+                            "why": "the reference ran one more round after the output was full; none of its tokens "
+                                   "is in the output, so it is not counted in tau"}
+    rec.accept_lengths = acc[:-1]
+    if rec.trees is not None:
+        last = rec.trees.pop()
+        if last is not None:
+            info["tree_hash"] = tree_hash(last["tokens"], last["parents"])
+    if rec.stage_ms is not None:
+        rec.stage_ms = {k: v[:-1] for k, v in rec.stage_ms.items()}
+    rec.extra[REFERENCE_EXTRA_ROUND_KEY] = info
 
 
 def _import_stage_times(stage: Any, n_rounds: int, rec: MethodRecord, where: str) -> dict[str, list[float]] | None:

@@ -26,11 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sglang-ddtree", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
-    from sglang_ddtree.offline.cli_commands import add_compare_parser, add_import_parser, add_offline_parser
+    from sglang_ddtree.offline.cli_commands import (add_compare_parser, add_import_parser, add_offline_parser,
+                                                    add_zlab_parser)
 
     add_offline_parser(sub)
     add_compare_parser(sub)
     add_import_parser(sub)
+    add_zlab_parser(sub)
     from sglang_ddtree.sglang_baseline import add_from_server_parser
 
     add_from_server_parser(sub)

@@ -15,6 +15,21 @@ Per method, over the prompts both files have:
     whether the difference is a near-tie at the budget cut (noise) or not (bug).
 The verdict fails on: any bug divergence, a bug tree difference, a round whose accept length differs although both
 trees are identical (T = 0), prompt mismatches, and the optional --min-match-rate / --max-tau-drop thresholds.
+
+Prompts are paired by the sha256 of their token ids when both files record it for every record of a method (so a
+reference file whose prompts are called "0", "1", ... pairs with ours called "HumanEval/0", ...), else by name.
+
+Which differences are noise depends on what is compared (`choose_rule`; the report names the rule):
+  * `exact`: both files come from exact decoders (our offline decoders, the paper's reference decoder) in the same
+    known dtype: the target's choices are the same computation on both sides, so EVERY difference is a bug: an
+    output divergence, a round's accept length, a round's tree (its hash; node order is ignored), a tree score or a
+    recorded margin beyond `exact_tol` (float reassociation between machines stays far below it);
+  * `float32-tie`: one side ran in float32 and recorded margins, the other in another dtype (a bf16 server): a first
+    divergence is a tie only where the float32 model's own top-1 minus top-2 log-prob gap there is below
+    `noise_margin`; anything else is a bug; trees are judged by `compare_trees` when both files dumped them;
+  * `margin`: neither side is float32 (or a dtype is unknown): the larger recorded margin decides, as above.
+A divergence that cannot be judged (no margin where one is needed) is `unknown`, which fails a greedy comparison:
+nothing is called noise without evidence.
 """
 
 from __future__ import annotations
@@ -26,28 +41,64 @@ from typing import Any
 import numpy as np
 
 from sglang_ddtree.baseline import (
-    Baseline, MethodRecord, comparability_warnings, method_sort_key, parse_method, validate_tree_dump,
+    REFERENCE_EXTRA_ROUND_KEY, Baseline, BaselineHeader, MethodRecord, comparability_warnings, method_sort_key,
+    parse_method, round_tree_hashes, validate_tree_dump,
 )
 from sglang_ddtree.metrics import RoundRecord, aggregate
 
 MAX_LISTED = 10  # divergences / tree differences listed per method (all are counted)
 
 
+RULES = ("auto", "exact", "float32-tie", "margin")
+EXACT_SOURCES = ("offline", "import:ddtree-reference")  # decoders whose T=0 output is the target's own computation
+
+
 @dataclass
 class Thresholds:
     min_match_rate: float | None = None  # fail when the exact-match rate is below
     max_tau_drop: float | None = None  # fail when tau(baseline) - tau(candidate) exceeds (speculative methods)
-    noise_margin: float = 0.5  # logit margin below which a divergence is a near-tie (bf16 noise is ~0.1-0.5)
+    noise_margin: float = 0.25  # top-2 log-prob gap below which a first divergence may be a tie (tie rules only)
     score_tol: float = 0.05  # log-prob tolerance for tree scores (near-tie at the budget cut, score drift)
     check_trees: bool = True
+    rule: str = "auto"  # auto | exact | float32-tie | margin (see the module docstring)
+    exact_tol: float = 1e-3  # exact rule: largest |difference| of a recorded margin or tree score that is not a bug
 
     def validate(self) -> None:
         if self.min_match_rate is not None and not 0 <= self.min_match_rate <= 1:
             raise ValueError(f"min_match_rate must be in [0, 1], got {self.min_match_rate}.")
         if self.max_tau_drop is not None and self.max_tau_drop < 0:
             raise ValueError(f"max_tau_drop must be >= 0, got {self.max_tau_drop}.")
-        if self.noise_margin < 0 or self.score_tol < 0:
-            raise ValueError("noise_margin and score_tol must be >= 0.")
+        if self.noise_margin < 0 or self.score_tol < 0 or self.exact_tol < 0:
+            raise ValueError("noise_margin, score_tol and exact_tol must be >= 0.")
+        if self.rule not in RULES:
+            raise ValueError(f"rule must be one of {', '.join(RULES)}, got {self.rule!r}.")
+
+
+def _is_exact_source(h: BaselineHeader) -> bool:
+    return h.source in EXACT_SOURCES or h.source.startswith("offline")
+
+
+def choose_rule(base: BaselineHeader, cand: BaselineHeader, requested: str = "auto") -> dict[str, Any]:
+    """{"name": exact | float32-tie | margin, "float32_side": baseline | candidate | None, "why": one sentence}."""
+    da, db = base.dtype, cand.dtype
+    f32 = "baseline" if da == "float32" else ("candidate" if db == "float32" else None)
+    if requested != "auto":
+        if requested == "float32-tie" and f32 is None:
+            raise ValueError("rule float32-tie needs one file made in float32 (its header's dtype); neither is.")
+        return {"name": requested, "float32_side": f32 if requested == "float32-tie" else None,
+                "why": f"asked for ({requested})"}
+    if da and db and da == db and _is_exact_source(base) and _is_exact_source(cand):
+        return {"name": "exact", "float32_side": None,
+                "why": f"both files come from exact decoders ({base.source}, {cand.source}) in {da}: every difference "
+                       "is a bug"}
+    if f32 is not None and da != db:
+        other = db if f32 == "baseline" else da
+        return {"name": "float32-tie", "float32_side": f32,
+                "why": f"the {f32} ran in float32 and the other in {other or 'an unknown dtype'}: a first difference "
+                       f"is a tie only where the float32 model's own top-2 gap is below the threshold"}
+    return {"name": "margin", "float32_side": None,
+            "why": f"dtypes {da or 'unknown'} / {db or 'unknown'} (sources {base.source}, {cand.source}): no exact "
+                   "pair and no float32 side without doubt; the larger recorded top-2 gap decides"}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -147,7 +198,7 @@ def _margin_at(rec: MethodRecord, pos: int) -> float | None:
 
 
 def classify_divergence(base: MethodRecord, cand: MethodRecord, pos: int, sampled: bool,
-                        noise_margin: float) -> dict[str, Any]:
+                        noise_margin: float, rule: dict[str, Any] | None = None) -> dict[str, Any]:
     bt = base.output_ids[pos] if pos < len(base.output_ids) else None
     ct = cand.output_ids[pos] if pos < len(cand.output_ids) else None
     info: dict[str, Any] = {
@@ -164,6 +215,24 @@ def classify_divergence(base: MethodRecord, cand: MethodRecord, pos: int, sample
     if sampled:
         info["class"] = "sampled"
         info["reason"] = "sampled run: token-level agreement is not expected"
+        return info
+    name = (rule or {}).get("name", "margin")
+    if name == "exact":
+        info["class"] = "bug"
+        info["reason"] = "exact decoders in the same dtype on both sides: every difference is a bug"
+        return info
+    if name == "float32-tie":
+        side = rule["float32_side"]
+        m = info[f"{side}_margin"]
+        if m is None:
+            info["class"] = "unknown"
+            info["reason"] = f"the float32 {side} recorded no top-2 gap here: cannot tell a tie from a bug"
+        elif m < noise_margin:
+            info["class"] = "noise"
+            info["reason"] = f"float32 top-2 gap {m:.3g} < {noise_margin}: a tie"
+        else:
+            info["class"] = "bug"
+            info["reason"] = f"float32 top-2 gap {m:.3g} >= {noise_margin}: the float32 model was sure"
         return info
     margins = [m for m in (info["baseline_margin"], info["candidate_margin"]) if m is not None]
     if not margins:
@@ -275,62 +344,171 @@ def _prompt_mismatch(b: MethodRecord, c: MethodRecord) -> str | None:
     return None
 
 
+def pair_records(base: Baseline, cand: Baseline, method: str) -> dict[str, Any]:
+    """Pairs (baseline record, candidate record) of one method, in baseline order.
+
+    By the prompts' token hashes when every record of the method in both files has one (names may differ: the
+    reference names prompts by index), else by prompt id. Returns pairs, the unpaired prompt ids of each side and
+    `matched_by`."""
+    brecs = [r for r in base.records if r.method == method]
+    crecs = [r for r in cand.records if r.method == method]
+    if brecs and crecs and all(r.prompt_sha256 for r in brecs) and all(r.prompt_sha256 for r in crecs):
+        pool: dict[str, list[MethodRecord]] = {}
+        for c in crecs:
+            pool.setdefault(c.prompt_sha256, []).append(c)
+        pairs, missing_c = [], []
+        for b in brecs:
+            lst = pool.get(b.prompt_sha256)
+            if lst:
+                pairs.append((b, lst.pop(0)))
+            else:
+                missing_c.append(b.prompt_id)
+        used = {id(c) for _, c in pairs}
+        missing_b = [c.prompt_id for c in crecs if id(c) not in used]
+        return {"pairs": pairs, "missing_in_candidate": missing_c, "missing_in_baseline": missing_b,
+                "matched_by": "prompt token hash"}
+    cand_by_id = {r.prompt_id: r for r in crecs}
+    base_ids = {r.prompt_id for r in brecs}
+    return {"pairs": [(b, cand_by_id[b.prompt_id]) for b in brecs if b.prompt_id in cand_by_id],
+            "missing_in_candidate": [b.prompt_id for b in brecs if b.prompt_id not in cand_by_id],
+            "missing_in_baseline": [c.prompt_id for c in crecs if c.prompt_id not in base_ids],
+            "matched_by": "prompt id"}
+
+
+def _pid(b: MethodRecord, c: MethodRecord) -> str:
+    return b.prompt_id if b.prompt_id == c.prompt_id else f"{b.prompt_id} (candidate: {c.prompt_id})"
+
+
+def _margin_drift(b: MethodRecord, c: MethodRecord, limit: int, tol: float) -> dict[str, Any] | None:
+    """First output position below `limit` whose recorded margins differ by more than `tol` (exact rule)."""
+    if b.margins is None or c.margins is None:
+        return None
+    for i in range(min(limit, len(b.margins), len(c.margins))):
+        x, y = b.margins[i], c.margins[i]
+        if x is None or y is None or not (math.isfinite(x) and math.isfinite(y)):
+            continue
+        if abs(x - y) > tol:
+            return {"position": i, "baseline_margin": x, "candidate_margin": y,
+                    "baseline_round": b.round_of_position(i), "candidate_round": c.round_of_position(i)}
+    return None
+
+
+def _score_drift(base: dict[str, list], cand: dict[str, list], tol: float) -> dict[str, Any] | None:
+    """Two trees with the same nodes: the first node (candidate order) whose score differs by more than tol."""
+    try:
+        bp, cp = _paths(base), _paths(cand)
+    except ValueError as e:
+        return {"node": None, "fields": ["parents"], "baseline": None, "candidate": None, "class": "bug",
+                "reason": f"malformed tree: {e}"}
+    for i, (p, sc) in enumerate(cp.items(), start=1):
+        sb = bp.get(p)
+        if sb is not None and sc is not None and abs(sb - sc) > tol:
+            return {"node": i, "fields": ["scores"], "baseline": {"scores": sb}, "candidate": {"scores": sc},
+                    "class": "bug", "reason": f"node {list(p)} has score {sb:.6g} vs {sc:.6g}"}
+    return None
+
+
 def compare_method(base: Baseline, cand: Baseline, method: str, th: Thresholds, *, sampled: bool,
-                   n_boot: int, seed: int) -> dict[str, Any]:
-    base_ids = base.prompt_ids(method)
-    cand_ids = set(cand.prompt_ids(method))
-    common = [p for p in base_ids if p in cand_ids]
+                   n_boot: int, seed: int, rule: dict[str, Any] | None = None) -> dict[str, Any]:
+    rule = rule or choose_rule(base.header, cand.header, th.rule)
+    exact = rule["name"] == "exact" and not sampled
+    paired = pair_records(base, cand, method)
     res: dict[str, Any] = {
-        "method": method, "prompts": len(common),
-        "missing_in_candidate": [p for p in base_ids if p not in cand_ids],
-        "missing_in_baseline": [p for p in cand.prompt_ids(method) if p not in set(base_ids)],
+        "method": method, "prompts": len(paired["pairs"]), "matched_by": paired["matched_by"],
+        "missing_in_candidate": paired["missing_in_candidate"],
+        "missing_in_baseline": paired["missing_in_baseline"],
         "failures": [],
     }
-    pairs, exact, divergences, prompt_mismatches = [], 0, [], []
-    tree_rounds, tree_diffs, accept_diffs = 0, [], []
-    for pid in common:
-        b, c = base.get(pid, method), cand.get(pid, method)
-        bad = _prompt_mismatch(b, c)
-        if bad:
-            prompt_mismatches.append({"prompt_id": pid, "reason": bad})
-            continue
-        pairs.append((b, c))
+    pairs, n_exact, divergences, prompt_mismatches = [], 0, [], []
+    tree_rounds, tree_diffs, accept_diffs, drifts = 0, [], [], []
+    first_bugs: list[dict[str, Any]] = []  # per pair, its earliest bug-class event
+    if paired["matched_by"] == "prompt id":
+        for b, c in paired["pairs"]:
+            bad = _prompt_mismatch(b, c)
+            if bad:
+                prompt_mismatches.append({"prompt_id": b.prompt_id, "reason": bad})
+            else:
+                pairs.append((b, c))
+    else:
+        pairs = list(paired["pairs"])
+        cand_ids = {c.prompt_id for c in cand.records if c.method == method}
+        for pid in paired["missing_in_candidate"]:
+            if pid in cand_ids:  # same name, other tokens
+                prompt_mismatches.append({"prompt_id": pid, "reason": "prompt token hashes differ"})
+    for b, c in pairs:
+        pid = _pid(b, c)
+        events: list[dict[str, Any]] = []
         pos = first_divergence(b.output_ids, c.output_ids)
         if pos is None:
-            exact += 1
+            n_exact += 1
             limit = len(b.output_ids)
         else:
-            d = classify_divergence(b, c, pos, sampled, th.noise_margin)
+            d = classify_divergence(b, c, pos, sampled, th.noise_margin, rule)
+            d["prompt_id"] = pid
             if d["class"] == "truncation":
-                exact += 1
+                n_exact += 1
             divergences.append(d)
             limit = pos
+            if d["class"] in ("bug", "unknown"):
+                events.append({"round": d["candidate_round"], "what": f"output diverges at position {pos}: "
+                                                                      f"{d['reason']}"})
+        if exact:
+            dr = _margin_drift(b, c, limit, th.exact_tol)
+            if dr is not None:
+                dr["prompt_id"] = pid
+                drifts.append(dr)
+                events.append({"round": dr["candidate_round"],
+                               "what": f"the target's top-2 gap at position {dr['position']} differs "
+                                       f"({dr['baseline_margin']:.5g} vs {dr['candidate_margin']:.5g})"})
         # Rounds hanging from the same context: root position < first divergence (or everything on a match).
         b_roots = {r: i for i, r in enumerate(b.round_root_positions())}
-        trees_equal_at: set[int] = set()
+        bh, ch = round_tree_hashes(b), round_tree_hashes(c)
         for ci, root in enumerate(c.round_root_positions()):
             bi = b_roots.get(root)
             if root >= limit or bi is None:
                 continue
-            if (th.check_trees and b.trees is not None and c.trees is not None
-                    and b.trees[bi] is not None and c.trees[ci] is not None):
+            same_tree = None  # unknown
+            if th.check_trees and bh is not None and ch is not None and bh[bi] is not None and ch[ci] is not None:
                 tree_rounds += 1
-                diff = compare_trees(b.trees[bi], c.trees[ci], th.score_tol)
+                have_full = (b.trees is not None and c.trees is not None and b.trees[bi] is not None
+                             and c.trees[ci] is not None)
+                diff = None
+                if have_full:
+                    diff = compare_trees(b.trees[bi], c.trees[ci], th.exact_tol if exact else th.score_tol)
+                    if (diff is not None and exact and bh[bi] == ch[ci]
+                            and _score_drift(b.trees[bi], c.trees[ci], th.exact_tol) is None):
+                        diff = None  # the same nodes with the same scores in another order: the same tree
+                elif bh[bi] != ch[ci]:
+                    diff = {"node": None, "fields": ["nodes"], "baseline": None, "candidate": None,
+                            "class": "unknown", "reason": "the trees' hashes differ (no dumped trees to say where)"}
                 if diff is None:
-                    trees_equal_at.add(ci)
+                    same_tree = True
                 else:
+                    same_tree = False
+                    if exact:
+                        diff = {**diff, "class": "bug",
+                                "reason": f"exact decoders on the same context built different trees: {diff['reason']}"}
                     tree_diffs.append({"prompt_id": pid, "round": ci, "baseline_round": bi, "root_position": root,
                                        **diff})
+                    if diff["class"] == "bug":
+                        events.append({"round": ci, "what": f"tree differs ({diff['reason']})"})
             if b.accept_lengths[bi] != c.accept_lengths[ci]:
                 accept_diffs.append({
                     "prompt_id": pid, "round": ci, "baseline_round": bi, "root_position": root,
                     "baseline_accept_len": b.accept_lengths[bi], "candidate_accept_len": c.accept_lengths[ci],
-                    "trees_identical": ci in trees_equal_at,
+                    "trees_identical": bool(same_tree),
                 })
+                if exact or (same_tree and not sampled):
+                    events.append({"round": ci, "what": f"accept length {c.accept_lengths[ci]} vs baseline "
+                                                        f"{b.accept_lengths[bi]}"
+                                                        + (" on identical trees" if same_tree else "")})
+        if events:
+            first = min(events, key=lambda e: (math.inf if e["round"] is None else e["round"]))
+            first_bugs.append({"prompt_id": pid, **first})
 
     n = len(pairs)
-    res["exact_match"] = exact
-    res["match_rate"] = exact / n if n else None
+    res["exact_match"] = n_exact
+    res["match_rate"] = n_exact / n if n else None
     res["prompt_mismatches"] = prompt_mismatches
     counts: dict[str, int] = {}
     for d in divergences:
@@ -346,31 +524,50 @@ def compare_method(base: Baseline, cand: Baseline, method: str, th: Thresholds, 
     res["tree_differences"] = tree_diffs[:MAX_LISTED]
     res["accept_len_differences"] = accept_diffs[:MAX_LISTED]
     res["accept_len_difference_count"] = len(accept_diffs)
+    res["margin_drifts"] = drifts[:MAX_LISTED]
+    res["margin_drift_count"] = len(drifts)
+    res["first_bug"] = first_bugs[0] if first_bugs else None
+    res["prompts_with_bugs"] = len(first_bugs)
+    res["reference_extra_final_rounds"] = {
+        "baseline": sum(1 for b, _ in pairs if REFERENCE_EXTRA_ROUND_KEY in b.extra),
+        "candidate": sum(1 for _, c in pairs if REFERENCE_EXTRA_ROUND_KEY in c.extra)}
     kind = parse_method(method)[0]
     res["tau"] = paired_bootstrap_tau([p[0] for p in pairs], [p[1] for p in pairs], n_boot=n_boot, seed=seed)
     res["stats"] = {"baseline": method_stats([p[0] for p in pairs]), "candidate": method_stats([p[1] for p in pairs])}
 
     fail = res["failures"]
-    if not common:
-        fail.append("no prompt in common")
+    if not pairs and not prompt_mismatches:
+        fail.append("no prompt in common" + (" (matched by prompt token hash)"
+                                             if paired["matched_by"] == "prompt token hash" else ""))
     if prompt_mismatches:
         fail.append(f"{len(prompt_mismatches)} prompt(s) are not the same prompt in both files "
                     f"(first: {prompt_mismatches[0]['prompt_id']}: {prompt_mismatches[0]['reason']})")
     bugs = [d for d in divergences if d["class"] == "bug"]
     if bugs:
         d = bugs[0]
-        fail.append(f"{len(bugs)} divergence(s) are not near-ties (first: prompt {d['prompt_id']} position "
+        fail.append(f"{len(bugs)} divergence(s) are bugs, not ties (first: prompt {d['prompt_id']} position "
                     f"{d['position']}, candidate round {d['candidate_round']}: {d['reason']})")
+    unknown = [d for d in divergences if d["class"] == "unknown"]
+    if unknown:
+        d = unknown[0]
+        fail.append(f"{len(unknown)} divergence(s) cannot be judged and are not called noise (first: prompt "
+                    f"{d['prompt_id']} position {d['position']}: {d['reason']})")
     tree_bugs = [t for t in tree_diffs if t["class"] == "bug"]
     if tree_bugs:
         t = tree_bugs[0]
         fail.append(f"{len(tree_bugs)} tree(s) differ beyond noise (first: prompt {t['prompt_id']} round "
                     f"{t['round']} node {t['node']} [{', '.join(t['fields'])}]: {t['reason']})")
-    walk_bugs = [a for a in accept_diffs if a["trees_identical"] and not sampled]
+    walk_bugs = [a for a in accept_diffs if (exact or a["trees_identical"]) and not sampled]
     if walk_bugs:
         a = walk_bugs[0]
-        fail.append(f"{len(walk_bugs)} round(s) accept a different length on identical trees (first: prompt "
+        what = "accept a different length" + ("" if exact else " on identical trees")
+        fail.append(f"{len(walk_bugs)} round(s) {what} (first: prompt "
                     f"{a['prompt_id']} round {a['round']}: {a['baseline_accept_len']} vs {a['candidate_accept_len']})")
+    if drifts:
+        d = drifts[0]
+        fail.append(f"{len(drifts)} prompt(s) where the target's recorded top-2 gaps drift beyond {th.exact_tol} on "
+                    f"the same tokens (first: prompt {d['prompt_id']} position {d['position']}, candidate round "
+                    f"{d['candidate_round']})")
     if th.min_match_rate is not None and n and res["match_rate"] < th.min_match_rate:
         fail.append(f"match rate {res['match_rate']:.3f} < {th.min_match_rate}")
     tau = res["tau"]
@@ -378,6 +575,9 @@ def compare_method(base: Baseline, cand: Baseline, method: str, th: Thresholds, 
         if -tau["diff"] > th.max_tau_drop:
             fail.append(f"tau drop {-tau['diff']:.3f} > {th.max_tau_drop} "
                         f"({tau['baseline']:.3f} -> {tau['candidate']:.3f})")
+    if first_bugs and fail:
+        fb = first_bugs[0]
+        fail.insert(0, f"first bug: prompt {fb['prompt_id']} round {fb['round']}: {fb['what']}")
     res["passed"] = not fail
     return res
 
@@ -393,12 +593,16 @@ def compare(base: Baseline, cand: Baseline, *, methods: list[str] | None = None,
     else:
         chosen = sorted(set(base.methods) & set(cand.methods), key=method_sort_key)
     sampled = base.header.temperature > 0 or cand.header.temperature > 0
+    rule = choose_rule(base.header, cand.header, th.rule)
+    if sampled:
+        rule = {**rule, "why": rule["why"] + " (sampled run: token-level differences are reported, not judged)"}
     report: dict[str, Any] = {
         "baseline": {"path": base.path, "source": base.header.source, "temperature": base.header.temperature,
                      "dtype": base.header.dtype, "device": base.header.device, "methods": base.methods},
         "candidate": {"path": cand.path, "source": cand.header.source, "temperature": cand.header.temperature,
                       "dtype": cand.header.dtype, "device": cand.header.device, "methods": cand.methods},
         "thresholds": asdict(th),
+        "rule": rule,
         "sampled": sampled,
         "warnings": comparability_warnings(base.header, cand.header),
         "methods": {},
@@ -411,7 +615,8 @@ def compare(base: Baseline, cand: Baseline, *, methods: list[str] | None = None,
             where = "baseline" if m not in base.methods else "candidate"
             report["methods"][m] = {"method": m, "passed": False, "failures": [f"method {m} is not in the {where}"]}
         else:
-            report["methods"][m] = compare_method(base, cand, m, th, sampled=sampled, n_boot=n_boot, seed=seed)
+            report["methods"][m] = compare_method(base, cand, m, th, sampled=sampled, n_boot=n_boot, seed=seed,
+                                                  rule=rule)
         report["failures"] += [f"{m}: {f}" for f in report["methods"][m]["failures"]]
     exact = sum(r.get("exact_match", 0) for r in report["methods"].values())
     total = sum(r.get("prompts", 0) - len(r.get("prompt_mismatches", [])) for r in report["methods"].values())
@@ -439,8 +644,16 @@ def format_report(report: dict[str, Any]) -> str:
              f"T={report['baseline']['temperature']}, {report['baseline']['dtype']} on {report['baseline']['device']})",
              f"candidate: {report['candidate']['path']} ({report['candidate']['source']}, "
              f"T={report['candidate']['temperature']}, {report['candidate']['dtype']} on {report['candidate']['device']})"]
+    rule = report.get("rule")
+    if rule:
+        lines.append(f"rule     : {rule['name']}: {rule['why']}"
+                     + (f" (threshold {report['thresholds']['noise_margin']} nats)"
+                        if rule["name"] in ("float32-tie", "margin") else ""))
     for w in report["warnings"]:
         lines.append(f"warning: {w}")
+    matched = sorted({r.get("matched_by") for r in report["methods"].values() if r.get("matched_by")})
+    if matched:
+        lines.append(f"prompts paired by {' / '.join(matched)}")
     lines.append("")
     head = f"{'method':<14} {'prompts':>7} {'match':>9} {'diverged (bug/noise/other)':>27} {'tau base':>9} " \
            f"{'tau cand':>9} {'diff':>7} {'95% CI':>19} {'trees (bug/noise)':>18}  status"
@@ -462,10 +675,24 @@ def format_report(report: dict[str, Any]) -> str:
             f"{'ok' if r['passed'] else 'FAIL'}"
         )
     for m, r in report["methods"].items():
+        ex = r.get("reference_extra_final_rounds") or {}
         if "tau" not in r or (r["passed"] and not r["divergences"] and not r["first_tree_difference"]
-                              and parse_method(m)[0] == "plain"):
+                              and parse_method(m)[0] == "plain" and not any(ex.values())):
             continue
         lines += ["", f"== {m}"]
+        if r.get("first_bug"):
+            fb = r["first_bug"]
+            lines.append(f"  first bug: prompt {fb['prompt_id']} round {fb['round']}: {fb['what']} "
+                         f"({r['prompts_with_bugs']} prompt(s) with bugs)")
+        ex = r.get("reference_extra_final_rounds") or {}
+        for side in ("baseline", "candidate"):
+            if ex.get(side):
+                lines.append(f"  {side}: {ex[side]} reference extra final round(s) recognised (the reference loop "
+                             f"ran once more after an exactly full output); not counted in tau")
+        for d in r.get("margin_drifts", [])[:3]:
+            lines.append(f"  top-2 gap drift: prompt {d['prompt_id']} position {d['position']} (cand round "
+                         f"{d['candidate_round']}): base {_f(d['baseline_margin'], 5)} cand "
+                         f"{_f(d['candidate_margin'], 5)}")
         for d in r["divergences"]:
             lines.append(
                 f"  divergence prompt {d['prompt_id']} pos {d['position']} (cand round {d['candidate_round']}, base "

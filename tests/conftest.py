@@ -8,3 +8,9 @@ with 1).
 import torch
 
 torch.set_num_threads(1)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--planted-bug", default=None,
+                     help="switch one planted decoder bug on (sglang_ddtree/offline/planted_bugs.py BUGS) for "
+                          "tests/test_correctness_ci.py, to see the CI correctness check fail")

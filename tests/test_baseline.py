@@ -245,3 +245,79 @@ def test_import_refuses_arbitrary_pickles_unless_trusted(tmp_path):
 def test_baseline_rejects_duplicates():
     with pytest.raises(ValueError, match="duplicate"):
         Baseline(_header(), [_record(), _record()])
+
+
+# The reference's own tree traces (`ddtree_generate(..., save_tree_traces=True)`): per round
+# {"accepted_indices": [0, ...], "tree": {"node_token_ids", "node_depths", "parents"}}, draft nodes without the root,
+# parents with the root's entry. Hand-written: prompt [5, 6, 7], max_new_tokens 6, block size 4. Round 0 hangs from
+# 10 and accepts 11, 12 (bonus 13); round 1 hangs from 13 and accepts 14 (bonus 15): the output is then exactly full,
+# and the reference loop runs round 2 anyway (its root sits below prompt + max_new_tokens) and records it.
+def _trace(tokens, parents, depths, accepted):
+    return {"accepted_indices": accepted, "tree": {"node_token_ids": tokens, "node_depths": depths, "parents": parents}}
+
+
+def _trace_file(tmp_path, **changes):
+    trees = [_trace([11, 20, 12, 21], [-1, 0, 0, 1, 1], [1, 1, 2, 2], [0, 1, 3]),
+             _trace([14, 30], [-1, 0, 1], [1, 2], [0, 1]),
+             _trace([16, 17], [-1, 0, 1], [1, 2], [0, 1, 2])]
+    ddtree = dict(output_ids=torch.tensor([[5, 6, 7, 10, 11, 12, 13, 14, 15]]), num_input_tokens=3,
+                  num_output_tokens=6, time_to_first_token=0.01, time_per_output_token=0.002,
+                  acceptance_lengths=[3, 2, 3], decode_rounds=3,
+                  stage_times={"draft": 0.1, "tree_build": 0.01, "verify": 0.2, "commit": 0.01},
+                  round_timestamps=[0.1, 0.2, 0.3], round_trees=trees)
+    ddtree.update(changes)
+    plain = dict(output_ids=torch.tensor([[5, 6, 7, 10, 11, 12, 13, 14, 15]]), num_input_tokens=3,
+                 num_output_tokens=6, acceptance_lengths=[1] * 6)
+    obj = {"responses": [{"baseline": types.SimpleNamespace(**plain), "ddtree_tb4": types.SimpleNamespace(**ddtree)}],
+           "block_size": 4, "draft_attn_implementation": "flash_attention_2", "target_attn_implementation": "sdpa",
+           "args": {"model_name_or_path": "t", "draft_name_or_path": "d", "dataset": "humaneval",
+                    "max_new_tokens": 6, "temperature": 0.0, "tree_budget": "4"}}
+    return _save(tmp_path, obj, "trace.pt")
+
+
+def test_import_reference_tree_traces(tmp_path):
+    from sglang_ddtree.baseline import prompt_sha256, tree_hash
+    from sglang_ddtree.compare import compare
+
+    b = import_reference(_trace_file(tmp_path))
+    rec = b.get("0", "ddtree_tb4")
+    assert rec.output_ids == [10, 11, 12, 13, 14, 15] and rec.prompt_sha256 == prompt_sha256([5, 6, 7])
+    assert rec.trees[0] == {"tokens": [10, 11, 20, 12, 21], "parents": [-1, 0, 0, 1, 1], "depths": [0, 1, 1, 2, 2],
+                            "accepted": [0, 1, 3]}
+    assert rec.trees[1]["tokens"] == [13, 14, 30] and rec.trees[1]["accepted"] == [0, 1]
+    # the extra final round is recognised, kept aside and not counted
+    assert rec.accept_lengths == [3, 2] and len(rec.trees) == 2
+    assert rec.extra["reference_extra_final_round"]["accept_length"] == 3
+    assert rec.extra["reference_extra_final_round"]["tree_hash"] == tree_hash([15, 16, 17], [-1, 0, 1])
+    assert rec.tree_hashes == [tree_hash(t["tokens"], t["parents"]) for t in rec.trees]
+    plain = b.get("0", "plain")
+    assert plain.accept_lengths == [1] * 5 and "reference_extra_final_round" in plain.extra
+    # honest metadata: the file does not say dtype or device
+    assert b.header.dtype is None and b.header.device is None
+    assert b.header.extra["reference_extra_final_rounds"] == 2
+    given = import_reference(_trace_file(tmp_path), dtype="torch.bfloat16", device="cuda")
+    assert (given.header.dtype, given.header.device) == ("bfloat16", "cuda")
+    # our record of the same prompt under another name pairs by the prompt's tokens
+    ours = MethodRecord(prompt_id="HumanEval/0", method="ddtree_tb4", output_ids=rec.output_ids,
+                        num_input_tokens=3, prompt_sha256=prompt_sha256([5, 6, 7]), accept_lengths=[3, 2],
+                        tree_hashes=[tree_hash([10, 20, 11, 21, 12], [-1, 0, 0, 2, 2]),  # same tree, other order
+                                     rec.tree_hashes[1]])
+    rep = compare(b, Baseline(_header(max_new_tokens=6, block_size=4), [ours]), methods=["ddtree_tb4"])
+    m = rep["methods"]["ddtree_tb4"]
+    assert rep["passed"] and m["matched_by"] == "prompt token hash" and m["tree_rounds_compared"] == 2
+    assert m["tree_difference_counts"] == {}
+    ours.tree_hashes[1] = tree_hash([13, 14, 31], [-1, 0, 1])
+    bad = compare(b, Baseline(_header(dtype=None, max_new_tokens=6, block_size=4), [ours]), methods=["ddtree_tb4"])
+    assert bad["methods"]["ddtree_tb4"]["tree_difference_counts"] == {"unknown": 1}  # hash only: not called noise
+
+
+@pytest.mark.parametrize("changes,msg", [
+    ({"round_trees": [_trace([11], [-1, 0], [1], [0, 1, 2])] * 3}, "not a path from the root"),
+    ({"round_trees": [_trace([11, 20, 12, 21], [-1, 0, 0, 1, 1], [1, 1, 3, 2], [0, 1, 3])] * 3}, "depths disagree"),
+    ({"round_trees": [_trace([11, 20, 99, 21], [-1, 0, 0, 1, 1], [1, 1, 2, 2], [0, 1, 3])] * 3}, "not the output's"),
+    ({"round_trees": [_trace([11, 12], [-1, 0, 1], [1, 2], [0, 1, 2])] + [None] * 2,
+      "acceptance_lengths": [2, 2, 3]}, "accepted indices but the round's acceptance length is 2"),
+])
+def test_import_rejects_inconsistent_tree_traces(tmp_path, changes, msg):
+    with pytest.raises(ValueError, match=msg):
+        import_reference(_trace_file(tmp_path, **changes))

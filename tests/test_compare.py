@@ -128,13 +128,21 @@ def test_corrupted_token_is_reported_at_its_position(reference_file, tmp_path):
     assert d["prompt_id"] == "p2" and d["position"] == pos
     assert d["candidate_round"] == rec.round_of_position(pos)
     assert f"position {pos}" in " ".join(report["failures"])
-    # the same change at a near-tie (both runs record a tiny margin) is numerical noise, not a failure
+    # the same change at a near-tie: both files are float32 runs of exact decoders, so it is still a bug ...
     base.get("p2", "ddtree_tb16").margins[pos] = 1e-5
     cand.get("p2", "ddtree_tb16").margins[pos] = 1e-5
     report = compare(base, cand, thresholds=Thresholds(noise_margin=1e-3))
+    assert report["rule"]["name"] == "exact" and report["methods"]["ddtree_tb16"]["divergence_counts"] == {"bug": 1}
+    # ... while a bf16 candidate against the float32 baseline may tie there (the float32 side's own gap is tiny)
+    cand.header.dtype = "bfloat16"
+    report = compare(base, cand, thresholds=Thresholds(noise_margin=1e-3))
+    assert report["rule"] == {**report["rule"], "name": "float32-tie", "float32_side": "baseline"}
     assert report["methods"]["ddtree_tb16"]["divergence_counts"] == {"noise": 1}
     assert report["methods"]["ddtree_tb16"]["passed"]
     assert not compare(base, cand, thresholds=Thresholds(noise_margin=1e-3, min_match_rate=1.0))["passed"]
+    base.get("p2", "ddtree_tb16").margins[pos] = 2e-3  # the float32 model's own gap is above the threshold: a bug
+    assert compare(base, cand, thresholds=Thresholds(noise_margin=1e-3))["methods"]["ddtree_tb16"][
+        "divergence_counts"] == {"bug": 1}
 
 
 def test_walk_bug_on_identical_tree_fails(reference_file, tmp_path):

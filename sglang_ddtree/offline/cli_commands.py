@@ -29,6 +29,12 @@ def add_offline_parser(sub) -> None:
     p.add_argument("--prompt-field", help="override the dataset's text field")
     p.add_argument("--id-field", help="override the dataset's id field")
     p.add_argument("--limit", type=int, help="first N prompts (file order)")
+    p.add_argument("--prompt-style", choices=("ours", "zlab"), default="ours",
+                   help="zlab: z-lab's DFlash benchmark wording, chat template as text then encode, and its "
+                        "--max-samples shuffle (sglang_ddtree/zlab.py), to compare with a z-lab summary")
+    p.add_argument("--max-samples", type=int, help="zlab prompt style: z-lab's --max-samples (seeded shuffle, first N)")
+    p.add_argument("--shuffle-seed", type=int, default=42,
+                   help="zlab prompt style: the shuffle's seed (42: z-lab's MLX backend; 0: its transformers backend)")
     p.add_argument("--chat", choices=("auto", "yes", "no"), default="auto",
                    help="wrap prompts in the tokenizer's chat template (auto: when it has one)")
     p.add_argument("--methods", default="plain,dflash,ddtree",
@@ -169,8 +175,14 @@ def cmd_offline(args) -> int:
         methods = expand_methods(args.methods.split(","), budgets)
         if args.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
-        prompts = load_prompts(args.dataset, args.dataset_path, limit=args.limit, text_field=args.prompt_field,
-                               id_field=args.id_field)
+        if args.prompt_style == "zlab":
+            from sglang_ddtree.zlab import zlab_prompts
+
+            prompts = zlab_prompts(args.dataset, args.dataset_path, max_samples=args.max_samples,
+                                   shuffle_seed=args.shuffle_seed)[: args.limit]
+        else:
+            prompts = load_prompts(args.dataset, args.dataset_path, limit=args.limit, text_field=args.prompt_field,
+                                   id_field=args.id_field)
         target, drafter, tokenizer, info = _load_models(args)
         needs_drafter = [m for m in methods if m != "plain"]
         if needs_drafter and drafter is None:
@@ -195,7 +207,12 @@ def cmd_offline(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     chat = {"auto": None, "yes": True, "no": False}[args.chat]
-    inputs = [PromptInput(p.id, p.index, encode_prompt(tokenizer, p, chat=chat)) for p in prompts]
+    if args.prompt_style == "zlab":
+        from sglang_ddtree.zlab import zlab_encode
+
+        inputs = [PromptInput(p.id, p.index, zlab_encode(tokenizer, p)) for p in prompts]
+    else:
+        inputs = [PromptInput(p.id, p.index, encode_prompt(tokenizer, p, chat=chat)) for p in prompts]
     settings = RunSettings(
         methods=methods, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, eos_token_ids=[] if args.ignore_eos else _eos_ids(tokenizer, target),
@@ -207,6 +224,8 @@ def cmd_offline(args) -> int:
         top_k=args.top_k, top_p=args.top_p, seed=args.seed, max_new_tokens=args.max_new_tokens,
         block_size=info["block_size"], dataset=args.dataset, versions=_versions(),
         extra={"methods": methods, "limit": args.limit, "chat": args.chat, "commit": args.commit,
+               **({"prompt_style": "zlab", "max_samples": args.max_samples, "shuffle_seed": args.shuffle_seed}
+                  if args.prompt_style == "zlab" else {}),
                "eos_token_ids": settings.eos_token_ids, "record_trees": args.record_trees, **hybrid_settings,
                **({"auto": dataclasses.asdict(auto_settings)} if auto_settings else {})},
     )
@@ -237,9 +256,15 @@ def add_compare_parser(sub) -> None:
                    help="method to compare (repeatable or comma list); default: all methods in both files")
     p.add_argument("--min-match-rate", type=float, default=None, help="fail below this exact-match rate")
     p.add_argument("--max-tau-drop", type=float, default=None, help="fail when tau drops by more than this")
-    p.add_argument("--noise-margin", type=float, default=0.5,
-                   help="top-2 logit margin below which a divergence counts as a near-tie (default 0.5; use ~1e-3 "
-                        "for float32-vs-float32 runs)")
+    p.add_argument("--rule", choices=("auto", "exact", "float32-tie", "margin"), default="auto",
+                   help="what counts as noise (auto: exact when both files are exact decoders in the same dtype, "
+                        "every difference a bug; float32-tie when one side is float32 and the other not; else "
+                        "margin); the report says which rule was used")
+    p.add_argument("--noise-margin", type=float, default=0.25,
+                   help="tie threshold of the float32-tie and margin rules: top-2 log-prob gap (nats) below which a "
+                        "first divergence is a tie (default 0.25)")
+    p.add_argument("--exact-tol", type=float, default=1e-3,
+                   help="exact rule: largest difference of a recorded top-2 gap or tree score that is not a bug")
     p.add_argument("--score-tol", type=float, default=0.05, help="tolerance on tree scores (log-prob)")
     p.add_argument("--no-trees", action="store_true", help="skip tree comparison")
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the tau CI")
@@ -269,7 +294,8 @@ def cmd_compare(args) -> int:
         if args.methods:
             methods = [m.strip() for arg in args.methods for m in arg.split(",") if m.strip()]
         th = Thresholds(min_match_rate=args.min_match_rate, max_tau_drop=args.max_tau_drop,
-                        noise_margin=args.noise_margin, score_tol=args.score_tol, check_trees=not args.no_trees)
+                        noise_margin=args.noise_margin, score_tol=args.score_tol, check_trees=not args.no_trees,
+                        rule=args.rule, exact_tol=args.exact_tol)
         report = compare(base, cand, methods=methods, thresholds=th, n_boot=args.bootstrap, seed=args.seed)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -305,6 +331,8 @@ def add_import_parser(sub) -> None:
     p.add_argument("--prompt-ids-from", help="take prompt ids from this dataset (same order and count as the file)")
     p.add_argument("--dataset-path", help="local file for --prompt-ids-from")
     p.add_argument("--trust-pickle", action="store_true", help="load with weights_only=False (files you made)")
+    p.add_argument("--dtype", help="dtype the reference ran in (the file does not record it; default: unknown)")
+    p.add_argument("--device", help="device the reference ran on (cpu, cuda; default: unknown)")
     p.set_defaults(func=cmd_import)
 
 
@@ -318,10 +346,59 @@ def cmd_import(args) -> int:
 
             ids = [p.id for p in load_prompts(args.prompt_ids_from, args.dataset_path)]
         b = import_reference(args.reference, trust_pickle=args.trust_pickle, prompt_ids=ids,
-                             dataset=args.dataset or args.prompt_ids_from)
+                             dataset=args.dataset or args.prompt_ids_from, dtype=args.dtype, device=args.device)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     write_baseline(args.out, b.header, b.records)
     print(f"imported {len(b.records)} records ({', '.join(b.methods)}) into {args.out}")
+    extra = b.header.extra.get("reference_extra_final_rounds", 0)
+    if extra:
+        print(f"{extra} record(s) end with the reference's extra final round (run after an exactly full output); "
+              "it is kept in extra.reference_extra_final_round and not counted in tau")
+    if b.header.dtype is None:
+        print("dtype unknown (the reference file does not record it): pass --dtype to record what you ran")
     return 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# compare-zlab
+
+
+def add_zlab_parser(sub) -> None:
+    p = sub.add_parser("compare-zlab", help="compare our tau and acceptance histogram with a z-lab DFlash summary")
+    p.add_argument("summary", help="z-lab benchmark's printed summary (text) or its JSON form")
+    p.add_argument("ours", help="our baseline JSONL on the same prompts (offline --prompt-style zlab, or from-server)")
+    p.add_argument("--method", default="dflash", help="our method to compare (default dflash: z-lab's chain)")
+    p.add_argument("--dataset", help="dataset the summary is for (the printed text does not say)")
+    p.add_argument("--samples", type=int, help="prompts the summary averaged over (the printed text does not say)")
+    p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the intervals")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--json", dest="json_out", help="write the report as JSON here")
+    p.set_defaults(func=cmd_compare_zlab)
+
+
+def cmd_compare_zlab(args) -> int:
+    """Exit 0: consistent; 1: not consistent; 2: bad input."""
+    from sglang_ddtree.baseline import read_baseline
+    from sglang_ddtree.zlab import compare_with_zlab, format_zlab_report, read_zlab_summary
+
+    try:
+        summary = read_zlab_summary(args.summary, dataset=args.dataset, samples=args.samples)
+        ours = read_baseline(args.ours)
+        records = [r for r in ours.records if r.method == args.method]
+        if not records:
+            raise ValueError(f"{args.ours} has no record of method {args.method!r}; it has {ours.methods}.")
+        if summary.dataset and ours.header.dataset and summary.dataset != ours.header.dataset:
+            raise ValueError(f"the summary is for dataset {summary.dataset!r} but {args.ours} for "
+                             f"{ours.header.dataset!r}.")
+        rep = compare_with_zlab(summary, records, n_boot=args.bootstrap, seed=args.seed)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_zlab_report(rep))
+    if args.json_out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(_finite(rep), f, indent=1, allow_nan=False)
+    return 0 if rep["consistent"] else 1

@@ -14,6 +14,8 @@ One speculative round (root = the last emitted token, not yet in the target's KV
   commit  target KV keeps the root + accepted nodes (see target.py); the draft source receives those tokens, their
           true positions and the target features computed for them in the verify forward.
 Emitted per round: accepted draft tokens + bonus, cut at EOS (kept) or max_new_tokens exactly like plain decoding.
+Recorded per round: accept length, accepted ranks, tree size, expected accepts, a hash of the tree
+(`baseline.tree_hash`, cheap, always) and the whole tree with `record_trees`.
 The per-token margin (target top-1 minus top-2 logit) is taken from the logits of the node that chose the token.
 
 Hybrid targets (recurrent + attention layers, `target.is_hybrid`) need `hybrid_verify='oracle'|'tree'`: verify and
@@ -28,7 +30,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from sglang_ddtree.baseline import MethodRecord, method_name
+from sglang_ddtree.baseline import MethodRecord, method_name, tree_hash
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.offline.hybrid import MODES as HYBRID_MODES
 from sglang_ddtree.offline.hybrid import HybridTargetState
@@ -203,7 +205,7 @@ def speculative_decode(target, draft, prompt_ids, *, method: str, budget: int | 
     sampler = _Sampler(temperature, top_k, top_p, generator)
     out = _Output(max_new_tokens, eos_token_ids)
     rec = MethodRecord(prompt_id="", method=name, output_ids=[], num_input_tokens=len(ids), accepted_ranks=[],
-                       tree_sizes=[], expected_accepts=[], trees=[] if record_trees else None,
+                       tree_sizes=[], expected_accepts=[], trees=[] if record_trees else None, tree_hashes=[],
                        stage_ms={s: [] for s in ("draft", "tree", "verify", "walk", "commit")})
     default_verify = "causal" if method == "dflash" else "tree"
     if verify != default_verify or commit != "gather" or custom_builder:
@@ -276,6 +278,9 @@ def speculative_decode(target, draft, prompt_ids, *, method: str, budget: int | 
         rec.expected_accepts.append(float(tree.expected_tokens()[0]))
         if record_trees:
             rec.trees.append(_tree_dump(tree))
+            rec.tree_hashes.append(tree_hash(rec.trees[-1]["tokens"], rec.trees[-1]["parents"]))
+        else:
+            rec.tree_hashes.append(tree_hash(tokens.tolist(), tree.parents[0].tolist()))
         for stage, (a, b) in zip(("draft", "tree", "verify", "walk", "commit"),
                                  ((t, t_draft), (t_draft, t_tree), (t_tree, t_verify), (t_verify, t_walk),
                                   (t_walk, t_commit))):
