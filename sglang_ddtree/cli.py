@@ -15,7 +15,7 @@ def _add_demo(sub) -> None:
                        description="Plain decoding, the DFLASH chain and DDTree at a few budgets on the committed tiny "
                                    "pair: a warm-up, then timed repeats; prints tau, the median tokens/s with its "
                                    "min-max and the losslessness check.")
-    p.add_argument("--budgets", type=budget_list, default=budget_list("16,64,256"),
+    p.add_argument("--budgets", type=budget_list, default="16,64,256",
                    help="DDTree budgets, comma separated, each in 1..1024 (default 16,64,256)")
     p.add_argument("--prompts", type=positive_int, default=4, help="HumanEval prompts per repeat (default 4)")
     p.add_argument("--max-new-tokens", type=positive_int, default=96, help="tokens per prompt (default 96)")
