@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent setup: a virtualenv in .venv with torch, this package (editable) and the offline/test extras.
+# Idempotent setup: a virtualenv in .venv with torch, this package (editable) and the offline/test extras, and
+# (as root, with apt-get) Debian's prometheus package for the dashboard test.
 # Uses an existing torch when the interpreter already has one (e.g. a CUDA build on a GPU machine);
 # otherwise installs torch 2.13.0 (the CPU build on the project's machines).
 set -euo pipefail
@@ -20,6 +21,8 @@ if ! python -c "import sglang_ddtree, transformers, pytest" >/dev/null 2>&1 || [
   python -m pip install -q -e ".[offline,test]"
   touch .venv/.ddtree-installed
 fi
+# Debian's prometheus binary for tests/test_dashboard.py (root + apt-get; a no-op when already installed)
+bash scripts/install_prometheus.sh || echo "[setup] the prometheus install step failed; see scripts/install_prometheus.sh"
 python - <<'PY'
 import torch, transformers, sglang_ddtree
 print(f"[setup] ok: python {__import__('sys').version.split()[0]}, torch {torch.__version__}, "

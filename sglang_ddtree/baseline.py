@@ -562,6 +562,15 @@ def _to_list(x: Any, where: str) -> list:
     raise ValueError(f"{where}: expected a list or tensor, got {type(x).__name__}.")
 
 
+def _int(x: Any, where: str) -> int:
+    """int(x) for a whole number (a Python or tensor scalar); a ValueError naming `where` for anything else."""
+    if hasattr(x, "item") and getattr(x, "numel", lambda: 1)() == 1:
+        x = x.item()
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or (isinstance(x, float) and not x.is_integer()):
+        raise ValueError(f"{where}: expected a whole number, got {type(x).__name__} {str(x)[:40]!r}.")
+    return int(x)
+
+
 def load_reference_file(path: str | os.PathLike, *, trust_pickle: bool = False) -> dict:
     """torch.load the reference output. Default: weights_only=True with SimpleNamespace allowed (the reference
     stores per-method results as namespaces); trust_pickle=True loads arbitrary pickles: only for files you made."""
@@ -571,7 +580,12 @@ def load_reference_file(path: str | os.PathLike, *, trust_pickle: bool = False) 
     if not os.path.exists(path):
         raise ValueError(f"reference file {path!r} does not exist.")
     if trust_pickle:
-        data = torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            data = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:  # a file that is not a torch.save output fails anywhere in the unpickler
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{path}: not a file written by torch.save "
+                             f"({type(e).__name__}: {first[:200].rstrip('.')}).") from None
     else:
         try:
             with torch.serialization.safe_globals([types.SimpleNamespace]):
@@ -788,9 +802,9 @@ def _import_result(res: Any, pid: str, index: int, method: str, where: str) -> M
         if ids.shape[0] != 1:
             raise ValueError(f"{where}: output_ids has batch {ids.shape[0]}; the reference runs batch 1.")
         ids = ids[0]
-    ids = [int(t) for t in _to_list(ids, where)]
-    n_in = int(_get(res, "num_input_tokens"))
-    n_out = int(_get(res, "num_output_tokens"))
+    ids = [_int(t, f"{where} output_ids") for t in _to_list(ids, where)]
+    n_in = _int(_get(res, "num_input_tokens"), f"{where} num_input_tokens")
+    n_out = _int(_get(res, "num_output_tokens"), f"{where} num_output_tokens")
     sha = None
     if len(ids) == n_in + n_out:
         out = ids[n_in:]
@@ -802,7 +816,7 @@ def _import_result(res: Any, pid: str, index: int, method: str, where: str) -> M
             f"{where}: output_ids has {len(ids)} tokens, neither num_input_tokens+num_output_tokens "
             f"({n_in}+{n_out}) nor num_output_tokens."
         )
-    acc = [int(a) for a in _to_list(_get(res, "acceptance_lengths"), where)]
+    acc = [_int(a, f"{where} acceptance_lengths") for a in _to_list(_get(res, "acceptance_lengths"), where)]
     rec = MethodRecord(prompt_id=pid, method=method, output_ids=out, prompt_index=index, num_input_tokens=n_in,
                        prompt_sha256=sha, accept_lengths=acc)
     ttft = _get(res, "time_to_first_token")

@@ -7,29 +7,37 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH_SCRIPT = "benchmarks/bench_budgets.py"
 
 
 def add_bench_parser(sub) -> None:
-    p = sub.add_parser("bench", help="SGLang sweep: budgets x batch sizes x {plain, DFLASH, DDTREE} (needs a GPU)",
-                       add_help=False)
-    p.add_argument("bench_args", nargs="*", help="arguments for benchmarks/bench_budgets.py (see its --help)")
-    p.set_defaults(func=_run_script("benchmarks/bench_budgets.py", "bench_args"))
+    # Listed for `sglang-ddtree --help` only: cli.main hands every argument after `bench` (--help included) to the
+    # script, whose own parser documents them.
+    p = sub.add_parser("bench", help="SGLang sweep: budgets x batch sizes x {plain, DFLASH, DDTREE} (needs a GPU; "
+                                     "`bench --help` lists its options)", add_help=False)
+    p.add_argument("bench_args", nargs="*", help=f"arguments for {BENCH_SCRIPT}")
+    p.set_defaults(func=lambda a: run_bench(a.bench_args))
 
 
 def add_summary_parser(sub) -> None:
     p = sub.add_parser("summary", help="regenerate benchmarks/results/summary.json from the raw result files")
     p.add_argument("--check", action="store_true", help="fail if summary.json is stale")
-    p.set_defaults(func=lambda a: subprocess.call([sys.executable, str(ROOT / "scripts" / "make_summary.py")]
-                                                  + (["--check"] if a.check else [])))
+    p.set_defaults(func=_run_summary)
 
 
-def _run_script(script: str, attr: str):
-    def run(args) -> int:
-        path = ROOT / script
-        if not path.exists():
-            print(f"error: {script} is not in this checkout (the bench command needs the repository).",
-                  file=sys.stderr)
-            return 2
-        return subprocess.call([sys.executable, str(path), *getattr(args, attr)])
+def run_bench(argv: list[str]) -> int:
+    path = ROOT / BENCH_SCRIPT
+    if not path.exists():
+        print(f"error: {BENCH_SCRIPT} is not in this installation; the bench command runs from a clone of the "
+              "repository.", file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, str(path), *argv])
 
-    return run
+
+def _run_summary(args) -> int:
+    path = ROOT / "scripts" / "make_summary.py"
+    if not path.exists():
+        print("error: scripts/make_summary.py is not in this installation; the summary command runs from a clone of "
+              "the repository.", file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, str(path)] + (["--check"] if args.check else []))

@@ -1,30 +1,44 @@
-"""`sglang-ddtree` command line: demo | offline | compare | import-reference | from-server | bench | summary."""
+"""`sglang-ddtree` command line: demo | offline | compare | import-reference | from-server | bench | summary.
+
+Every input error is one line on stderr and exit status 2, found before any model loads (sglang_ddtree.cli_args).
+"""
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from sglang_ddtree.cli_args import CliParser, budget_list, check_output_dir, device_name, fail, positive_int
 
 
 def _add_demo(sub) -> None:
-    p = sub.add_parser("demo", help="the main job: plain vs DFLASH chain vs DDTree on the tiny pair (CPU or GPU)")
-    p.add_argument("--budgets", default="16,64,256", help="DDTree budgets, comma separated")
-    p.add_argument("--prompts", type=int, default=4, help="HumanEval prompts to run")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p = sub.add_parser("demo", help="the main job: plain vs DFLASH chain vs DDTree on the tiny pair (CPU or GPU)",
+                       description="Plain decoding, the DFLASH chain and DDTree at a few budgets on the committed tiny "
+                                   "pair: a warm-up, then timed repeats; prints tau, the median tokens/s with its "
+                                   "min-max and the losslessness check.")
+    p.add_argument("--budgets", type=budget_list, default="16,64,256",
+                   help="DDTree budgets, comma separated, each in 1..1024 (default 16,64,256)")
+    p.add_argument("--prompts", type=positive_int, default=4, help="HumanEval prompts per repeat (default 4)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=96, help="tokens per prompt (default 96)")
+    p.add_argument("--repeats", type=positive_int, default=3,
+                   help="timed repeats after the warm-up; the median and min-max are reported (default 3)")
+    p.add_argument("--device", type=device_name, default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--out", default="runs/demo", help="output folder (baseline JSONL + summary JSON)")
     p.set_defaults(func=_run_demo)
 
 
 def _run_demo(args) -> int:
+    try:
+        check_output_dir(args.out)
+    except ValueError as e:
+        return fail(str(e))
     from sglang_ddtree.demo import run_demo
 
     return run_demo(args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sglang-ddtree", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser() -> CliParser:
+    parser = CliParser(prog="sglang-ddtree", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_demo(sub)
     from sglang_ddtree.offline.cli_commands import (add_compare_parser, add_import_parser, add_offline_parser,
                                                     add_zlab_parser)
@@ -40,7 +54,16 @@ def main(argv: list[str] | None = None) -> int:
 
     add_bench_parser(sub)
     add_summary_parser(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # every argument (--help included) belongs to benchmarks/bench_budgets.py
+        from sglang_ddtree.bench_cli import run_bench
+
+        return run_bench(argv[1:])
+    args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
 

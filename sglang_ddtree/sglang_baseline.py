@@ -405,7 +405,10 @@ def cmd_from_server(args) -> int:
     """Exit 0: written, every request adds up; 1: written with problems (listed); 2: bad input."""
     from sglang_ddtree.baseline import read_baseline
 
+    from sglang_ddtree.cli_args import check_output_file
+
     try:
+        check_output_file(args.out)
         requests = read_results(args.results)
         dump = read_debug_dump(args.debug, rids=[r.rid for r in requests])
         match = read_baseline(args.match_prompts) if args.match_prompts else None

@@ -12,6 +12,8 @@ import os
 import platform
 import sys
 
+from sglang_ddtree.cli_args import check_output_file, device_name, fail, positive_int
+
 
 # ----------------------------------------------------------------------------------------------------------
 # offline
@@ -28,25 +30,26 @@ def add_offline_parser(sub) -> None:
     p.add_argument("--dataset-path", help="local .jsonl/.parquet file (required except for humaneval)")
     p.add_argument("--prompt-field", help="override the dataset's text field")
     p.add_argument("--id-field", help="override the dataset's id field")
-    p.add_argument("--limit", type=int, help="first N prompts (file order)")
+    p.add_argument("--limit", type=positive_int, help="first N prompts (file order)")
     p.add_argument("--prompt-style", choices=("ours", "zlab"), default="ours",
                    help="zlab: z-lab's DFlash benchmark wording, chat template as text then encode, and its "
                         "--max-samples shuffle (sglang_ddtree/zlab.py), to compare with a z-lab summary")
-    p.add_argument("--max-samples", type=int, help="zlab prompt style: z-lab's --max-samples (seeded shuffle, first N)")
+    p.add_argument("--max-samples", type=positive_int, help="zlab prompt style: z-lab's --max-samples (seeded shuffle, first N)")
     p.add_argument("--shuffle-seed", type=int, default=42,
                    help="zlab prompt style: the shuffle's seed (42: z-lab's MLX backend; 0: its transformers backend)")
     p.add_argument("--chat", choices=("auto", "yes", "no"), default="auto",
                    help="wrap prompts in the tokenizer's chat template (auto: when it has one)")
     p.add_argument("--methods", default="plain,dflash,ddtree",
                    help="comma list of plain, dflash, ddtree, ddtree_tb<B>, ddtree_auto (adaptive budget per round)")
-    p.add_argument("--budgets", default="16,32,64,128,256,512,1024", help="DDTree budgets for method 'ddtree'")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--budgets", default="16,32,64,128,256,512,1024",
+                   help="DDTree budgets for method 'ddtree', comma separated, each in 1..1024")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens tokens")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--device", type=device_name, default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="target attention (custom tree masks)")
     p.add_argument("--record-trees", action="store_true", help="dump every round's tree (tokens, parents, scores)")
@@ -58,7 +61,7 @@ def add_offline_parser(sub) -> None:
     auto = p.add_argument_group("ddtree_auto (adaptive budget per round, docs/adaptive-budget.md)")
     auto.add_argument("--auto-candidates", default="chain,16,32,64,128,256",
                       help="candidate budgets; 'chain' (the drafter's top-1 chain, DFLASH) is always included")
-    auto.add_argument("--auto-batch-size", type=int, default=1,
+    auto.add_argument("--auto-batch-size", type=positive_int, default=1,
                       help="batch size whose predicted round times (committed H200 sweep, 8B-shaped) drive the choice")
     auto.add_argument("--calibrate", action="store_true",
                       help="learn the node-score correction table online and use calibrated scores to choose")
@@ -167,14 +170,13 @@ def cmd_offline(args) -> int:
     from sglang_ddtree.baseline import BaselineHeader, BaselineWriter
     from sglang_ddtree.datasets import encode_prompt, load_prompts
     from sglang_ddtree.offline.drafts import DFlashDraftSource
-    from sglang_ddtree.offline.runner import (AutoSettings, PromptInput, RunSettings, expand_methods, parse_int_list,
-                                              run_offline)
+    from sglang_ddtree.cli_args import parse_budgets
+    from sglang_ddtree.offline.runner import AutoSettings, PromptInput, RunSettings, expand_methods, run_offline
 
     try:
-        budgets = parse_int_list(args.budgets, "--budgets") if args.budgets else []
+        budgets = parse_budgets(args.budgets) if args.budgets else []
         methods = expand_methods(args.methods.split(","), budgets)
-        if args.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}.")
+        check_output_file(args.out)
         if args.prompt_style == "zlab":
             from sglang_ddtree.zlab import zlab_prompts
 
@@ -193,8 +195,6 @@ def cmd_offline(args) -> int:
             from sglang_ddtree.adaptive import parse_candidates
 
             parse_candidates(args.auto_candidates)
-            if args.auto_batch_size < 1:
-                raise ValueError(f"--auto-batch-size must be >= 1, got {args.auto_batch_size}.")
             auto_settings = AutoSettings(candidates=args.auto_candidates, batch_size=args.auto_batch_size,
                                          calibrate=args.calibrate, max_gain=args.auto_max_gain or None,
                                          decision_overhead=not args.auto_no_overhead, sweep=args.auto_sweep,
@@ -204,8 +204,7 @@ def cmd_offline(args) -> int:
 
                 load_tau_prior(args.auto_tau_prior)
     except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(str(e))
     chat = {"auto": None, "yes": True, "no": False}[args.chat]
     if args.prompt_style == "zlab":
         from sglang_ddtree.zlab import zlab_encode
@@ -288,6 +287,8 @@ def cmd_compare(args) -> int:
     from sglang_ddtree.compare import Thresholds, compare, format_report
 
     try:
+        if args.json_out:
+            check_output_file(args.json_out, "--json")
         base = load_any(args.baseline, args.trust_pickle)
         cand = load_any(args.candidate, args.trust_pickle)
         methods = None
@@ -298,13 +299,15 @@ def cmd_compare(args) -> int:
                         rule=args.rule, exact_tol=args.exact_tol)
         report = compare(base, cand, methods=methods, thresholds=th, n_boot=args.bootstrap, seed=args.seed)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(str(e))
     print(format_report(report))
     if args.json_out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
-        with open(args.json_out, "w", encoding="utf-8") as f:
-            json.dump(_finite(report), f, indent=1, allow_nan=False, default=str)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
+            with open(args.json_out, "w", encoding="utf-8") as f:
+                json.dump(_finite(report), f, indent=1, allow_nan=False, default=str)
+        except OSError as e:
+            return fail(f"could not write --json {args.json_out!r} ({e.strerror or type(e).__name__}).")
     return 0 if report["passed"] else 1
 
 
@@ -340,6 +343,7 @@ def cmd_import(args) -> int:
     from sglang_ddtree.baseline import import_reference, write_baseline
 
     try:
+        check_output_file(args.out)
         ids = None
         if args.prompt_ids_from:
             from sglang_ddtree.datasets import load_prompts
@@ -348,8 +352,7 @@ def cmd_import(args) -> int:
         b = import_reference(args.reference, trust_pickle=args.trust_pickle, prompt_ids=ids,
                              dataset=args.dataset or args.prompt_ids_from, dtype=args.dtype, device=args.device)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(str(e))
     write_baseline(args.out, b.header, b.records)
     print(f"imported {len(b.records)} records ({', '.join(b.methods)}) into {args.out}")
     extra = b.header.extra.get("reference_extra_final_rounds", 0)
