@@ -4,7 +4,7 @@ Prometheus round counter, the walk variant, the feedback push with the sampled r
 scored rounds, after_round with its snapshot publish at most once in CalibrationMonitor.EXPORT_SECONDS, so once a
 run here), with the real policy, feedback, monitor and Prometheus series on CPU tensors and a fake timer (times drawn
 at random, every candidate alike). Then the same loop under cProfile: each piece's cumulative share. The server runs
-this Python ~2-3x slower (lease 23: auto_host_costs_lease23).
+this Python ~2-3x slower (lease 23: auto_host_costs_2026-11-30_e7fba65).
 
     python benchmarks/bench_auto_round_host.py --out benchmarks/results/auto_round_host_cpu.json
 """

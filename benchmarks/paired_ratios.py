@@ -1,6 +1,6 @@
 """Every row of an interleaved sweep over one base row, run by run, with 95% intervals (sglang_ddtree.bench.paired).
 
-    python benchmarks/paired_ratios.py benchmarks/results/sweep_paired_tiny_lease22.jsonl --base "tiny|ddtree-128"
+    python benchmarks/paired_ratios.py benchmarks/results/sweep_paired_tiny_2026-11-30_7dd2358.jsonl --base "tiny|ddtree-128"
 
 prints, per batch size, each row's tokens/s over the base row's (the geometric mean of the per-round ratios), its
 95% interval and the number of rounds, then the same with the rounds of every batch size together; `--json PATH`

@@ -1,6 +1,6 @@
 """`auto`'s host policy on a flat cost curve, on the CPU (sglang_ddtree.bench.auto_sim): how often it verifies the
 widest tree, and how close its picks stay to the best candidate's rate, when every candidate's round costs about the
-same and wider trees commit more - lease 19's tiny pair (sweep_auto_tiny_lease19.jsonl: at batch 1 the chooser timed
+same and wider trees commit more - lease 19's tiny pair (sweep_auto_tiny_2026-11-30_1fa5fd5.jsonl: at batch 1 the chooser timed
 the 32-, 64- and 128-trees at 4.31 / 4.41 / 4.32 ms and gave the narrower ones 32% of its rounds). Next to it:
 8B-like cases where the chain should win, a case with real cost gaps, and the scenarios of tests/test_sglang_auto.py
 that guard against lock-outs (a slow start, one slow sample, slow host phases). `--shrink-z Z`, `--recent N`,
@@ -72,7 +72,7 @@ CASES = {
                                                             outlier=0.01, tokens=[1.0] * 5,
                                                             expected=[1.5, 2.0, 3.0, 4.0, 6.0], drift_sigma=0.2,
                                                             drift_rounds=250),
-    # Lease 21e's tiny batch-1 servers (sweep_twins_tiny_lease21e.jsonl): ~1400 rounds from the server's start, the
+    # Lease 21e's tiny batch-1 servers (sweep_twins_tiny_2026-11-30_4065fce.jsonl): ~1400 rounds from the server's start, the
     # chain's round cheaper (3.75 against ~4.4 ms), a round's tokens drawn per round (Poisson counts, a wider tree
     # adding to the narrower one's), a new prompt every 350 rounds, the first 20 rounds 1.5x slow. Both servers kept
     # the 128-tree out for hundreds of rounds: its cost floor came from a narrower tree's slow first rounds.
@@ -99,7 +99,7 @@ CASES = {
         TINY_START, warm_mult=(1.8, 1.15)),
     "tiny-like batch 1 from the start, first two uses slower (x1.8, x1.5)": dict(
         TINY_START, warm_mult=(1.8, 1.5)),
-    # Lease 33c's two batch-1 servers (sweep_ab_tiny_lease33c.jsonl, the chooser table after 300 rounds): the lean
+    # Lease 33c's two batch-1 servers (sweep_ab_tiny_run3_2026-12-02_f70f218.jsonl, the chooser table after 300 rounds): the lean
     # chain round, explored first, read 7.8 / 6.4 ms in its three timed rounds against 3.7-5.4 for the trees; as
     # the narrowest candidate's least time it floored every tree, and neither server explored the 128-tree in its
     # batch-1 rows (one ran the 16-tree in 80% of them). Leases 31b-32 read the chain at 26-40 ms there.
@@ -108,8 +108,8 @@ CASES = {
     # The same dump's rounds right after a switch of candidate (after its first three uses): ~4% dearer at the
     # median, twice as often >= 1.4x (auto_sim.simulate's switch_mult / switch_outlier). Probes time only such
     # rounds. (ebae9a7's SWITCH_SETTLE left them untimed and timed a probe's second round: no gain simulated,
-    # auto_flat_sim_switch_settle.json, none measured, sweep_starts_tiny_lease25.jsonl; removed.)
-    # Lease 34's chain runs (sweep_ab_tiny_lease34d.jsonl, auto_chooser_log_tiny_lease34d.txt): on the tiny pair the
+    # auto_flat_sim_switch_settle.json, none measured, sweep_starts_tiny_2026-11-30_253df2b.jsonl; removed.)
+    # Lease 34's chain runs (sweep_ab_tiny_2026-12-02_a29ea1c.jsonl, auto_chooser_log_tiny_lease34d.txt): on the tiny pair the
     # lean chain round is the cheapest (3.5-3.8 ms against ~4.4) and commits ~4.1 tokens against the 128-tree's ~5.9;
     # the trees' ratios came from a few start rounds that committed less (the 128-tree's observed / expected
     # 0.74-0.86), and a chain round observes no tree, so 4 of 12 servers ran the chain for 95-310 rounds of a row.

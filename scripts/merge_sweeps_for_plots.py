@@ -21,9 +21,9 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
-ROUND_GRAPHS = (("sweep_tiny_bs1_lease6_graphs_on.jsonl", "graphs on"),
-                ("sweep_tiny_bs1_lease6_graphs_off.jsonl", "graphs off"),
-                ("sweep_8b_bs1_lease6_graphs_on.jsonl", "graphs on"),
+ROUND_GRAPHS = (("sweep_tiny_bs1_graphs_on_2026-11-29_e205a8d.jsonl", "graphs on"),
+                ("sweep_tiny_bs1_graphs_off_2026-11-29_e205a8d.jsonl", "graphs off"),
+                ("sweep_8b_bs1_graphs_on_2026-11-29_e205a8d.jsonl", "graphs on"),
                 ("sweep_8b_lease6_graphs_off.jsonl", "graphs off"))
 
 
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
         print("usage: merge_sweeps_for_plots.py [--round-graphs]", file=sys.stderr)
         return 2
     for name, setup, drop_stages in (("sweep_h200.jsonl", "8b-dummy", False),
-                                     ("sweep_tiny_h200_lease3.jsonl", "tiny", True)):
+                                     ("sweep_tiny_h200_2026-11-29_d7e5344.jsonl", "tiny", True)):
         for line in (RESULTS / name).read_text().splitlines():
             row = json.loads(line)
             if row.get("setup") != setup:

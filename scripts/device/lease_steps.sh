@@ -374,7 +374,7 @@ checks-and-bench)
     tail -n 8 /tmp/k.log /tmp/ab/conv.log /tmp/ab/torch.log /tmp/ab/triton.log
     ;;
 tiny-auto-sweep)
-    # The tiny pair's auto sweep alone on GPU 0 (issue 10's command of sweep_auto_tiny_lease12.jsonl, now with the
+    # The tiny pair's auto sweep alone on GPU 0 (issue 10's command of sweep_auto_tiny_2026-11-30_35be0d4.jsonl, now with the
     # runs of a batch size interleaved across the servers; more bench_budgets args after COMMIT override it, e.g.
     # --prompt-groups 8); one archive.
     out=${1:?outdir}
