@@ -223,3 +223,24 @@ def test_every_committed_result_file_is_cited_by_the_results_readme():
     readme = (results / "README.md").read_text()
     kept = sorted(p.name for p in results.iterdir() if p.name != "README.md")
     assert [name for name in kept if f"`{name}" not in readme] == []
+
+
+def test_gpu_projection_reproduces_the_h200_fit_and_the_committed_projection():
+    """scripts/project_gpu.py with the H200's own bandwidth and compute gives back the cost model's projection
+    (best_budget.json), and the committed RTX PRO 6000 projection is what the script writes from its inputs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("project_gpu", ROOT / "scripts" / "project_gpu.py")
+    pg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pg)
+    results = ROOT / "benchmarks" / "results"
+    base = json.loads((results / "best_budget.json").read_text())
+    same = pg.project(dict(base), dict(pg.H200))
+    for b, row in base["by_batch"].items():
+        assert same["by_batch"][b]["best_budget"] == row["best_budget"]
+        assert abs(same["by_batch"][b]["tokens_per_s"] - row["projected_tokens_per_s"]) < 0.1
+        assert abs(same["by_batch"][b]["dflash_tokens_per_s"] - row["dflash_tokens_per_s_projected"]) < 0.1
+    (committed,) = results.glob("projection_rtx_pro_6000_*.json")
+    data = json.loads(committed.read_text())
+    base["_path"] = "best_budget.json"
+    assert pg.project(base, data["gpu"]) == data
