@@ -10,7 +10,7 @@ whole row and run by run (bench.paired.ab_table), and where `auto`'s own host ti
 together (ab_own_host_split: its arm's host ms a round less the fixed arm's, per host stage); a sweep of such
 servers alone needs no base row.
 `--arm NAME=LABEL,LABEL,...` (repeated) adds, per batch size, each arm's servers together over the base row and over
-the first arm (group_ratio: per round the mean over an arm's copies), for lease_steps.sh tiny-starts:
+the first arm (group_ratio: per round the mean over an arm's copies), for several servers per arm started together:
 
     python benchmarks/paired_ratios.py sweep_starts.jsonl --base "tiny|ddtree-128" \
         --arm "default=a1|auto,a2|auto,a3|auto" --arm "settle=b1|auto,b2|auto,b3|auto"
