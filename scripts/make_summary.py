@@ -640,6 +640,14 @@ def load_table(path: Path = TABLE) -> list[dict]:
     return rows
 
 
+def figure_sources(name: str, **opts) -> list[str]:
+    """The source file names of the table's figure `name`, those whose per-file options match `opts` only (e.g.
+    figure_sources("sglang_auto_ab", headline=True): the sweeps pooled for the A/B headline)."""
+    row = next(r for r in load_table() if r["name"] == name)
+    srcs = [source(entry) for entry in row["sources"]]
+    return [s.name for s in srcs if all(s.opts.get(k) == v for k, v in opts.items())]
+
+
 def build(rows: list[dict] | None = None, results: Path | None = None) -> dict:
     out: dict = {}
     missing = []

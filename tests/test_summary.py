@@ -17,15 +17,6 @@ def _make_summary():
     return ms
 
 
-def _figure(ms, name: str) -> dict:
-    """The row of scripts/summary_sources.toml named `name`."""
-    return next(row for row in ms.load_table() if row["name"] == name)
-
-
-def _names(ms, name: str, **opts) -> list[str]:
-    """The source file names of a figure's row, those whose per-file options match `opts` only."""
-    srcs = [ms.source(entry) for entry in _figure(ms, name)["sources"]]
-    return [s.name for s in srcs if all(s.opts.get(k) == v for k, v in opts.items())]
 
 
 def test_summary_is_regenerated_from_raw_files():
@@ -156,8 +147,8 @@ def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
     assert ms._not_auto_as_it_is({"server_env": ["SGLANG_DDTREE_AUTO_TIMES_EXPIRE=0"]})
     summary = json.loads((ROOT / "benchmarks" / "results" / "summary.json").read_text())
     # the headline pools `auto` as it is over the `headline` sources (one chooser's files)
-    headline_sweeps = _names(ms, "sglang_auto_ab", headline=True)
-    assert set(headline_sweeps) < set(_names(ms, "sglang_auto_ab"))
+    headline_sweeps = ms.figure_sources("sglang_auto_ab", headline=True)
+    assert set(headline_sweeps) < set(ms.figure_sources("sglang_auto_ab"))
     servers = {(name, label) for name in headline_sweeps
                for label, entry in summary["sglang_auto_ab"][name].items() if entry["arm"] == "as it is"}
     labels = sorted({label for _, label in servers})
@@ -191,7 +182,7 @@ def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
     assert sorted(detail) == ["1", "16", "4", "64"] and all(d["rows"] == 2 for d in detail.values())
     assert all(set(AUTO_HOST_DETAIL) - {"after_learn"} <= set(d["stages"]) for d in detail.values())
     # no A/B server's own tokens/s reaches the cross-server headline's sources
-    assert not set(_names(ms, "sglang_auto_ab")) & set(_names(ms, "sglang_auto"))
+    assert not set(ms.figure_sources("sglang_auto_ab")) & set(ms.figure_sources("sglang_auto"))
 
 
 def test_a_figure_is_one_table_row_and_a_generic_sweep_reader(tmp_path):
