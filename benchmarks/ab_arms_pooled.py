@@ -6,7 +6,7 @@ over its fixed arm per batch size and over all, 95% intervals), their own host t
 `auto` as it is servers of AB_HEADLINE_SWEEPS, `tiny-e*` in each).
 
     python benchmarks/ab_arms_pooled.py benchmarks/results/sweep_ab_tiny_lease38{,b,c}.jsonl \\
-        --arm e=tiny-e --arm s=tiny-s --arm d=tiny-d --json benchmarks/results/ab_arms_pooled_lease38.json
+        --arm e=tiny-e --arm s=tiny-s --arm d=tiny-d --json benchmarks/results/ab_arms_pooled_2026-12-02_63ca041.json
     python benchmarks/ab_arms_pooled.py benchmarks/results/sweep_ab_tiny_lease3{5,5b,5c,6,6b,7,7b,8,8b,8c,9,9b}.jsonl \
         --arm e=tiny-e --json benchmarks/results/ab_arms_pooled_headline.json
 """

@@ -1,5 +1,5 @@
 """Two host profiles of the decode loop (sglang_ddtree.sglang.host_profile's .pstats, e.g. an `auto` server's and
-the fixed 128-tree's from `lease_steps.sh host-profile`) side by side, per function, in ms per decode batch: the
+the fixed 128-tree's from `scripts/device/steps.sh host-profile`) side by side, per function, in ms per decode batch: the
 functions whose own time (or, with --cumulative, cumulative time) differs most, and the functions one profile has
 that the other lacks. Why: the in-process A/B puts `auto`'s own host time at 0.10-0.15 ms a tiny-pair round over the
 fixed arm's, ~0.047 of it in the worker's chooser block (lease 37, `sglang_auto_ab_own_host_ms_tiny`), while the

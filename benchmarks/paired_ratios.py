@@ -1,6 +1,6 @@
 """Every row of an interleaved sweep over one base row, run by run, with 95% intervals (sglang_ddtree.bench.paired).
 
-    python benchmarks/paired_ratios.py benchmarks/results/sweep_paired_tiny_lease22.jsonl --base "tiny|ddtree-128"
+    python benchmarks/paired_ratios.py benchmarks/results/sweep_paired_tiny_2026-11-30_7dd2358.jsonl --base "tiny|ddtree-128"
 
 prints, per batch size, each row's tokens/s over the base row's (the geometric mean of the per-round ratios), its
 95% interval and the number of rounds, then the same with the rounds of every batch size together; `--json PATH`
@@ -10,7 +10,7 @@ whole row and run by run (bench.paired.ab_table), and where `auto`'s own host ti
 together (ab_own_host_split: its arm's host ms a round less the fixed arm's, per host stage); a sweep of such
 servers alone needs no base row.
 `--arm NAME=LABEL,LABEL,...` (repeated) adds, per batch size, each arm's servers together over the base row and over
-the first arm (group_ratio: per round the mean over an arm's copies), for lease_steps.sh tiny-starts:
+the first arm (group_ratio: per round the mean over an arm's copies), for several servers per arm started together:
 
     python benchmarks/paired_ratios.py sweep_starts.jsonl --base "tiny|ddtree-128" \
         --arm "default=a1|auto,a2|auto,a3|auto" --arm "settle=b1|auto,b2|auto,b3|auto"

@@ -4,7 +4,7 @@ position: the float32 model's best log-prob minus the chosen token's). A model w
 its float32 choices cannot tell a wrong recurrent state from numerics.
 
   python scripts/hybrid_conditioning.py --out benchmarks/results/hybrid_model_conditioning_cpu.json \
-      [--gpu-suite benchmarks/results/gpu_suite_lease11_hybrid.json --gpu-run 1]
+      [--gpu-suite benchmarks/results/gpu_suite_hybrid_2026-11-30_cf19fa9.json --gpu-run 1]
 
 Compares the test target with a top-2 of 4 experts routed (the lease-10 model) and with all 4 routed (the model of
 tests/gpu/test_ddtree_hybrid.py since lease 11). With --gpu-suite it also teacher-forces the "float32" greedy outputs

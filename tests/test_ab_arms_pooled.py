@@ -26,22 +26,22 @@ def test_locked_rows_are_those_above_the_share_of_the_arms_servers():
 
 def test_lease38_arms_match_the_committed_file(tmp_path):
     results = ROOT / "benchmarks" / "results"
-    sweeps = [str(results / f"sweep_ab_tiny_lease38{x}.jsonl") for x in ("", "b", "c")]
+    sweeps = [str(results / f"sweep_ab_tiny_run{i}_2026-12-02_468f487.jsonl") for i in (1, 2, 3)]
     out = tmp_path / "arms.json"
     assert ab_arms_pooled.main(sweeps + ["--arm", "e=tiny-e", "--arm", "s=tiny-s", "--arm", "d=tiny-d",
                                          "--json", str(out)]) == 0
     got = json.loads(out.read_text())
-    assert got["arms"] == json.loads((results / "ab_arms_pooled_lease38.json").read_text())["arms"]
+    assert got["arms"] == json.loads((results / "ab_arms_pooled_2026-12-02_63ca041.json").read_text())["arms"]
     assert [len(got["arms"][a]["servers"]) for a in "esd"] == [8, 8, 4]
     # the as-it-is arm's servers are the headline's lease 38 servers, each pooled ratio within its servers' runs
     summary = json.loads((results / "summary.json").read_text())["sglang_auto_ab"]
-    headline = sorted(label for name in ("sweep_ab_tiny_lease38.jsonl", "sweep_ab_tiny_lease38b.jsonl",
-                                         "sweep_ab_tiny_lease38c.jsonl")
+    headline = sorted(label for name in ("sweep_ab_tiny_run1_2026-12-02_468f487.jsonl", "sweep_ab_tiny_run2_2026-12-02_468f487.jsonl",
+                                         "sweep_ab_tiny_run3_2026-12-02_468f487.jsonl")
                       for label, entry in summary[name].items() if entry["arm"] == "as it is")
     assert got["arms"]["e"]["servers"] == headline
     for bs, pooled in got["arms"]["e"]["pooled"].items():
         own = [summary[name][label]["by_batch_size"][bs]["runs"]["ratio"] for name in summary
-               if name.startswith("sweep_ab_tiny_lease38") for label in summary[name] if label in headline]
+               if name.endswith("_2026-12-02_468f487.jsonl") for label in summary[name] if label in headline]
         assert min(own) - 1e-3 <= pooled["ratio"] <= max(own) + 1e-3
 
 
@@ -53,7 +53,7 @@ def test_headline_file_is_the_summary_headline_with_its_intervals():
     results = ROOT / "benchmarks" / "results"
     summary = json.loads((results / "summary.json").read_text())
     arm = json.loads((results / "ab_arms_pooled_headline.json").read_text())
-    assert arm["sweeps"] == list(make_summary.AB_HEADLINE_SWEEPS)
+    assert arm["sweeps"] == make_summary.figure_sources("sglang_auto_ab", headline=True)
     e = arm["arms"]["e"]
     assert f"`auto` as it is: {e['server_count']} servers" in summary["sglang_auto_ab_over_fixed_128_tiny_source"]
     for bs, ratio in summary["sglang_auto_ab_over_fixed_128_tiny"].items():

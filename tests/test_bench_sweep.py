@@ -718,7 +718,7 @@ def test_ab_pooled_pools_the_runs_of_one_configurations_servers():
     from sglang_ddtree.bench.paired import _ab_pairs, ab_pooled, ab_table, paired_ratio
     from sglang_ddtree.bench.results import latest_results, read_rows
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "sweep_ab_tiny_lease32b.jsonl"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "sweep_ab_tiny_run2_2026-12-02_3ed1a84.jsonl"
     rows = list(latest_results(read_rows(path)).values())
     pooled = ab_pooled(rows, {"tiny-a|auto", "tiny-a2|auto"})
     alone = ab_table(rows)
@@ -746,12 +746,12 @@ def test_ab_table_shows_autos_narrower_rounds():
     from sglang_ddtree.bench.results import latest_results, read_rows
 
     results_dir = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-    rows = list(latest_results(read_rows(results_dir / "sweep_ab_tiny_lease36b.jsonl")).values())
+    rows = list(latest_results(read_rows(results_dir / "sweep_ab_tiny_run2_2026-12-02_c8f6ae0.jsonl")).values())
     arms = ab_table(rows)["tiny-e4|auto"]["by_batch_size"][4]["arms"]
     assert (arms["auto"]["narrower_rounds"], arms["auto"]["rounds"]) == (448, 465)
     assert arms["auto"]["sampled_rounds"] > 0 and arms["auto"]["narrower_round_ms"] > 0
     assert "narrower_rounds" not in arms["fixed"]
-    old = list(latest_results(read_rows(results_dir / "sweep_ab_tiny_lease32b.jsonl")).values())
+    old = list(latest_results(read_rows(results_dir / "sweep_ab_tiny_run2_2026-12-02_3ed1a84.jsonl")).values())
     assert all("narrower_rounds" not in n for t in ab_table(old).values() for e in t["by_batch_size"].values()
                for n in e["arms"].values())
 
@@ -786,7 +786,7 @@ def test_ab_own_host_split_is_autos_arm_less_the_fixed_arm_per_stage():
     assert abs(d["host"] - 0.04) < 1e-9
     assert ab_own_host_split(rows, {"nothing|auto"}) == {}
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "sweep_ab_tiny_lease37.jsonl"
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "sweep_ab_tiny_run1_2026-12-02_80c380a.jsonl"
     rows = list(latest_results(read_rows(path)).values())
     split = ab_own_host_split(rows, {f"tiny-e{i}|auto" for i in (1, 2, 3, 4)})
     assert sorted(split) == [1, 4, 16, 64]
@@ -808,7 +808,7 @@ def test_host_profile_diff_names_autos_own_functions(tmp_path):
     spec = importlib.util.spec_from_file_location("host_profile_diff", root / "benchmarks" / "host_profile_diff.py")
     hpd = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hpd)
-    d = root / "benchmarks" / "results" / "host_profile_lease33"
+    d = root / "benchmarks" / "results" / "host_profile_2026-12-02_f70f218"
     a, b = d / "host_profile_ddtree_auto_13128.pstats", d / "host_profile_ddtree_128_13171.pstats"
     assert hpd.batches_of(a) == 600 and hpd.batches_of(b) == 600
     pa, pb = hpd.per_batch(a, 600), hpd.per_batch(b, 600)

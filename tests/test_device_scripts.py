@@ -377,9 +377,9 @@ def test_plan_fits_the_device_tool_limits(tmp_path):
 
 
 def test_plan_installs_split_parts_and_runs_other_work(tmp_path):
-    """A chunk split by split_chunk.py is installed one part a call (lease 35: the tracked tree plus a whole site-1
-    was over 64 MiB), but only parts of this pack (parts.json's chunk name and sha256); --work runs another command
-    (a lease_steps.sh step) in the last call, with extra carried paths; a carried path this checkout lacks and an
+    """A chunk split by split_chunk.py is installed one part a call (the tracked tree plus a whole site-1 was
+    over 64 MiB), but only parts of this pack (parts.json's chunk name and sha256); --work runs another command
+    (a steps.sh step) in the last call, with extra carried paths; a carried path this checkout lacks and an
     oversized call are problems, the latter with the split that would fit."""
     plan_mod = load_script("plan")
     split_chunk = load_script("split_chunk")
@@ -394,7 +394,7 @@ def test_plan_installs_split_parts_and_runs_other_work(tmp_path):
     (cache / "site-2-part1").mkdir()  # a part of another pack: not this chunk's sha256, left alone
     (cache / "site-2-part1" / "parts.json").write_text(json.dumps({"chunk": "site-2", "parts": 1, "sha256": "0"}))
     (tmp_path / "runs" / "bench").mkdir(parents=True)
-    work = "bash scripts/device/lease_steps.sh tiny-ab $OUT abc1234"
+    work = "bash scripts/device/steps.sh tiny-ab $OUT abc1234"
     calls = plan_mod.plan(manifest, [], [], 540, False, repo=tmp_path, base_bytes=0, work=work,
                           extra_carry=["runs/bench"])
     assert [c["carry"][0] for c in calls] == [".device-cache/site-1-part1", ".device-cache/site-1-part2",
@@ -669,7 +669,7 @@ AUTO_SORT = ["SGLANG_DDTREE_TREE_KERNEL=auto", "SGLANG_DDTREE_RANK_MIN_WIDTH={}"
     ({16: (0.02, 0.12, 0.015), 256: (0.48, 0.25, 0.3), 1024: (3.2, 1.0, 1.5)}, {1: (0.2, 0.05), 8: (0.6, 0.7)},
      [AUTO_SORT[0], AUTO_SORT[1].format(256), AUTO_SORT[2].format("select"), AUTO_SORT[3].format("rank"),
       "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
-    # lease 12's first kernel run: sort below 256, select from 256 on
+    # an early kernel run: sort below 256, select from 256 on
     ({16: (0.0225, 0.1226, 0.0604), 32: (0.0303, 0.1614, 0.0639), 64: (0.0672, 0.216, 0.0878),
       256: (0.4768, 0.2507, 0.1708), 1024: (3.242, 1.8759, 0.58)}, None,
      [AUTO_SORT[0], AUTO_SORT[1].format(256), AUTO_SORT[2].format("sort"), AUTO_SORT[3].format("select"),
@@ -741,7 +741,7 @@ def test_split_chunk_parts_install_one_call_at_a_time(tmp_path):
 
 
 def test_vcpu_speed_samples_every_vcpu_and_restores_the_affinity(tmp_path):
-    """scripts/device/vcpu_speed.py (lease 21's per-vCPU speed, over time): every allowed vCPU sampled each pass,
+    """scripts/device/vcpu_speed.py (per-vCPU speed, over time): every allowed vCPU sampled each pass,
     the process's own affinity restored, and the lag-1 correlation right on known series."""
     mod = load_script("vcpu_speed")
     before = os.sched_getaffinity(0)
@@ -763,7 +763,7 @@ def test_vcpu_speed_samples_every_vcpu_and_restores_the_affinity(tmp_path):
 
 
 def test_parse_junit_ignores_the_nameless_case_of_a_cut_run(tmp_path):
-    """Lease 26: a run stopped by its deadline left `<testcase time="0.000" />` in the JUnit XML, which counted as a
+    """A run stopped by its deadline left `<testcase time="0.000" />` in the JUnit XML, which counted as a
     pass; it is no test and is left out (a real pass, skip and failure next to it still count)."""
     path = tmp_path / "junit.xml"
     path.write_text('<testsuites><testsuite>'
@@ -777,9 +777,9 @@ def test_parse_junit_ignores_the_nameless_case_of_a_cut_run(tmp_path):
 
 
 def test_pack_base_writes_the_package_a_server_started_in_the_repo_root_imports(tmp_path):
-    """lease_steps.sh tiny-paired TP_TWIN_BASE: pack_base.sh writes a commit's package, and with PYTHONSAFEPATH=1
+    """steps.sh tiny-paired TP_TWIN_BASE: pack_base.sh writes a commit's package, and with PYTHONSAFEPATH=1
     and PYTHONPATH on it a Python started in the repository root (where bench/server.py starts servers) imports that
-    package; PYTHONPATH alone still imports the checkout's (lease 28's first try ran the checkout in both setups).
+    package; PYTHONPATH alone still imports the checkout's (so a twin set up that way runs the checkout in both setups).
     -S: no site-packages, as on the device (this venv's editable install would map the package by itself)."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
                           check=True).stdout.strip()
@@ -806,9 +806,9 @@ def test_pack_base_writes_the_package_a_server_started_in_the_repo_root_imports(
 
 
 def test_tiny_ab_lets_an_arm_change_the_shared_warm_up(tmp_path):
-    """lease_steps.sh tiny-ab with TA_SETS: bench_budgets.py gets the step's shared 128-token warm-up before the
-    arms' --set items, so `tiny-w1.warmup_new_tokens=640` wins (--set applies in order; lease 36's longer warm-up
-    arm). A fake python3 on PATH records the sweep's argv instead of starting servers."""
+    """steps.sh tiny-ab with TA_SETS: bench_budgets.py gets the step's shared 128-token warm-up before the
+    arms' --set items, so `tiny-w1.warmup_new_tokens=640` wins (--set applies in order: an arm with a longer
+    warm-up). A fake python3 on PATH records the sweep's argv instead of starting servers."""
     fake = tmp_path / "bin"
     fake.mkdir()
     argv_file = tmp_path / "argv.json"
@@ -823,7 +823,7 @@ def test_tiny_ab_lets_an_arm_change_the_shared_warm_up(tmp_path):
     env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "TA_RIVALS": "0", "TA_ARMS": "e1: w1:",
            "TA_SETS": "tiny-w1.warmup_new_tokens=640", "TA_TIMEOUT_S": "60"}
     env.pop("DDTREE_JIT_ROOT", None)
-    done = subprocess.run(["bash", str(DEVICE / "lease_steps.sh"), "tiny-ab", str(tmp_path / "out"), "abc1234"],
+    done = subprocess.run(["bash", str(DEVICE / "steps.sh"), "tiny-ab", str(tmp_path / "out"), "abc1234"],
                           cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     args = json.loads(argv_file.read_text())

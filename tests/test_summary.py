@@ -8,6 +8,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _make_summary():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_summary", ROOT / "scripts" / "make_summary.py")
+    ms = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ms)
+    return ms
+
+
+
+
 def test_summary_is_regenerated_from_raw_files():
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_summary.py"), "--check"],
                             capture_output=True, text=True, timeout=120)
@@ -17,32 +28,24 @@ def test_summary_is_regenerated_from_raw_files():
 
 
 def test_auto_ratios_flag_a_server_without_decode_graphs():
-    """An auto ratio against a graphed rival while auto ran eager (the planner's graph-token cap, lease 13's 8B
-    batch-64 row) is not like for like: the summary lists such rows."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_summary", ROOT / "scripts" / "make_summary.py")
-    ms = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ms)
+    """An auto ratio against a graphed rival while auto ran eager (the planner's graph-token cap, as in a
+    committed 8B batch-64 row) is not like for like: the summary lists such rows."""
+    ms = _make_summary()
     graphed = {"batch_size": 64, "server_args": ["--cuda-graph-bs-decode", "16", "64", "--x"]}
     assert ms._decode_graphs(graphed) and not ms._decode_graphs({**graphed, "batch_size": 32})
     assert not ms._decode_graphs({"batch_size": 64, "server_args": ["--disable-decode-cuda-graph"]})
     assert ms._decode_graphs({"batch_size": 64, "decode_graphs": True, "server_args": []})
-    rows = ms._sweep_rows("sweep_auto_8b_lease13_bs64.jsonl")  # committed: auto eager, DFLASH graphed
+    rows = ms._sweep_rows("sweep_auto_8b_bs64_2026-11-30_bb6232e.jsonl")  # committed: auto eager, DFLASH graphed
     assert not ms._decode_graphs(rows[("8b-dummy", "auto", None, 64)])
     assert ms._decode_graphs(rows[("8b-dummy", "dflash", None, 64)])
     summary = json.loads((ROOT / "benchmarks" / "results" / "summary.json").read_text())
     assert summary["sglang_auto_rows_without_decode_graphs"] == {}  # today's sources compare like with like
 
 
-def test_a_copied_auto_setup_is_compared_with_its_base_setups_rivals(tmp_path, monkeypatch):
+def test_a_copied_auto_setup_is_compared_with_its_base_setups_rivals(tmp_path):
     """An A/B of a worker switch (`--copy-setup tiny-dchain=tiny`, the copy holding only auto): its auto row's
     ratio is against the base setup's DFLASH and fixed-budget rows of the same run."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_summary", ROOT / "scripts" / "make_summary.py")
-    ms = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ms)
+    ms = _make_summary()
 
     def row(setup, method, budget, tps, runs):
         return {"kind": "result", "status": "ok", "setup": setup, "method": method, "budget": budget,
@@ -53,10 +56,7 @@ def test_a_copied_auto_setup_is_compared_with_its_base_setups_rivals(tmp_path, m
              row("tiny", "dflash", None, 1000.0, [1000.0, 800.0]), row("tiny", "ddtree", 128, 900.0, [900.0, 900.0]),
              row("tiny", "auto", None, 850.0, [850.0, 990.0]), row("tiny-dchain", "auto", None, 990.0, [990.0, 450.0])]
     (tmp_path / "ab.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    monkeypatch.setattr(ms, "RESULTS", tmp_path)
-    monkeypatch.setattr(ms, "SGLANG_AUTO_SWEEPS", ("ab.jsonl",))
-    out = {}
-    ms.sglang_auto(out)
+    out = ms.sglang_auto([ms.source("ab.jsonl", tmp_path)])
     ratios = out["sglang_auto_vs_max_fixed_or_dflash_tokens_per_s"]
     assert ratios == {"tiny": {"4": 0.85}, "tiny-dchain": {"4": 0.99}}
     assert out["sglang_auto_rivals_measured"]["tiny-dchain"] == {"4": ["ddtree-128", "dflash"]}
@@ -65,16 +65,12 @@ def test_a_copied_auto_setup_is_compared_with_its_base_setups_rivals(tmp_path, m
     assert out["sglang_auto_vs_max_per_repeat"] == {"tiny": {"4": [0.85, 1.1]}, "tiny-dchain": {"4": [0.99, 0.5]}}
 
 
-def test_same_config_servers_compare_a_copy_with_its_original(tmp_path, monkeypatch):
+def test_same_config_servers_compare_a_copy_with_its_original(tmp_path):
     """`--copy-setup tiny-b=tiny` with the same methods: each copied row over the original's row of the same method,
     budget and batch size, and per repeat; rows without a twin are left out, and a sweep without any twin fails."""
-    import importlib.util
-
     import pytest
 
-    spec = importlib.util.spec_from_file_location("make_summary", ROOT / "scripts" / "make_summary.py")
-    ms = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ms)
+    ms = _make_summary()
 
     def row(setup, method, budget, tps, runs):
         return {"kind": "result", "status": "ok", "setup": setup, "method": method, "budget": budget,
@@ -84,27 +80,19 @@ def test_same_config_servers_compare_a_copy_with_its_original(tmp_path, monkeypa
              row("tiny", "ddtree", 128, 1000.0, [1000.0, 800.0]), row("tiny-b", "ddtree", 128, 900.0, [900.0, 880.0]),
              row("tiny", "auto", None, 700.0, [700.0, 700.0]), row("tiny-b", "dflash", None, 500.0, [500.0])]
     (tmp_path / "twins.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    monkeypatch.setattr(ms, "RESULTS", tmp_path)
-    monkeypatch.setattr(ms, "SAME_CONFIG_SWEEPS", ("twins.jsonl",))
-    out = {}
-    ms.same_config_servers(out)
+    out = ms.same_config_servers([ms.source("twins.jsonl", tmp_path)])
     assert out["sglang_same_config_servers"] == {
         "twins.jsonl": {"tiny|ddtree-128|1": {"copy_over_original": 0.9, "per_repeat": [0.9, 1.1]}}}
     (tmp_path / "lonely.jsonl").write_text("\n".join(json.dumps(x) for x in lines[:2]) + "\n")
-    monkeypatch.setattr(ms, "SAME_CONFIG_SWEEPS", ("lonely.jsonl",))
     with pytest.raises(ValueError, match="lonely.jsonl: no copied setup"):
-        ms.same_config_servers({})
+        ms.same_config_servers([ms.source("lonely.jsonl", tmp_path)])
 
 
 def test_a_server_on_another_commits_package_is_recognised_from_its_environment():
-    """lease_steps.sh tiny-paired TP_TWIN_BASE runs a setup on runs/bench/base-<commit> (PYTHONSAFEPATH=1, PYTHONPATH
-    on it): that row is an A/B's base, not the code measured. Without PYTHONSAFEPATH the checkout came first on
-    sys.path (lease 28's `tiny-b`), so that row ran the checkout and counts."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_summary", ROOT / "scripts" / "make_summary.py")
-    ms = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ms)
+    """A setup run on another commit's package, runs/bench/base-<commit> (PYTHONSAFEPATH=1, PYTHONPATH on it): that
+    row is an A/B's base, not the code measured. Without PYTHONSAFEPATH the checkout comes first on sys.path, so
+    such a row ran the checkout and counts."""
+    ms = _make_summary()
     base = "PYTHONPATH=/tmp/site:/tmp/detached/tp/repo/runs/bench/base-a0828ce2367d"
     assert ms._other_commit({"server_env": ["SGLANG_DDTREE_AUTO_LOG_EVERY=100", "PYTHONSAFEPATH=1", base]}) \
         == "base-a0828ce2367d"
@@ -114,34 +102,26 @@ def test_a_server_on_another_commits_package_is_recognised_from_its_environment(
 
 
 def test_an_auto_server_held_on_one_candidate_is_left_out_of_the_headline():
-    """Lease 30's `tiny-b|auto` ran with SGLANG_DDTREE_AUTO_FORCE=chain (the lean chain round against DFLASH): a
+    """A committed sweep's `tiny-b|auto` ran with SGLANG_DDTREE_AUTO_FORCE=chain (the lean chain round against DFLASH): a
     measurement of one candidate, not of `auto`'s choice. The committed headline takes `tiny` from that sweep and
     keeps `tiny-b` from the sweep before it."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_summary", ROOT / "scripts" / "make_summary.py")
-    ms = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ms)
+    ms = _make_summary()
     assert ms._forced({"server_env": ["SGLANG_DDTREE_AUTO_LOG_EVERY=100", "SGLANG_DDTREE_AUTO_FORCE=chain"]}) == "chain"
     assert ms._forced({"server_env": ["SGLANG_DDTREE_AUTO_LOG_EVERY=100"]}) is None
     assert ms._forced({}) is None
     summary = json.loads((ROOT / "benchmarks" / "results" / "summary.json").read_text())
     sources = summary["sglang_auto_sources"]
-    assert sources["tiny"]["16"] == "sweep_paired_tiny_lease30.jsonl"
-    assert "sweep_paired_tiny_lease30.jsonl" not in sources["tiny-b"].values()
+    assert sources["tiny"]["16"] == "sweep_paired_tiny_2026-12-01_ae3b0f3.jsonl"
+    assert "sweep_paired_tiny_2026-12-01_ae3b0f3.jsonl" not in sources["tiny-b"].values()
 
 
 def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
     """An `auto` server with SGLANG_DDTREE_AUTO_AB alternates rounds with the fixed tree: its tokens/s mixes both arms,
     so the cross-server headline leaves it out, and sglang_auto_ab reports its arms instead, named by what the `auto`
-    arm ran (a knob its commit defaulted to, AB_IMPLIED_ENV, named too unless the server set it). The committed
-    summary's headline A/B entry is `auto` as it is in AB_HEADLINE_SWEEPS, per batch size, every such server's runs
+    arm ran (a knob its commit defaulted to, the source's `implied_env`, named too unless the server set it). The committed
+    summary's headline A/B entry is `auto` as it is in the `headline` sources, per batch size, every such server's runs
     pooled (between the servers' own ratios)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_summary", ROOT / "scripts" / "make_summary.py")
-    ms = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ms)
+    ms = _make_summary()
     ab = ["SGLANG_DDTREE_AUTO_LOG_EVERY=100", "SGLANG_DDTREE_AUTO_AB=8"]
     assert ms._ab_server({"server_env": ab}) and ms._not_auto_as_it_is({"server_env": ab})
     assert not ms._ab_server({"server_env": ["SGLANG_DDTREE_AUTO_AB=0"]}) and not ms._ab_server({})
@@ -152,11 +132,11 @@ def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
     assert ms._ab_arm(ab, implied) == "AUTO_RELATIVE_TIMES=1"
     assert ms._ab_arm(ab + ["SGLANG_DDTREE_AUTO_RELATIVE_TIMES=0"], implied) == "AUTO_RELATIVE_TIMES=0"
     # a knob set to what is the default now (CURRENT_DEFAULTS) is `auto` as it is; the default of the servers' own
-    # commit, where it differed, names their arm (lease 34: FORGET_START 128 then, 0 now)
+    # commit, where it differed, names their arm (FORGET_START was 128, is 0)
     then = ("SGLANG_DDTREE_AUTO_FORGET_START=128",)
     assert ms._ab_arm(ab + ["SGLANG_DDTREE_AUTO_FORGET_START=0"], then) == "as it is"
     assert ms._ab_arm(ab, then) == "AUTO_FORGET_START=128"
-    # lease 35: the servers' commit had no expiry of old times (TIMES_EXPIRE 256 now); a held server's other knobs
+    # servers whose commit had no expiry of old times (TIMES_EXPIRE 256 now); a held server's other knobs
     # name its arm too (they change its own cost), the expiry not (a held server makes no choice)
     before = ("SGLANG_DDTREE_AUTO_TIMES_EXPIRE=0",)
     assert ms._ab_arm(ab, before) == "AUTO_TIMES_EXPIRE=0"
@@ -166,23 +146,22 @@ def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
                       before) == "forced=128,AUTO_CALIBRATION_LEARN_ALL=0"
     assert ms._not_auto_as_it_is({"server_env": ["SGLANG_DDTREE_AUTO_TIMES_EXPIRE=0"]})
     summary = json.loads((ROOT / "benchmarks" / "results" / "summary.json").read_text())
-    # the headline pools `auto` as it is over AB_HEADLINE_SWEEPS (one chooser's files)
-    assert set(ms.AB_HEADLINE_SWEEPS) <= set(ms.AB_SWEEPS)
-    servers = {(name, label) for name in ms.AB_HEADLINE_SWEEPS
+    # the headline pools `auto` as it is over the `headline` sources (one chooser's files)
+    headline_sweeps = ms.figure_sources("sglang_auto_ab", headline=True)
+    assert set(headline_sweeps) < set(ms.figure_sources("sglang_auto_ab"))
+    servers = {(name, label) for name in headline_sweeps
                for label, entry in summary["sglang_auto_ab"][name].items() if entry["arm"] == "as it is"}
     labels = sorted({label for _, label in servers})
-    # lease 35: tiny-e1..e3 (35), e4 (35b), e5 and e6 (35c); lease 36: e1..e3 (36), e4..e9 (36b); its `w` servers
-    # (a longer warm-up, AB_SETUP_NOTES) and held `f1` are named by their arm and left out; lease 37: e1..e4 (37),
-    # e5..e7 (37b), its `s` servers (SWITCH_UNTIMED) named by their knob and left out; lease 38: e1..e3 (38), e4, e5
-    # (38b), e6..e8 (38c), its `s` (SAMPLE_EVERY=8) and `d` (HOST_DETAIL) servers named and left out; lease 39:
-    # e1..e6 (39), e7..e12 (39b), its `d` servers left out
+    # the `e` servers of each headline sweep (tiny-e1..e12 at most); the `w` servers (a longer warm-up,
+    # setup_notes), held `f` servers, `s` servers (SWITCH_UNTIMED, SAMPLE_EVERY=8) and `d` servers (HOST_DETAIL) are
+    # named by their arm and left out
     assert len(servers) == 42 and labels == sorted(f"tiny-e{i}|auto" for i in range(1, 13))
-    assert summary["sglang_auto_ab"]["sweep_ab_tiny_lease36.jsonl"]["tiny-w1|auto"]["arm"] == "warmup_new_tokens=640"
-    assert summary["sglang_auto_ab"]["sweep_ab_tiny_lease37b.jsonl"]["tiny-s5|auto"]["arm"] == "AUTO_SWITCH_UNTIMED=1"
-    assert summary["sglang_auto_ab"]["sweep_ab_tiny_lease38c.jsonl"]["tiny-s8|auto"]["arm"] == "AUTO_SAMPLE_EVERY=8"
-    assert summary["sglang_auto_ab"]["sweep_ab_tiny_lease38b.jsonl"]["tiny-d3|auto"]["arm"] == ms.AB_DETAIL_ARM
+    assert summary["sglang_auto_ab"]["sweep_ab_tiny_run1_2026-12-02_c8f6ae0.jsonl"]["tiny-w1|auto"]["arm"] == "warmup_new_tokens=640"
+    assert summary["sglang_auto_ab"]["sweep_ab_tiny_run2_2026-12-02_80c380a.jsonl"]["tiny-s5|auto"]["arm"] == "AUTO_SWITCH_UNTIMED=1"
+    assert summary["sglang_auto_ab"]["sweep_ab_tiny_run3_2026-12-02_468f487.jsonl"]["tiny-s8|auto"]["arm"] == "AUTO_SAMPLE_EVERY=8"
+    assert summary["sglang_auto_ab"]["sweep_ab_tiny_run2_2026-12-02_468f487.jsonl"]["tiny-d3|auto"]["arm"] == ms.AB_DETAIL_ARM
     assert summary["sglang_auto_ab_over_fixed_128_tiny_source"] == (
-        f"{' + '.join(ms.AB_HEADLINE_SWEEPS)} (`auto` as it is: 42 servers, {' + '.join(labels)} in each sweep "
+        f"{' + '.join(headline_sweeps)} (`auto` as it is: 42 servers, {' + '.join(labels)} in each sweep "
         f"that has them, runs pooled)")
     headline = summary["sglang_auto_ab_over_fixed_128_tiny"]
     assert sorted(headline) == ["1", "16", "4", "64"]
@@ -194,8 +173,8 @@ def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
     own = summary["sglang_auto_ab_own_host_ms_tiny"]
     assert sorted(own) == ["1", "16", "4", "64"] and all(d["rows"] == len(servers) for d in own.values())
     assert all("choose" in d["stages"] for d in own.values())
-    # the as-it-is servers mark no detail; the two HOST_DETAIL servers of AB_DETAIL_SWEEPS (lease 39: the
-    # bookkeeping as it is; lease 38's four ran the code before aa3bbae) split `choose` and `after`
+    # the as-it-is servers mark no detail; the two HOST_DETAIL servers of the `detail` source (the bookkeeping as it
+    # is; earlier HOST_DETAIL servers ran the code before aa3bbae) split `choose` and `after`
     from sglang_ddtree.stages import AUTO_HOST_DETAIL
 
     assert not any(name in d["stages"] for d in own.values() for name in AUTO_HOST_DETAIL)
@@ -203,4 +182,56 @@ def test_ab_servers_are_left_out_of_the_headline_and_named_by_their_arm():
     assert sorted(detail) == ["1", "16", "4", "64"] and all(d["rows"] == 2 for d in detail.values())
     assert all(set(AUTO_HOST_DETAIL) - {"after_learn"} <= set(d["stages"]) for d in detail.values())
     # no A/B server's own tokens/s reaches the cross-server headline's sources
-    assert all(name not in ms.AB_SWEEPS for name in ms.SGLANG_AUTO_SWEEPS)
+    assert not set(ms.figure_sources("sglang_auto_ab")) & set(ms.figure_sources("sglang_auto"))
+
+
+def test_a_figure_is_one_table_row_and_a_generic_sweep_reader(tmp_path):
+    """A new headline figure from a sweep is one [[figure]] row with the `sweep_table` reader: tokens/s and tau per
+    method and batch size, ratios over `base`; a row whose source is missing is listed under `missing`."""
+    ms = _make_summary()
+
+    def row(method, budget, bs, tps, tau):
+        return {"kind": "result", "status": "ok", "setup": "8b-real", "method": method, "budget": budget,
+                "batch_size": bs, "decode_tokens_per_s": tps, "tau": tau}
+
+    lines = [row("dflash", None, 1, 100.0, 3.0), row("ddtree", 32, 1, 120.0, 4.0), row("dflash", None, 16, 800.0, 3.0),
+             row("ddtree", 32, 16, 760.0, 4.0), {**row("plain", None, 1, 50.0, None), "setup": "tiny"}]
+    (tmp_path / "sweep_real8b.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    table = [{"name": "real8b", "reader": "sweep_table", "setup": "8b-real", "base": "dflash",
+              "sources": ["sweep_real8b.jsonl"]},
+             {"name": "gone", "reader": "offline", "sources": ["nowhere.json"]}]
+    out = ms.build(table, results=tmp_path)
+    assert out["real8b_tokens_per_s"] == {"ddtree-32": {"1": 120.0, "16": 760.0}, "dflash": {"1": 100.0, "16": 800.0}}
+    assert out["real8b_over_dflash"] == {"ddtree-32": {"1": 1.2, "16": 0.95}}
+    assert out["real8b_tau"]["ddtree-32"] == {"1": 4.0, "16": 4.0}
+    assert out["real8b_source"] == ["sweep_real8b.jsonl"]
+    assert out["missing"] == ["gone: nowhere.json"]
+
+
+def test_every_committed_result_file_is_cited_by_the_results_readme():
+    """benchmarks/results/README.md has one row per kept file or folder (results of record only)."""
+    results = ROOT / "benchmarks" / "results"
+    readme = (results / "README.md").read_text()
+    kept = sorted(p.name for p in results.iterdir() if p.name != "README.md")
+    assert [name for name in kept if f"`{name}" not in readme] == []
+
+
+def test_gpu_projection_reproduces_the_h200_fit_and_the_committed_projection():
+    """scripts/project_gpu.py with the H200's own bandwidth and compute gives back the cost model's projection
+    (best_budget.json), and the committed RTX PRO 6000 projection is what the script writes from its inputs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("project_gpu", ROOT / "scripts" / "project_gpu.py")
+    pg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pg)
+    results = ROOT / "benchmarks" / "results"
+    base = json.loads((results / "best_budget.json").read_text())
+    same = pg.project(dict(base), dict(pg.H200))
+    for b, row in base["by_batch"].items():
+        assert same["by_batch"][b]["best_budget"] == row["best_budget"]
+        assert abs(same["by_batch"][b]["tokens_per_s"] - row["projected_tokens_per_s"]) < 0.1
+        assert abs(same["by_batch"][b]["dflash_tokens_per_s"] - row["dflash_tokens_per_s_projected"]) < 0.1
+    (committed,) = results.glob("projection_rtx_pro_6000_*.json")
+    data = json.loads(committed.read_text())
+    base["_path"] = "best_budget.json"
+    assert pg.project(base, data["gpu"]) == data

@@ -6,7 +6,7 @@
 # - Writes $DDTREE_SITE/sglang_ddtree-<version>.dist-info from pyproject.toml (write_dist_info.py), so
 #   importlib.metadata sees the project and SGLang loads our `sglang.srt.plugins` entry point.
 # - Points every JIT cache under $DDTREE_JIT_ROOT (default /tmp/jit) so run_gpu_suite.py can return it in one
-#   archive and restore it on the next lease.
+#   archive and restore it on the next machine.
 # - Offline: nothing can be fetched there, so Hugging Face libraries must not try.
 
 # bash knows where this file is; a plain sh does not, and then the repo root must be the working directory.

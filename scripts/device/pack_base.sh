@@ -4,7 +4,7 @@
 #   bash scripts/device/pack_base.sh COMMIT [DEST]      # DEST default: runs/bench/base-<12 hex of COMMIT>
 #
 # writes DEST/sglang_ddtree (git archive, nothing else) and prints DEST. runs/bench travels with the device calls
-# (carry), and lease_steps.sh tiny-paired runs its twin setup's servers on that package with TP_TWIN_BASE=DEST.
+# (carry), and steps.sh tiny-paired runs its twin setup's servers on that package with TP_TWIN_BASE=DEST.
 set -euo pipefail
 commit=${1:?commit}
 full=$(git rev-parse --verify "$commit^{commit}")

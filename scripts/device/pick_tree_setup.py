@@ -1,4 +1,4 @@
-"""Pick the tree-build kernel and the top-K kernel for the servers of this lease from bench_tree results.
+"""Pick the tree-build kernel and the top-K kernel for the servers of this machine from bench_tree results.
 
     python3 scripts/device/pick_tree_setup.py BENCH.json > /tmp/picked.env
 

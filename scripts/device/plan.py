@@ -5,13 +5,13 @@ MiB).
 
   python scripts/device/plan.py                         # install + tests/gpu, JIT cache carried if present
   python scripts/device/plan.py tests/gpu/test_server_smoke.py --bench 'bench1=python3 benchmarks/x.py'
-  python scripts/device/plan.py --work 'bash scripts/device/lease_steps.sh tiny-ab $OUT abc1234' --carry runs/bench
+  python scripts/device/plan.py --work 'bash scripts/device/steps.sh tiny-ab $OUT abc1234' --carry runs/bench
   python scripts/device/plan.py --json                  # the same as JSON: [{"command", "carry", "mib"}, ...]
 
 The last chunk's install shares a call with the work (one call fewer, while /tmp is still warm); earlier chunks get
 a call each. A chunk split by split_chunk.py (folders <chunk>-part1, -part2, ... whose parts.json names the
 manifest's chunk and sha256) is installed one part a call instead, the last part sharing the work's call when it
-is the last chunk's (since lease 35 the tracked tree, ~47 MB, leaves ~17 MB a call for a part). Run them back to
+is the last chunk's (the tracked tree, ~47 MB, leaves ~17 MB a call for a part). Run them back to
 back: the machine is given back 30 s after a call ends.
 """
 
@@ -84,7 +84,7 @@ def plan(manifest: dict, tests: list[str], benches: list[str], deadline_s: int, 
         for b in benches:
             suite += ["--bench", b]
         work = shlex.join(suite)
-    if (repo / JIT_CACHE).exists():  # the suite restores it; lease_steps.sh steps unpack it (unpack_jit_cache)
+    if (repo / JIT_CACHE).exists():  # the suite restores it; steps.sh steps unpack it (unpack_jit_cache)
         carry.append(str(Path(JIT_CACHE).parent))
     carry += list(extra_carry or [])
     calls.append({"command": f"bash scripts/device/install_chunk.sh {units[-1]} && source scripts/device/env.sh && "

@@ -225,7 +225,7 @@ def parse_junit(path: Path) -> tuple[list[dict], dict]:
     for case in root.iter("testcase"):
         cls, name = case.get("classname", ""), case.get("name", "")
         if not cls and not name:
-            # lease 26: a run cut by its deadline left `<testcase time="0.000" />` (the test under way when pytest
+            # a run cut by its deadline left `<testcase time="0.000" />` (the test under way when pytest
             # was stopped), which counted as a pass
             continue
         test_id = f"{cls}::{name}" if cls else name
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="output dir (default $OUT, else runs/gpu-suite)")
     ap.add_argument("--log-dir", type=Path, default=None,
                     help="where logs gather before bundling (default: a temp dir)")
-    ap.add_argument("--jit-cache", type=Path, default=None, help="a jit-cache.tar.xz from an earlier lease to restore")
+    ap.add_argument("--jit-cache", type=Path, default=None, help="a jit-cache.tar.xz from an earlier machine to restore")
     ap.add_argument("--return-jit-cache", action="store_true", help="pack the JIT caches into OUT/jit-cache.tar.xz")
     ap.add_argument("--deadline-s", type=float, default=540.0,
                     help="stop pytest/benchmarks this many seconds after start, leaving time to write results "
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         f"site chunks in: {report['site']['installed']}, unmet requirements: "
         f"{len(report['site_check'].get('unmet', []))}")
 
-    # -- JIT cache from an earlier lease
+    # -- JIT cache from an earlier machine
     stamp = jit_stamp(gpu)
     t = time.monotonic()
     report["jit_cache"] = {"restore": restore_jit_cache(args.jit_cache, jit_root, stamp)}

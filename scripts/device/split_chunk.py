@@ -2,7 +2,7 @@
 
     python3 scripts/device/split_chunk.py .device-cache/site-1 --part-mb 20
 
-Why: a call carries at most 64 MiB with the working tree; since lease 12 the tracked tree (~28 MB) plus site-1
+Why: a call carries at most 64 MiB with the working tree; the tracked tree (~28 MB) plus site-1
 (~40 MB) is over it. Writes .device-cache/site-1-part1/, -part2/, ... next to the chunk's folder, each with one
 `<name>.tar.xz.part-<i>-of-<n>`, the set's manifest.json and parts.json (chunk name, part count, the whole chunk's
 sha256). On the device, `bash scripts/device/install_chunk.sh .device-cache/site-1-partK` in one call per part (back

@@ -1,5 +1,5 @@
-"""How fast each vCPU runs a fixed pure-Python loop, and how that changes over time (lease 21: 0.32-0.68 s per
-vCPU for one loop, the order changing between passes seconds apart; vcpu_speed_lease21.json).
+"""How fast each vCPU runs a fixed pure-Python loop, and how that changes over time (one machine: 0.32-0.68 s per
+vCPU for one loop, the order changing between passes seconds apart).
 
 Round-robin over the vCPUs this process may use, one short timed loop per vCPU per pass, for --seconds. Writes per
 sample (pass, vCPU, start time, seconds) and per vCPU the spread and the correlation of consecutive samples: a
