@@ -171,6 +171,36 @@ class RoundTimer:
         return out
 
 
+class StallDetector:
+    """Which decode rounds stalled on the host (a Triton compile outside a capture, a first allocation, a long GC
+    pause: ~300-500 ms against a round's few ms): like a capture round, its tokens count and its time does not. The
+    limit is the larger of floor_ms and factor x the median host time of the last `window` rounds (re-read every
+    window / 4 rounds), so a server whose every round is long on the host does not call them all stalled."""
+
+    def __init__(self, floor_ms: float = 50.0, factor: float = 10.0, window: int = 32):
+        if floor_ms <= 0 or factor <= 1 or window < 4:
+            raise ValueError("a stall limit needs floor_ms > 0, factor > 1 and window >= 4.")
+        self.floor_ms, self.factor = floor_ms, factor
+        self.recent: collections.deque = collections.deque(maxlen=window)
+        self.limit_ms = floor_ms
+        self._every = window // 4
+        self._since = 0
+        self.stalls = 0
+
+    def stalled(self, host_ms: float | None) -> bool:
+        if host_ms is None:
+            return False
+        out = host_ms > self.limit_ms
+        self.stalls += out
+        self.recent.append(host_ms)
+        self._since += 1
+        if self._since >= self._every:
+            self._since = 0
+            xs = sorted(self.recent)
+            self.limit_ms = max(self.floor_ms, self.factor * xs[len(xs) // 2])
+        return out
+
+
 class _Prometheus:
     """Series are Counters (and per-round stage Histograms): a round's numbers are summed on the GPU and added
     with one call per series, so the host cost per round does not grow with the batch."""
