@@ -48,8 +48,7 @@ def round_block(seed: int = 0):
     from prometheus_client import CollectorRegistry
 
     from sglang_ddtree.adaptive import CHAIN, ScoreCalibrator, candidate_label
-    from sglang_ddtree.sglang.auto import (CALIBRATION_LEARN_ALL, CALIBRATION_YOUNG, AutoBudgetPolicy, AutoFeedback,
-                                           CalibrationMonitor, WalkSchedule)
+    from sglang_ddtree.sglang.auto import AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, WalkSchedule
     from sglang_ddtree.sglang.stats import _Prometheus
 
     policy = AutoBudgetPolicy(list(CANDIDATES), widths=WIDTHS)
@@ -74,12 +73,7 @@ def round_block(seed: int = 0):
         else:
             chosen, sampled = held
         prom.auto_round(candidate_label(CANDIDATES[chosen]))
-        learn_all = monitor.learnt < CALIBRATION_LEARN_ALL
-        if sampled or learn_all:  # as the worker asks it
-            young = monitor.request_rounds < CALIBRATION_YOUNG
-            scored = walks.variant(CANDIDATES[chosen] == CHAIN, sampled, young, learn_all) in WalkSchedule.SCORED
-        else:
-            scored = False
+        scored = walks.variant(CANDIDATES[chosen] == CHAIN, sampled, monitor) in WalkSchedule.SCORED  # as the worker
         seen.add((bucket, chosen))
         vector = torch.cat([expected, observed, errors if scored else no_errors]) if sampled else None
         feedback.push(vector, _Timer(rng.uniform(0.3, 0.6)), bucket, chosen, 1, sampled=sampled,

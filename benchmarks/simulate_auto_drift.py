@@ -83,7 +83,7 @@ def main(argv=None) -> int:
                     "basis (benchmarks/simulate_auto_drift.py); simulated, not measured",
             "command": "python benchmarks/simulate_auto_drift.py " + " ".join(argv if argv is not None
                                                                               else sys.argv[1:]),
-            "shrink_z": auto.SHRINK_Z, "rounds": args.rounds, "skip": args.skip, "tau": args.tau,
+            "shrink_z": auto.AutoConfig().shrink_z, "rounds": args.rounds, "skip": args.skip, "tau": args.tau,
             "tokens": TOKENS, "expected": EXPECTED, "cases": rows}, indent=1))
     return 0
 

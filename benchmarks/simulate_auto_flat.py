@@ -3,19 +3,14 @@ widest tree, and how close its picks stay to the best candidate's rate, when eve
 same and wider trees commit more - lease 19's tiny pair (sweep_auto_tiny_lease19.jsonl: at batch 1 the chooser timed
 the 32-, 64- and 128-trees at 4.31 / 4.41 / 4.32 ms and gave the narrower ones 32% of its rounds). Next to it:
 8B-like cases where the chain should win, a case with real cost gaps, and the scenarios of tests/test_sglang_auto.py
-that guard against lock-outs (a slow start, one slow sample, slow host phases). `--shrink-z Z`, `--recent N`,
-`--floor-fresh N`, `--floor-min-times N`, `--hold N`, `--warm-rounds N`, `--explore N`, `--spread iqr|mad` and
-`--relative-times` / `--no-relative-times`, `--hold-max N`, `--forget-start N`, `--times-expire N`,
-`--switch-untimed` evaluate the chooser with auto.SHRINK_Z / auto.RECENT / auto.FLOOR_FRESH / auto.FLOOR_MIN_TIMES /
-auto.HOLD_ROUNDS / auto.WARM_ROUNDS / auto.EXPLORE_ROUNDS / auto.SPREAD / auto.RELATIVE_TIMES / auto.HOLD_MAX /
-auto.FORGET_START / auto.TIMES_EXPIRE / auto.SWITCH_UNTIMED set to them (0: no
-shrinkage; no freshness limit; 1: every timed round bounds floors; 1: a decision every round; 0: every timed round
-counts; 0: never), `--sample-every N` with the policies' sample_every
-(SGLANG_DDTREE_AUTO_SAMPLE_EVERY), `--no-settled-sampling` without settled_sampling
-(SGLANG_DDTREE_AUTO_SETTLED_SAMPLING=0); `--cases TEXT` runs only the cases whose name holds TEXT.
+that guard against lock-outs (a slow start, one slow sample, slow host phases). `--set FIELD=VALUE` (repeatable)
+runs the chooser with that auto.AutoConfig field changed, e.g. `--set shrink_z=0`, `--set hold_rounds=1`,
+`--set hold_max=4`, `--set recent=16`; `--explore-all` with explore_all; `--cases TEXT` runs only the cases whose
+name holds TEXT. (The options of the experiments deleted from auto.py - floor freshness, warm rounds, MAD spread,
+relative times, start re-measure, untimed switches - went with them; git history has them.)
 
     python benchmarks/simulate_auto_flat.py --out benchmarks/results/auto_flat_sim.json
-    python benchmarks/simulate_auto_flat.py --shrink-z 0 --out benchmarks/results/auto_flat_sim_z0.json
+    python benchmarks/simulate_auto_flat.py --set shrink_z=0 --out benchmarks/results/auto_flat_sim_z0.json
 """
 
 from __future__ import annotations
@@ -202,73 +197,27 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=8, help="seeds of the cases that do not set their own")
     ap.add_argument("--rounds", type=int, default=4000)
     ap.add_argument("--skip", type=int, default=300, help="first rounds left out (exploration)")
-    ap.add_argument("--shrink-z", type=float, default=None, help="auto.SHRINK_Z for this run (default: the code's)")
-    ap.add_argument("--recent", type=int, default=None, help="auto.RECENT for this run (default: the code's)")
-    ap.add_argument("--floor-fresh", type=int, default=None,
-                    help="auto.FLOOR_FRESH for this run (rounds; 0: off; default: the code's)")
-    ap.add_argument("--hold", type=int, default=None,
-                    help="auto.HOLD_ROUNDS for this run (rounds a decision holds; 1: decide every round)")
-    ap.add_argument("--warm-rounds", type=int, default=None,
-                    help="auto.WARM_ROUNDS for this run (a candidate's first rounds per bucket left untimed)")
-    ap.add_argument("--spread", choices=("iqr", "mad"), default=None,
-                    help="auto.SPREAD for this run (the spread SHRINK_Z's standard error uses; default: the code's)")
-    ap.add_argument("--explore", type=int, default=None,
-                    help="auto.EXPLORE_ROUNDS for this run (exploration's rounds per candidate; default: the code's)")
-    ap.add_argument("--floor-min-times", type=int, default=None,
-                    help="auto.FLOOR_MIN_TIMES for this run (timed rounds before a candidate's times bound floors)")
-    ap.add_argument("--sample-every", type=int, default=None,
-                    help="the policies' sample_every (rounds between sampled rounds, the idle interval scaled with it: "
-                         "SGLANG_DDTREE_AUTO_SAMPLE_EVERY; default: auto.SAMPLE_EVERY)")
-    ap.add_argument("--relative-times", action=argparse.BooleanOptionalAction, default=None,
-                    help="auto.RELATIVE_TIMES for this run (times read against the reference candidate's neighbouring "
-                         "rounds; default: the code's)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="an auto.AutoConfig field for this run (repeatable), e.g. shrink_z=0")
     ap.add_argument("--explore-all", action="store_true",
                     help="policies with explore_all (exploration ignores cost floors: SGLANG_DDTREE_AUTO_EXPLORE_ALL)")
-    ap.add_argument("--explore-best-elsewhere", action=argparse.BooleanOptionalAction, default=None,
-                    help="auto.EXPLORE_BEST_ELSEWHERE for this run (a new bucket also explores other buckets' best; "
-                         "default: the code's)")
-    ap.add_argument("--hold-max", type=int, default=None,
-                    help="auto.HOLD_MAX for this run (the longest hold of a repeated decision; --hold or less: no "
-                         "growth; default: the code's)")
-    ap.add_argument("--settled-sampling", action=argparse.BooleanOptionalAction, default=None,
-                    help="the policies' settled_sampling (a settled bucket samples at the idle interval: "
-                         "SGLANG_DDTREE_AUTO_SETTLED_SAMPLING; default: on)")
-    ap.add_argument("--forget-start", type=int, default=None,
-                    help="auto.FORGET_START for this run (the round at which a bucket re-measures its start; 0: "
-                         "never; default: the code's)")
-    ap.add_argument("--times-expire", type=int, default=None,
-                    help="auto.TIMES_EXPIRE for this run (a new time drops the candidate's times older than N "
-                         "rounds; 0: never; default: the code's)")
-    ap.add_argument("--switch-untimed", action=argparse.BooleanOptionalAction, default=None,
-                    help="auto.SWITCH_UNTIMED for this run (a round after a switch of candidate untimed, probes "
-                         "PROBE_ROUNDS long; default: the code's)")
     ap.add_argument("--cases", default=None, help="only the cases whose name contains this text")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.rounds <= args.skip:
         ap.error("--rounds must exceed --skip")
-    # each option sets the auto module's constant of that name for this run (RECENT is read when a bucket's deques
-    # are made, the others when a policy is made or decides)
-    for option, constant, minimum in (("hold", "HOLD_ROUNDS", 1), ("warm_rounds", "WARM_ROUNDS", 0),
-                                      ("recent", "RECENT", 1), ("floor_fresh", "FLOOR_FRESH", 0),
-                                      ("floor_min_times", "FLOOR_MIN_TIMES", 1), ("explore", "EXPLORE_ROUNDS", 1),
-                                      ("shrink_z", "SHRINK_Z", 0), ("hold_max", "HOLD_MAX", 1),
-                                      ("forget_start", "FORGET_START", 0), ("times_expire", "TIMES_EXPIRE", 0)):
-        value = getattr(args, option)
-        if value is not None:
-            if value < minimum:
-                ap.error(f"--{option.replace('_', '-')} must be >= {minimum}")
-            setattr(auto, constant, value)
-    if args.spread is not None:
-        auto.SPREAD = args.spread
-    if args.explore_best_elsewhere is not None:
-        auto.EXPLORE_BEST_ELSEWHERE = args.explore_best_elsewhere
-    if args.relative_times is not None:
-        auto.RELATIVE_TIMES = args.relative_times
-    if args.switch_untimed is not None:
-        auto.SWITCH_UNTIMED = args.switch_untimed
-    if args.sample_every is not None and args.sample_every < 1:
-        ap.error("--sample-every must be >= 1")
+    changes = {"explore_all": True} if args.explore_all else {}
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        default = getattr(auto.AutoConfig, name, None)
+        if not sep or name not in auto.AutoConfig.__dataclass_fields__ or isinstance(default, (bool, str)) \
+                or default is None:
+            ap.error(f"--set expects a numeric AutoConfig field, FIELD=VALUE, got {item!r}")
+        changes[name] = type(default)(value)
+    try:
+        config = auto.AutoConfig(**changes)
+    except ValueError as e:
+        ap.error(str(e))
     rows = []
     for name, case in CASES.items():
         if args.cases is not None and args.cases not in name:
@@ -281,9 +230,7 @@ def main(argv=None) -> int:
                                       "chain_warm_mult", "switch_mult", "switch_outlier") if k in case}
         ratios, shares = [], [0] * len(tokens)
         for seed in range(seeds):
-            policy = auto.AutoBudgetPolicy(list(auto_sim.CANDIDATES), widths=auto_sim.WIDTHS,
-                                           explore_all=args.explore_all, sample_every=args.sample_every,
-                                           settled_sampling=args.settled_sampling)
+            policy = auto.AutoBudgetPolicy(list(auto_sim.CANDIDATES), widths=auto_sim.WIDTHS, config=config)
             if "first" in case:  # another bucket's rounds first, same policy (its own noise, no start effects)
                 first = case["first"]
                 auto_sim.simulate(seed + 10_000, first["base"], tokens, expected, first["rounds"], first["batch"],
@@ -309,14 +256,7 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps({
             "date": time.strftime("%Y-%m-%d"), "machine": "CPU (this repo's dev machine, 2 cores)",
             "command": "python benchmarks/simulate_auto_flat.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "recent": auto.RECENT, "shrink_z": auto.SHRINK_Z, "floor_fresh": auto.FLOOR_FRESH,
-            "floor_min_times": auto.FLOOR_MIN_TIMES, "spread": auto.SPREAD, "hold": auto.HOLD_ROUNDS,
-            "warm_rounds": auto.WARM_ROUNDS, "explore_best_elsewhere": auto.EXPLORE_BEST_ELSEWHERE,
-            "explore_rounds": auto.EXPLORE_ROUNDS, "explore_all": args.explore_all,
-            "sample_every": args.sample_every or auto.SAMPLE_EVERY, "relative_times": auto.RELATIVE_TIMES,
-            "hold_max": auto.HOLD_MAX, "forget_start": auto.FORGET_START,
-            "times_expire": auto.TIMES_EXPIRE,
-            "settled_sampling": args.settled_sampling is not False,
+            "config": {k: v for k, v in vars(config).items() if k != "force"},
             "cases_filter": args.cases,
             "cases": rows}, indent=1))
     return 0

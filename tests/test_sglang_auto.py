@@ -39,6 +39,15 @@ def test_auto_flags():
         parse("--speculative-ddtree-budget", "auto", "--speculative-ddtree-auto-candidates", "16,2000")
     with pytest.raises(ValueError, match="or auto"):
         parse("--speculative-ddtree-budget", "automatic")
+    # --speculative-ddtree-auto-calibration on|off (default on), `auto` only
+    assert parse("--speculative-ddtree-budget", "auto").auto_calibration
+    for word, on in (("off", False), ("OFF", False), ("0", False), ("on", True), ("true", True)):
+        assert parse("--speculative-ddtree-budget", "auto", "--speculative-ddtree-auto-calibration", word) \
+            .auto_calibration is on
+    with pytest.raises(ValueError, match="must be on or off"):
+        parse("--speculative-ddtree-budget", "auto", "--speculative-ddtree-auto-calibration", "sometimes")
+    with pytest.raises(ValueError, match="auto-calibration needs --speculative-ddtree-budget auto"):
+        parse("--speculative-ddtree-budget", "32", "--speculative-ddtree-auto-calibration", "off")
 
 
 # ------------------------------------------------------------------------------------------------------ policy
@@ -891,6 +900,8 @@ def test_auto_config_reads_its_variables_when_asked_and_checks_them():
                       ("SGLANG_DDTREE_AUTO_LOG_EVERY", "often"), ("SGLANG_DDTREE_AUTO_EXPLORE_ALL", "yes")):
         with pytest.raises(ValueError, match=name):
             auto.auto_config(environ={name: bad})
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_HOLD_MAX: no such"):  # a deleted knob
+        auto.auto_config(environ={"SGLANG_DDTREE_AUTO_HOLD_MAX": "4", "SGLANG_DDTREE_AUTO_AB": "8"})
     with pytest.raises(ValueError, match="times_expire"):
         AutoConfig(times_expire=-1)
     with pytest.raises(ValueError, match="sample_every"):

@@ -314,7 +314,7 @@ def test_auto_round_counter_is_published_in_sums_of_auto_round_flush_rounds():
 
 
 def test_auto_host_detail_knob(monkeypatch):
-    from sglang_ddtree.sglang.auto import auto_host_detail
+    from sglang_ddtree.sglang.auto_ab import auto_host_detail
 
     for raw, want in ((None, False), ("", False), ("0", False), ("1", True)):
         if raw is None:

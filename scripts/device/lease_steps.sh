@@ -40,11 +40,10 @@
 #        the tiny pair's DDTREE 128 and auto at batch 4 (TAP_METHODS, TAP_BUDGETS, TAP_BATCH_SIZE choose others, e.g.
 #        TAP_METHODS=dflash,ddtree TAP_BUDGETS=16,128: where a DDTREE round's host time goes beyond DFLASH's)
 #   bash scripts/device/lease_steps.sh tiny-twins OUTDIR COMMIT   # one GPU, ALONE, ~3-7 min: two servers each of
-#        DDTREE 128 and auto (setup tiny and its copy tiny-b), interleaved, batch TW_BATCH_SIZES (default 1);
-#        TW_FLOOR_FRESH=N gives tiny-b's auto SGLANG_DDTREE_AUTO_FLOOR_FRESH=N
+#        DDTREE 128 and auto (setup tiny and its copy tiny-b), interleaved, batch TW_BATCH_SIZES (default 1)
 #   bash scripts/device/lease_steps.sh tiny-paired OUTDIR COMMIT   # one GPU, ALONE, ~10 min (detach it): the tiny
-#        pair's DFLASH, DDTREE 32 / 128 and auto, a second DDTREE 128 (the noise left) and a second auto with
-#        SGLANG_DDTREE_AUTO_FLOOR_FRESH=TP_FLOOR_FRESH (64; 0: a plain twin), every server pinned to TP_CPUS (2-9)
+#        pair's DFLASH, DDTREE 32 / 128 and auto, a second DDTREE 128 (the noise left) and a second auto (with
+#        TP_TWIN_ENV, if set), every server pinned to TP_CPUS (2-9)
 #        once ready, interleaved, prompts rotating per run, TP_REPEATS (30) short runs (TP_NEW_TOKENS 512) per batch
 #        size of TP_BATCH_SIZES (1,4,16,64); then benchmarks/paired_ratios.py over DDTREE 128. TP_TWIN_BASE=DIR
 #        (scripts/device/pack_base.sh COMMIT, under runs/bench): the second setup runs that commit's package
@@ -69,12 +68,13 @@
 #   bash scripts/device/lease_steps.sh auto-8b OUTDIR COMMIT   # one GPU, ~4-6 min: DFLASH and `auto` at 8B shapes
 #        (dummy weights), interleaved, batch A8_BATCH_SIZES (1,4,16,64), decode graphs everywhere, A8_REPEATS (6) x 4
 #        prompt groups, next to one `auto` server per A8_ARMS entry (NAME:ENV, ENV comma-separated; setup
-#        8b-NAME), e.g. A8_ARMS="h:SGLANG_DDTREE_AUTO_HOLD_ROUNDS=16,SGLANG_DDTREE_AUTO_SAMPLE_EVERY=16"; then
+#        8b-NAME), e.g. A8_ARMS="c:SGLANG_DDTREE_AUTO_FORCE=chain"; then
 #        benchmarks/paired_ratios.py over DFLASH
 #   bash scripts/device/lease_steps.sh auto-final OUTDIR COMMIT   # one GPU, ALONE, ~20 min (detach it): the server
 #        module, then the tiny pair's DFLASH / DDTREE 32 / 128 / auto and 8B shapes' DFLASH / auto, batch 1 / 4 / 16 /
 #        64, interleaved (AF_REPEATS, AF_TINY_MINUTES, AF_8B_MINUTES, AF_SKIP_SERVER=1, AF_SKIP_TINY=1,
-#        AF_8B_BATCH_SIZES=1,4; AF_SHRINK_AB=1 adds setup tiny-z0: auto with SGLANG_DDTREE_AUTO_SHRINK_Z=0, same run)
+#        AF_8B_BATCH_SIZES=1,4; AF_NOCAL_AB=1 adds setup tiny-nocal: auto with --speculative-ddtree-auto-calibration
+#        off, same run)
 set -euo pipefail
 step=${1:?step}
 shift
@@ -573,7 +573,6 @@ tiny-twins)
     # Two servers of each configuration started together (setup tiny and its copy tiny-b: DDTREE 128 and auto),
     # interleaved: how far identical servers lie apart on this host, and which trees two auto servers run (lease
     # 21b: x0.887 between two DDTREE 128 servers). TW_BATCH_SIZES (default 1), TW_REPEATS (3), TW_MINUTES (6.8).
-    # TW_FLOOR_FRESH=N: tiny-b's auto runs with SGLANG_DDTREE_AUTO_FLOOR_FRESH=N (an A/B of that knob, same run).
     out=${1:?outdir}
     commit=${2:?commit}
     rm -rf /tmp/tw
@@ -583,7 +582,6 @@ tiny-twins)
         --copy-setup tiny-b=tiny --set all.methods=ddtree,auto --set all.budgets=128 \
         --set all.batch_sizes="${TW_BATCH_SIZES:-1}" --set all.max_new_tokens=1024 --set all.warmup_new_tokens=128 \
         --set all.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100 \
-        ${TW_FLOOR_FRESH:+--set tiny-b.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100,SGLANG_DDTREE_AUTO_FLOOR_FRESH=$TW_FLOOR_FRESH} \
         --repeats "${TW_REPEATS:-3}" --prompt-groups 4 \
         --interleave --prompts-file runs/bench/humaneval_prompts.jsonl --max-minutes "${TW_MINUTES:-6.8}" \
         --out /tmp/tw/sweep --log-dir /tmp/tw/logs --commit "$commit" > /tmp/tw/run.log 2>&1 || rc=$?
@@ -598,7 +596,7 @@ tiny-starts)
     # one draw. Here TS_COPIES servers per arm (setups a1..aN with TS_ENV_A, b1..bN with TS_ENV_B, all `auto`) start
     # together with one DDTREE 128 server (setup tiny), pinned and interleaved as in tiny-paired, at TS_BATCH_SIZES
     # (default 1: the start is what is compared). Every copy's rounds over DDTREE 128 in paired_ratios.json; pool a
-    # copy's ratios per arm. E.g. TS_ENV_B=SGLANG_DDTREE_AUTO_EXPLORE_ALL=1 or SGLANG_DDTREE_AUTO_WARM_ROUNDS=3.
+    # copy's ratios per arm. E.g. TS_ENV_B=SGLANG_DDTREE_AUTO_EXPLORE_ALL=1.
     out=${1:?outdir}
     commit=${2:?commit}
     rm -rf /tmp/ts
@@ -625,8 +623,8 @@ tiny-ab)
     # Lease 31: the in-process A/B (SGLANG_DDTREE_AUTO_AB: an `auto` server alternating blocks of TA_BLOCK decode
     # rounds with the fixed 128-tree, each arm tallied apart), which the host's speed from run to run cannot move.
     # TA_ARMS: space-separated NAME:ENV (ENV comma-separated, may be empty), one `auto` server (setup tiny-NAME) per
-    # arm, each against its own fixed arm; default ab (`auto` as it is), f (held on the 128-tree: `auto`'s own cost
-    # alone) and l (HOLD_ROUNDS=16, SAMPLE_EVERY=16). With TA_RIVALS=1 (default) DFLASH and DDTREE 128 servers run
+    # arm, each against its own fixed arm; default ab (`auto` as it is) and f (held on the 128-tree: `auto`'s own
+    # cost alone). With TA_RIVALS=1 (default) DFLASH and DDTREE 128 servers run
     # next to them (the cross-server ratios, as tiny-paired). Pinned, interleaved, prompts rotating, TA_REPEATS (20)
     # runs of TA_NEW_TOKENS (512) a row at TA_BATCH_SIZES (1,4,16,64); then benchmarks/paired_ratios.py over
     # DDTREE 128 (or, without rivals, the A/B table alone).
@@ -640,7 +638,7 @@ tiny-ab)
     # in the A/B: its export and format take 63 us for one bucket on the dev CPU (auto_bookkeeping_cpu.json), an
     # estimated 0.5-2 ms with four buckets in the server, 5-20 us a round at 100 (the production default is 2000)
     ab="SGLANG_DDTREE_AUTO_LOG_EVERY=${TA_LOG_EVERY:-1000},SGLANG_DDTREE_AUTO_AB=${TA_BLOCK:-8}"
-    arms=${TA_ARMS:-"ab: f:SGLANG_DDTREE_AUTO_FORCE=128 l:SGLANG_DDTREE_AUTO_HOLD_ROUNDS=16,SGLANG_DDTREE_AUTO_SAMPLE_EVERY=16"}
+    arms=${TA_ARMS:-"ab: f:SGLANG_DDTREE_AUTO_FORCE=128"}
     setups=()
     copies=()
     if [ "${TA_RIVALS:-1}" = 1 ]; then
@@ -671,8 +669,8 @@ tiny-paired)
     rc=0
     unpack_jit_cache
     # TP_TWIN=0 leaves out the second setup (TP_TWIN_METHODS, default a DDTREE 128 twin and an `auto`, with
-    # TP_TWIN_ENV, default FLOOR_FRESH), for more rounds. TP_ENV: more server environment for setup tiny (e.g. an A/B:
-    # TP_TWIN_METHODS=auto TP_TWIN_ENV=SGLANG_DDTREE_AUTO_WARM_ROUNDS=0: `auto` at the default next to a knob).
+    # TP_TWIN_ENV, default none), for more rounds. TP_ENV: more server environment for setup tiny (e.g. an A/B:
+    # TP_TWIN_METHODS=auto TP_TWIN_ENV=SGLANG_DDTREE_AUTO_FORCE=128: `auto` next to `auto` held on the 128-tree).
     # --set applies in order: the setups' server_env after all.server_env.
     # TP_TWIN_BASE=DIR (scripts/device/pack_base.sh COMMIT, carried in runs/bench): the twin setup's servers run
     # that commit's package, an A/B of two commits in one run (TP_TWIN_METHODS=auto: `tiny-b|auto` is the other
@@ -691,7 +689,7 @@ tiny-paired)
     fi
     twin=(--setups tiny,tiny-b --copy-setup tiny-b=tiny --set "tiny-b.methods=${TP_TWIN_METHODS:-ddtree,auto}"
           --set tiny-b.budgets=128)
-    twin_env=(--set "tiny-b.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100,${TP_TWIN_ENV:-SGLANG_DDTREE_AUTO_FLOOR_FRESH=${TP_FLOOR_FRESH:-64}}")
+    twin_env=(--set "tiny-b.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100${TP_TWIN_ENV:+,$TP_TWIN_ENV}")
     [ "${TP_TWIN:-1}" = 1 ] || { twin=(--setups tiny); twin_env=(); }
     main_env=()
     [ -z "${TP_ENV:-}" ] || main_env=(--set "tiny.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100,$TP_ENV")
@@ -789,12 +787,13 @@ auto-final)
     rc=0
     if [ "${AF_SKIP_TINY:-0}" != 1 ]; then
     ab=()
-    if [ "${AF_SHRINK_AB:-0}" = 1 ]; then  # auto without the time shrinkage next to it, interleaved in one run
-        ab=(--copy-setup tiny-z0=tiny --set tiny-z0.methods=auto
-            --set tiny-z0.server_env=SGLANG_DDTREE_AUTO_SHRINK_Z=0,SGLANG_DDTREE_AUTO_LOG_EVERY=100)
+    if [ "${AF_NOCAL_AB:-0}" = 1 ]; then  # auto without the calibration table next to it, interleaved in one run
+        ab=(--copy-setup tiny-nocal=tiny --set tiny-nocal.methods=auto
+            --set tiny-nocal.server_args=--speculative-ddtree-auto-calibration,off
+            --set tiny-nocal.server_env=SGLANG_DDTREE_AUTO_LOG_EVERY=100)
     fi
     # all.*: what a copied setup shares (a copy is taken before the --set changes)
-    CUDA_VISIBLE_DEVICES=0 timeout 800 python3 benchmarks/bench_budgets.py --setups "tiny${ab:+,tiny-z0}" \
+    CUDA_VISIBLE_DEVICES=0 timeout 800 python3 benchmarks/bench_budgets.py --setups "tiny${ab:+,tiny-nocal}" \
         ${ab[@]+"${ab[@]}"} \
         --set tiny.methods=dflash,ddtree,auto --set tiny.budgets=32,128 --set all.batch_sizes=1,4,16,64 \
         --set all.max_new_tokens=1024 --set all.warmup_new_tokens=128 --repeats "${AF_REPEATS:-4}" \

@@ -115,6 +115,10 @@ class Setup:
     # "KEY=VALUE" environment entries for this setup's servers (an A/B of a worker switch in one interleaved run:
     # bench_budgets.py --copy-setup tiny-off=tiny --set tiny-off.server_env=SGLANG_DDTREE_X=0)
     server_env: tuple[str, ...] = ()
+    # launch_server arguments appended for this setup's servers (an A/B of a server flag in one interleaved run:
+    # --copy-setup real-nocal=real --set real-nocal.methods=auto
+    # --set real-nocal.server_args=--speculative-ddtree-auto-calibration,off)
+    server_args: tuple[str, ...] = ()
 
     def validate(self) -> None:
         if self.prompt_kind not in ("text", "ids"):
@@ -163,6 +167,8 @@ class Setup:
         out = {k: getattr(self, k) for k in keep}
         if self.server_env:  # only when set: the signatures of setups without it stay what they were
             out["server_env"] = sorted(self.server_env)
+        if self.server_args:  # likewise (their order matters)
+            out["server_args"] = list(self.server_args)
         for which in ("target", "drafter"):  # the same folder, however it was spelled
             path = self.path(which)
             out[which] = path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else str(path)
@@ -387,7 +393,7 @@ def server_args(setup: Setup, method: str, budget: int | None, *, max_batch: int
     elif method in ("ddtree", "auto"):
         args += ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(setup.path("drafter")),
                  "--speculative-ddtree-budget", "auto" if method == "auto" else str(budget)]
-    return args + list(extra)
+    return args + list(setup.server_args) + list(extra)
 
 
 def _signature(setup: Setup, method: str, budget: int | None, args: list[str], sampling: dict) -> str:

@@ -133,7 +133,16 @@ switch = {"0": False, "1": True}.get
 def auto_config(calibration: bool = True, environ=None) -> AutoConfig:
     """The server's AutoConfig, read when the worker starts: calibration from the flag (args.DDTreeOptions), the
     variables of USER_KNOBS from the environment."""
+    from sglang_ddtree.sglang.auto_ab import MEASURING_MODES
+
     env = os.environ if environ is None else environ
+    # a deleted knob set (an old A/B arm) would otherwise run the defaults unnoticed
+    unknown = sorted(k for k in env if k.startswith("SGLANG_DDTREE_AUTO_") and k not in USER_KNOBS
+                     and k not in MEASURING_MODES)
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: no such `auto` setting (deleted ones are listed in "
+                         f"docs/adaptive-budget.md, Knobs); known: {', '.join(k for k in USER_KNOBS if k[0] != '-')}, "
+                         f"{', '.join(MEASURING_MODES)}.")
     log_every = env_value(env, "SGLANG_DDTREE_AUTO_LOG_EVERY", at_least(1), "a positive integer (rounds)")
     return AutoConfig(calibration=bool(calibration), log_every=log_every or AutoConfig.log_every,
                       force=env_value(env, "SGLANG_DDTREE_AUTO_FORCE", str.lower, "chain or a candidate budget"),

@@ -24,7 +24,7 @@ Metric names (all `sglang:ddtree_*`, label `budget`; counters are request-rounds
 `auto` adds auto_rounds_total{candidate} (batch rounds per verified candidate) and, from its calibration table
 (sglang_ddtree.sglang.auto.CalibrationMonitor): auto_tau_abs_error_total{scores=raw|calibrated|gated} and
 auto_tau_scored_total (mean absolute error of the predicted committed tokens per request-round, scored tree
-rounds: one sampled tree round in auto.CALIBRATION_EVERY, every one while the table is young),
+rounds: one sampled tree round in AutoConfig.calibration_every, every one while the table is young),
 calibration_ratio{depth,path_class,rank_class} and calibration_observations{...} (gauges: the table's factors and
 decayed node counts, refreshed every 256 rounds and at a reset).
 With SGLANG_DDTREE_AUTO_AB (an `auto` server alternating blocks of rounds between `auto` and the fixed widest tree,
@@ -324,7 +324,7 @@ class _Prometheus:
         self._tau_error = Counter("sglang:ddtree_auto_tau_abs_error_total", "`auto`, scored tree rounds: sum over "
                                   "request-rounds of |predicted - committed tokens|, by the scores that predicted "
                                   "(raw drafter scores, the calibration table's, or gated: raw until the table has "
-                                  "learnt auto.CALIBRATION_GATE request-rounds, the table's after), all before the "
+                                  "learnt calibration_gate request-rounds, the table's after), all before the "
                                   "table learnt the round. MAE = this / ddtree_auto_tau_scored_total.",
                                   names + ["scores"], registry=registry)
         self._tau_scored = Counter("sglang:ddtree_auto_tau_scored_total", "`auto`: request-rounds whose prediction "
