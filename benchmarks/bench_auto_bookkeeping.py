@@ -70,7 +70,7 @@ def log_and_publish_us(loops: int, repeats: int) -> dict:
                  {**policy.export(), "lean_chain_rounds": 0, "calibration": monitor.export()})
 
     def publish():
-        monitor._publish(monitor.calibrator.summary())
+        monitor.gauges.publish(monitor.calibrator.summary())
 
     return {"buckets": len(policy.buckets), "log_line_us": _per_call_us(log_line, loops, repeats),
             "publish_us": _per_call_us(publish, loops, repeats)}

@@ -1,7 +1,7 @@
 """Host cost of `auto`'s per-round block in the SGLang worker, on the CPU: what DDTreeWorker.forward_batch_generation
 runs for `auto` around the GPU work (a held round's held_round, or drain, choose and sampled before a decision, the
 Prometheus round counter, the walk variant, the feedback push with the sampled rounds' cat, the table's learn on
-scored rounds, after_round with its snapshot publish at most once in CalibrationMonitor.EXPORT_SECONDS, so once a
+scored rounds, after_round with its snapshot publish at most once in stats.TableGauges.SECONDS, so once a
 run here), with the real policy, feedback, monitor and Prometheus series on CPU tensors and a fake timer (times drawn
 at random, every candidate alike). Then the same loop under cProfile: each piece's cumulative share. The server runs
 this Python ~2-3x slower (lease 23: auto_host_costs_lease23).

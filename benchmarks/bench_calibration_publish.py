@@ -1,5 +1,5 @@
 """Host cost of one publish of `auto`'s calibration table to Prometheus (`_Prometheus.calibration_table`, at most one in
-CalibrationMonitor.EXPORT_SECONDS): every cell of the default table (15 depths x 3 path classes x 2 rank
+stats.TableGauges.SECONDS): every cell of the default table (15 depths x 3 path classes x 2 rank
 classes = 90) set on its two gauges, in a private registry. CPU only; compare two commits on one machine.
 
     python benchmarks/bench_calibration_publish.py --out benchmarks/results/calibration_publish_cpu.json

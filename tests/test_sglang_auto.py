@@ -13,6 +13,7 @@ from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import auto, ops
 from sglang_ddtree.sglang.auto import (AutoBudgetPolicy, AutoConfig, AutoFeedback, CalibrationMonitor,
                                       observed_candidates)
+from sglang_ddtree.sglang.stats import TableGauges
 from sglang_ddtree.tree import build_tree_from_topk, chain_tree, topk_draft
 from sglang_ddtree.walk import walk_choices
 
@@ -532,7 +533,7 @@ def test_calibration_round_scores_predictions_and_leaves_learning_to_the_caller(
 
 def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
     """The host side of the table: MAE totals from the feedback, Prometheus counters, the table's gauges from a
-    snapshot every EXPORT_EVERY rounds (published the round after its copy), and a reset that empties the table in
+    snapshot every TableGauges.EVERY rounds (published the round after its copy), and a reset that empties the table in
     place (captured graphs keep reading it) and sets the published gauges back to ratio 1, 0 observations."""
     prometheus_client = pytest.importorskip("prometheus_client")
     from sglang_ddtree.sglang.stats import _Prometheus
@@ -543,7 +544,7 @@ def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
     values, tokens = topk_draft(lp, 40)
     cal = _rejecting_table(values, tokens, torch.tensor([1, 2, 3]))
     monitor = CalibrationMonitor(cal, prom)
-    monkeypatch.setattr(CalibrationMonitor, "EXPORT_EVERY", 4)
+    monkeypatch.setattr(TableGauges, "EVERY", 4)
     policy = Policy([CHAIN, 16])
     feedback = AutoFeedback(policy, "cpu", monitor)
     CALIBRATION_GATE = DEFAULTS.calibration_gate
@@ -587,23 +588,23 @@ def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
 
 
 def test_calibration_snapshots_wait_export_seconds_between_publishes(monkeypatch):
-    """CalibrationMonitor.after_round reads the clock every EXPORT_EVERY rounds and starts a snapshot (published the
-    round after its copy) only when EXPORT_SECONDS passed since the last one started; the first check publishes, and so does the one
-    EXPORT_EVERY rounds after a reset (lease 39: the server module's learn-again-after-a-reset check waited 10 s for
-    the gauges before this)."""
+    """CalibrationMonitor.after_round (stats.TableGauges) reads the clock every EVERY rounds and starts a snapshot
+    (published the round after its copy) only when SECONDS passed since the last one started; the first check
+    publishes, and so does the one EVERY rounds after a reset (lease 39: the server module's learn-again-after-a-reset
+    check waited 10 s for the gauges before this)."""
     prometheus_client = pytest.importorskip("prometheus_client")
-    from sglang_ddtree.sglang import auto as auto_mod
+    from sglang_ddtree.sglang import stats as stats_mod
     from sglang_ddtree.sglang.stats import _Prometheus
 
     clock = [1000.0]
-    monkeypatch.setattr(auto_mod.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(CalibrationMonitor, "EXPORT_EVERY", 4)
-    monkeypatch.setattr(CalibrationMonitor, "EXPORT_SECONDS", 10.0)
+    monkeypatch.setattr(stats_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(TableGauges, "EVERY", 4)
+    monkeypatch.setattr(TableGauges, "SECONDS", 10.0)
     registry = prometheus_client.CollectorRegistry()
     monitor = CalibrationMonitor(adaptive.ScoreCalibrator(), _Prometheus(depth_limit=6, budget="auto",
                                                                          registry=registry))
     published = []
-    monkeypatch.setattr(monitor, "_publish", lambda summary: published.append(clock[0]))
+    monkeypatch.setattr(monitor.gauges, "publish", lambda summary: published.append(clock[0]))
 
     def rounds(n, seconds_each=1.0):
         for _ in range(n):
@@ -621,7 +622,7 @@ def test_calibration_snapshots_wait_export_seconds_between_publishes(monkeypatch
     rounds(2, seconds_each=0.1)
     monitor.reset()  # round 26: publishes the empty table at once; rounds now count from the reset
     assert len(published) == 3
-    rounds(3, seconds_each=0.1)  # no check at round 28: only EXPORT_EVERY rounds after the reset
+    rounds(3, seconds_each=0.1)  # no check at round 28: only EVERY rounds after the reset
     assert len(published) == 3
     rounds(2, seconds_each=0.1)  # round 4 after the reset (~1.5 s after round 16's start) starts one, 5 publishes
     assert len(published) == 4
@@ -1005,13 +1006,14 @@ def test_calibration_off_builds_and_runs_no_scored_walk_and_publishes_nothing():
     got = {schedule.variant(chain, sampled, fresh) for chain in (False, True) for sampled in (False, True)
            for _ in range(8)}
     assert got == {"plain", "sampled"}
-    monitor = CalibrationMonitor(adaptive.ScoreCalibrator(), config=off)
     published = []
-    monitor.prometheus = type("P", (), {"calibration_table": lambda self, rows: published.append(rows)})()
-    for _ in range(3 * CalibrationMonitor.EXPORT_EVERY):
+    prometheus = type("P", (), {"calibration_table": lambda self, rows: published.append(rows)})()
+    monitor = CalibrationMonitor(adaptive.ScoreCalibrator(), prometheus, config=off)
+    assert CalibrationMonitor(adaptive.ScoreCalibrator(), prometheus).gauges is not None  # on: it would publish
+    for _ in range(3 * TableGauges.EVERY):
         monitor.after_round()
     monitor.reset()
-    assert published == [] and monitor.export()["enabled"] is False
+    assert published == [] and monitor.gauges is None and monitor.export()["enabled"] is False
     assert ddtree_args.parse_options(budget="auto").auto_calibration
     assert not ddtree_args.parse_options(budget="auto", auto_calibration="off").auto_calibration
 
@@ -1161,8 +1163,8 @@ def test_explore_best_elsewhere_tries_another_buckets_best_despite_its_cost_floo
         return picks
 
     def run(elsewhere, ms4):
-        # explore_rounds=3: a cold round, then the two timed ones a candidate's times need to bound floors (FLOOR_MIN_TIMES;
-        # with explore_rounds=2 the 16-tree's one timed round would floor nothing)
+        # explore_rounds=3: a cold round, then the two timed ones a candidate's times need to bound floors
+        # (floor_min_times; with explore_rounds=2 the 16-tree's one timed round would floor nothing)
         policy = Policy([CHAIN, 16, 64], explore_rounds=3, probe_every=16)
         if elsewhere:
             assert feed(policy, 1, [1.0, 1.0, 1.0], 40)[-1] == 2  # bucket 1: the 64-tree's rate is the best

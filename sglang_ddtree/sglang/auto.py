@@ -1,48 +1,35 @@
 """`--speculative-ddtree-budget auto` in the SGLang worker: one candidate budget per round, chosen on the host
 without a host sync.
 
-What the GPU gives (DDTreeWorker): on a sampled round the tree is built at the largest candidate budget and
-`adaptive.expected_acceptance` gives every candidate's expected committed tokens (summed over the batch, the
-drafter's raw scores); after the walk, the committed tokens of the chosen candidate and of every smaller tree
-candidate (`adaptive.subtree_accept_lengths`: exact, the target's choice at a node does not depend on which other
-nodes were verified). Every round gives its chained CUDA-event times (sum = GPU ms a round), except rounds that did
-one-time work (graph captures, compiles, host stalls), whose time is dropped. All of it reaches the host through
-pinned buffers and events (`AutoFeedback`), a round or two late.
+The GPU gives (DDTreeWorker, through pinned buffers and events: AutoFeedback, a round or two late): every round's
+time (its chained CUDA events; none for rounds that did one-time work: captures, compiles, host stalls); on a
+sampled round, every candidate's expected committed tokens from the tree at the largest budget
+(adaptive.expected_acceptance, raw drafter scores) and the committed tokens of the chosen candidate and of every
+smaller tree (adaptive.subtree_accept_lengths: exact, their trees are its first slots).
 
-What the host decides (`AutoBudgetPolicy.choose`), per batch-size bucket (the CUDA-graph batch size the round pads
-to, since verify cost follows it):
-    rate(c) = est_tokens(c) / round_ms(bucket, c),   est_tokens(c) = expected(c) x ratio(c)
-expected(c) is a decayed mean of the drafter's expectation per request; ratio(c) the decayed observed / expected of
-the sampled rounds that observed c (the drafter is over-confident off its top-1 path; a candidate never observed
-borrows the nearest smaller observed one's); round_ms the median of c's last `recent` timed rounds, a tree's drawn
-toward the trees' pooled time by `shrink_z` standard errors. Unmeasured candidates are explored first, narrowest
-first and never wider than what has a time yet; the stalest candidate is probed every `probe_every` rounds; both skip
-a candidate that cannot win (its estimated tokens over a lower bound of its round time, `_cost_floor`). The chain
-(DFLASH's top-1 path, verified causally like DFLASH) is always a candidate. A decision of the best holds
-`hold_rounds` rounds, twice as long each time it repeats. Decisions use rounds completed on the GPU, one or two
-rounds old; the choice is per round for the whole batch (verify shapes are uniform across a batch).
+The host decides (AutoBudgetPolicy.choose), per batch-size bucket (the CUDA-graph size the round pads to):
+    rate(c) = est_tokens(c) / round_ms(bucket, c),   est_tokens(c) = expected(c) x observed/expected ratio(c)
+round_ms is the median of c's recent times, a tree's drawn toward the trees' pooled time. Unmeasured candidates are
+explored first (narrowest first, never wider than what has a time); the stalest is probed every probe_every rounds;
+both skip a candidate that cannot win (its tokens over a lower bound of its round time, _cost_floor). The chain
+(DFLASH's top-1 path, verified causally) is always a candidate. A decision holds a few rounds, longer as it repeats.
 
-The tunables are `AutoConfig`'s fields, fixed when the server starts (`auto_config`); the ones a user may set are
-USER_KNOBS (docs/adaptive-budget.md, "Knobs"). The measurements behind each default are in docs/adaptive-budget.md,
-docs/gpu-suite.md and this file's git history, which also keeps the experiments that were tried and switched off.
-The measuring modes (the in-process A/B, host-detail marks) are in auto_ab.py.
+Tunables: AutoConfig (fixed when the server starts: auto_config); what a user may set: USER_KNOBS (docs/adaptive-
+budget.md, "Knobs"). The evidence behind the defaults, and the experiments tried and switched off, are in that doc,
+docs/gpu-suite.md and this file's git history. Measuring modes: auto_ab.py.
 """
 
 from __future__ import annotations
 
 import collections
-import logging
 import math
 import os
-import time
 from dataclasses import dataclass
 
 import torch
 
 from sglang_ddtree.adaptive import CHAIN, candidate_label
-from sglang_ddtree.sglang.stats import StallDetector  # noqa: F401  (the worker's import)
-
-logger = logging.getLogger(__name__)
+from sglang_ddtree.sglang.stats import StallDetector, TableGauges  # noqa: F401  (StallDetector: the worker's)
 
 
 @dataclass(frozen=True)
@@ -84,16 +71,11 @@ class AutoConfig:
     explore_all: bool = False  # SGLANG_DDTREE_AUTO_EXPLORE_ALL: explore every candidate, even hopeless (testing)
 
     def __post_init__(self):
-        for name, low in (("sample_every", 1), ("explore_rounds", 1), ("max_unmeasured", 1), ("probe_every", 1),
-                          ("stale_rounds", 1), ("recent", 1), ("floor_min_times", 1), ("hold_rounds", 1),
-                          ("hold_max", 1), ("settled_hold", 1), ("chain_run", 1), ("calibration_every", 1),
-                          ("log_every", 1), ("chain_run_others", 0), ("times_expire", 0), ("shrink_z", 0),
-                          ("noise", 0), ("calibration_young", 0), ("calibration_learn_all", 0),
-                          ("calibration_gate", 0)):
-            if not getattr(self, name) >= low:
-                raise ValueError(f"AutoConfig.{name} must be >= {low}, got {getattr(self, name)}.")
-        if not self.half_life_rounds > 0:
-            raise ValueError(f"AutoConfig.half_life_rounds must be > 0, got {self.half_life_rounds}.")
+        zero_ok = ("chain_run_others", "times_expire", "calibration_young", "calibration_learn_all", "calibration_gate")
+        for name, value in vars(self).items():
+            low = 1e-9 if name == "half_life_rounds" else 0 if name in zero_ok or isinstance(value, float) else 1
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not value >= low:
+                raise ValueError(f"AutoConfig.{name} must be >= {low:g}, got {value}.")
         if self.sample_every_idle % self.sample_every:  # a round counter modulo either stays in step
             raise ValueError("AutoConfig.sample_every_idle must be a multiple of sample_every.")
 
@@ -110,7 +92,7 @@ USER_KNOBS = {
 
 
 def env_value(environ, name: str, parse, what: str):
-    """A variable's value through parse (None when unset or empty); ValueError naming it when parse fails."""
+    """A variable through parse (None: unset or empty); a ValueError naming it where parse fails or gives None."""
     raw = environ.get(name, "").strip()
     if not raw:
         return None
@@ -137,12 +119,10 @@ def auto_config(calibration: bool = True, environ=None) -> AutoConfig:
 
     env = os.environ if environ is None else environ
     # a deleted knob set (an old A/B arm) would otherwise run the defaults unnoticed
-    unknown = sorted(k for k in env if k.startswith("SGLANG_DDTREE_AUTO_") and k not in USER_KNOBS
-                     and k not in MEASURING_MODES)
+    unknown = [k for k in env if k.startswith("SGLANG_DDTREE_AUTO_") and k not in (*USER_KNOBS, *MEASURING_MODES)]
     if unknown:
-        raise ValueError(f"{', '.join(unknown)}: no such `auto` setting (deleted ones are listed in "
-                         f"docs/adaptive-budget.md, Knobs); known: {', '.join(k for k in USER_KNOBS if k[0] != '-')}, "
-                         f"{', '.join(MEASURING_MODES)}.")
+        raise ValueError(f"{', '.join(sorted(unknown))}: no such `auto` setting (the deleted ones: "
+                         f"docs/adaptive-budget.md, Knobs).")
     log_every = env_value(env, "SGLANG_DDTREE_AUTO_LOG_EVERY", at_least(1), "a positive integer (rounds)")
     return AutoConfig(calibration=bool(calibration), log_every=log_every or AutoConfig.log_every,
                       force=env_value(env, "SGLANG_DDTREE_AUTO_FORCE", str.lower, "chain or a candidate budget"),
@@ -249,7 +229,7 @@ class AutoBudgetPolicy:
         # Estimates change only in observe() (tokens only on a sampled round): choose() and sample_interval() reuse
         # them between (_cached), which halved the policy's CPU time a round with the same picks.
         self._version = self._tokens_version = 0
-        self._memo: dict = {}  # ("tokens" | "rates" | "interval", bucket) -> (version, values)
+        self._memo: dict = {}  # (what, bucket) -> (version, values)
         self._explore_order = sorted(range(n), key=lambda i: (self.widths[i], i))  # narrowest verify first
 
     def _bucket(self, bucket: int) -> _Bucket:
@@ -365,13 +345,12 @@ class AutoBudgetPolicy:
         tokens, floor = self.est_tokens(i), self._cost_floor(b, i)
         return tokens / floor if tokens is not None and floor else None
 
-    def _could_win(self, b: _Bucket, i: int, best_rate: float | None) -> bool:
+    def _could_win(self, b: _Bucket, i: int, best_rate: float | None, hope: float | None = None) -> bool:
+        """Whether i's best case beats the best rate (hope: reaches that share of it); True when either is unknown."""
         best_case = self._best_case_rate(b, i)
-        return best_rate is None or best_case is None or best_case > best_rate * (1.0 + 1e-6)  # a tie is no win
-
-    def _within(self, b: _Bucket, i: int, best_rate: float | None, factor: float) -> bool:
-        best_case = self._best_case_rate(b, i)
-        return best_rate is None or best_case is None or best_case >= factor * best_rate
+        if best_rate is None or best_case is None:
+            return True
+        return best_case >= hope * best_rate if hope else best_case > best_rate * (1.0 + 1e-6)  # a tie is no win
 
     def choose(self, bucket: int) -> int:
         """Index into candidates for the next round of a batch in this bucket. Exploration goes narrowest first and
@@ -421,7 +400,7 @@ class AutoBudgetPolicy:
             probes = [i for i in range(len(self.candidates)) if i != best and (
                 self._could_win(b, i, best_rate)
                 or (b.recent[i] and b.rounds - b.last_measured[i] > cfg.stale_rounds
-                    and (i not in b.elsewhere or self._within(b, i, best_rate, cfg.stale_hope))))]
+                    and (i not in b.elsewhere or self._could_win(b, i, best_rate, cfg.stale_hope))))]
             if probes:
                 choice = min(probes, key=lambda i: (b.last_measured[i], i))
         if choice is not None:  # exploration and probes: one round each, sampled (it refreshes the ratio)
@@ -613,39 +592,28 @@ def observed_candidates(candidates: list[int], chosen: int) -> list[bool]:
 
 
 class CalibrationMonitor:
-    """The host side of the server's calibration table (adaptive.ScoreCalibrator, on the GPU: the scored walks
-    compute what it learns, `learn` applies it).
-    - Prediction errors: each scored round's |raw prediction - committed| and |calibrated - committed| summed over its
-      requests, both predicted before the table learns the round: running totals (export) and Prometheus counters.
-    - The table's per-(depth, path class, rank class) sums, copied to pinned memory without a sync and published as
-      Prometheus gauges at most once in EXPORT_SECONDS (the clock read every EXPORT_EVERY rounds).
-    - reset (POST /set_internal_state {"server_args": {"ddtree_calibration_reset": 1}}): an empty table, totals
-      zeroed, the gauges published at once and again EXPORT_EVERY rounds later.
-    With calibration off (AutoConfig.calibration) nothing is scored or learnt, and nothing is published."""
-
-    EXPORT_EVERY = 64
-    EXPORT_SECONDS = 10.0  # a publish sets ~180 gauges (~0.4 ms); a dashboard reads the table on a scale of seconds
+    """The host side of the calibration table (adaptive.ScoreCalibrator, on the GPU; the scored walks compute what
+    it learns, `learn` applies it): each scored round's |raw - committed| and |calibrated - committed| (both predicted
+    before it learns the round) as totals and Prometheus counters; the table as Prometheus gauges (stats.TableGauges);
+    reset (POST /set_internal_state {"server_args":
+    {"ddtree_calibration_reset": 1}}). With calibration off nothing is scored, learnt or published."""
 
     def __init__(self, calibrator, prometheus=None, config: AutoConfig | None = None):
         config = config or AutoConfig()
         self.calibrator = calibrator
         self.prometheus = prometheus
         self.enabled, self.gate = config.calibration, config.calibration_gate
+        self.gauges = TableGauges(calibrator, prometheus) if prometheus is not None and self.enabled else None
         self.raw_abs = self.calibrated_abs = self.gated_abs = self.request_rounds = 0.0
         self.learnt = 0  # request-rounds the table learnt since its last reset
         self.resets = 0
-        pin = calibrator.device.type == "cuda"
-        self._snapshot = torch.zeros((3, *calibrator.config.shape[:3]), dtype=torch.float64, pin_memory=pin)
-        self._pending = None  # the snapshot copy's event (or True on CPU) while one is in flight
-        self._rounds = 0
-        self._last_export = None  # time.monotonic() when the last snapshot started (None: none yet)
 
     def young(self) -> bool:
         """Whether the gated predictor is still the raw one, asked before the table learns the round."""
         return self.learnt < self.gate
 
     def errors(self, raw_abs: float, calibrated_abs: float, requests: float, young: bool = False) -> None:
-        """A scored round's summed errors; young: the gated predictor was the raw one when it predicted."""
+        """A scored round's summed errors; young: young() when it predicted (the gated error is then the raw one)."""
         if requests <= 0:
             return
         gated_abs = raw_abs if young else calibrated_abs
@@ -657,52 +625,22 @@ class CalibrationMonitor:
             self.prometheus.calibration_errors(raw_abs, calibrated_abs, requests, gated_abs)
 
     def learn(self, delta: torch.Tensor, requests: int) -> None:
-        """A scored round's table delta, after the round (graph warm-ups and captures never get here); requests: the
-        round's real requests, known on the host (one kernel instead of seven: ScoreCalibrator.learn)."""
+        """A scored round's delta, after the round (so graph warm-ups and captures teach nothing)."""
         self.calibrator.learn(delta, int(requests))
         self.learnt += requests
 
     def after_round(self) -> None:
-        """Every decode round: publish a completed snapshot; every EXPORT_EVERY rounds start the next one if
-        EXPORT_SECONDS passed since the last one started."""
-        self._rounds += 1
-        if self.prometheus is None or not self.enabled:
-            return
-        if self._pending is not None and (self._pending is True or self._pending.query()):
-            self._publish(self._snapshot)
-            self._pending = None
-        if self._pending is None and self._rounds % self.EXPORT_EVERY == 0:
-            now = time.monotonic()
-            if self._last_export is not None and now - self._last_export < self.EXPORT_SECONDS:
-                return
-            self._last_export = now
-            self._snapshot.copy_(self.calibrator.summary(), non_blocking=True)
-            if self._snapshot.is_pinned():
-                self._pending = torch.cuda.Event()
-                self._pending.record()
-            else:
-                self._pending = True
-
-    def _publish(self, summary: torch.Tensor) -> None:
-        from sglang_ddtree.adaptive import summary_rows
-
-        try:
-            self.prometheus.calibration_table(summary_rows(summary, self.calibrator.config.prior_mass))
-        except Exception:  # metrics must never take the server down
-            logger.exception("DDTREE calibration metrics update failed")
+        if self.gauges is not None:
+            self.gauges.after_round()
 
     def reset(self) -> None:
-        """Between rounds: the zeroing runs on the rounds' stream, in order; a round already queued may still add its
-        delta. The next publish check (EXPORT_EVERY rounds on) ignores EXPORT_SECONDS: whoever reset the table wants
-        to see it learn again soon."""
+        """Between rounds (a queued round may still add its delta); the gauges published at once and soon again."""
         self.calibrator.reset()
         self.raw_abs = self.calibrated_abs = self.gated_abs = self.request_rounds = 0.0
         self.learnt = 0
         self.resets += 1
-        self._pending = self._last_export = None
-        self._rounds = 0
-        if self.prometheus is not None and self.enabled:
-            self._publish(self.calibrator.summary().cpu())
+        if self.gauges is not None:
+            self.gauges.restart()
 
     def export(self) -> dict:
         """For logs and the debug dump (host values only: no sync)."""
@@ -733,10 +671,8 @@ class AutoFeedback:
 
     def push(self, vector: torch.Tensor | None, timer, bucket: int, chosen: int, batch_size: int,
              cold: bool = False, sampled: bool = True, young: bool = False) -> None:
-        """vector: [expected per candidate (batch sums), observed per candidate (0 where not observed), calibration
-        errors]; None on an unsampled round (the policy learns only its time, so nothing is copied).
-        cold: the round did one-time work: its tokens count, its time does not. sampled: the round computed the
-        expectations. young: CalibrationMonitor.young() when the round predicted."""
+        """vector: [expected per candidate, observed per candidate, calibration errors] (batch sums); None on an
+        unsampled round (only its time counts). cold: one-time work, its time does not count. young: see errors()."""
         if sampled and vector is None:
             raise ValueError("a sampled round must bring its feedback vector.")
         if len(self.pending) >= self.ring_size:

@@ -201,6 +201,55 @@ class StallDetector:
         return out
 
 
+class TableGauges:
+    """`auto`'s calibration table (adaptive.ScoreCalibrator) as Prometheus gauges without a host sync: every EVERY
+    rounds, if SECONDS passed since the last one started, its summary is copied to pinned memory, and published the
+    round after the copy completed. A publish sets every cell's two gauges (~180 sets, ~0.4 ms on the dev CPU); a
+    dashboard reads them on a scale of seconds. restart() (a reset of the table) publishes at once, and the check
+    EVERY rounds later publishes whatever the clock says: whoever reset the table wants to see it learn again."""
+
+    EVERY = 64
+    SECONDS = 10.0
+
+    def __init__(self, calibrator, prometheus):
+        self.calibrator, self.prometheus = calibrator, prometheus
+        pin = calibrator.device.type == "cuda"
+        self._snapshot = torch.zeros((3, *calibrator.config.shape[:3]), dtype=torch.float64, pin_memory=pin)
+        self._pending = None  # the snapshot copy's event (True on CPU) while one is in flight
+        self._rounds = 0
+        self._last = None  # time.monotonic() when the last snapshot started (None: none yet)
+
+    def after_round(self) -> None:
+        self._rounds += 1
+        if self._pending is not None and (self._pending is True or self._pending.query()):
+            self.publish(self._snapshot)
+            self._pending = None
+        if self._pending is None and self._rounds % self.EVERY == 0:
+            now = time.monotonic()
+            if self._last is not None and now - self._last < self.SECONDS:
+                return
+            self._last = now
+            self._snapshot.copy_(self.calibrator.summary(), non_blocking=True)
+            if self._snapshot.is_pinned():
+                self._pending = torch.cuda.Event()
+                self._pending.record()
+            else:
+                self._pending = True
+
+    def restart(self) -> None:
+        self._pending = self._last = None
+        self._rounds = 0
+        self.publish(self.calibrator.summary().cpu())
+
+    def publish(self, summary: torch.Tensor) -> None:
+        from sglang_ddtree.adaptive import summary_rows
+
+        try:
+            self.prometheus.calibration_table(summary_rows(summary, self.calibrator.config.prior_mass))
+        except Exception:  # metrics must never take the server down
+            logger.exception("DDTREE calibration metrics update failed")
+
+
 class _Prometheus:
     """Series are Counters (and per-round stage Histograms): a round's numbers are summed on the GPU and added
     with one call per series, so the host cost per round does not grow with the batch."""
@@ -375,7 +424,7 @@ class _Prometheus:
 
     def _cal_child(self, key: tuple[str, str, str]):
         """A table cell's two gauges, resolved once, as auto_round's and calibration_errors' series. Why: a publish
-        (at most one in CalibrationMonitor.EXPORT_SECONDS) sets ~90 cells, and labels() builds and locks a lookup per
+        (at most one in TableGauges.SECONDS) sets ~90 cells, and labels() builds and locks a lookup per
         call: 1.17 ms a publish of 90 cells on the dev CPU with it, 0.30 without (benchmarks/
         bench_calibration_publish.py, results/calibration_publish_cpu*.json); under cProfile 8% of `auto`'s whole
         per-round host block before, 3% after (results/auto_round_host_cpu*.json)."""
