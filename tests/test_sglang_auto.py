@@ -937,6 +937,7 @@ def test_the_knobs_are_what_the_docs_say():
         variables |= set(re.findall(r"SGLANG_DDTREE_AUTO_[A-Z_]+", path.read_text()))
     assert variables == set(rows) - flags, variables ^ (set(rows) - flags)
 
+
 def test_shrink_z_changes_the_picks_on_a_flat_cost_curve():
     """AutoConfig.shrink_z (test_a_flat_cost_curve_runs_the_widest_tree's case): without the time shrinkage the
     picks differ from the default's."""
@@ -950,6 +951,7 @@ def test_shrink_z_changes_the_picks_on_a_flat_cost_curve():
         return auto_sim.simulate(1, base, tokens, expected, 1200, 4, noise=0.10, outlier=0.05, policy=policy)
 
     assert run() != run(shrink_z=0.0) and run() == run(shrink_z=DEFAULTS.shrink_z)
+
 
 class Table:
     """What WalkSchedule reads of a CalibrationMonitor: request-rounds learnt and scored since the last reset."""
@@ -1017,13 +1019,12 @@ def test_calibration_off_builds_and_runs_no_scored_walk_and_publishes_nothing():
     assert ddtree_args.parse_options(budget="auto").auto_calibration
     assert not ddtree_args.parse_options(budget="auto", auto_calibration="off").auto_calibration
 
+
 def test_bucket_statistics_kept_per_round_equal_recomputing_them():
-    """_Bucket keeps each candidate's median / spread / least of its last RECENT times and the count of non-chain
-    choices in its last CHAIN_RUN choices as rounds arrive (the chooser reads them every round): equal to
+    """_Bucket keeps each candidate's median / spread / least of its last `recent` times and the count of non-chain
+    choices in its last `chain_run` choices as rounds arrive (the chooser reads them every round): equal to
     recomputing them from the windows, across the windows' roll-over."""
     import random
-
-    from sglang_ddtree.sglang import auto
 
     policy = Policy([0, 16, 64])
     b = policy._bucket(1)
@@ -1237,6 +1238,7 @@ def test_a_forced_candidate_runs_every_round_on_the_usual_sampling_schedule():
     b = held.buckets[4]
     assert b.settled and b.decisions <= 1000 // 64 + 8, b.decisions
 
+
 def test_the_ab_block_knob_is_off_unless_set_to_a_positive_count(monkeypatch):
     """SGLANG_DDTREE_AUTO_AB (the in-process A/B of `auto` against the fixed widest tree): unset, empty or 0 is off;
     a positive count is the block length; anything else is refused with the variable's name."""
@@ -1290,6 +1292,7 @@ def test_a_settled_bucket_decides_once_in_hold_max_and_samples_at_the_idle_inter
     assert not policy.buckets[1].settled
     assert decisions == 300 // HOLD_ROUNDS and samples == every(DEFAULTS.sample_every)
 
+
 def test_hold_rounds_and_sample_every_reach_the_policy():
     """AutoConfig.hold_rounds / sample_every: a decision holds that many rounds, and unsampled stretches last
     sample_every rounds (sample_every_idle a multiple of it)."""
@@ -1311,6 +1314,7 @@ def test_hold_rounds_and_sample_every_reach_the_policy():
         c = lead.choose(1)
         lead.observe(1, c, 1, [1.0, 30.0][c], [4.0, 4.5], [4.0, None] if c == 0 else [None, 4.5])
     assert lead.sample_interval(1) == 32
+
 
 @pytest.mark.parametrize("force", [None, "32"])
 def test_held_round_returns_what_choose_and_sampled_would(force):
