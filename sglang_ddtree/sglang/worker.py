@@ -655,7 +655,7 @@ class DDTreeWorker(DFlashWorkerV2):
                                 seq_lens=prefix_lens, summary=summary,
                                 extra=None if not use_auto or self.stats.debug is None else  # dump rows only
                                 {"auto_candidate": candidate_label(self.auto.candidates[chosen]),
-                                 "auto_sampled": sampled, "auto_cold": cold})
+                                 "auto_sampled": sampled, "auto_cold": cold, "auto_walk": variant})
         if use_auto and self.stats.debug is not None:
             self.stats.dump_state("auto", self.auto.policy.export(), every=100)
             self.stats.dump_state("calibration", {**self.auto.calibration.export(),
