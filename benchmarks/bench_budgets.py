@@ -42,7 +42,7 @@ from sglang_ddtree.bench.results import RESULTS_NAME, ResultsWriter, format_tabl
 from sglang_ddtree.bench.sweep import Sweep, SweepOptions, gpu_facts, id_prompts, run_facts, text_prompts  # noqa: E402
 from sglang_ddtree.bench.server import SubprocessLauncher, format_cpu_list, parse_cpu_list, pin_process  # noqa: E402
 
-TUPLE_FIELDS = {"methods": str, "budgets": int, "batch_sizes": int, "server_env": str}
+TUPLE_FIELDS = {"methods": str, "budgets": int, "batch_sizes": int, "server_env": str, "server_args": str}
 SCALAR_FIELDS = {"max_new_tokens": int, "warmup_new_tokens": int, "prompt_tokens": int, "graph_token_cap": int,
                  "max_activation_gib": float, "context_length": int, "target": str, "drafter": str,
                  "backend": str}

@@ -349,8 +349,8 @@ class ScoreCalibrator:
         """Request-rounds learnt since the last reset, a 0-dim int64 tensor on the table's device (the same tensor
         throughout). `learn` with a host number of requests counts them on the host and adds them here when read:
         one kernel launch fewer per learnt round (the SGLang worker learns every tree round of a fresh server's first
-        CALIBRATION_LEARN_ALL request-rounds; lease 35's held A/B put that phase's host cost at ~0.065 ms a batch-1
-        round)."""
+        AutoConfig.calibration_learn_all request-rounds; lease 35's held A/B put that phase's host cost at ~0.065 ms
+        a batch-1 round)."""
         if self._pending_rounds:
             self._rounds.add_(self._pending_rounds)
             self._pending_rounds = 0

@@ -13,7 +13,7 @@ SERVER_STAGES = ("between",) + STAGES
 # The worker's host time per stage of its round call (stats.RoundTimer.host_stage_ms): `choose` is `auto`'s chooser
 # (before the draft), `after` the call's work after the commit (stats, `auto`'s feedback), both host-only.
 HOST_STAGES = ("choose",) + STAGES + ("after",)
-# With SGLANG_DDTREE_AUTO_HOST_DETAIL=1 (a measuring mode, auto.auto_host_detail) `auto`'s own host work is marked
+# With SGLANG_DDTREE_AUTO_HOST_DETAIL=1 (a measuring mode, auto_ab.auto_host_detail) `auto`'s own host work is marked
 # apart: `choose` splits into choose_prep (verify states, bucket), choose_held (the held-round check), choose_drain
 # (the feedback drain before a decision) and `choose` (the decision); tree_auto is the round counter and walk variant
 # before the tree stage; after_cat / after_push / after_learn / after_auto the feedback vector (with the stall check

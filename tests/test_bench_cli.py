@@ -65,6 +65,18 @@ def test_a_copied_setup_is_changed_alone_and_launches_with_its_environment(tmp_p
     assert "server_env" not in P.default_setups()["tiny"].params_for_signature()
 
 
+def test_a_copied_setup_launches_with_its_own_server_flags():
+    """server_args: launch_server arguments of one setup's servers (the calibration A/B of two `auto` setups)."""
+    s = bench.apply_sets(bench.copy_setups(P.default_setups(), ["tiny-nocal=tiny"]),
+                         ["tiny-nocal.methods=auto", "tiny-nocal.server_args=--speculative-ddtree-auto-calibration,off",
+                          "tiny.methods=auto"])
+    plan = P.expand([s["tiny"], s["tiny-nocal"]], mem_budget_gib=100)
+    on, off = (next(sv for sv in plan.servers if sv.setup.name == name) for name in ("tiny", "tiny-nocal"))
+    assert off.args == on.args + ["--speculative-ddtree-auto-calibration", "off"]
+    assert off.signature != on.signature
+    assert "server_args" not in P.default_setups()["tiny"].params_for_signature()
+
+
 @pytest.mark.parametrize("copies, sets, match", [
     (["tiny-off"], [], "NEW=BASE"),
     (["x=huge"], [], "NEW=BASE"),

@@ -2,6 +2,7 @@
 feedback channel and the round's auto stages (the worker wiring itself runs in tests/gpu/test_ddtree_server.py)."""
 
 import argparse
+import re
 
 import pytest
 import torch
@@ -10,7 +11,9 @@ from sglang_ddtree import adaptive
 from sglang_ddtree.adaptive import CHAIN
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import auto, ops
-from sglang_ddtree.sglang.auto import AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, observed_candidates
+from sglang_ddtree.sglang.auto import (AutoBudgetPolicy, AutoConfig, AutoFeedback, CalibrationMonitor,
+                                      observed_candidates)
+from sglang_ddtree.sglang.stats import TableGauges
 from sglang_ddtree.tree import build_tree_from_topk, chain_tree, topk_draft
 from sglang_ddtree.walk import walk_choices
 
@@ -37,9 +40,25 @@ def test_auto_flags():
         parse("--speculative-ddtree-budget", "auto", "--speculative-ddtree-auto-candidates", "16,2000")
     with pytest.raises(ValueError, match="or auto"):
         parse("--speculative-ddtree-budget", "automatic")
+    # --speculative-ddtree-auto-calibration on|off (default on), `auto` only
+    assert parse("--speculative-ddtree-budget", "auto").auto_calibration
+    for word, on in (("off", False), ("OFF", False), ("0", False), ("on", True), ("true", True)):
+        assert parse("--speculative-ddtree-budget", "auto", "--speculative-ddtree-auto-calibration", word) \
+            .auto_calibration is on
+    with pytest.raises(ValueError, match="must be on or off"):
+        parse("--speculative-ddtree-budget", "auto", "--speculative-ddtree-auto-calibration", "sometimes")
+    with pytest.raises(ValueError, match="auto-calibration needs --speculative-ddtree-budget auto"):
+        parse("--speculative-ddtree-budget", "32", "--speculative-ddtree-auto-calibration", "off")
 
 
 # ------------------------------------------------------------------------------------------------------ policy
+
+DEFAULTS = AutoConfig()
+
+
+def Policy(candidates, widths=None, **config):
+    """An AutoBudgetPolicy whose AutoConfig differs from the default in these fields."""
+    return AutoBudgetPolicy(candidates, widths=widths, config=AutoConfig(**config))
 
 
 def run_policy(policy, bucket, tokens, ms, rounds, lag=0):
@@ -58,7 +77,7 @@ def run_policy(policy, bucket, tokens, ms, rounds, lag=0):
 
 
 def test_policy_explores_then_picks_the_best_rate():
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=1000)
+    policy = Policy([CHAIN, 16, 64], explore_rounds=2, probe_every=1000)
     tokens, ms = [3.0, 4.0, 5.0], [1.0, 1.1, 2.0]  # rates 3.0, 3.64, 2.5: the 16-tree wins
     picks = run_policy(policy, 1, tokens, ms, 40)
     # smallest first, each twice unless its timed rounds say it cannot win. A candidate's own times bound its floor
@@ -68,7 +87,7 @@ def test_policy_explores_then_picks_the_best_rate():
     assert picks[:6] == [0, 0, 1, 1, 2, 2]
     assert picks[6:] == [1] * 34
     # with floor_min_times=1 its one timed round already ends its exploration
-    assert run_policy(AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=1000, floor_min_times=1), 1, tokens,
+    assert run_policy(Policy([CHAIN, 16, 64], explore_rounds=2, probe_every=1000, floor_min_times=1), 1, tokens,
                       ms, 40)[:6] == [0, 0, 1, 1, 2, 1]
     assert policy.ratio(2) == pytest.approx(1 / 1.5) and policy.est_tokens(1) == pytest.approx(4.0)
     # a bucket of its own: costs are per batch size (here the 64-tree is cheap at batch 8)
@@ -84,7 +103,7 @@ def test_policy_explores_then_picks_the_best_rate():
 
 
 def test_policy_picks_the_chain_when_trees_do_not_pay():
-    policy = AutoBudgetPolicy([CHAIN, 16, 32], explore=1, probe_every=1000)
+    policy = Policy([CHAIN, 16, 32], explore_rounds=1, probe_every=1000)
     picks = run_policy(policy, 1, [3.0, 3.1, 3.2], [1.0, 1.5, 2.0], 30, lag=2)
     assert picks[-20:] == [0] * 20
 
@@ -95,19 +114,19 @@ def test_policy_never_tries_wide_trees_that_cannot_pay():
     verified, not even by exploration or probes: `auto` runs DFLASH's chain. The 16-tree, the narrowest tree, has
     no floor before its own times (the chain's round is another cost curve: _cost_floor): it is explored, then
     probed (its least time less NOISE could still win), and its times keep the wider trees out."""
-    policy = AutoBudgetPolicy([CHAIN, 16, 32, 128], explore=3, probe_every=8)
+    policy = Policy([CHAIN, 16, 32, 128], explore_rounds=3, probe_every=8)
     picks = run_policy(policy, 4, [1.0, 1.0, 1.0, 1.0], [7.0, 7.1, 9.0, 12.0], 60, lag=1)
     assert set(picks) == {0, 1} and picks[3:6] == [1, 1, 1]
-    assert picks[6:].count(1) <= len(picks[6:]) // policy.probe_every + 1  # probes only
+    assert picks[6:].count(1) <= len(picks[6:]) // policy.config.probe_every + 1  # probes only
     # a drafter that is right sometimes makes the 16-tree worth a try, and here worth keeping
-    policy = AutoBudgetPolicy([CHAIN, 16, 32, 128], explore=3, probe_every=8)
+    policy = Policy([CHAIN, 16, 32, 128], explore_rounds=3, probe_every=8)
     picks = run_policy(policy, 4, [2.0, 2.4, 2.5, 2.6], [7.0, 7.1, 9.0, 12.0], 60, lag=1)
     assert 1 in picks and 3 not in picks and picks[-1] == 1
 
 
 def test_policy_probes_the_stalest_candidate_that_could_win():
     # rates 3.5, 3.64, 3.45: within the 10% timing allowance of the best, so both others are re-measured
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10)
+    policy = Policy([CHAIN, 16, 64], explore_rounds=1, probe_every=10)
     picks = run_policy(policy, 1, [3.5, 4.0, 5.0], [1.0, 1.1, 1.45], 40)
     probes = [(n, i) for n, i in enumerate(picks) if n >= 3 and i != 1]  # after exploration, not the best
     assert {i for _, i in probes} >= {0, 2} and picks.count(1) >= 30
@@ -115,11 +134,11 @@ def test_policy_probes_the_stalest_candidate_that_could_win():
     # the 64-tree at 2.0 ms (rate 2.5) would need 1.37 ms to win. Its own times bound its floor from the second
     # (FLOOR_MIN_TIMES): after exploration's one round its floor is the 16-tree's 1.1 ms and it is probed once; then
     # measured twice, it is never probed again
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10)
+    policy = Policy([CHAIN, 16, 64], explore_rounds=1, probe_every=10)
     picks = run_policy(policy, 1, [3.5, 4.0, 5.0], [1.0, 1.1, 2.0], 60)
     assert picks.count(2) == 2 and policy.buckets[1].measured[2] == 2 and picks.count(0) >= 2
     # with floor_min_times=1: measured once, never probed again
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10, floor_min_times=1)
+    policy = Policy([CHAIN, 16, 64], explore_rounds=1, probe_every=10, floor_min_times=1)
     picks = run_policy(policy, 1, [3.5, 4.0, 5.0], [1.0, 1.1, 2.0], 60)
     assert picks.count(2) == 1 and picks.count(0) >= 2
 
@@ -152,23 +171,19 @@ def test_policy_does_not_explore_wide_trees_blind_at_large_batch():
     its cold round, before the secant through the 64-tree's 38 ms floors it at ~72 ms."""
     widths = [16, 17, 33, 65, 129]
     ms = [11.0, 11.5, 20.0, 38.0, 73.0]
-    # (both with the start re-measured at round 128, FORGET_START, which must not explore a wide tree blind either)
-    one_time = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths, floor_min_times=1, forget_start=128)
+    one_time = Policy([CHAIN, 16, 32, 64, 128], widths=widths, floor_min_times=1)
     picks = run_with_cold_rounds(one_time, 16, [1.0] * 5, [1.5, 2.0, 3.0, 4.0, 6.0], ms, 384)
     assert 3 not in picks and 4 not in picks
-    # the 16- and 32-trees' explorations, then their re-measure after the start (FORGET_START: ~4 rounds each)
-    assert picks.count(0) >= 360
-    policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths, forget_start=128)
+    assert picks.count(0) >= 360  # all but the 16- and 32-trees' explorations
+    policy = Policy([CHAIN, 16, 32, 64, 128], widths=widths)
     picks = run_with_cold_rounds(policy, 16, [1.0] * 5, [1.5, 2.0, 3.0, 4.0, 6.0], ms, 384)
     b = policy.buckets[16]
     # the wide trees run only in exploration, a bounded few rounds, the 128-tree never timed
     wide = [n for n, i in enumerate(picks) if i >= 3]
     assert picks.count(3) <= 3 and picks.count(4) <= 1 and b.measured[4] == 0 and all(n < 20 for n in wide), wide
-    # after exploration the chain runs every round but probes (at most one in probe_every, never a wide tree) and,
-    # once, the re-measure of the start's 16- and 32-trees (FORGET_START: `explore` rounds each)
+    # after exploration the chain runs every round but probes (at most one in probe_every, never a wide tree)
     after = picks[20:]
-    assert after.count(0) >= len(after) - (len(after) // policy.probe_every + 1) - 2 * policy.explore
-    assert policy.buckets[16].forgot and not policy.buckets[16].replace  # re-measured, start times replaced
+    assert after.count(0) >= len(after) - (len(after) // policy.config.probe_every + 1)
     # the floor itself: below the true (convex) cost, above what the narrower trees alone would say
     floor_128 = policy._cost_floor(b, 4)
     assert 20.0 < floor_128 < 73.0
@@ -183,12 +198,12 @@ def test_the_chains_slow_start_floors_no_tree():
     widths = [16, 17, 33, 65, 129]
     ms = [7.8, 4.9, 4.8, 4.7, 4.6]
     tokens, expected = [4.1, 4.7, 5.0, 5.3, 5.5], [4.3, 5.0, 5.4, 5.8, 6.1]
-    policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths)
+    policy = Policy([CHAIN, 16, 32, 64, 128], widths=widths)
     picks = run_with_cold_rounds(policy, 1, tokens, expected, ms, 300, batch=1)
     assert policy.buckets[1].measured[4] >= 3 and 4 in picks[:40], picks[:40]
     assert picks[100:].count(4) >= 0.85 * 200, [picks[100:].count(i) for i in range(5)]
     # the floor itself: a tree's from the narrower trees' least times only, the chain's from its own
-    b = AutoBudgetPolicy([CHAIN, 16, 32], widths=widths[:3])
+    b = Policy([CHAIN, 16, 32], widths=widths[:3])
     for i, t in ((0, 7.8), (0, 7.9), (1, 4.9), (1, 5.0)):
         b.observe(1, i, 1, t, None, [None] * 3)
     assert b._cost_floor(b.buckets[1], 2) == pytest.approx(4.9)
@@ -221,30 +236,6 @@ def run_with_slow_first_uses(policy, rounds, slow_uses, lag=2):
                       lambda i, used, _: 1.5 if 2 <= used <= 1 + slow_uses[i] else 1.0, lag)
 
 
-def test_a_bucket_forgets_its_starts_times_once():
-    """FORGET_START: the 128-tree's exploration rounds were its slow first uses (6.6 ms against the 16-tree's 4.4),
-    so the 16-tree won, and only its own times refreshed: without the re-measure, the 128-tree (the best rate) is not
-    verified again before its times go stale (STALE_ROUNDS). At the bucket's forget_start-th round every candidate
-    with times from its first forget_start // 2 rounds (and a rate within STALE_HOPE of the best) is explored again,
-    its start times replaced by the new ones: the 128-tree reads its warm cost and runs from then."""
-    widths = [16, 17, 129]
-    held = AutoBudgetPolicy([CHAIN, 16, 128], widths=widths, forget_start=0)
-    before = run_with_slow_first_uses(held, 400, [0, 0, 4])
-    assert before[20:250].count(2) == 0 and before[20:250].count(1) >= 200, [before[20:250].count(i) for i in range(3)]
-    assert not held.buckets[1].forgot
-    policy = AutoBudgetPolicy([CHAIN, 16, 128], widths=widths, forget_start=128)
-    picks = run_with_slow_first_uses(policy, 400, [0, 0, 4])
-    assert picks[:127] == before[:127]  # the same start as without
-    b = policy.buckets[1]
-    assert b.forgot and policy.export()["decisions"]["1"]["forgot_start"]
-    assert picks[200:].count(2) >= 0.9 * 200, [picks[200:].count(i) for i in range(3)]
-    # what was kept: times from after the first 64 rounds only, and the 128-tree's new ones
-    assert all(at > 64 for d in b.recent_at for at in d)
-    assert b.median[2] == pytest.approx(4.4)
-    with pytest.raises(ValueError, match="forget_start"):
-        AutoBudgetPolicy([CHAIN, 16], forget_start=-1)
-
-
 def test_a_new_time_expires_a_candidates_old_ones():
     """TIMES_EXPIRE (lease 34c's `tiny-o1`: its 128-tree's median stayed its slow exploration's while the 64-tree
     ran): the 128-tree's exploration rounds were its slow first uses (6.6 ms against the 16-tree's 4.4), so the
@@ -252,17 +243,17 @@ def test_a_new_time_expires_a_candidates_old_ones():
     the median, and the 16-tree keeps running until ~3 such probes; with the slow times expired the probe's time is
     the 128-tree's, and the 128-tree (the best rate) runs from then."""
     widths = [16, 17, 129]
-    kept = AutoBudgetPolicy([CHAIN, 16, 128], widths=widths, forget_start=0, times_expire=0)
+    kept = Policy([CHAIN, 16, 128], widths=widths, times_expire=0)
     before = run_with_slow_first_uses(kept, 520, [0, 0, 3])
     assert before[400:520].count(2) <= 2, [before[400:520].count(i) for i in range(3)]
-    policy = AutoBudgetPolicy([CHAIN, 16, 128], widths=widths, forget_start=0, times_expire=256)
+    policy = Policy([CHAIN, 16, 128], widths=widths, times_expire=256)
     picks = run_with_slow_first_uses(policy, 520, [0, 0, 3])
     assert picks[:380] == before[:380]  # nothing expires before the stale probe (round ~385)
     assert picks[400:520].count(2) >= 0.9 * 120, [picks[400:520].count(i) for i in range(3)]
     b = policy.buckets[1]
     assert b.expired_least[2] == pytest.approx(6.6) and max(b.recent[2]) == pytest.approx(4.4)
     with pytest.raises(ValueError, match="times_expire"):
-        AutoBudgetPolicy([CHAIN, 16], times_expire=-1)
+        Policy([CHAIN, 16], times_expire=-1)
 
 
 def test_expired_times_still_floor_the_wide_trees():
@@ -273,7 +264,7 @@ def test_expired_times_still_floor_the_wide_trees():
     ms = [11.0, 11.5, 20.0, 38.0, 73.0]
     runs = {}
     for expire in (0, 256):
-        policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths, forget_start=0, times_expire=expire)
+        policy = Policy([CHAIN, 16, 32, 64, 128], widths=widths, times_expire=expire)
         picks = run_with_cold_rounds(policy, 16, [1.0] * 5, [1.5, 2.0, 3.0, 4.0, 6.0], ms, 3000)
         runs[expire] = [picks.count(i) for i in range(5)]
         if expire:
@@ -282,89 +273,19 @@ def test_expired_times_still_floor_the_wide_trees():
     assert runs[256][0] >= 0.9 * 3000, runs
 
 
-def test_times_expire_from_the_environment(monkeypatch):
-    """SGLANG_DDTREE_AUTO_TIMES_EXPIRE: the policy's times_expire per server (unset: auto.TIMES_EXPIRE; 0: off), a
-    round count >= 0."""
-    from sglang_ddtree.sglang import auto
-
-    monkeypatch.delenv("SGLANG_DDTREE_AUTO_TIMES_EXPIRE", raising=False)
-    assert auto.auto_times_expire() is None
-    assert AutoBudgetPolicy([CHAIN, 16]).times_expire == auto.TIMES_EXPIRE
-    for raw, want in (("0", 0), ("256", 256)):
-        monkeypatch.setenv("SGLANG_DDTREE_AUTO_TIMES_EXPIRE", raw)
-        assert auto.auto_times_expire() == want
-        assert AutoBudgetPolicy([CHAIN, 16], times_expire=auto.auto_times_expire()).times_expire == want
-    for bad in ("-1", "later"):
-        monkeypatch.setenv("SGLANG_DDTREE_AUTO_TIMES_EXPIRE", bad)
-        with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_TIMES_EXPIRE"):
-            auto.auto_times_expire()
-
-
-def run_with_switches(policy, rounds, switch_mult, lag=2):
-    """Chain and 128-tree at batch 1 (4.0 / 4.8 ms, 4.0 / 5.5 tokens: the tree's rate 15% above the chain's): a
-    candidate's first round is cold (untimed), the tree's next three (the rest of its exploration) cost 1.5x, and a
-    round whose candidate is not the previous round's costs switch_mult (lease 36: probes and exploration rounds
-    ~1.25x the fixed tree's round)."""
-    def factor(i, used, previous):
-        return ((1.5 if i == 1 and 2 <= used <= 4 else 1.0)
-                * (switch_mult if previous is not None and previous != i else 1.0))
-
-    return run_batch1(policy, rounds, [4.0, 4.8], [4.0, 5.5], factor, lag)
-
-
-def test_switch_untimed_lets_a_probe_read_the_candidates_own_cost():
-    """SWITCH_UNTIMED: with every switched round 1.3x dear, the 128-tree (15% above the chain's rate), slow through its
-    exploration, loses the bucket's first decisions to the chain and is timed again only in switched probe rounds
-    once its times are stale (4.8 x 1.3 = 6.24 ms against the chain's 4.0: 0.88 of its rate; its slow times expired,
-    TIMES_EXPIRE): it never takes over. With a switched round untimed and probes two rounds long, the stale probe's
-    second round reads 4.8 ms and the tree runs from then. A probe then verifies its candidate twice in a row."""
-    widths = [16, 129]
-    before = run_with_switches(AutoBudgetPolicy([CHAIN, 128], widths=widths, switch_untimed=False), 1000, 1.3)
-    assert before[300:].count(1) <= 0.1 * 700, before[300:].count(1)
-    policy = AutoBudgetPolicy([CHAIN, 128], widths=widths, switch_untimed=True)
-    picks = run_with_switches(policy, 1000, 1.3)
-    assert picks[:300] == before[:300]  # the same until the stale probe (STALE_ROUNDS after its exploration)
-    assert picks[400:].count(1) >= 0.9 * 600, picks[400:].count(1)
-    b = policy.buckets[1]
-    assert max(b.recent[1]) == pytest.approx(4.8)  # only unswitched rounds timed: no 1.3x, no first use left
-    # the chain, probed from the tree: runs of two (a probe), never one
-    runs, k = [], 0
-    for x in picks[400:] + [1]:
-        if x == 0:
-            k += 1
-        elif k:
-            runs.append(k)
-            k = 0
-    assert runs and set(runs) == {auto.PROBE_ROUNDS}, runs
-
-
-def test_switch_untimed_from_the_environment(monkeypatch):
-    """SGLANG_DDTREE_AUTO_SWITCH_UNTIMED=0/1: the policy's switch_untimed per server (unset: auto.SWITCH_UNTIMED)."""
-    monkeypatch.delenv("SGLANG_DDTREE_AUTO_SWITCH_UNTIMED", raising=False)
-    assert auto.auto_switch_untimed() is None
-    assert AutoBudgetPolicy([CHAIN, 16]).switch_untimed is auto.SWITCH_UNTIMED
-    for raw, want in (("0", False), ("1", True)):
-        monkeypatch.setenv("SGLANG_DDTREE_AUTO_SWITCH_UNTIMED", raw)
-        assert auto.auto_switch_untimed() is want
-        assert AutoBudgetPolicy([CHAIN, 16], switch_untimed=auto.auto_switch_untimed()).switch_untimed is want
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SWITCH_UNTIMED", "yes")
-    with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_SWITCH_UNTIMED"):
-        auto.auto_switch_untimed()
-
-
 def test_explore_all_verifies_every_candidate_even_one_that_cannot_win():
     """SGLANG_DDTREE_AUTO_EXPLORE_ALL (the GPU server tests' mode): the same costs as above, where the 64- and
     128-trees are ruled out unverified, now explored `explore` rounds each; then the chooser exploits as before."""
     widths = [16, 17, 33, 65, 129]
     ms = [11.0, 11.5, 20.0, 38.0, 73.0]
-    policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], widths=widths, explore_all=True)
+    policy = Policy([CHAIN, 16, 32, 64, 128], widths=widths, explore_all=True)
     picks = run_with_cold_rounds(policy, 16, [1.0] * 5, [1.5, 2.0, 3.0, 4.0, 6.0], ms, 384)
     assert all(picks.count(i) >= 3 for i in range(5)), [picks.count(i) for i in range(5)]
     assert picks[200:].count(0) >= 175  # exploration over: the chain but for probes
 
 
 def test_policy_borrows_the_ratio_of_the_nearest_smaller_observed_candidate():
-    policy = AutoBudgetPolicy([CHAIN, 16, 64])
+    policy = Policy([CHAIN, 16, 64])
     policy.observe(1, 1, 2, 1.0, [6.0, 8.0, 10.0], [None, 4.0, None])  # the 16-tree: observed 2, expected 4
     assert policy.ratio(1) == pytest.approx(0.5) and policy.ratio(2) == pytest.approx(0.5)
     assert policy.ratio(0) == 1.0  # nothing observed at or below the chain
@@ -374,7 +295,7 @@ def test_policy_borrows_the_ratio_of_the_nearest_smaller_observed_candidate():
 def test_a_wider_tree_is_estimated_to_commit_at_least_what_a_narrower_one_does():
     """Its first slots are the narrower tree, so per round it commits at least as much: an estimate below the
     narrower tree's (a ratio from a few unlucky rounds) is lifted to it."""
-    policy = AutoBudgetPolicy([CHAIN, 16, 64])
+    policy = Policy([CHAIN, 16, 64])
     policy.observe(1, 2, 1, 1.0, [3.0, 4.0, 6.0], [None, 3.0, 1.0])  # the 64-tree: 1 of 6 expected, the 16: 3 of 4
     assert policy.ratio(2) == pytest.approx(1 / 6) and policy.est_tokens(1) == pytest.approx(3.0)
     assert policy.est_tokens(2) == pytest.approx(3.0)  # not 1.0
@@ -386,13 +307,14 @@ def test_an_exact_tie_goes_to_the_wider_tree():
     """Lease 21's tiny batch-1 servers: the 64-tree's own estimate fell below the 16-tree's (its ratio from rounds
     of harder text), so both were estimated at the 16-tree's tokens, and their times, alike, pooled to one value:
     an exact tie, which the narrowest candidate used to win. The wider tree commits at least as much per round."""
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=1000)
+    policy = Policy([CHAIN, 16, 64], explore_rounds=1, probe_every=1000)
     for _ in range(3):  # 64-tree rounds on hard text (per round it commits at least the 16-tree's tokens)
         policy.observe(1, 2, 1, 4.0, [3.0, 4.0, 6.0], [None, 2.0, 2.2])
     for _ in range(3):  # then easier text, the 16-tree and the chain at the same round time
         policy.observe(1, 1, 1, 4.0, [3.0, 4.0, 6.0], [None, 3.5, None])
         policy.observe(1, 0, 1, 4.0, [3.0, 4.0, 6.0], [1.0, None, None])
-    assert policy._own_tokens(2) < policy._own_tokens(1)  # its own ratio is from the hard text
+    own = [policy.expected[i].mean() * policy.ratio(i) for i in range(3)]
+    assert own[2] < own[1]  # its own ratio is from the hard text
     assert policy.est_tokens(1) == policy.est_tokens(2)  # lifted to the 16-tree's estimate: the tie is exact
     rates = policy.rates(1)
     assert rates[1] == rates[2] > rates[0]
@@ -402,7 +324,7 @@ def test_an_exact_tie_goes_to_the_wider_tree():
 def test_a_ratio_decays_with_the_rounds_since_it_was_last_observed():
     """A candidate observed once long ago (a low ratio) and again now: the fresh sample outweighs the old one,
     which has decayed over the rounds between (not only over the samples between)."""
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], half_life_rounds=50.0)
+    policy = Policy([CHAIN, 16, 64], half_life_rounds=50.0)
     policy.observe(1, 2, 1, 1.0, [3.0, 4.0, 6.0], [None, 3.0, 1.0])  # ratio 1/6
     for _ in range(2000):  # sampled rounds of the 16-tree only (the decay's pace: SAMPLE_EVERY rounds a step)
         policy.observe(1, 1, 1, 1.0, [3.0, 4.0, 6.0], [None, 3.0, None])
@@ -414,9 +336,8 @@ def test_probes_and_exploration_are_sampled_and_stale_times_are_probed():
     """`sampling` marks the rounds that explore or probe (the worker samples them, so a probe also refreshes the
     ratio); a candidate whose last timed round is more than STALE_ROUNDS back is probed even when its old times
     say it cannot win (then re-measured at its real cost, it wins)."""
-    from sglang_ddtree.sglang.auto import STALE_ROUNDS
-
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=16)
+    STALE_ROUNDS = DEFAULTS.stale_rounds
+    policy = Policy([CHAIN, 16, 64], explore_rounds=1, probe_every=16)
     tokens, slow, fast = [3.0, 4.0, 5.0], [1.0, 1.1, 4.0], [1.0, 1.1, 1.15]
     flags, picks = [], []
     for r in range(3 * STALE_ROUNDS):
@@ -449,7 +370,7 @@ def test_a_slow_start_that_commits_little_does_not_lock_a_candidate_out():
     base, tokens = [4.4, 4.5, 4.6, 4.68, 4.75], [3.6, 3.9, 4.1, 4.3, 4.55]
     ratios, refreshed = [], []
     for seed in range(10):
-        policy = AutoBudgetPolicy(list(CANDIDATES), widths=[16, 17, 33, 65, 129])
+        policy = Policy(list(CANDIDATES), widths=[16, 17, 33, 65, 129])
         picks = simulate(seed, base, tokens, [4.0, 4.8, 5.2, 5.5, 5.9], 3000, 4, noise=0.08, start_rounds=60,
                          start_mult=1.4, start_tokens=[1.0, 1.1, 1.2, 1.3, 1.2], policy=policy)
         ratios.append(rate_over_best(picks[1000:], base, tokens))
@@ -461,7 +382,7 @@ def test_a_slow_start_that_commits_little_does_not_lock_a_candidate_out():
 def test_policy_rejects_bad_candidates():
     for bad in ([16, 32], [CHAIN], [CHAIN, 32, 16]):
         with pytest.raises(ValueError):
-            AutoBudgetPolicy(bad)
+            Policy(bad)
 
 
 def test_observed_candidates():
@@ -488,7 +409,7 @@ def test_unsampled_rounds_count_time_only():
     """An unsampled round sends no vector (its walk computes no observed tokens: the policy reads them only next to
     the same round's expectations); its time counts, and the policy's estimates are those of a round whose
     observed tokens were sent and ignored."""
-    policy = AutoBudgetPolicy([CHAIN, 16])
+    policy = Policy([CHAIN, 16])
     feedback = AutoFeedback(policy, "cpu")
     feedback.push(None, FakeTimer({"verify": 2.0}), 1, 0, 1, sampled=False)
     assert feedback.index == 0  # no ring slot used
@@ -499,9 +420,9 @@ def test_unsampled_rounds_count_time_only():
         feedback.push(None, FakeTimer({"verify": 2.0}), 1, 0, 1, sampled=True)
     # the same rounds observed with their observed tokens on unsampled rounds too (what the feedback passed before
     # unsampled walks stopped computing them) leave the same policy state
-    twin = AutoBudgetPolicy([CHAIN, 16])
+    twin = Policy([CHAIN, 16])
     twin_feedback = AutoFeedback(twin, "cpu")
-    sent = AutoBudgetPolicy([CHAIN, 16])
+    sent = Policy([CHAIN, 16])
     for r in range(12):
         sampled = r % 4 == 0
         vector = torch.tensor([4.0, 6.0, 3.0 + r % 3, 0.0, 0.0, 0.0, 0.0])
@@ -512,7 +433,7 @@ def test_unsampled_rounds_count_time_only():
 
 
 def test_feedback_reads_completed_rounds_only():
-    policy = AutoBudgetPolicy([CHAIN, 16])
+    policy = Policy([CHAIN, 16])
     feedback = AutoFeedback(policy, "cpu")
     feedback.push(torch.tensor([8.0, 12.0, 7.0, 0.0, 0.0, 0.0, 0.0]), FakeTimer({"draft": 1.0, "verify": 2.0}), 4, 0, 4)
     late = FakeTimer({"draft": 1.0}, done=False)
@@ -612,7 +533,7 @@ def test_calibration_round_scores_predictions_and_leaves_learning_to_the_caller(
 
 def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
     """The host side of the table: MAE totals from the feedback, Prometheus counters, the table's gauges from a
-    snapshot every EXPORT_EVERY rounds (published the round after its copy), and a reset that empties the table in
+    snapshot every TableGauges.EVERY rounds (published the round after its copy), and a reset that empties the table in
     place (captured graphs keep reading it) and sets the published gauges back to ratio 1, 0 observations."""
     prometheus_client = pytest.importorskip("prometheus_client")
     from sglang_ddtree.sglang.stats import _Prometheus
@@ -623,12 +544,11 @@ def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
     values, tokens = topk_draft(lp, 40)
     cal = _rejecting_table(values, tokens, torch.tensor([1, 2, 3]))
     monitor = CalibrationMonitor(cal, prom)
-    monkeypatch.setattr(CalibrationMonitor, "EXPORT_EVERY", 4)
-    policy = AutoBudgetPolicy([CHAIN, 16])
+    monkeypatch.setattr(TableGauges, "EVERY", 4)
+    policy = Policy([CHAIN, 16])
     feedback = AutoFeedback(policy, "cpu", monitor)
-    from sglang_ddtree.sglang.auto import CALIBRATION_GATE
-
-    assert monitor.young()  # the gated predictor is the raw one until the table has learnt CALIBRATION_GATE
+    CALIBRATION_GATE = DEFAULTS.calibration_gate
+    assert monitor.young()  # the gated predictor is the raw one until the table has learnt calibration_gate
     # request-rounds: a round pushed while young counts its raw error as the gated one, a later one its calibrated
     feedback.push(torch.tensor([8.0, 12.0, 7.0, 0.0, 3.0, 2.0, 4.0]), FakeTimer({"verify": 2.0}), 4, 0, 4,
                   young=monitor.young())
@@ -639,7 +559,7 @@ def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
     feedback.push(torch.tensor([8.0, 12.0, 7.0, 0.0, 2.0, 1.0, 4.0]), FakeTimer({"verify": 2.0}), 4, 0, 4,
                   young=monitor.young())
     assert feedback.drain() == 3
-    assert monitor.export() == {"scored_request_rounds": 8, "resets": 0, "tau_mae_raw": 0.625,
+    assert monitor.export() == {"enabled": True, "scored_request_rounds": 8, "resets": 0, "tau_mae_raw": 0.625,
                                 "tau_mae_calibrated": 0.375, "tau_mae_gated": 0.5}
 
     def sample(name, **labels):
@@ -668,23 +588,23 @@ def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
 
 
 def test_calibration_snapshots_wait_export_seconds_between_publishes(monkeypatch):
-    """CalibrationMonitor.after_round reads the clock every EXPORT_EVERY rounds and starts a snapshot (published the
-    round after its copy) only when EXPORT_SECONDS passed since the last one started; the first check publishes, and so does the one
-    EXPORT_EVERY rounds after a reset (lease 39: the server module's learn-again-after-a-reset check waited 10 s for
-    the gauges before this)."""
+    """CalibrationMonitor.after_round (stats.TableGauges) reads the clock every EVERY rounds and starts a snapshot
+    (published the round after its copy) only when SECONDS passed since the last one started; the first check
+    publishes, and so does the one EVERY rounds after a reset (lease 39: the server module's learn-again-after-a-reset
+    check waited 10 s for the gauges before this)."""
     prometheus_client = pytest.importorskip("prometheus_client")
-    from sglang_ddtree.sglang import auto as auto_mod
+    from sglang_ddtree.sglang import stats as stats_mod
     from sglang_ddtree.sglang.stats import _Prometheus
 
     clock = [1000.0]
-    monkeypatch.setattr(auto_mod.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(CalibrationMonitor, "EXPORT_EVERY", 4)
-    monkeypatch.setattr(CalibrationMonitor, "EXPORT_SECONDS", 10.0)
+    monkeypatch.setattr(stats_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(TableGauges, "EVERY", 4)
+    monkeypatch.setattr(TableGauges, "SECONDS", 10.0)
     registry = prometheus_client.CollectorRegistry()
     monitor = CalibrationMonitor(adaptive.ScoreCalibrator(), _Prometheus(depth_limit=6, budget="auto",
                                                                          registry=registry))
     published = []
-    monkeypatch.setattr(monitor, "_publish", lambda summary: published.append(clock[0]))
+    monkeypatch.setattr(monitor.gauges, "publish", lambda summary: published.append(clock[0]))
 
     def rounds(n, seconds_each=1.0):
         for _ in range(n):
@@ -702,7 +622,7 @@ def test_calibration_snapshots_wait_export_seconds_between_publishes(monkeypatch
     rounds(2, seconds_each=0.1)
     monitor.reset()  # round 26: publishes the empty table at once; rounds now count from the reset
     assert len(published) == 3
-    rounds(3, seconds_each=0.1)  # no check at round 28: only EXPORT_EVERY rounds after the reset
+    rounds(3, seconds_each=0.1)  # no check at round 28: only EVERY rounds after the reset
     assert len(published) == 3
     rounds(2, seconds_each=0.1)  # round 4 after the reset (~1.5 s after round 16's start) starts one, 5 publishes
     assert len(published) == 4
@@ -784,13 +704,12 @@ def test_sampling_backs_off_while_the_chain_leads_or_runs():
     tree is being chosen; every SAMPLE_EVERY_IDLE rounds once the chain's rate beats every tree's best case by more
     than CLOSE, or once the chain has been chosen in all but CHAIN_RUN_OTHERS of the bucket's last CHAIN_RUN rounds
     (trees close in their best case but never winning: lease 14's dummy 8B drafter); back to SAMPLE_EVERY when a
-    tree wins rounds again, and to SAMPLE_EVERY_IDLE once that tree's decisions have settled (SETTLED_HOLD; not with
-    settled_sampling off)."""
-    from sglang_ddtree.sglang.auto import CHAIN_RUN, CLOSE, SAMPLE_EVERY, SAMPLE_EVERY_IDLE
-
+    tree wins rounds again, and to SAMPLE_EVERY_IDLE once that tree's decisions have settled (settled_hold)."""
+    CHAIN_RUN, CLOSE = DEFAULTS.chain_run, DEFAULTS.close
+    SAMPLE_EVERY, SAMPLE_EVERY_IDLE = DEFAULTS.sample_every, DEFAULTS.sample_every_idle
     assert SAMPLE_EVERY_IDLE % SAMPLE_EVERY == 0 and SAMPLE_EVERY_IDLE > SAMPLE_EVERY
-    for settled_sampling in (True, False):
-        policy = AutoBudgetPolicy([CHAIN, 16, 32], explore=2, probe_every=1000, settled_sampling=settled_sampling)
+    if True:
+        policy = Policy([CHAIN, 16, 32], explore_rounds=2, probe_every=1000)
         assert policy.sample_interval(1) == SAMPLE_EVERY  # nothing measured
         # chain 0.2 tokens/ms; the 16-tree at best 2.05 / (20 x 0.9) = 0.114 < (1 - CLOSE) x 0.2; the 32-tree
         # unexplored, bounded by the narrower ones' dearest time
@@ -806,11 +725,11 @@ def test_sampling_backs_off_while_the_chain_leads_or_runs():
         first = picks.index(1)
         assert picks[-1] == 1 and intervals[first] == SAMPLE_EVERY
         settled = policy.buckets[1].settled
-        assert settled and intervals[-1] == (SAMPLE_EVERY_IDLE if settled_sampling else SAMPLE_EVERY)
+        assert settled and intervals[-1] == SAMPLE_EVERY_IDLE
 
     # Trees close in their best case, never chosen: 3.5 / (20 x 0.9) = 0.194 >= (1 - CLOSE) x 0.2, so CLOSE alone
     # keeps sampling often; the chain's run backs it off once CHAIN_RUN rounds were (nearly) all the chain.
-    policy = AutoBudgetPolicy([CHAIN, 16, 32], explore=2, probe_every=1000)
+    policy = Policy([CHAIN, 16, 32], explore_rounds=2, probe_every=1000)
     picks = run_policy(policy, 1, [2.0, 3.5, 4.0], [10.0, 20.0, 30.0], rounds=8)
     assert 3.5 / (20.0 * 0.9) >= (1 - CLOSE) * 0.2 and 1 in picks  # explored, lost
     assert policy.sample_interval(1) == SAMPLE_EVERY
@@ -822,10 +741,10 @@ def test_a_sparse_sample_weighs_as_the_samples_it_stands_for():
     """Expectations come from sampled rounds only; one sampled round after n rounds moves the decayed means as
     n / SAMPLE_EVERY samples would, so backing off to SAMPLE_EVERY_IDLE does not slow how fast they follow the
     drafter (in rounds)."""
-    from sglang_ddtree.sglang.auto import SAMPLE_EVERY, SAMPLE_EVERY_IDLE
+    SAMPLE_EVERY, SAMPLE_EVERY_IDLE = DEFAULTS.sample_every, DEFAULTS.sample_every_idle
 
     def after(every, rounds):
-        policy = AutoBudgetPolicy([CHAIN, 16], half_life_rounds=20.0)
+        policy = Policy([CHAIN, 16], half_life_rounds=20.0)
         for r in range(rounds):
             sampled = r % every == 0
             value = 1.0 if r < rounds // 2 else 3.0  # the drafter changes half way
@@ -836,7 +755,7 @@ def test_a_sparse_sample_weighs_as_the_samples_it_stands_for():
     assert 2.0 < dense < 3.0 and 2.0 < sparse < 3.0
     assert sparse == pytest.approx(dense, abs=0.15)
     # unweighted, the sparse means would lag far behind: 10 samples of 1.0 then 10 of 3.0 at the same decay
-    slow = AutoBudgetPolicy([CHAIN, 16], half_life_rounds=20.0)
+    slow = Policy([CHAIN, 16], half_life_rounds=20.0)
     for value in [1.0] * 10 + [3.0] * 10:
         slow.expected[1].add(value, 1.0, slow.keep)
     assert slow.expected[1].mean() < sparse - 0.2
@@ -958,7 +877,7 @@ def test_simulated_poisson_tokens_keep_a_wider_tree_at_or_above_a_narrower_one()
 
     widths = [16] + [c + 1 for c in CANDIDATES[1:]]
     tokens = [2.5, 3.0, 3.5, 4.5, 5.0]
-    policy = Recording(list(CANDIDATES), widths=widths, explore_all=True)
+    policy = Recording(list(CANDIDATES), widths=widths, config=AutoConfig(explore_all=True))
     simulate(0, [4.4] * 5, tokens, [3.0, 4.0, 5.0, 6.0, 7.0], 3000, 1, noise=0.1, policy=policy,
              poisson_tokens=True, prompt_sigma=0.3, prompt_rounds=350)
     trees = [[o for o in obs[1:] if o is not None] for obs in seen]
@@ -968,133 +887,146 @@ def test_simulated_poisson_tokens_keep_a_wider_tree_at_or_above_a_narrower_one()
     assert len(firsts) > 1000 and 2.4 < sum(firsts) / len(firsts) < 3.8  # 1 + 2.0 x exp(text), text ~ N(0, 0.3)
 
 
-def test_auto_log_every_is_a_positive_round_count(monkeypatch):
-    from sglang_ddtree.sglang.auto import auto_log_every
+def test_auto_config_reads_its_variables_when_asked_and_checks_them():
+    """auto_config (called when the worker starts, nothing read at import): the calibration flag's value and the
+    variables of USER_KNOBS; unset or empty, each is the AutoConfig default; a bad value is refused by name."""
+    assert auto.auto_config(environ={}) == AutoConfig()
+    assert auto.auto_config(False, environ={}) == AutoConfig(calibration=False)
+    got = auto.auto_config(environ={"SGLANG_DDTREE_AUTO_LOG_EVERY": "100", "SGLANG_DDTREE_AUTO_FORCE": " Chain ",
+                                    "SGLANG_DDTREE_AUTO_EXPLORE_ALL": "1"})
+    assert (got.log_every, got.force, got.explore_all) == (100, "chain", True)
+    assert auto.auto_config(environ={"SGLANG_DDTREE_AUTO_LOG_EVERY": "", "SGLANG_DDTREE_AUTO_EXPLORE_ALL": "0"}) \
+        == AutoConfig()
+    for name, bad in (("SGLANG_DDTREE_AUTO_LOG_EVERY", "0"), ("SGLANG_DDTREE_AUTO_LOG_EVERY", "-5"),
+                      ("SGLANG_DDTREE_AUTO_LOG_EVERY", "often"), ("SGLANG_DDTREE_AUTO_EXPLORE_ALL", "yes")):
+        with pytest.raises(ValueError, match=name):
+            auto.auto_config(environ={name: bad})
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_HOLD_MAX: no such"):  # a deleted knob
+        auto.auto_config(environ={"SGLANG_DDTREE_AUTO_HOLD_MAX": "4", "SGLANG_DDTREE_AUTO_AB": "8"})
+    with pytest.raises(ValueError, match="times_expire"):
+        AutoConfig(times_expire=-1)
+    with pytest.raises(ValueError, match="sample_every"):
+        AutoConfig(sample_every=0)
+    with pytest.raises(ValueError, match="multiple of sample_every"):
+        AutoConfig(sample_every=4, sample_every_idle=10)
 
-    monkeypatch.delenv("SGLANG_DDTREE_AUTO_LOG_EVERY", raising=False)
-    assert auto_log_every() == 2000
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_LOG_EVERY", "100")
-    assert auto_log_every() == 100
-    for bad in ("0", "-5", "often"):
-        monkeypatch.setenv("SGLANG_DDTREE_AUTO_LOG_EVERY", bad)
-        with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_LOG_EVERY"):
-            auto_log_every()
+
+def test_the_knobs_are_what_the_docs_say():
+    """USER_KNOBS (at most five, the issue's limit) and the measuring modes are exactly the names in
+    docs/adaptive-budget.md's "Knobs" table, each landing in an AutoConfig field (or the flags' options); no other
+    SGLANG_DDTREE_AUTO_* variable is read anywhere in the package."""
+    import dataclasses
+    import pathlib
+
+    from sglang_ddtree.sglang import auto_ab
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    doc = (root / "docs" / "adaptive-budget.md").read_text()
+    section = doc.split("## Knobs", 1)[1].split("\n## ", 1)[0]
+    rows = [re.split(r"[ =]", line.split("|")[1].strip().strip("`"))[0] for line in section.splitlines()
+            if line.startswith("| `")]
+    assert rows == list(auto.USER_KNOBS) + list(auto_ab.MEASURING_MODES)
+    assert len(auto.USER_KNOBS) <= 5
+    fields = {f.name for f in dataclasses.fields(AutoConfig)}
+    assert all(field is None or field in fields for field in auto.USER_KNOBS.values())
+    assert all(knob.startswith("--") or knob.startswith("SGLANG_DDTREE_AUTO_") for knob in rows)
+    flags = {knob for knob in auto.USER_KNOBS if knob.startswith("--")}
+    assert flags <= set(ddtree_args.FLAG_DEST)
+    variables = set()
+    for path in (root / "sglang_ddtree").rglob("*.py"):
+        variables |= set(re.findall(r"SGLANG_DDTREE_AUTO_[A-Z_]+", path.read_text()))
+    assert variables == set(rows) - flags, variables ^ (set(rows) - flags)
 
 
-def test_shrink_z_per_policy_and_from_the_environment(monkeypatch):
-    """SGLANG_DDTREE_AUTO_SHRINK_Z sets one server's time shrinkage (an A/B of SHRINK_Z inside one interleaved
-    sweep): a policy with shrink_z=0 chooses exactly as the module with SHRINK_Z = 0 does, and differently from the
-    default on a flat cost curve (test_a_flat_cost_curve_runs_the_widest_tree's case)."""
+def test_shrink_z_changes_the_picks_on_a_flat_cost_curve():
+    """AutoConfig.shrink_z (test_a_flat_cost_curve_runs_the_widest_tree's case): without the time shrinkage the
+    picks differ from the default's."""
     from sglang_ddtree.bench import auto_sim
-    from sglang_ddtree.sglang import auto
-
-    monkeypatch.delenv("SGLANG_DDTREE_AUTO_SHRINK_Z", raising=False)
-    assert auto.auto_shrink_z() is None
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SHRINK_Z", "0")
-    assert auto.auto_shrink_z() == 0.0
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SHRINK_Z", "1.5")
-    assert auto.auto_shrink_z() == 1.5
-    for bad in ("-1", "nan", "inf", "wide"):
-        monkeypatch.setenv("SGLANG_DDTREE_AUTO_SHRINK_Z", bad)
-        with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_SHRINK_Z"):
-            auto.auto_shrink_z()
 
     base, tokens, expected = [4.4] * 5, [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
     widths = [16] + [c + 1 for c in auto_sim.CANDIDATES[1:]]
 
-    def run(shrink_z=None):
-        policy = AutoBudgetPolicy(list(auto_sim.CANDIDATES), widths=widths, shrink_z=shrink_z)
+    def run(**config):
+        policy = Policy(list(auto_sim.CANDIDATES), widths=widths, **config)
         return auto_sim.simulate(1, base, tokens, expected, 1200, 4, noise=0.10, outlier=0.05, policy=policy)
 
-    default, per_policy = run(), run(shrink_z=0.0)
-    monkeypatch.setattr(auto, "SHRINK_Z", 0.0)
-    assert per_policy == run()  # the module without shrinkage
-    assert per_policy != default
+    assert run() != run(shrink_z=0.0) and run() == run(shrink_z=DEFAULTS.shrink_z)
 
 
-def test_floor_fresh_from_the_environment_and_its_effect_on_a_slow_start(monkeypatch):
-    """SGLANG_DDTREE_AUTO_FLOOR_FRESH (an A/B knob, off by default): cost floors from other candidates' times of the
-    bucket's last N rounds only. Lease 21e's case: a narrower tree timed in the server's slow first rounds keeps the
-    wider trees' floors above what they cost, so they are not explored for hundreds of rounds; with fresh floors
-    they are (auto_flat_sim.json's tiny-like case, 24 seeds: worst seed 0.887 -> 0.979 of the best rate, deciding
-    every round; 0.953 -> 0.973 with decisions that hold, auto.HOLD_ROUNDS)."""
-    from sglang_ddtree.bench.auto_sim import CANDIDATES, rate_over_best, simulate
-    from sglang_ddtree.sglang import auto
+class Table:
+    """What WalkSchedule reads of a CalibrationMonitor: request-rounds learnt and scored since the last reset."""
 
-    monkeypatch.delenv("SGLANG_DDTREE_AUTO_FLOOR_FRESH", raising=False)
-    assert auto.auto_floor_fresh() is None
-    for raw, want in (("0", 0), ("64", 64)):
-        monkeypatch.setenv("SGLANG_DDTREE_AUTO_FLOOR_FRESH", raw)
-        assert auto.auto_floor_fresh() == want
-    for bad in ("-1", "soon", "1.5"):
-        monkeypatch.setenv("SGLANG_DDTREE_AUTO_FLOOR_FRESH", bad)
-        with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_FLOOR_FRESH"):
-            auto.auto_floor_fresh()
-
-    base, tokens, expected = [3.75, 4.4, 4.4, 4.4, 4.4], [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
-    widths = [16] + [c + 1 for c in CANDIDATES[1:]]
-
-    def worst(floor_fresh):
-        ratios = []
-        for seed in range(24):
-            # times read as they are: with RELATIVE_TIMES the worst seed is 0.981 without the knob, 0.987 with it
-            # ... and the start kept (FORGET_START re-measures it, which alone takes the worst seed to 0.967)
-            policy = AutoBudgetPolicy(list(CANDIDATES), widths=widths, floor_fresh=floor_fresh, relative_times=False,
-                                      forget_start=0)
-            picks = simulate(seed, base, tokens, expected, 1400, 1, 0.10, 0.05, policy=policy, poisson_tokens=True,
-                             prompt_sigma=0.3, prompt_rounds=350, start_rounds=20, start_mult=1.5)
-            ratios.append(rate_over_best(picks, base, tokens))
-        return min(ratios)
-
-    before, after = worst(None), worst(64)
-    # deciding every round (lease 21e's chooser) the worst seed locked out: 0.887 -> 0.979 with the knob
-    monkeypatch.setattr(auto, "HOLD_ROUNDS", 1)
-    monkeypatch.setattr(auto, "HOLD_MAX", 1)
-    assert worst(None) < 0.92 < 0.95 < worst(64)
-    # decisions that hold (HOLD_ROUNDS, exploration excepted) lock out less: 0.953 -> 0.973 with the knob
-    assert after > 0.95 and after > before + 0.01, (before, after)
+    def __init__(self, learnt=10 ** 6, request_rounds=10 ** 6):
+        self.learnt, self.request_rounds = learnt, request_rounds
 
 
 def test_walk_schedule_scores_the_first_sampled_tree_round_then_one_in_every():
     """Unsampled rounds walk plain, sampled chain rounds sampled (never scored), and of the sampled tree rounds the
-    first and then every CALIBRATION_EVERY-th run the calibration scoring, however chain rounds interleave."""
-    from sglang_ddtree.sglang.auto import CALIBRATION_EVERY, WalkSchedule
+    first and then every calibration_every-th run the calibration scoring, however chain rounds interleave."""
+    from sglang_ddtree.sglang.auto import WalkSchedule
 
-    assert CALIBRATION_EVERY == WalkSchedule().every > 1
-    schedule = WalkSchedule(every=3)
+    assert DEFAULTS.calibration_every == WalkSchedule().every > 1
+    grown = Table()
+    schedule = WalkSchedule(AutoConfig(calibration_every=3))
     rounds = [(False, False), (False, True), (True, True), (False, True), (False, False), (False, True),
               (True, True), (False, True), (False, True), (True, False), (False, True)]  # (chain, sampled)
-    got = [schedule.variant(chain, sampled) for chain, sampled in rounds]
+    got = [schedule.variant(chain, sampled, grown) for chain, sampled in rounds]
     assert got == ["plain", "scored", "sampled", "sampled", "plain", "sampled", "sampled", "scored", "sampled",
                    "plain", "sampled"]
-    assert [WalkSchedule(every=1).variant(False, True) for _ in range(3)] == ["scored"] * 3
+    every_one = WalkSchedule(AutoConfig(calibration_every=1))
+    assert [every_one.variant(False, True, grown) for _ in range(3)] == ["scored"] * 3
     # while the table is young every sampled tree round scores, and the cadence goes on from there afterwards
-    schedule = WalkSchedule(every=3)
-    young = [schedule.variant(False, True, young=True) for _ in range(4)] + [schedule.variant(True, True, True)]
-    assert young == ["scored"] * 4 + ["sampled"]  # the chain never scores
-    assert [schedule.variant(False, True) for _ in range(4)] == ["sampled", "sampled", "scored", "sampled"]
-    # while it learns all (CALIBRATION_LEARN_ALL) every tree round scores, sampled or not (an unsampled one through
+    schedule = WalkSchedule(AutoConfig(calibration_every=3))
+    young = Table(request_rounds=DEFAULTS.calibration_young - 1)
+    got = [schedule.variant(False, True, young) for _ in range(4)] + [schedule.variant(True, True, young)]
+    assert got == ["scored"] * 4 + ["sampled"]  # the chain never scores
+    assert [schedule.variant(False, True, grown) for _ in range(4)] == ["sampled", "sampled", "scored", "sampled"]
+    # while it learns all (calibration_learn_all) every tree round scores, sampled or not (an unsampled one through
     # the "learn" walk, which follows the unsampled tree stage); the chain never does, and only the sampled tree round
     # moves the cadence (one step: 9 % 3 scores next)
-    learn_all = [schedule.variant(chain, sampled, learn_all=True)
-                 for chain, sampled in [(False, False), (False, True), (True, False), (True, True), (False, False)]]
-    assert learn_all == ["learn", "scored", "plain", "sampled", "learn"]
-    assert set(learn_all) - {"plain"} <= set(WalkSchedule.VARIANTS)
+    learning = Table(learnt=DEFAULTS.calibration_learn_all - 1)
+    got = [schedule.variant(chain, sampled, learning)
+           for chain, sampled in [(False, False), (False, True), (True, False), (True, True), (False, False)]]
+    assert got == ["learn", "scored", "plain", "sampled", "learn"]
     assert WalkSchedule.SCORED == {"scored", "learn"} and WalkSchedule.SAMPLED_TREE == {"sampled", "scored"}
-    assert [schedule.variant(False, True) for _ in range(3)] == ["scored", "sampled", "sampled"]
-    with pytest.raises(ValueError, match="every >= 1"):
-        WalkSchedule(every=0)
+    assert [schedule.variant(False, True, grown) for _ in range(3)] == ["scored", "sampled", "sampled"]
+    assert schedule.variants(False) == WalkSchedule.VARIANTS and schedule.variants(True) == ("plain", "sampled")
+    with pytest.raises(ValueError, match="calibration_every"):
+        AutoConfig(calibration_every=0)
+
+
+def test_calibration_off_builds_and_runs_no_scored_walk_and_publishes_nothing():
+    """--speculative-ddtree-auto-calibration off (AutoConfig.calibration): no candidate needs a scored or learn walk
+    stage, no round runs one (young table, learn-all phase or not), and the monitor publishes no table; its export
+    says so. What is left of a tree round's walk is the fixed tree's plus, when sampled, the observed tokens."""
+    from sglang_ddtree.sglang.auto import WalkSchedule
+
+    off = AutoConfig(calibration=False)
+    schedule = WalkSchedule(off)
+    assert schedule.variants(False) == schedule.variants(True) == ("plain", "sampled")
+    fresh = Table(learnt=0, request_rounds=0)
+    got = {schedule.variant(chain, sampled, fresh) for chain in (False, True) for sampled in (False, True)
+           for _ in range(8)}
+    assert got == {"plain", "sampled"}
+    published = []
+    prometheus = type("P", (), {"calibration_table": lambda self, rows: published.append(rows)})()
+    monitor = CalibrationMonitor(adaptive.ScoreCalibrator(), prometheus, config=off)
+    assert CalibrationMonitor(adaptive.ScoreCalibrator(), prometheus).gauges is not None  # on: it would publish
+    for _ in range(3 * TableGauges.EVERY):
+        monitor.after_round()
+    monitor.reset()
+    assert published == [] and monitor.gauges is None and monitor.export()["enabled"] is False
+    assert ddtree_args.parse_options(budget="auto").auto_calibration
+    assert not ddtree_args.parse_options(budget="auto", auto_calibration="off").auto_calibration
 
 
 def test_bucket_statistics_kept_per_round_equal_recomputing_them():
-    """_Bucket keeps each candidate's median / spread / least of its last RECENT times and the count of non-chain
-    choices in its last CHAIN_RUN choices as rounds arrive (the chooser reads them every round): equal to
+    """_Bucket keeps each candidate's median / spread / least of its last `recent` times and the count of non-chain
+    choices in its last `chain_run` choices as rounds arrive (the chooser reads them every round): equal to
     recomputing them from the windows, across the windows' roll-over."""
     import random
 
-    from sglang_ddtree.sglang import auto
-
-    policy = AutoBudgetPolicy([0, 16, 64])
+    policy = Policy([0, 16, 64])
     b = policy._bucket(1)
     rng = random.Random(3)
     for _ in range(300):
@@ -1109,7 +1041,7 @@ def test_bucket_statistics_kept_per_round_equal_recomputing_them():
             n = len(xs)
             assert (b.median[j], b.least[j]) == (xs[n // 2], xs[0])
             assert b.spread[j] == pytest.approx(0.7413 * (xs[(3 * n) // 4] - xs[n // 4]))
-        assert len(b.last_choices) <= auto.CHAIN_RUN
+        assert len(b.last_choices) <= DEFAULTS.chain_run
         assert b.others_in_run == sum(c != 0 for c in b.last_choices)
 
 
@@ -1119,12 +1051,9 @@ def test_a_decision_holds_for_hold_rounds_and_the_feedback_is_read_only_before_o
     twice as long, up to HOLD_MAX; exploration rounds decide one by one; a candidate that becomes the best is picked
     up at the next decision, at most HOLD_MAX rounds later, and its holds start over at HOLD_ROUNDS. Driven as the
     worker drives it: feedback read only when deciding, `lag` rounds late."""
-    from sglang_ddtree.sglang.auto import HOLD_MAX, HOLD_ROUNDS
-
+    HOLD_ROUNDS, HOLD_MAX = DEFAULTS.hold_rounds, DEFAULTS.hold_max
     assert (HOLD_ROUNDS, HOLD_MAX) == (4, 64)  # the pattern below is written for them
-    # times read as they are (RELATIVE_TIMES follows this step more slowly: test_relative_times_follow_a_step)
-    # (and no re-measure of the start, FORGET_START, which starts the holds over)
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, relative_times=False, forget_start=0)
+    policy = Policy([CHAIN, 16, 64], explore_rounds=1, probe_every=10_000)
     tokens, ms = [3.0, 4.0, 5.0], [1.0, 1.1, 1.2]  # rates 3.0, 3.64, 4.17: the 64-tree wins
     queue, picks, decided = [], [], []
     for r in range(300):
@@ -1158,29 +1087,28 @@ def test_holds_grow_only_once_the_wider_candidates_were_explored_and_end_at_the_
     it cannot win yet) a repeated decision holds HOLD_ROUNDS, so a chance to explore it is not missed for HOLD_MAX
     rounds (the simulator's tiny-like starts lost 1-2% of the best rate with holds growing from the start); a
     narrower one that never could win does not stop the growth (the tiny pair's 128-tree over a chain that is never
-    explored); and no hold runs past the bucket's next scheduled probe, so probes keep their schedule (probe_every).
-    (No re-measure of the start here, FORGET_START: it starts the holds over.)"""
-    from sglang_ddtree.sglang.auto import HOLD_ROUNDS
+    explored); and no hold runs past the bucket's next scheduled probe, so probes keep their schedule (probe_every)."""
+    HOLD_ROUNDS = DEFAULTS.hold_rounds
 
     # the 64-tree's floor (the 16-tree's least time) x its tokens stays below the chain's rate: never explored, and
     # the chain's repeated decisions keep holding HOLD_ROUNDS
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=10_000, relative_times=False, forget_start=0)
+    policy = Policy([CHAIN, 16, 64], explore_rounds=2, probe_every=10_000)
     picks = run_policy(policy, 1, [3.0, 3.05, 3.1], [1.0, 2.0, 2.1], rounds=200)
     b = policy.buckets[1]
     assert 2 not in picks and b.measured[2] == 0
     assert picks[-150:] == [0] * 150 and b.streak == 0 and not b.settled
-    # (with explore=1 the 64-tree is tried once at the start, and the chain's holds grow)
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, relative_times=False, forget_start=0)
+    # (with explore_rounds=1 the 64-tree is tried once at the start, and the chain's holds grow)
+    policy = Policy([CHAIN, 16, 64], explore_rounds=1, probe_every=10_000)
     picks = run_policy(policy, 1, [3.0, 3.05, 3.1], [1.0, 2.0, 2.1], rounds=200)
     assert policy.buckets[1].streak >= 4 and picks[-150:] == [0] * 150
     # a dear 16-tree, out after two of its three exploration rounds: the 64-tree's repeated decisions hold longer
     # and longer all the same
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=3, probe_every=10_000, relative_times=False, forget_start=0)
+    policy = Policy([CHAIN, 16, 64], explore_rounds=3, probe_every=10_000)
     picks = run_policy(policy, 1, [1.0, 1.5, 5.0], [1.0, 3.0, 1.2], rounds=300)
     b = policy.buckets[1]
-    assert b.measured[1] < policy.explore and picks[-150:] == [2] * 150 and b.streak >= 4 and b.settled
+    assert b.measured[1] < policy.config.explore_rounds and picks[-150:] == [2] * 150 and b.streak >= 4 and b.settled
     # every candidate explored, probes every 50 rounds: holds grow, but each ends by the next probe round
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=50, relative_times=False, forget_start=0)
+    policy = Policy([CHAIN, 16, 64], explore_rounds=1, probe_every=50)
     tokens, ms = [3.0, 4.0, 5.0], [1.0, 1.1, 1.2]
     queue, checks, longest = [], [], 0
     for r in range(400):
@@ -1200,30 +1128,12 @@ def test_holds_grow_only_once_the_wider_candidates_were_explored_and_end_at_the_
     assert len(checks) >= 6 and all(q - p == 50 for p, q in zip(checks, checks[1:])), checks
 
 
-def test_forget_start_from_the_environment(monkeypatch):
-    """SGLANG_DDTREE_AUTO_FORGET_START: the policy's forget_start per server (unset: auto.FORGET_START, off since
-    lease 34's A/B; 0: off), a round count >= 0."""
-    from sglang_ddtree.sglang import auto
-
-    monkeypatch.delenv("SGLANG_DDTREE_AUTO_FORGET_START", raising=False)
-    assert auto.auto_forget_start() is None and auto.FORGET_START == 0
-    assert AutoBudgetPolicy([CHAIN, 16]).forget_start == 0
-    for raw, want in (("0", 0), ("128", 128)):
-        monkeypatch.setenv("SGLANG_DDTREE_AUTO_FORGET_START", raw)
-        assert auto.auto_forget_start() == want
-        assert AutoBudgetPolicy([CHAIN, 16], forget_start=auto.auto_forget_start()).forget_start == want
-    for bad in ("-1", "soon", "1.5"):
-        monkeypatch.setenv("SGLANG_DDTREE_AUTO_FORGET_START", bad)
-        with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_FORGET_START"):
-            auto.auto_forget_start()
-
-
 def test_a_round_that_waits_for_exploration_samples_at_the_usual_interval():
     """A settled bucket samples one round in SAMPLE_EVERY_IDLE (SETTLED_HOLD); exploration starts that over: a round
     that waits for an explored candidate's first time (its round in flight) samples at SAMPLE_EVERY again."""
-    from sglang_ddtree.sglang.auto import SAMPLE_EVERY, SAMPLE_EVERY_IDLE
+    SAMPLE_EVERY, SAMPLE_EVERY_IDLE = DEFAULTS.sample_every, DEFAULTS.sample_every_idle
 
-    policy = AutoBudgetPolicy([CHAIN, 16], explore=1, probe_every=10_000)
+    policy = Policy([CHAIN, 16], explore_rounds=1, probe_every=10_000)
     for _ in range(3):
         policy.observe(1, 0, 1, 1.0, [3.0, 4.0], [2.0, None])
     b = policy.buckets[1]
@@ -1234,87 +1144,12 @@ def test_a_round_that_waits_for_exploration_samples_at_the_usual_interval():
     assert not b.settled and policy.sample_interval(1) == SAMPLE_EVERY
 
 
-def test_warm_rounds_leave_a_candidates_first_uses_untimed():
-    """warm_rounds=3: a candidate's first three rounds in a bucket (cold, then two first uses) are not timed, and
-    exploration tries each candidate explore + 2 rounds, so it times as many rounds as before (two, after a cold
-    one): here the first uses take 10x, and none of that reaches the times."""
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=3, probe_every=1000, warm_rounds=3)
-    tokens, ms = [3.0, 4.0, 5.0], [1.0, 1.05, 1.1]
-    uses, picks = [0, 0, 0], []
-    for _ in range(60):
-        i = policy.choose(1)
-        picks.append(i)
-        uses[i] += 1
-        slow = 10.0 if uses[i] <= 3 else 1.0
-        policy.observe(1, i, 1, None if uses[i] == 1 else ms[i] * slow, [1.5 * t for t in tokens],
-                       [t if s else None for t, s in zip(tokens, observed_candidates(policy.candidates, i))])
-    assert picks[:15] == [0] * 5 + [1] * 5 + [2] * 5  # narrowest first, explore + warm_rounds - 1 tries each
-    b = policy.buckets[1]
-    assert all(t < 2.0 for q in b.recent for t in q) and b.measured[:2] == [2, 2]
-    assert picks[15:] == [2] * 45  # the 64-tree's rate is the best: 5 / 1.1 against 4 / 1.05 and 3 / 1.0
-    with pytest.raises(ValueError, match="warm_rounds"):
-        AutoBudgetPolicy([CHAIN, 16], warm_rounds=-1)
-
-
-def test_warm_rounds_keep_a_simulated_first_use_warm_up_from_locking_the_best_tree_out():
-    """Lease 24's debug dump: the round after a candidate's cold first use took 1.13-1.47x its median, the next
-    1.04-1.17x. Exploration times exactly those, so explored trees read dearer than the incumbent's steady rounds;
-    in this simulation of it (tiny-like batch 1, the 128-tree the best) the 128-tree ran as little as 9% of a
-    seed's rounds with warm_rounds 0 and >= 0.9 in every seed with 3. (On the GPU, lease 24c, warm_rounds 3 was not
-    better: the servers' starts varied more than this; off by default, the knob kept for A/Bs.) Both arms explore 3
-    rounds, the exploration the knob was written and measured against (cold, then the two warm-up rounds timed).
-    With EXPLORE_ROUNDS = 4, the default, exploration also times a third round, past the warm-up: the same
-    simulation without the knob no longer locks the 128-tree out (8 seeds: 0.82 of the rounds or more)."""
-    from sglang_ddtree.bench import auto_sim
-
-    tokens, expected = [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
-    base = [3.75, 4.4, 4.4, 4.4, 4.2]
-
-    def shares(warm_rounds, explore=3):
-        out = []
-        for seed in range(8):
-            policy = AutoBudgetPolicy(list(auto_sim.CANDIDATES), widths=[16, 17, 33, 65, 129],
-                                      warm_rounds=warm_rounds, explore=explore)
-            picks = auto_sim.simulate(seed, base, tokens, expected, 1000, 1, 0.05, 0.0, 2, warm_mult=(1.3, 1.08),
-                                      policy=policy)
-            out.append(picks.count(4) / len(picks))
-        return out
-
-    assert min(shares(3)) >= 0.9
-    assert min(shares(0)) < 0.6  # the effect this guards against, present in the same simulation without it
-    assert min(shares(0, explore=None)) > 0.6  # the default exploration's third timed round
-
-
-def test_warm_rounds_from_the_environment(monkeypatch):
-    from sglang_ddtree.sglang.auto import auto_warm_rounds
-
-    monkeypatch.delenv("SGLANG_DDTREE_AUTO_WARM_ROUNDS", raising=False)
-    assert auto_warm_rounds() is None
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_WARM_ROUNDS", "0")
-    assert AutoBudgetPolicy([CHAIN, 16], warm_rounds=auto_warm_rounds()).warm_rounds == 0
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_WARM_ROUNDS", "-2")
-    with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_WARM_ROUNDS"):
-        auto_warm_rounds()
-
-
-def test_calibration_prior_mass_from_the_environment(monkeypatch):
-    from sglang_ddtree.sglang.auto import calibration_prior_mass
-
-    monkeypatch.delenv("SGLANG_DDTREE_CALIBRATION_PRIOR_MASS", raising=False)
-    assert calibration_prior_mass() is None
-    monkeypatch.setenv("SGLANG_DDTREE_CALIBRATION_PRIOR_MASS", "10")
-    assert adaptive.ScoreCalibrator(prior_mass=calibration_prior_mass()).config.prior_mass == 10.0
-    for bad in ("0", "-1", "nan", "x"):
-        monkeypatch.setenv("SGLANG_DDTREE_CALIBRATION_PRIOR_MASS", bad)
-        with pytest.raises(ValueError, match="SGLANG_DDTREE_CALIBRATION_PRIOR_MASS"):
-            calibration_prior_mass()
-
-
 def test_explore_best_elsewhere_tries_another_buckets_best_despite_its_cost_floor():
-    """A new bucket whose narrower tree's first times read slow (10x) floors the 64-tree out of exploration; with
-    explore_best_elsewhere the 64-tree, best in bucket 1, is explored anyway and wins there too. A candidate explored
-    that way is not stale-probed while its best case stays below STALE_HOPE of the best rate; the others still are."""
-    from sglang_ddtree.sglang.auto import STALE_HOPE, STALE_ROUNDS
+    """A new bucket whose narrower tree's first times read slow (10x) floors the 64-tree out of exploration (a
+    bucket alone never explores it); the 64-tree, best in bucket 1, is explored anyway and wins there too. A
+    candidate explored that way is not stale-probed while its best case stays below STALE_HOPE of the best rate; the
+    others still are."""
+    STALE_HOPE, STALE_ROUNDS = DEFAULTS.stale_hope, DEFAULTS.stale_rounds
 
     tokens = [3.0, 4.0, 5.0]
 
@@ -1329,10 +1164,11 @@ def test_explore_best_elsewhere_tries_another_buckets_best_despite_its_cost_floo
         return picks
 
     def run(elsewhere, ms4):
-        # explore=3: a cold round, then the two timed ones a candidate's times need to bound floors (FLOOR_MIN_TIMES;
-        # with explore=2 the 16-tree's one timed round would floor nothing)
-        policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=3, probe_every=16, explore_best_elsewhere=elsewhere)
-        assert feed(policy, 1, [1.0, 1.0, 1.0], 40)[-1] == 2  # bucket 1: the 64-tree's rate is the best
+        # explore_rounds=3: a cold round, then the two timed ones a candidate's times need to bound floors
+        # (floor_min_times; with explore_rounds=2 the 16-tree's one timed round would floor nothing)
+        policy = Policy([CHAIN, 16, 64], explore_rounds=3, probe_every=16)
+        if elsewhere:
+            assert feed(policy, 1, [1.0, 1.0, 1.0], 40)[-1] == 2  # bucket 1: the 64-tree's rate is the best
         return feed(policy, 4, ms4, 2 * STALE_ROUNDS)
 
     assert 2 not in run(False, [1.0, 10.0, 1.1])  # floored out by the 16-tree's 10x: 5 / 10 < the chain's 3 / 1
@@ -1348,13 +1184,11 @@ def test_floor_min_times_keeps_one_slow_first_round_from_flooring_the_wider_tree
     (after its cold first one); through the secant that time floored every wider tree out of exploration until a stale
     probe. With floor_min_times=2 one time bounds no floor: the tree is explored again, reads its true cost, and the
     128-tree, the best rate on this flat cost curve, is explored and wins within the first rounds."""
-    from sglang_ddtree.sglang.auto import STALE_ROUNDS
-
+    STALE_ROUNDS = DEFAULTS.stale_rounds
     tokens, ms = [3.0, 4.0, 4.5, 5.0, 6.0], [3.75, 4.0, 4.0, 4.0, 4.0]
 
-    def run(floor_min_times, forget_start=0):
-        policy = AutoBudgetPolicy([CHAIN, 16, 32, 64, 128], floor_min_times=floor_min_times,
-                                  forget_start=forget_start)
+    def run(floor_min_times):
+        policy = Policy([CHAIN, 16, 32, 64, 128], floor_min_times=floor_min_times)
         picks, timed = [], [0] * 5
         for _ in range(STALE_ROUNDS - 50):
             i = policy.choose(1)
@@ -1367,126 +1201,26 @@ def test_floor_min_times_keeps_one_slow_first_round_from_flooring_the_wider_tree
         return picks
 
     assert 4 not in run(1)  # floored out: the secant of the 16-tree's 4 ms and the 32-tree's one 8 ms
-    # (re-measured after the start, FORGET_START, the 32-tree reads its true cost and the 128-tree runs from then)
-    late = run(1, forget_start=128)
-    assert 128 < late.index(4) < 200 and late[-20:] == [4] * 20
     picks = run(2)
     assert picks.index(4) < 40 and picks[100:].count(4) >= 0.9 * len(picks[100:])
 
 
-def test_mad_spread_keeps_two_slow_rounds_from_handing_a_convex_bucket_to_the_chain():
-    """8B-like costs at batch 16 (chain 11 ms, 16-tree 11.5, 32-tree 20): two 2x rounds among the 16-tree's last
-    eight put its interquartile spread at ~8.5 ms, SHRINK_Z then draws its time toward the trees' pooled ~16 and the
-    chain's rate passes it, though the 16-tree commits a third more a round at ~5% more time. The median absolute
-    deviation ignores the two rounds and the 16-tree keeps its lead (SPREAD; simulate_auto_flat.py's convex case)."""
-    tokens = [3.0, 4.0, 4.5]
-    times = {0: [11.0] * 8, 1: [11.5, 11.4, 23.0, 11.6, 23.0, 11.5, 11.4, 11.6], 2: [20.0, 20.2, 19.8, 20.1] * 2}
-
-    def rates_and_spread(spread):
-        policy = AutoBudgetPolicy([CHAIN, 16, 32], widths=[16, 17, 33], spread=spread)
-        for i, ts in times.items():
-            for t in ts:
-                seen = observed_candidates(policy.candidates, i)
-                policy.observe(16, i, 16, t, [16 * 1.5 * x for x in tokens],
-                               [16 * x if s else None for x, s in zip(tokens, seen)])
-        return policy.rates(16), policy.buckets[16].spread[1]
-
-    rates, spread = rates_and_spread("iqr")
-    assert spread > 8.0 and rates[0] > rates[1]  # the effect: the chain's rate ahead of the 16-tree's
-    rates, spread = rates_and_spread("mad")
-    assert spread < 0.5 and rates[1] > 1.2 * rates[0]
-    assert rates[1] == pytest.approx(4.0 / 11.6, rel=0.02)  # its own median time, not drawn toward the pool
-    with pytest.raises(ValueError, match="spread"):
-        AutoBudgetPolicy([CHAIN, 16], spread="std")
-
-
-def test_floor_min_times_and_explore_rounds_from_the_environment(monkeypatch):
-    from sglang_ddtree.sglang.auto import (EXPLORE_ROUNDS, FLOOR_MIN_TIMES, auto_explore_rounds,
-                                           auto_floor_min_times)
-
-    assert (FLOOR_MIN_TIMES, EXPLORE_ROUNDS) == (2, 4)  # the defaults
-    # set to the previous values (1: every timed round bounds floors; 3), not the defaults: the variable is read
-    for name, read, field, default, other in (("SGLANG_DDTREE_AUTO_FLOOR_MIN_TIMES", auto_floor_min_times,
-                                               "floor_min_times", FLOOR_MIN_TIMES, 1),
-                                              ("SGLANG_DDTREE_AUTO_EXPLORE_ROUNDS", auto_explore_rounds, "explore",
-                                               EXPLORE_ROUNDS, 3)):
-        monkeypatch.delenv(name, raising=False)
-        assert read() is None
-        assert getattr(AutoBudgetPolicy([CHAIN, 16], **{field: read()}), field) == default
-        monkeypatch.setenv(name, str(other))
-        assert read() == other and getattr(AutoBudgetPolicy([CHAIN, 16], **{field: read()}), field) == other
-        for bad in ("0", "x"):
-            monkeypatch.setenv(name, bad)
-            with pytest.raises(ValueError, match=name):
-                read()
-    with pytest.raises(ValueError, match="floor_min_times"):
-        AutoBudgetPolicy([CHAIN, 16], floor_min_times=0)
-
-
-def test_spread_from_the_environment(monkeypatch):
-    from sglang_ddtree.sglang.auto import SPREAD, auto_spread
-
-    monkeypatch.delenv("SGLANG_DDTREE_AUTO_SPREAD", raising=False)
-    assert auto_spread() is None and AutoBudgetPolicy([CHAIN, 16], spread=auto_spread()).spread == SPREAD
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SPREAD", "mad")
-    policy = AutoBudgetPolicy([CHAIN, 16], spread=auto_spread())
-    assert policy.spread == "mad" and policy._bucket(1).mad
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SPREAD", "MAD")
-    with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_SPREAD"):
-        auto_spread()
-
-
-def test_explore_best_elsewhere_from_the_environment(monkeypatch):
-    from sglang_ddtree.sglang.auto import EXPLORE_BEST_ELSEWHERE, auto_explore_best_elsewhere
-
-    monkeypatch.delenv("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", raising=False)
-    assert auto_explore_best_elsewhere() is None
-    policy = AutoBudgetPolicy([CHAIN, 16], explore_best_elsewhere=auto_explore_best_elsewhere())
-    assert policy.explore_best_elsewhere is EXPLORE_BEST_ELSEWHERE is True  # the default since lease 26
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", "0")
-    policy = AutoBudgetPolicy([CHAIN, 16], explore_best_elsewhere=auto_explore_best_elsewhere())
-    assert not policy.explore_best_elsewhere
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", "1")
-    assert AutoBudgetPolicy([CHAIN, 16], explore_best_elsewhere=auto_explore_best_elsewhere()).explore_best_elsewhere
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE", "on")
-    with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_EXPLORE_BEST_ELSEWHERE"):
-        auto_explore_best_elsewhere()
-
-
-def test_calibration_learn_all_from_the_environment(monkeypatch):
-    from sglang_ddtree.sglang.auto import CALIBRATION_LEARN_ALL, auto_calibration_learn_all
-
-    monkeypatch.delenv("SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL", raising=False)
-    assert auto_calibration_learn_all() == CALIBRATION_LEARN_ALL == 500  # the default since lease 26
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL", "0")
-    assert auto_calibration_learn_all() == 0
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL", "200")
-    assert auto_calibration_learn_all() == 200
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL", "-1")
-    with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_CALIBRATION_LEARN_ALL"):
-        auto_calibration_learn_all()
-
-
-def test_a_forced_candidate_runs_every_round_on_the_usual_sampling_schedule(monkeypatch):
+def test_a_forced_candidate_runs_every_round_on_the_usual_sampling_schedule():
     """SGLANG_DDTREE_AUTO_FORCE (the server module's lean-chain server, benchmarks): choose() returns that candidate
     whatever the rates say (here the 16-tree would win), with no exploration or probe rounds, so its rounds sample on
     the schedule only (mostly unsampled: the chain's lean round, worker._chain_round); a name that is not a
     candidate is refused."""
-    from sglang_ddtree.sglang.auto import SAMPLE_EVERY, SAMPLE_EVERY_IDLE, auto_force
-
-    monkeypatch.delenv("SGLANG_DDTREE_AUTO_FORCE", raising=False)
-    assert auto_force([CHAIN, 16, 64]) is None
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_FORCE", "Chain")
-    assert auto_force([CHAIN, 16, 64]) == 0
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_FORCE", "64")
-    assert auto_force([CHAIN, 16, 64]) == 2
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_FORCE", "32")
+    SAMPLE_EVERY, SAMPLE_EVERY_IDLE = DEFAULTS.sample_every, DEFAULTS.sample_every_idle
+    assert Policy([CHAIN, 16, 64]).force is None
+    assert AutoBudgetPolicy([CHAIN, 16, 64], config=auto.auto_config(
+        environ={"SGLANG_DDTREE_AUTO_FORCE": "Chain"})).force == 0
+    assert Policy([CHAIN, 16, 64], force="64").force == 2
     with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_FORCE"):
-        auto_force([CHAIN, 16, 64])
+        Policy([CHAIN, 16, 64], force="32")
 
-    free = AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=1000)
+    free = Policy([CHAIN, 16, 64], explore_rounds=2, probe_every=1000)
     assert run_policy(free, 1, [3.0, 4.0, 5.0], [1.0, 1.1, 2.0], 40)[-1] == 1
-    forced = AutoBudgetPolicy([CHAIN, 16, 64], explore=2, probe_every=1000, force=0)
+    forced = Policy([CHAIN, 16, 64], explore_rounds=2, probe_every=1000, force="chain")
     sampled = []
     for r in range(200):
         assert forced.choose(1) == 0
@@ -1498,7 +1232,7 @@ def test_a_forced_candidate_runs_every_round_on_the_usual_sampling_schedule(monk
     assert sum(sampled[100:]) <= 100 // SAMPLE_EVERY_IDLE + 1
     # its holds grow past the probe slots as a settled bucket's do (lease 35's held servers decided every 4 rounds
     # once the first probe slot had passed: next_probe was never moved on)
-    held = AutoBudgetPolicy([CHAIN, 16, 64], probe_every=64, force=2)
+    held = Policy([CHAIN, 16, 64], probe_every=64, force="64")
     for r in range(1000):
         assert held.choose(4) == 2
     b = held.buckets[4]
@@ -1508,7 +1242,7 @@ def test_a_forced_candidate_runs_every_round_on_the_usual_sampling_schedule(monk
 def test_the_ab_block_knob_is_off_unless_set_to_a_positive_count(monkeypatch):
     """SGLANG_DDTREE_AUTO_AB (the in-process A/B of `auto` against the fixed widest tree): unset, empty or 0 is off;
     a positive count is the block length; anything else is refused with the variable's name."""
-    from sglang_ddtree.sglang.auto import auto_ab_block
+    from sglang_ddtree.sglang.auto_ab import auto_ab_block
 
     monkeypatch.delenv("SGLANG_DDTREE_AUTO_AB", raising=False)
     assert auto_ab_block() == 0
@@ -1524,7 +1258,7 @@ def test_the_ab_block_knob_is_off_unless_set_to_a_positive_count(monkeypatch):
 def test_the_ab_schedule_alternates_blocks_starting_with_auto():
     """ABSchedule: `block` rounds of `auto`, then `block` of the fixed tree, again and again; block 0 never runs the
     fixed arm; a negative block is refused."""
-    from sglang_ddtree.sglang.auto import ABSchedule
+    from sglang_ddtree.sglang.auto_ab import ABSchedule
 
     three = ABSchedule(3)
     assert [three.next_is_fixed() for _ in range(13)] == [False] * 3 + [True] * 3 + [False] * 3 + [True] * 3 + [False]
@@ -1534,20 +1268,13 @@ def test_the_ab_schedule_alternates_blocks_starting_with_auto():
         ABSchedule(-1)
 
 
-def test_hold_max_and_settled_sampling_knobs_reach_the_policy(monkeypatch):
-    """SGLANG_DDTREE_AUTO_HOLD_MAX / SGLANG_DDTREE_AUTO_SETTLED_SAMPLING (A/B knobs, unset: the module's HOLD_MAX and
-    settled sampling on): HOLD_MAX=HOLD_ROUNDS and SETTLED_SAMPLING=0 give the chooser before them (one decision in
-    HOLD_ROUNDS once settled, sampling at SAMPLE_EVERY while a tree wins); the defaults decide ~1 round in HOLD_MAX
-    and sample at the idle interval once settled; bad values are refused by name."""
-    from sglang_ddtree.sglang.auto import (HOLD_MAX, HOLD_ROUNDS, SAMPLE_EVERY, SAMPLE_EVERY_IDLE, auto_hold_max,
-                                           auto_settled_sampling)
+def test_a_settled_bucket_decides_once_in_hold_max_and_samples_at_the_idle_interval():
+    """The defaults decide ~1 round in hold_max and sample at the idle interval once settled; with hold_max =
+    hold_rounds the bucket never settles: one decision in hold_rounds, sampling at sample_every while a tree wins."""
+    HOLD_ROUNDS, HOLD_MAX = DEFAULTS.hold_rounds, DEFAULTS.hold_max
 
-    for name in ("SGLANG_DDTREE_AUTO_HOLD_MAX", "SGLANG_DDTREE_AUTO_SETTLED_SAMPLING"):
-        monkeypatch.delenv(name, raising=False)
-    assert auto_hold_max() is None and auto_settled_sampling() is None
-
-    def run(**knobs):
-        policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, relative_times=False, **knobs)
+    def run(**config):
+        policy = Policy([CHAIN, 16, 64], explore_rounds=1, probe_every=10_000, **config)
         deciding, sampled = [], []
         for r in range(600):
             deciding.append(policy.deciding(1))
@@ -1558,38 +1285,20 @@ def test_hold_max_and_settled_sampling_knobs_reach_the_policy(monkeypatch):
         return policy, sum(deciding[300:]), sum(sampled[300:])
 
     policy, decisions, samples = run()
-    assert policy.hold_max == HOLD_MAX and policy.settled_sampling and policy.buckets[1].settled
+    assert policy.buckets[1].settled
     every = lambda n: sum(r % n == 0 for r in range(300, 600))  # noqa: E731 (rounds 300..599 on a schedule of n)
-    assert decisions <= 300 // HOLD_MAX + 1 and samples == every(SAMPLE_EVERY_IDLE)
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_HOLD_MAX", str(HOLD_ROUNDS))
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SETTLED_SAMPLING", "0")
-    policy, decisions, samples = run(hold_max=auto_hold_max(), settled_sampling=auto_settled_sampling())
-    assert policy.hold_max == HOLD_ROUNDS and not policy.settled_sampling and not policy.buckets[1].settled
-    assert decisions == 300 // HOLD_ROUNDS and samples == every(SAMPLE_EVERY)
-    for name, bad in (("SGLANG_DDTREE_AUTO_HOLD_MAX", "0"), ("SGLANG_DDTREE_AUTO_HOLD_MAX", "x"),
-                      ("SGLANG_DDTREE_AUTO_SETTLED_SAMPLING", "yes")):
-        monkeypatch.setenv(name, bad)
-        with pytest.raises(ValueError, match=name):
-            auto_hold_max() if "HOLD" in name else auto_settled_sampling()
+    assert decisions <= 300 // HOLD_MAX + 1 and samples == every(DEFAULTS.sample_every_idle)
+    policy, decisions, samples = run(hold_max=HOLD_ROUNDS)
+    assert not policy.buckets[1].settled
+    assert decisions == 300 // HOLD_ROUNDS and samples == every(DEFAULTS.sample_every)
 
 
-def test_hold_and_sample_knobs_reach_the_policy(monkeypatch):
-    """SGLANG_DDTREE_AUTO_HOLD_ROUNDS / SGLANG_DDTREE_AUTO_SAMPLE_EVERY (A/B knobs, unset: the module's HOLD_ROUNDS
-    and SAMPLE_EVERY): a decision holds that many rounds, and unsampled stretches last sample_every rounds (the idle
-    interval as many times longer as the module's); bad values are refused by name."""
-    from sglang_ddtree.sglang.auto import (HOLD_ROUNDS, SAMPLE_EVERY, SAMPLE_EVERY_IDLE, auto_hold_rounds,
-                                           auto_sample_every)
-
-    for name in ("SGLANG_DDTREE_AUTO_HOLD_ROUNDS", "SGLANG_DDTREE_AUTO_SAMPLE_EVERY"):
-        monkeypatch.delenv(name, raising=False)
-    assert auto_hold_rounds() is None and auto_sample_every() is None
-    default = AutoBudgetPolicy([CHAIN, 16, 64])
-    assert default.hold_rounds == HOLD_ROUNDS and default.sample_every == SAMPLE_EVERY
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_HOLD_ROUNDS", "16")
-    monkeypatch.setenv("SGLANG_DDTREE_AUTO_SAMPLE_EVERY", "8")
-    policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, hold_rounds=auto_hold_rounds(),
-                              sample_every=auto_sample_every())
-    assert policy.hold_rounds == 16 and policy.sample_interval(1) == 8
+def test_hold_rounds_and_sample_every_reach_the_policy():
+    """AutoConfig.hold_rounds / sample_every: a decision holds that many rounds, and unsampled stretches last
+    sample_every rounds (sample_every_idle a multiple of it)."""
+    policy = Policy([CHAIN, 16, 64], explore_rounds=1, probe_every=10_000, hold_rounds=16, hold_max=16,
+                    sample_every=8)
+    assert policy.sample_interval(1) == 8
     # past exploration, decisions come every 16 rounds: deciding() is true once in 16
     picks, deciding = [], []
     for _ in range(200):
@@ -1599,22 +1308,15 @@ def test_hold_and_sample_knobs_reach_the_policy(monkeypatch):
         observed = [[3.0, None, None], [None, 5.0, None], [None, 5.0, 6.0]][c]  # what a round of c observes
         policy.observe(1, c, 1, [3.0, 4.0, 9.0][c], [4.0, 6.0, 7.0], observed)
     assert sum(deciding[100:]) <= 100 // 16 + 1
-    # the chain leads by far (a tree's best case below (1 - CLOSE) of it): the idle interval, scaled
-    lead = AutoBudgetPolicy([CHAIN, 64], explore=1, probe_every=10_000, sample_every=8)
+    # the chain leads by far (a tree's best case below (1 - close) of it): the idle interval
+    lead = Policy([CHAIN, 64], explore_rounds=1, probe_every=10_000, sample_every=8, sample_every_idle=32)
     for _ in range(50):
         c = lead.choose(1)
         lead.observe(1, c, 1, [1.0, 30.0][c], [4.0, 4.5], [4.0, None] if c == 0 else [None, 4.5])
-    assert lead.sample_interval(1) == 8 * SAMPLE_EVERY_IDLE // SAMPLE_EVERY
-    for name in ("SGLANG_DDTREE_AUTO_HOLD_ROUNDS", "SGLANG_DDTREE_AUTO_SAMPLE_EVERY"):
-        for bad in ("0", "x"):
-            monkeypatch.setenv(name, bad)
-            with pytest.raises(ValueError, match=name):
-                auto_hold_rounds() if "HOLD" in name else auto_sample_every()
-    with pytest.raises(ValueError, match="sample_every"):
-        AutoBudgetPolicy([CHAIN, 16], sample_every=0)
+    assert lead.sample_interval(1) == 32
 
 
-@pytest.mark.parametrize("force", [None, 2])
+@pytest.mark.parametrize("force", [None, "32"])
 def test_held_round_returns_what_choose_and_sampled_would(force):
     """AutoBudgetPolicy.held_round (the worker's call on a round whose bucket holds its decision) against the
     deciding() / choose() / sampled() sequence it stands for: two identical policies fed the same noisy rounds (a
@@ -1623,10 +1325,9 @@ def test_held_round_returns_what_choose_and_sampled_would(force):
     read once in HOLD_ROUNDS rounds, as `auto` reads it), still verifying that candidate every round."""
     import random
 
-    from sglang_ddtree.sglang.auto import HOLD_ROUNDS
-
-    a = AutoBudgetPolicy([CHAIN, 16, 32, 64], probe_every=32, force=force)
-    b = AutoBudgetPolicy([CHAIN, 16, 32, 64], probe_every=32, force=force)
+    HOLD_ROUNDS = DEFAULTS.hold_rounds
+    a = Policy([CHAIN, 16, 32, 64], probe_every=32, force=force)
+    b = Policy([CHAIN, 16, 32, 64], probe_every=32, force=force)
     rng = random.Random(3)
     queues = {id(a): [], id(b): []}
     trace = {id(a): [], id(b): []}
@@ -1667,132 +1368,19 @@ def test_held_round_returns_what_choose_and_sampled_would(force):
         assert (x.rounds, x.tried, list(x.last_choices), x.others_in_run) == \
             (y.rounds, y.tried, list(y.last_choices), y.others_in_run)
     if force is not None:
-        assert set(c for c, _ in trace[id(a)]) == {force}
-
-
-def test_relative_times_pair_neighbouring_rounds_of_the_same_kind():
-    """RELATIVE_TIMES' bookkeeping (_Bucket._pair): a timed round pairs with the bucket's last timed round of another
-    candidate when both sampled or both not and at most PAIR_GAP observed rounds lie between; the pair's log ratio
-    reads the same from either order; the reference is the candidate timed most in the last REFERENCE_WINDOW."""
-    import math
-
-    from sglang_ddtree.sglang import auto
-
-    policy = AutoBudgetPolicy([0, 16, 64], relative_times=True)
-    b = policy._bucket(1)
-
-    def timed(i, ms, sampled=False, after=0):
-        """a timed round of candidate i, `after` untimed rounds after the previous one"""
-        b.observed_rounds += after
-        b.timed(i, ms, sampled=sampled)
-        b.observed_rounds += 1
-
-    for _ in range(5):  # 64-tree rounds with one 16-tree round between, 16-tree 10% dearer
-        timed(2, 4.0)
-        timed(2, 4.0)
-        timed(1, 4.4)
-    median, n = b.pair_stats[(1, 2)][0], b.pair_stats[(1, 2)][2]
-    # every 16-tree round pairs with the 64-tree round before it, every later 64-tree round with it: 9, the last RECENT
-    assert n == min(9, auto.RECENT)
-    assert median == pytest.approx(math.log(4.0 / 4.4))  # log(ms_64 / ms_16)
-    assert b.reference() == 2
-    log_ratio, _, _ = b.log_ratio(1, 2)
-    assert log_ratio == pytest.approx(math.log(4.4 / 4.0))
-    assert b.log_ratio(2, 1)[0] == pytest.approx(-log_ratio)
-    assert b.log_ratio(0, 2) is None  # never timed next to it
-
-    timed(0, 9.0, sampled=True)  # the first sampled round: nothing to pair with (the unsampled ones do not count)
-    assert not any(0 in key for key in b.pair_stats)
-    timed(2, 4.0, sampled=True, after=auto.PAIR_GAP - 1)  # PAIR_GAP rounds after the chain's: a pair
-    assert b.pair_stats[(0, 2)][2] == 1
-    assert b.log_ratio(0, 2) is None  # one pair, below PAIR_MIN
-    timed(0, 9.0, after=auto.PAIR_GAP)  # unsampled, PAIR_GAP + 1 rounds after the last unsampled one: none
-    assert (0, 1) not in b.pair_stats and b.pair_stats[(0, 2)][2] == 1
-
-
-def test_relative_times_follow_a_drifting_host():
-    """RELATIVE_TIMES on a flat cost curve whose host speed drifts (simulate_auto_flat.py's "flat, host drift 0.2 over
-    250 rounds"): a probed tree's few times, taken while the host ran fast, no longer read below the incumbent's, so
-    the 128-tree (the most tokens at the same cost) runs more rounds and the picks' rate comes closer to the best.
-    auto_flat_sim_relative.json: 0.986 -> 0.996 of the best rate, the 64-tree's share 27% -> 3%, 8 seeds."""
-    from sglang_ddtree.bench.auto_sim import CANDIDATES, WIDTHS, rate_over_best, simulate
-
-    base, tokens, expected = [4.4] * 5, [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
-
-    from sglang_ddtree.sglang.auto import HOLD_ROUNDS
-
-    def run(relative):
-        rates, widest = [], 0
-        for seed in range(6):
-            # both at HOLD_ROUNDS (relative times never grow their holds): the timing estimates compared alike. With
-            # growing holds (HOLD_MAX) the plain times read 0.992 here, against 0.995 relative.
-            # (no re-measure of the start, FORGET_START, and no expiry of old times, TIMES_EXPIRE: the simulated
-            # figures above were taken without them; with TIMES_EXPIRE = 256 the plain times read 0.9915 here, the
-            # relative ones 0.9955: expired times follow a drifting host too)
-            policy = AutoBudgetPolicy(list(CANDIDATES), widths=WIDTHS, relative_times=relative, hold_max=HOLD_ROUNDS,
-                                      forget_start=0, times_expire=0)
-            picks = simulate(seed, base, tokens, expected, 2500, 4, noise=0.10, outlier=0.05, policy=policy,
-                             drift_sigma=0.2, drift_rounds=250)[300:]
-            rates.append(rate_over_best(picks, base, tokens))
-            widest += picks.count(len(CANDIDATES) - 1)
-        return sum(rates) / len(rates), widest
-
-    (off_rate, off_widest), (on_rate, on_widest) = run(False), run(True)
-    assert on_rate > off_rate + 0.004
-    assert on_widest > off_widest
-
-
-def test_relative_times_from_the_environment(monkeypatch):
-    from sglang_ddtree.sglang import auto
-
-    monkeypatch.delenv("SGLANG_DDTREE_AUTO_RELATIVE_TIMES", raising=False)
-    assert auto.auto_relative_times() is None
-    assert AutoBudgetPolicy([0, 16]).relative_times is auto.RELATIVE_TIMES
-    for raw, want in (("0", False), ("1", True)):
-        monkeypatch.setenv("SGLANG_DDTREE_AUTO_RELATIVE_TIMES", raw)
-        assert auto.auto_relative_times() is want
-    for bad in ("yes", "2"):
-        monkeypatch.setenv("SGLANG_DDTREE_AUTO_RELATIVE_TIMES", bad)
-        with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_RELATIVE_TIMES"):
-            auto.auto_relative_times()
-
-
-def test_relative_times_follow_a_step_of_one_candidates_cost():
-    """RELATIVE_TIMES assumes two candidates' costs move together; here the incumbent 64-tree's round alone gets 1.7x
-    dearer at round 40 (a context-dependent cost), with no scheduled probes: the pair's newest entries lie off its
-    median, the 16-tree is re-probed and the pair restarts, so the 16-tree (now the best) runs every one of the last
-    100 of 200 rounds, as it does with times read as they are (there within a decision or two; here after ~40
-    rounds, the chain and a 64-tree decision between)."""
-    for relative in (False, True):
-        # no scheduled probes and no re-measure of the start (FORGET_START): the step alone moves the choice
-        policy = AutoBudgetPolicy([CHAIN, 16, 64], explore=1, probe_every=10_000, relative_times=relative,
-                                  forget_start=0)
-        tokens, ms = [3.0, 4.0, 5.0], [1.0, 1.1, 1.2]
-        queue, picks = [], []
-        for r in range(200):
-            if r == 40:
-                ms = [1.0, 1.1, 2.0]
-            if policy.deciding(1):
-                while len(queue) > 1:
-                    j = queue.pop(0)
-                    seen = observed_candidates(policy.candidates, j)
-                    policy.observe(1, j, 1, ms[j], [1.5 * t for t in tokens],
-                                   [t if s else None for t, s in zip(tokens, seen)])
-            picks.append(policy.choose(1))
-            queue.append(picks[-1])
-        assert picks[10:40] == [2] * 30, relative
-        assert picks[100:] == [1] * 100, relative
+        assert set(c for c, _ in trace[id(a)]) == {a.force} == {2}
 
 
 def test_a_round_whose_host_time_stalled_is_cold():
-    """auto.StallDetector: a round whose host time exceeds STALL_HOST_MS did uncounted one-time work (lease 32's
+    """StallDetector: a round whose host time exceeds STALL_HOST_MS did uncounted one-time work (lease 32's
     Triton compile inside a lean chain round: ~480 ms against ~4 ms rounds); an untimed round never stalls; where
     every round is long on the host (a GPU-bound deployment whose launches wait, 120 ms here) the limit rises to
     STALL_FACTOR times their median within a window, so those rounds keep their times, and a compile-sized outlier
     beyond that still stalls."""
-    from sglang_ddtree.sglang.auto import STALL_FACTOR, STALL_HOST_MS, STALL_WINDOW, StallDetector
+    from sglang_ddtree.sglang.auto import StallDetector  # (stats.StallDetector, the worker's import)
 
     tiny = StallDetector()
+    STALL_FACTOR, STALL_HOST_MS, STALL_WINDOW = tiny.factor, tiny.floor_ms, tiny.recent.maxlen
     assert not tiny.stalled(None)
     assert [tiny.stalled(4.0) for _ in range(100)] == [False] * 100
     assert tiny.limit_ms == STALL_HOST_MS  # 10 x 4 ms lies below the floor

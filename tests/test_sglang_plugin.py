@@ -101,13 +101,15 @@ def test_flag_values_reach_post_init_through_the_hooks():
         return construct(**{"model_path": ns_.model_path})
 
     obj = plugin._around_from_cli_args(original_from_cli, ns)
-    assert obj.seen == ("32", None, "/tmp/d.jsonl", None, None)
+    assert obj.seen == ("32", None, "/tmp/d.jsonl", None, None, None)
     assert ddtree_args.options_from(obj).budget == 32
     # Engine(**kwargs) path: our keys are removed from the dataclass kwargs and kept as attributes
     obj2 = construct(model_path="y", speculative_ddtree_budget=128)
-    assert obj2.seen == (128, None, None, None, None) and obj2.model_path == "y"
+    assert obj2.seen == (128, None, None, None, None, None) and obj2.model_path == "y"
     obj3 = construct(speculative_ddtree_budget="auto", speculative_ddtree_auto_candidates="16,64")
-    assert ddtree_args.options_from(obj3).candidates == (0, 16, 64)
+    assert ddtree_args.options_from(obj3).candidates == (0, 16, 64) and ddtree_args.options_from(obj3).auto_calibration
+    obj4 = construct(speculative_ddtree_budget="auto", speculative_ddtree_auto_calibration=False)
+    assert not ddtree_args.options_from(obj4).auto_calibration
     # no DDTREE flags at all: attributes exist and default
     assert ddtree_args.options_from(construct()).budget == ddtree_args.DEFAULT_BUDGET
 

@@ -171,6 +171,8 @@ def test_debug_dump_carries_the_auto_candidate_and_the_chooser_table(tmp_path):
     assert lines[0]["type"] == "header" and lines[0]["budget"] == "auto"
     states = [x for x in lines if x.get("type") == "auto"]
     assert [x["round"] for x in states] == [2, 4] and states[0]["candidates"] == ["chain", "8"]
+    # the chooser's decisions: the chosen-budget distribution, in total and per batch-size bucket
+    assert states[0]["rounds_chosen"] == {"chain": 0, "8": 0} and "rounds_by_bucket" in states[0]
     rows = [x for x in lines if "rid" in x]
     assert len(rows) == 8 and all(x["auto_candidate"] == "8" for x in rows)
     dump = read_debug_dump(path)
@@ -314,7 +316,7 @@ def test_auto_round_counter_is_published_in_sums_of_auto_round_flush_rounds():
 
 
 def test_auto_host_detail_knob(monkeypatch):
-    from sglang_ddtree.sglang.auto import auto_host_detail
+    from sglang_ddtree.sglang.auto_ab import auto_host_detail
 
     for raw, want in ((None, False), ("", False), ("0", False), ("1", True)):
         if raw is None:

@@ -118,6 +118,10 @@ class Setup:
     backend: str = "triton"  # --attention-backend: triton or flashinfer
     # built on demand by sglang_ddtree.widen (the tiny pair widened to this shape) when its folders hold no weights
     widen_shape: str | None = None
+    # launch_server arguments appended for this setup's servers (an A/B of a server flag in one interleaved run:
+    # --copy-setup real-nocal=real --set real-nocal.methods=auto
+    # --set real-nocal.server_args=--speculative-ddtree-auto-calibration,off)
+    server_args: tuple[str, ...] = ()
 
     def validate(self) -> None:
         if self.backend not in ("triton", "flashinfer"):
@@ -170,6 +174,8 @@ class Setup:
             out["server_env"] = sorted(self.server_env)
         if self.backend != "triton":  # likewise
             out["backend"] = self.backend
+        if self.server_args:  # likewise (their order matters)
+            out["server_args"] = list(self.server_args)
         for which in ("target", "drafter"):  # the same folder, however it was spelled
             path = self.path(which)
             out[which] = path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else str(path)
@@ -401,7 +407,7 @@ def server_args(setup: Setup, method: str, budget: int | None, *, max_batch: int
     elif method in ("ddtree", "auto"):
         args += ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(setup.path("drafter")),
                  "--speculative-ddtree-budget", "auto" if method == "auto" else str(budget)]
-    return args + list(extra)
+    return args + list(setup.server_args) + list(extra)
 
 
 def _signature(setup: Setup, method: str, budget: int | None, args: list[str], sampling: dict) -> str:

@@ -107,7 +107,7 @@ def auto_calibration(delta: dict[Sample, float]) -> dict | None:
     out = {"scored_request_rounds": int(round(scored)),
            **{f"tau_mae_{scores}": _total(delta, "sglang:ddtree_auto_tau_abs_error_total", scores=scores) / scored
               for scores in ("raw", "calibrated")}}
-    # the gated predictor (auto.CALIBRATION_GATE), from servers that export it (after lease 26)
+    # the gated predictor (auto.AutoConfig.calibration_gate), from servers that export it (after lease 26)
     gated = _select(delta, _counter_names("sglang:ddtree_auto_tau_abs_error_total"), scores="gated")
     if gated:
         out["tau_mae_gated"] = sum(v for _, v in gated) / scored

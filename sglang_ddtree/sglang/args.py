@@ -5,6 +5,10 @@
   --speculative-ddtree-auto-candidates LIST
                                     with `auto`: comma-separated budgets, `chain` (the drafter's top-1 path, i.e.
                                     DFLASH) always included; default chain,16,32,64,128
+  --speculative-ddtree-auto-calibration on|off
+                                    with `auto`: the calibration table that learns the drafter's over-confidence
+                                    and reports its predictions next to the raw scores' (Prometheus); it feeds no
+                                    decision. off: no scored walk is built or run. Default on
   --speculative-ddtree-prune P      drop nodes whose prefix probability is below P (default: off)
   --speculative-ddtree-debug PATH   per-round JSONL dumps (tree, target choices, accepted path, timings);
                                     synchronises every round: for debugging, not for serving
@@ -42,6 +46,7 @@ FLAG_DEST = {
     "--speculative-ddtree-debug": "speculative_ddtree_debug",
     "--speculative-ddtree-auto-candidates": "speculative_ddtree_auto_candidates",
     "--speculative-ddtree-oracle": "speculative_ddtree_oracle",
+    "--speculative-ddtree-auto-calibration": "speculative_ddtree_auto_calibration",
 }
 
 
@@ -52,6 +57,7 @@ class DDTreeOptions:
     debug_path: str | None = None
     candidates: tuple[int, ...] | None = None  # `auto` only: sorted, 0 = the chain first
     oracle: bool = False  # re-verify each round's accepted path as a chain and commit that (worker._oracle_round)
+    auto_calibration: bool = True  # `auto` only: the calibration table scores and learns (auto.AutoConfig)
 
     @property
     def auto(self) -> bool:
@@ -79,6 +85,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                        help="Sequential oracle: verify each round's accepted path once more as a chain and commit "
                             "what that chain verify accepts (two target passes a round: for checking the tree "
                             "verify, e.g. on hybrid targets, or as a fallback). Fixed budgets only.")
+    group.add_argument("--speculative-ddtree-auto-calibration", dest=FLAG_DEST["--speculative-ddtree-auto-calibration"],
+                       type=str, default=None,
+                       help="With --speculative-ddtree-budget auto: on (default) or off. The calibration table "
+                            "learns how far the drafter's scores are off and reports its predictions next to the "
+                            "raw ones (Prometheus); it feeds no decision. off: no scoring work in any round.")
 
 
 def parse_budget(value) -> int:
@@ -137,16 +148,32 @@ def parse_switch(value, flag: str) -> bool:
     raise ValueError(f"{flag} takes no value (or true / false as a keyword), got {value!r}.")
 
 
-def parse_options(budget=None, prune=None, debug=None, auto_candidates=None, oracle=None) -> DDTreeOptions:
+def parse_on_off(value, flag: str) -> bool:
+    """on / off (also true / false, 1 / 0, yes / no, or a bool as an Engine keyword); None: on."""
+    if value is None or isinstance(value, bool):
+        return value is None or value
+    word = str(value).strip().lower()
+    if word in ("on", "1", "true", "yes"):
+        return True
+    if word in ("off", "0", "false", "no"):
+        return False
+    raise ValueError(f"{flag} must be on or off, got {value!r}.")
+
+
+def parse_options(budget=None, prune=None, debug=None, auto_candidates=None, oracle=None,
+                  auto_calibration=None) -> DDTreeOptions:
     oracle = parse_switch(oracle, "--speculative-ddtree-oracle")
     if is_auto(budget):
         if oracle:
             raise ValueError("--speculative-ddtree-oracle needs a fixed --speculative-ddtree-budget, not auto.")
         candidates = parse_auto_candidates(auto_candidates)
         return DDTreeOptions(budget=max(candidates), prune=parse_prune(prune), debug_path=debug or None,
-                             candidates=candidates)
+                             candidates=candidates,
+                             auto_calibration=parse_on_off(auto_calibration, "--speculative-ddtree-auto-calibration"))
     if auto_candidates is not None:
         raise ValueError("--speculative-ddtree-auto-candidates needs --speculative-ddtree-budget auto.")
+    if auto_calibration is not None:
+        raise ValueError("--speculative-ddtree-auto-calibration needs --speculative-ddtree-budget auto.")
     return DDTreeOptions(budget=parse_budget(budget), prune=parse_prune(prune), debug_path=debug or None,
                          oracle=oracle)
 

@@ -24,7 +24,7 @@ Metric names (all `sglang:ddtree_*`, label `budget`; counters are request-rounds
 `auto` adds auto_rounds_total{candidate} (batch rounds per verified candidate) and, from its calibration table
 (sglang_ddtree.sglang.auto.CalibrationMonitor): auto_tau_abs_error_total{scores=raw|calibrated|gated} and
 auto_tau_scored_total (mean absolute error of the predicted committed tokens per request-round, scored tree
-rounds: one sampled tree round in auto.CALIBRATION_EVERY, every one while the table is young),
+rounds: one sampled tree round in AutoConfig.calibration_every, every one while the table is young),
 calibration_ratio{depth,path_class,rank_class} and calibration_observations{...} (gauges: the table's factors and
 decayed node counts, refreshed every 256 rounds and at a reset).
 With SGLANG_DDTREE_AUTO_AB (an `auto` server alternating blocks of rounds between `auto` and the fixed widest tree,
@@ -171,6 +171,85 @@ class RoundTimer:
         return out
 
 
+class StallDetector:
+    """Which decode rounds stalled on the host (a Triton compile outside a capture, a first allocation, a long GC
+    pause: ~300-500 ms against a round's few ms): like a capture round, its tokens count and its time does not. The
+    limit is the larger of floor_ms and factor x the median host time of the last `window` rounds (re-read every
+    window / 4 rounds), so a server whose every round is long on the host does not call them all stalled."""
+
+    def __init__(self, floor_ms: float = 50.0, factor: float = 10.0, window: int = 32):
+        if floor_ms <= 0 or factor <= 1 or window < 4:
+            raise ValueError("a stall limit needs floor_ms > 0, factor > 1 and window >= 4.")
+        self.floor_ms, self.factor = floor_ms, factor
+        self.recent: collections.deque = collections.deque(maxlen=window)
+        self.limit_ms = floor_ms
+        self._every = window // 4
+        self._since = 0
+        self.stalls = 0
+
+    def stalled(self, host_ms: float | None) -> bool:
+        if host_ms is None:
+            return False
+        out = host_ms > self.limit_ms
+        self.stalls += out
+        self.recent.append(host_ms)
+        self._since += 1
+        if self._since >= self._every:
+            self._since = 0
+            xs = sorted(self.recent)
+            self.limit_ms = max(self.floor_ms, self.factor * xs[len(xs) // 2])
+        return out
+
+
+class TableGauges:
+    """`auto`'s calibration table (adaptive.ScoreCalibrator) as Prometheus gauges without a host sync: every EVERY
+    rounds, if SECONDS passed since the last one started, its summary is copied to pinned memory, and published the
+    round after the copy completed. A publish sets every cell's two gauges (~180 sets, ~0.4 ms on the dev CPU); a
+    dashboard reads them on a scale of seconds. restart() (a reset of the table) publishes at once, and the check
+    EVERY rounds later publishes whatever the clock says: whoever reset the table wants to see it learn again."""
+
+    EVERY = 64
+    SECONDS = 10.0
+
+    def __init__(self, calibrator, prometheus):
+        self.calibrator, self.prometheus = calibrator, prometheus
+        pin = calibrator.device.type == "cuda"
+        self._snapshot = torch.zeros((3, *calibrator.config.shape[:3]), dtype=torch.float64, pin_memory=pin)
+        self._pending = None  # the snapshot copy's event (True on CPU) while one is in flight
+        self._rounds = 0
+        self._last = None  # time.monotonic() when the last snapshot started (None: none yet)
+
+    def after_round(self) -> None:
+        self._rounds += 1
+        if self._pending is not None and (self._pending is True or self._pending.query()):
+            self.publish(self._snapshot)
+            self._pending = None
+        if self._pending is None and self._rounds % self.EVERY == 0:
+            now = time.monotonic()
+            if self._last is not None and now - self._last < self.SECONDS:
+                return
+            self._last = now
+            self._snapshot.copy_(self.calibrator.summary(), non_blocking=True)
+            if self._snapshot.is_pinned():
+                self._pending = torch.cuda.Event()
+                self._pending.record()
+            else:
+                self._pending = True
+
+    def restart(self) -> None:
+        self._pending = self._last = None
+        self._rounds = 0
+        self.publish(self.calibrator.summary().cpu())
+
+    def publish(self, summary: torch.Tensor) -> None:
+        from sglang_ddtree.adaptive import summary_rows
+
+        try:
+            self.prometheus.calibration_table(summary_rows(summary, self.calibrator.config.prior_mass))
+        except Exception:  # metrics must never take the server down
+            logger.exception("DDTREE calibration metrics update failed")
+
+
 class _Prometheus:
     """Series are Counters (and per-round stage Histograms): a round's numbers are summed on the GPU and added
     with one call per series, so the host cost per round does not grow with the batch."""
@@ -294,7 +373,7 @@ class _Prometheus:
         self._tau_error = Counter("sglang:ddtree_auto_tau_abs_error_total", "`auto`, scored tree rounds: sum over "
                                   "request-rounds of |predicted - committed tokens|, by the scores that predicted "
                                   "(raw drafter scores, the calibration table's, or gated: raw until the table has "
-                                  "learnt auto.CALIBRATION_GATE request-rounds, the table's after), all before the "
+                                  "learnt calibration_gate request-rounds, the table's after), all before the "
                                   "table learnt the round. MAE = this / ddtree_auto_tau_scored_total.",
                                   names + ["scores"], registry=registry)
         self._tau_scored = Counter("sglang:ddtree_auto_tau_scored_total", "`auto`: request-rounds whose prediction "
@@ -345,7 +424,7 @@ class _Prometheus:
 
     def _cal_child(self, key: tuple[str, str, str]):
         """A table cell's two gauges, resolved once, as auto_round's and calibration_errors' series. Why: a publish
-        (at most one in CalibrationMonitor.EXPORT_SECONDS) sets ~90 cells, and labels() builds and locks a lookup per
+        (at most one in TableGauges.SECONDS) sets ~90 cells, and labels() builds and locks a lookup per
         call: 1.17 ms a publish of 90 cells on the dev CPU with it, 0.30 without (benchmarks/
         bench_calibration_publish.py, results/calibration_publish_cpu*.json); under cProfile 8% of `auto`'s whole
         per-round host block before, 3% after (results/auto_round_host_cpu*.json)."""

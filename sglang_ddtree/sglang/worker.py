@@ -23,8 +23,8 @@ captured together after a batch-size bucket's first round (_capture_bucket), not
 them. A chain round that samples nothing (most chain rounds) runs _chain_round instead: DFLASH's round on our top-1
 head, the walk, commit arithmetic and stats summary in one kernel (ops.chain_accept).
 Every round's outputs (tokens, lengths, branch counts) go to two buffer sets used in turn (_outputs).
-With SGLANG_DDTREE_AUTO_AB=N (a measuring mode, auto.auto_ab_block) an `auto` server's decode rounds alternate in
-blocks of N between `auto` and the fixed widest tree, the fixed-budget server's own round (auto.ABSchedule); each
+With SGLANG_DDTREE_AUTO_AB=N (a measuring mode, auto_ab.auto_ab_block) an `auto` server's decode rounds alternate in
+blocks of N between `auto` and the fixed widest tree, the fixed-budget server's own round (auto_ab.ABSchedule); each
 arm's tokens and time are tallied apart (stats.ABTallies).
 With `--speculative-ddtree-oracle` (_oracle_round) the accepted path is verified once more as a chain and the round
 commits what that chain verify accepts: the sequential oracle the tree verify is checked against.
@@ -68,14 +68,9 @@ from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
-from sglang_ddtree.sglang.auto import (CALIBRATION_YOUNG, ABSchedule, AutoBudgetPolicy, AutoFeedback,
-                                      CalibrationMonitor, StallDetector, WalkSchedule, auto_ab_block,
-                                      auto_calibration_learn_all, auto_explore_best_elsewhere, auto_explore_rounds,
-                                      auto_floor_fresh, auto_floor_min_times, auto_force, auto_forget_start,
-                                      auto_hold_max, auto_hold_rounds, auto_host_detail, auto_log_every,
-                                      auto_relative_times, auto_sample_every, auto_settled_sampling, auto_shrink_z,
-                                      auto_spread, auto_switch_untimed, auto_times_expire, auto_warm_rounds,
-                                      calibration_prior_mass)
+from sglang_ddtree.sglang.auto import (AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, StallDetector,
+                                      WalkSchedule, auto_config)
+from sglang_ddtree.sglang.auto_ab import ABSchedule, auto_ab_block, auto_host_detail
 from sglang_ddtree.sglang.plugin import mark_active
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats
@@ -102,7 +97,6 @@ class _AutoState:
     calibration: CalibrationMonitor
     no_calibration: torch.Tensor  # the feedback vector's calibration entries of a round that scored nothing
     log_every: int = 2000
-    learn_all: int = 0  # request-rounds during which every tree round teaches the table (CALIBRATION_LEARN_ALL)
     rounds: int = 0
     seen: set = field(default_factory=set)  # (bucket, candidate index) pairs that ran once
     captured_buckets: set = field(default_factory=set)  # buckets whose stages were all captured (_capture_bucket)
@@ -212,7 +206,7 @@ class DDTreeWorker(DFlashWorkerV2):
         # SGLANG_DDTREE_AUTO_AB: decode rounds alternate in blocks of this many between `auto` and the fixed widest
         # tree (0: off); its tallies are Prometheus counters
         self.ab_block = auto_ab_block()
-        self._stalls = StallDetector()  # rounds that stalled on the host are cold (auto.STALL_HOST_MS)
+        self._stalls = StallDetector()  # rounds that stalled on the host are cold (stats.StallDetector)
         # SGLANG_DDTREE_AUTO_HOST_DETAIL: `auto`'s own host work marked apart (stages.AUTO_HOST_DETAIL)
         self._host_detail = self.auto is not None and auto_host_detail()
         self._ab = ABSchedule(self.ab_block)
@@ -328,21 +322,21 @@ class DDTreeWorker(DFlashWorkerV2):
         tree_stages, walk_stages = [], []
         pad = self._pad
         # The calibration table learns from the scored sampled tree rounds' walks (auto.WalkSchedule: one in
-        # CALIBRATION_EVERY, every one while the table is young) and predicts
+        # calibration_every, every one while the table is young) and predicts
         # its committed tokens next to the raw scores (both scored and exported: CalibrationMonitor). Not from chain
         # rounds: a chain teaches only the top-1 cells, which every tree's first path teaches too, and the scoring is
         # ~140 small kernels (lease 20c, 8B shapes, batch 1, the chain in 375 of 384 rounds: walk stage 0.13 ms a round
-        # against lease 19's 0.09; expected back to ~0.09 there, not measured yet). The choice stays on raw expectations
+        # against lease 19's 0.09; expected back to ~0.09 there, not measured yet). With
+        # --speculative-ddtree-auto-calibration off no scored walk stage is built. The choice stays on raw expectations
         # times each candidate's observed / expected ratio (auto.py). Lease 20 fed the table's expectations to the
         # chooser: it cost every sampled tree stage the table's work and `auto` measured x0.83 / 0.79 / 0.92 / 0.92 of
         # DDTREE 128 at batch 1 / 4 / 16 / 64 on the tiny pair (a noisy, slow host; cause not separated, and a simulated
         # moving basis alone costs nothing: auto_drift_sim.json), with no gain projected offline for calibrated choices;
         # the trees stay the raw scores' best-b (offline, selecting them by calibrated scores projected no faster:
         # docs/adaptive-budget.md).
-        mass = calibration_prior_mass()
-        calibrator = ScoreCalibrator(CalibratorConfig(depth_limit=self.depth_limit,
-                                                      **({} if mass is None else {"prior_mass": mass})),
-                                     device=self.device)
+        config = auto_config(self.options.auto_calibration)
+        walks = WalkSchedule(config)
+        calibrator = ScoreCalibrator(CalibratorConfig(depth_limit=self.depth_limit), device=self.device)
         for c in candidates:
             tree_stages.append({sampled: GraphedStage(
                 partial(ops.auto_tree_stage, self.budget, c, candidates, self.options.prune, self.use_kernels,
@@ -353,7 +347,7 @@ class DDTreeWorker(DFlashWorkerV2):
             # walk stages after a tree stage: a stage borrows its inputs from exactly one producer (graphs.py). Only
             # a sampled walk computes the candidates' observed tokens (ops.observed_tokens, 36 kernels at the
             # 128-tree): the policy reads them next to the same round's expectations only (AutoFeedback.push); only
-            # a scored one the calibration's (WalkSchedule, CALIBRATION_EVERY), and the learn variant (an unsampled
+            # a scored one the calibration's (WalkSchedule, calibration_every), and the learn variant (an unsampled
             # round's scoring while the table learns all) follows the unsampled tree stage, whose outputs it borrows.
             # The chain is not scored.
             walk_stages.append({variant: GraphedStage(
@@ -363,23 +357,15 @@ class DDTreeWorker(DFlashWorkerV2):
                 name=f"auto walk {candidate_label(c)}{'' if variant == 'plain' else ' ' + variant}",
                 enabled=self.round_graphs, borrow=(0, 1, 2, 3, 4, 5), unpad=ops.unpad_commit_plan,
                 rows_arg=self.pad_stages, **pad)
-                for variant in WalkSchedule.VARIANTS if not (c == CHAIN and variant in WalkSchedule.SCORED)})
-        policy = AutoBudgetPolicy(list(candidates), widths=widths, explore=auto_explore_rounds(),
-                                  explore_all=os.environ.get("SGLANG_DDTREE_AUTO_EXPLORE_ALL") == "1",
-                                  shrink_z=auto_shrink_z(), spread=auto_spread(), floor_fresh=auto_floor_fresh(),
-                                  warm_rounds=auto_warm_rounds(), floor_min_times=auto_floor_min_times(),
-                                  explore_best_elsewhere=auto_explore_best_elsewhere(), force=auto_force(candidates),
-                                  hold_rounds=auto_hold_rounds() or 0, hold_max=auto_hold_max(),
-                                  settled_sampling=auto_settled_sampling(), sample_every=auto_sample_every(),
-                                  relative_times=auto_relative_times(), forget_start=auto_forget_start(),
-                                  times_expire=auto_times_expire(), switch_untimed=auto_switch_untimed())
+                for variant in walks.variants(c == CHAIN)})
+        policy = AutoBudgetPolicy(list(candidates), widths=widths, config=config)
         # verify_states are built at the first decode round: SGLang creates the target's attention backend and
         # verify graphs after the speculative worker (lease 9: no `attn_backend` on the target runner yet here).
-        calibration = CalibrationMonitor(calibrator, self.stats.prometheus)
+        calibration = CalibrationMonitor(calibrator, self.stats.prometheus, config)
         return _AutoState(candidates, widths, tree_stages, walk_stages, None, policy,
                           AutoFeedback(policy, self.device, calibration), calibration,
                           torch.zeros(AutoFeedback.CALIBRATION, dtype=torch.float32, device=self.device),
-                          log_every=auto_log_every(), learn_all=auto_calibration_learn_all())
+                          log_every=config.log_every, walks=walks)
 
     def _capture_bucket(self, batch, bucket, bs, draft_hidden, roots, prefix_lens, choice_dtype) -> None:
         """`auto`, after a batch-size bucket's first round: every candidate's tree and walk stages (sampled and
@@ -416,7 +402,7 @@ class DDTreeWorker(DFlashWorkerV2):
     def _warm_chain_accept(self, bucket: int, prefix_lens: torch.Tensor) -> None:
         """The lean chain round's accept kernel (eager: ops.chain_accept) launched once per compiled variant that the
         bucket's batch sizes reach (kernels.chain_accept_batch_sizes), on zeros into scratch buffers, so that no
-        measured round compiles it (auto.STALL_HOST_MS)."""
+        measured round compiles it (stats.StallDetector)."""
         from sglang_ddtree import kernels
 
         sizes = sorted(set(self._bucket_cache[1] if self._bucket_cache is not None else []) | {bucket})
@@ -561,7 +547,7 @@ class DDTreeWorker(DFlashWorkerV2):
             bucket = self._graph_bucket(bs)
             if self._host_detail:
                 timer.host_mark("choose_prep")
-            held = self.auto.policy.held_round(bucket, self.auto.rounds)  # a held choice reads nothing (HOLD_ROUNDS)
+            held = self.auto.policy.held_round(bucket, self.auto.rounds)  # a held choice reads nothing
             if self._host_detail:
                 timer.host_mark("choose_held")
             if held is None:
@@ -597,12 +583,7 @@ class DDTreeWorker(DFlashWorkerV2):
             if self.stats.prometheus is not None:
                 self.stats.prometheus.auto_round(candidate_label(self.auto.candidates[chosen]))
             width = self.auto.widths[chosen]
-            learn_all = self.auto.calibration.learnt < self.auto.learn_all
-            if sampled or learn_all:  # else the plain walk (WalkSchedule.variant's answer, asked without its calls)
-                young = self.auto.calibration.request_rounds < CALIBRATION_YOUNG
-                variant = self.auto.walks.variant(self.auto.candidates[chosen] == CHAIN, sampled, young, learn_all)
-            else:
-                variant = "plain"
+            variant = self.auto.walks.variant(self.auto.candidates[chosen] == CHAIN, sampled, self.auto.calibration)
             walk_stage = self.auto.walk_stages[chosen][variant]
             if self._host_detail:
                 timer.host_mark("tree_auto")
@@ -674,7 +655,7 @@ class DDTreeWorker(DFlashWorkerV2):
                                 seq_lens=prefix_lens, summary=summary,
                                 extra=None if not use_auto or self.stats.debug is None else  # dump rows only
                                 {"auto_candidate": candidate_label(self.auto.candidates[chosen]),
-                                 "auto_sampled": sampled, "auto_cold": cold})
+                                 "auto_sampled": sampled, "auto_cold": cold, "auto_walk": variant})
         if use_auto and self.stats.debug is not None:
             self.stats.dump_state("auto", self.auto.policy.export(), every=100)
             self.stats.dump_state("calibration", {**self.auto.calibration.export(),

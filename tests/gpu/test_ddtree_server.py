@@ -282,7 +282,7 @@ def _observations(server):
 
 def _decode_until_published(server, model_pair, attempts=8):
     """Greedy 512-token requests one at a time until the calibration gauges show observations (published at most
-    once in CalibrationMonitor.EXPORT_SECONDS; the first check of a server and the one EXPORT_EVERY rounds after a
+    once in stats.TableGauges.SECONDS; the first check of a server and the one EVERY rounds after a
     reset publish at once): -> the number of requests sent."""
     params = {"temperature": 0.0, "max_new_tokens": 512, "ignore_eos": True}
     for sent in range(1, attempts + 1):
