@@ -3,7 +3,7 @@ detail split (SGLANG_DDTREE_AUTO_HOST_DETAIL) pointed at:
 
 - a Prometheus Counter inc, in-process and under prometheus_client's multiprocess mode (SGLang sets
   PROMETHEUS_MULTIPROC_DIR with --enable-metrics), against a dict add (`_Prometheus.auto_round` sums its rounds);
-- the chooser's log line (`_AutoState.maybe_log`: the policy's and the table's export, formatted by logging), with
+- the chooser's log line (`AutoRounds.maybe_log`: the policy's and the table's export, formatted by logging), with
   the policy of bench_auto_round_host.py after its warm rounds (one bucket);
 - the calibration table's publish with its summary rows (`CalibrationMonitor._publish`).
 
@@ -65,7 +65,7 @@ def log_and_publish_us(loops: int, repeats: int) -> dict:
     log.addHandler(logging.StreamHandler(open(os.devnull, "w")))
     log.setLevel(logging.INFO)
 
-    def log_line():  # what _AutoState.maybe_log formats
+    def log_line():  # what AutoRounds.maybe_log formats
         log.info("DDTREE auto after %d rounds: %s", 1,
                  {**policy.export(), "lean_chain_rounds": 0, "calibration": monitor.export()})
 

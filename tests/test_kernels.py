@@ -453,7 +453,7 @@ def test_chain_accept_kernel_matches_the_chain_trees_walk():
 def test_chain_accept_batch_sizes_cover_every_compiled_variant_once():
     """kernels.chain_accept_batch_sizes: one batch size per variant of chain_accept_triton that a range of batch
     sizes compiles (its ROWS / BLOCKS constexprs, Triton's bs == 1 and bs % 16 == 0 specializations), so that
-    `auto`'s bucket capture compiles them all (DDTreeWorker._warm_chain_accept)."""
+    `auto`'s bucket capture compiles them all (AutoRounds._warm_chain_accept)."""
     from sglang_ddtree import kernels
 
     def variant(bs):

@@ -51,7 +51,7 @@ class DDTreeOptions:
     prune: float | None = None
     debug_path: str | None = None
     candidates: tuple[int, ...] | None = None  # `auto` only: sorted, 0 = the chain first
-    oracle: bool = False  # re-verify each round's accepted path as a chain and commit that (worker._oracle_round)
+    oracle: bool = False  # re-verify each round's accepted path as a chain and commit that (sglang.modes.Oracle)
 
     @property
     def auto(self) -> bool:
