@@ -1,7 +1,7 @@
 """How often the tree kernels' live bound lets a depth skip its radix passes (CPU, torch; no kernel runs here).
 
 For drafts like bench_tree.py's (randn x --draft-scale over V ids, L = 15 depths, the top-W log-probs per depth),
-follow the tree build depth by depth as kernels._tree_build_kernel does (candidates = the extension pairs of
+follow the tree build depth by depth as kernels.tree_build._tree_build_kernel does (candidates = the extension pairs of
 tree.py, each depth's W best kept, stop once no deeper node can beat the bound) and count, per depth selected, the
 candidates scoring above three bounds: `lb` (the running max of each depth's W-th best), `pair` (lb, or the best a of
 the previous depth with the best W - a of this one: what the kernel uses) and `exact` (the W-th best of every node

@@ -6,7 +6,7 @@ output mixes t's input with its K-1 predecessors. In a tree verify the predecess
 
 SGLang 0.5.17 computes this in its conv-update kernel (`causal_conv1d_triton.py`), which unrolls a loop over the
 verify tokens at compile time and derives every node's parent on the way: its first compile took 166 s for 129
-tokens on an H200 and had not finished after 7 minutes for 257 (lease 12), so trees of 128+ nodes could not serve.
+tokens on an H200 and had not finished after 7 minutes for 257, so trees of 128+ nodes could not serve.
 Here the parents come first (`parents_from_retrieve`, from the same next-token / next-sibling arrays, a few
 gathers), and one program per (request, block of channels) walks the tokens in an ordinary loop, following the
 parent array for each token's window: compile time no longer depends on the tree size.

@@ -267,7 +267,7 @@ def _make_spec_class():
                 server_args.speculative_eagle_topk = 2
                 logger.info("DDTREE: hybrid (gated-delta-net) target: tree verify through per-node recurrent "
                             "states (speculative_eagle_topk=2)")
-            # the package path: an A/B of two commits in one run (lease_steps.sh TP_TWIN_BASE) shows which ran
+            # the package path: an A/B of two commits in one run shows which ran
             logger.info("DDTREE: budget=%s (verify up to %d tokens/request), drafter block=%d, prune=%s, "
                         "max_running_requests=%s, package %s",
                         f"auto {list(options.candidates)}" if options.auto else options.budget,
