@@ -44,7 +44,8 @@ from sglang_ddtree.bench.server import SubprocessLauncher, format_cpu_list, pars
 
 TUPLE_FIELDS = {"methods": str, "budgets": int, "batch_sizes": int, "server_env": str}
 SCALAR_FIELDS = {"max_new_tokens": int, "warmup_new_tokens": int, "prompt_tokens": int, "graph_token_cap": int,
-                 "max_activation_gib": float, "context_length": int, "target": str, "drafter": str}
+                 "max_activation_gib": float, "context_length": int, "target": str, "drafter": str,
+                 "backend": str}
 
 
 def _csv(text: str, kind=str) -> tuple:
@@ -138,7 +139,7 @@ def parse_args(argv):
                                                     "the new results file first)")
     ap.add_argument("--fresh", action="store_true", help="move an existing results file aside instead of resuming")
     ap.add_argument("--max-minutes", type=float, default=8.5, help="wall-clock budget of the whole sweep")
-    ap.add_argument("--setups", default="tiny,8b-dummy", help="comma-separated: tiny, 8b-dummy")
+    ap.add_argument("--setups", default="tiny,8b-dummy", help="comma-separated: tiny, 8b-dummy, 8b-real")
     ap.add_argument("--set", action="append", default=[], metavar="SETUP.FIELD=VALUE",
                     help="change a setup, e.g. 8b-dummy.budgets=16,64,256,1024, tiny.max_new_tokens=64, "
                          "all.batch_sizes=1,4, tiny.server_env=SGLANG_DDTREE_PAD_STAGES=1 (comma-separated "
@@ -183,6 +184,27 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
+def ensure_widened(setup: plan_mod.Setup, *, dry_run: bool) -> None:
+    """A setup of a widened pair (8b-real) builds it when its folders hold no weights; a dry run writes only the
+    configs it plans from."""
+    if not setup.widen_shape:
+        return
+    from sglang_ddtree import widen
+
+    big = widen.SHAPES[setup.widen_shape]
+    out = setup.path("target").parent
+    if setup.path("drafter").parent != out:
+        raise ValueError(f"setup {setup.name}: a widened pair's target and drafter must share one folder.")
+    if widen.is_built(out, big):
+        return
+    if dry_run:
+        widen.write_configs(widen.TINY_DIR, big, out)
+        print(f"{setup.name}: {out} holds no weights yet; a real run builds them (python -m sglang_ddtree.widen "
+              f"--shape {big.name} --out {out})")
+        return
+    widen.widen_pair(widen.TINY_DIR, big, out)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -196,6 +218,8 @@ def main(argv=None) -> int:
         if unknown or not names:
             raise ValueError(f"--setups names unknown setups {unknown}; known: {', '.join(setups)}.")
         chosen = [setups[n] for n in names]
+        for setup in chosen:
+            ensure_widened(setup, dry_run=args.dry_run)
         mem_budget = args.mem_budget_gib or default_mem_budget(args.dry_run)
         plan = plan_mod.expand(chosen, mem_fraction=args.mem_fraction_static,
                                extra_args=tuple(shlex.split(args.extra_server_args)), mem_budget_gib=mem_budget)

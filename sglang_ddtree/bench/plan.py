@@ -115,8 +115,13 @@ class Setup:
     # "KEY=VALUE" environment entries for this setup's servers (an A/B of a worker switch in one interleaved run:
     # bench_budgets.py --copy-setup tiny-off=tiny --set tiny-off.server_env=SGLANG_DDTREE_X=0)
     server_env: tuple[str, ...] = ()
+    backend: str = "triton"  # --attention-backend: triton or flashinfer
+    # built on demand by sglang_ddtree.widen (the tiny pair widened to this shape) when its folders hold no weights
+    widen_shape: str | None = None
 
     def validate(self) -> None:
+        if self.backend not in ("triton", "flashinfer"):
+            raise ValueError(f"setup {self.name}: backend must be triton or flashinfer, got {self.backend!r}.")
         if self.prompt_kind not in ("text", "ids"):
             raise ValueError(f"setup {self.name}: prompt_kind must be 'text' or 'ids', got {self.prompt_kind!r}.")
         bad = [m for m in self.methods if m not in METHODS]
@@ -163,6 +168,8 @@ class Setup:
         out = {k: getattr(self, k) for k in keep}
         if self.server_env:  # only when set: the signatures of setups without it stay what they were
             out["server_env"] = sorted(self.server_env)
+        if self.backend != "triton":  # likewise
+            out["backend"] = self.backend
         for which in ("target", "drafter"):  # the same folder, however it was spelled
             path = self.path(which)
             out[which] = path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else str(path)
@@ -196,7 +203,14 @@ def default_setups() -> dict[str, Setup]:
         max_activation_gib=24.0, report_acceptance=False,
         est_step_floor_ms=(("plain", 6.0), ("dflash", 9.0), ("ddtree", 15.0)), est_us_per_verify_token=25.0,
     )
-    return {s.name: s for s in (tiny, dummy_8b)}
+    # The tiny pair widened to exact Qwen3-8B / z-lab-8B-drafter shapes (sglang_ddtree/widen.py): real 8B costs and
+    # the tiny pair's acceptance. Built on the GPU machine (~20 s) into runs/8b-real when missing.
+    real_8b = dataclasses.replace(
+        tiny, name="8b-real", target="runs/8b-real/target", drafter="runs/8b-real/drafter", widen_shape="qwen3-8b",
+        context_length=4096, graph_token_cap=dummy_8b.graph_token_cap, max_activation_gib=24.0,
+        est_step_floor_ms=(("plain", 6.0), ("dflash", 9.0), ("ddtree", 12.0)), est_us_per_verify_token=25.0,
+        budgets=(16, 32, 64, 128, 256))
+    return {s.name: s for s in (tiny, dummy_8b, real_8b)}
 
 
 # -------------------------------------------------------------------------------------------------------- rows
@@ -367,7 +381,7 @@ def server_args(setup: Setup, method: str, budget: int | None, *, max_batch: int
     if setup.context_length:
         args += ["--context-length", str(setup.context_length)]
     args += [
-        "--attention-backend", "triton",
+        "--attention-backend", setup.backend,
         "--enable-metrics",  # decode_throughput in meta_info and the DDTREE stage histograms
         "--sleep-on-idle",  # idle servers of a wave must not spin a CPU core each while another one is measured
         "--disable-prefill-cuda-graph",  # prefill is not measured; its 58-size capture took ~79 s in lease 1

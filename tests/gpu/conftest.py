@@ -120,10 +120,11 @@ class ModelPair:
     target: Path
     drafter: Path
     dummy: bool  # random weights, no tokenizer: prompts must be token ids
+    name: str = ""  # "8b-real" for the widened pair; else the mode follows `dummy`
 
     @property
     def mode(self) -> str:
-        return "dummy" if self.dummy else "tiny"
+        return self.name or ("dummy" if self.dummy else "tiny")
 
     def base_args(self) -> list[str]:
         args = ["--model-path", str(self.target)]
@@ -149,9 +150,24 @@ def tiny_pair_missing() -> str | None:
     return None
 
 
+REAL8B_DIR = REPO_ROOT / "runs" / "8b-real"
+
+
+def real8b_pair() -> ModelPair:
+    """The tiny pair widened to Qwen3-8B shapes (sglang_ddtree/widen.py), built into runs/8b-real when missing."""
+    from sglang_ddtree import widen
+
+    big = widen.SHAPES["qwen3-8b"]
+    if not widen.is_built(REAL8B_DIR, big):
+        widen.widen_pair(TINY_DIR, big, REAL8B_DIR)
+    return ModelPair(REAL8B_DIR / "target", REAL8B_DIR / "drafter", dummy=False, name="8b-real")
+
+
 def choose_model_pair(mode: str) -> ModelPair:
+    if mode == "8b-real":
+        return real8b_pair()
     if mode not in ("auto", "tiny", "dummy"):
-        raise ValueError(f"DDTREE_GPU_MODELS must be auto, tiny or dummy, got {mode!r}.")
+        raise ValueError(f"DDTREE_GPU_MODELS must be auto, tiny, dummy or 8b-real, got {mode!r}.")
     missing = tiny_pair_missing()
     if mode == "tiny" and missing:
         raise ValueError(f"DDTREE_GPU_MODELS=tiny but the tiny pair lacks {missing}.")

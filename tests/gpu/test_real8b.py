@@ -1,0 +1,131 @@
+"""Lossless at real size: the widened Qwen3-8B-shaped pair served with DDTREE == plain decoding up to bf16 ties.
+
+Runs only with DDTREE_GPU_MODELS=8b-real (the pair is built into runs/8b-real on first use, ~20 s on the H200).
+DDTREE_GPU_BACKEND picks the attention backend (triton, the default, or flashinfer).
+
+  - greedy, 128 new tokens, 16 HumanEval prompts (runs/bench/humaneval_prompts.jsonl, written by
+    `benchmarks/bench_budgets.py --write-prompts`; the serving prompts otherwise): DDTREE at B = 16, 64 and 256, one
+    request at a time and all 16 at once, against plain decoding one at a time; a first difference passes only where
+    plain's own top-2 log-probs are within TIE_NATS, and every first difference's gap is recorded;
+  - the KV pool is back to idle after 200 mixed, sampled and aborted requests (B = 64).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import time
+
+import pytest
+
+from conftest import REPO_ROOT
+from serving_common import TEXT_PROMPTS, compare, ddtree, tau_of
+from test_ddtree_server import post_raw, used_tokens
+
+TIE_NATS = 0.125
+NEW_TOKENS = 128
+PROMPTS = 16
+BUDGETS = (16, 64, 256)
+GREEDY = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def pair(model_pair):
+    if model_pair.mode != "8b-real":
+        pytest.skip("real-size module: set DDTREE_GPU_MODELS=8b-real")
+    return model_pair
+
+
+def prompts() -> list[str]:
+    path = REPO_ROOT / "runs" / "bench" / "humaneval_prompts.jsonl"
+    if path.is_file():
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [r["text"] for r in rows[:PROMPTS]]
+    return (TEXT_PROMPTS + [p + "    " for p in TEXT_PROMPTS])[:PROMPTS]
+
+
+def common(pair, backend: str) -> list[str]:
+    # Four 8B servers start together: a capped KV pool (--max-total-tokens) with a loose fraction, as the sweep does.
+    return pair.base_args() + [
+        "--attention-backend", backend, "--mem-fraction-static", "0.88", "--max-total-tokens", "24576",
+        "--max-running-requests", "16", "--cuda-graph-max-bs-decode", "16", "--context-length", "4096",
+        "--random-seed", "0", "--decode-log-interval", "1"]
+
+
+@pytest.fixture(scope="module")
+def servers(sglang_servers, pair):
+    backend = os.environ.get("DDTREE_GPU_BACKEND", "triton")
+    base = common(pair, backend)
+    draft = ["--speculative-draft-model-path", str(pair.drafter)]
+    configs = {"plain": base}
+    configs.update({f"ddtree-{b}": base + ddtree(b) + draft for b in BUDGETS})
+    started = sglang_servers(configs, env={"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"})
+    failed = {n: s for n, s in started.items() if isinstance(s, Exception)}
+    if failed:
+        pytest.fail(f"servers did not start: {failed}")
+    return started
+
+
+@pytest.fixture(scope="module")
+def outputs(servers):
+    texts = prompts()
+    out = {"plain": [servers["plain"].generate(text=t, sampling_params=GREEDY, return_logprob=True,
+                                               top_logprobs_num=2) for t in texts]}
+    for b in BUDGETS:
+        s = servers[f"ddtree-{b}"]
+        out[f"ddtree-{b}/bs1"] = [s.generate(text=t, sampling_params=GREEDY) for t in texts]
+        batch = s.generate(text=texts, sampling_params=GREEDY)
+        assert isinstance(batch, list) and len(batch) == len(texts)
+        out[f"ddtree-{b}/bs16"] = batch
+    return out
+
+
+@pytest.mark.parametrize("name", [f"ddtree-{b}/bs{n}" for b in BUDGETS for n in (1, 16)])
+def test_greedy_equals_plain_up_to_ties(outputs, name, gpu_record):
+    exact, ties, failures = compare(outputs["plain"], outputs[name], TIE_NATS)
+    gaps = [t["logprob_gap"] for t in ties] + [f.get("logprob_gap") for f in failures if isinstance(f, dict)]
+    gpu_record("real8b_greedy", config=name, backend=os.environ.get("DDTREE_GPU_BACKEND", "triton"),
+               prompts=len(outputs[name]), new_tokens=NEW_TOKENS, exact=exact, ties=ties, failures=failures,
+               max_gap=max((g for g in gaps if g is not None), default=0.0), tau=tau_of(outputs[name]),
+               tie_nats=TIE_NATS)
+    assert not failures, f"{name}: differences from plain that are not ties within {TIE_NATS} nats: {failures}"
+
+
+def test_no_kv_leak_after_mixed_and_aborted_requests(servers, gpu_record):
+    server = servers["ddtree-64"]
+    texts = prompts()
+    idle_tokens, idle_reqs = used_tokens(server)
+    assert idle_reqs == 0
+    lengths = [1, 5, 17, 40, 64, 90]
+
+    def one(i):
+        params = {"temperature": 0.0 if i % 2 else 0.8, "max_new_tokens": lengths[i % len(lengths)]}
+        text = texts[i % len(texts)]
+        if i % 5 == 0:  # aborted mid-generation through SGLang's /abort_request
+            rid = f"leak-{i}"
+            params = {**params, "max_new_tokens": 400, "ignore_eos": True}
+            with concurrent.futures.ThreadPoolExecutor(1) as one_pool:
+                fut = one_pool.submit(server.generate, text=text, sampling_params=params, rid=rid)
+                time.sleep(0.05 * (1 + i % 4))
+                post_raw(server, "/abort_request", {"rid": rid})
+                out = fut.result(timeout=120)
+            reason = (out.get("meta_info", {}).get("finish_reason") or {}).get("type")
+            return "aborted" if reason == "abort" else "finished"
+        server.generate(text=text, sampling_params=params)
+        return "ok"
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        kinds = list(pool.map(one, range(200)))
+    deadline = time.time() + 60
+    while True:
+        tokens, reqs = used_tokens(server)
+        if reqs == 0 or time.time() > deadline:
+            break
+        time.sleep(1)
+    gpu_record("real8b_kv_leak", config="ddtree-64", idle_tokens=idle_tokens, after_tokens=tokens, after_reqs=reqs,
+               leaked=tokens - idle_tokens, kinds={k: kinds.count(k) for k in set(kinds)})
+    assert reqs == 0, f"{reqs} requests still running 60 s after the load ended"
+    assert tokens == idle_tokens, f"KV leak: {tokens - idle_tokens} tokens still in use after the load"
+    assert kinds.count("aborted") > 0, f"no request was really aborted: {kinds}"
+    assert server.proc.poll() is None, "the server died (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE raises on leaks)"
