@@ -523,7 +523,7 @@ def test_model_pair_falls_back_to_dummy_configs(fake_sglang, monkeypatch, tmp_pa
     assert pair.dflash_args(16)[:2] == ["--speculative-algorithm", "DFLASH"]
     with pytest.raises(ValueError, match="tiny pair lacks"):
         conftest.choose_model_pair("tiny")
-    with pytest.raises(ValueError, match="auto, tiny or dummy"):
+    with pytest.raises(ValueError, match="auto, tiny, dummy or 8b-real"):
         conftest.choose_model_pair("big")
 
 
