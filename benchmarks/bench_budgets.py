@@ -142,7 +142,7 @@ def parse_args(argv):
     ap.add_argument("--setups", default="tiny,8b-dummy", help="comma-separated: tiny, 8b-dummy, 8b-real")
     ap.add_argument("--set", action="append", default=[], metavar="SETUP.FIELD=VALUE",
                     help="change a setup, e.g. 8b-dummy.budgets=16,64,256,1024, tiny.max_new_tokens=64, "
-                         "all.batch_sizes=1,4, tiny.server_env=SGLANG_DDTREE_PAD_STAGES=1 (comma-separated "
+                         "all.batch_sizes=1,4, tiny.server_env=SGLANG_DDTREE_TORCH_PATH=1 (comma-separated "
                          "KEY=VALUE for the setup's servers) (fields: budgets, batch_sizes, methods, server_env, "
                          "max_new_tokens, "
                          "warmup_new_tokens, prompt_tokens, graph_token_cap, max_activation_gib, context_length, "
@@ -177,7 +177,7 @@ def parse_args(argv):
     ap.add_argument("--commit", default=None, help="commit to record (default: git here, else $DDTREE_COMMIT)")
     ap.add_argument("--server-cpus", default=None, metavar="LIST",
                     help="pin every server (all its processes) to these CPUs, e.g. 4-7: with --interleave the "
-                         "servers then share one set of vCPUs instead of wherever the OS put each (lease 21b: two "
+                         "servers then share one set of vCPUs instead of wherever the OS put each (measured: two "
                          "identical host-bound servers measured 11%% apart)")
     ap.add_argument("--extra-server-args", default="", help="appended to every launch_server command (shell words)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan (servers, args, memory, waves) and exit")
@@ -190,6 +190,7 @@ def ensure_widened(setup: plan_mod.Setup, *, dry_run: bool) -> None:
     if not setup.widen_shape:
         return
     from sglang_ddtree import widen
+    from sglang_ddtree.tiny import tiny_dir
 
     big = widen.SHAPES[setup.widen_shape]
     out = setup.path("target").parent
@@ -198,11 +199,11 @@ def ensure_widened(setup: plan_mod.Setup, *, dry_run: bool) -> None:
     if widen.is_built(out, big):
         return
     if dry_run:
-        widen.write_configs(widen.TINY_DIR, big, out)
+        widen.write_configs(tiny_dir(), big, out)
         print(f"{setup.name}: {out} holds no weights yet; a real run builds them (python -m sglang_ddtree.widen "
               f"--shape {big.name} --out {out})")
         return
-    widen.widen_pair(widen.TINY_DIR, big, out)
+    widen.widen_pair(tiny_dir(), big, out)
 
 
 def main(argv=None) -> int:

@@ -11,9 +11,8 @@ The serving path (sglang_ddtree/sglang/worker.py) uses the Triton kernels on CUD
 On CUDA each configuration is timed eagerly (CUDA events around launches from an idle GPU: host launch overhead
 included) and as one captured CUDA graph replay (GPU time alone); the serving path replays these stages as CUDA
 graphs per batch size (sglang_ddtree/graphs.py), so the graph numbers are the ones that matter there. Writes JSON rows (one per configuration) and
-prints a table. impls: torch, triton (sort tree kernel, one launch), triton_rank (rank tree kernel, L+1 launches),
-triton_select (radix-select tree kernel, one launch), triton_topk (the tree kernel that `auto` picks for the
-budget, and kernels.topk_triton for the top-K), triton_select_topk (select + topk_triton), triton_fused (the picked
+prints a table. impls: torch, triton (sort tree kernel, one launch), triton_select (radix-select tree kernel, one
+launch), triton_topk (the tree kernel that kernels.tree_kernel_for picks for the budget, and kernels.topk_triton for the top-K), triton_select_topk (select + topk_triton), triton_fused (the picked
 tree kernel, and kernels.topk_logits_lse: the top-K and the logsumexp from the bf16 logits, without log_softmax).
 Every impl's top-K and tree are checked against the torch reference before timing (a difference stops the run;
 triton_fused's log-probs within 2e-5, its ids exact, its tree against the torch tree of its own top-K).
@@ -45,7 +44,7 @@ from sglang_ddtree.walk import walk_choices  # noqa: E402
 PREFIX = 512  # committed tokens per request: sizes the FULL_MASK the verify reads
 # impl -> (tree kernel, None = what build_tree_triton picks for the budget; the top-K: "torch" = log_softmax +
 # torch.topk, "triton" = log_softmax + kernels.topk_triton, "fused" = kernels.topk_logits_lse on the bf16 logits)
-TRITON_IMPLS = {"triton": ("sort", "torch"), "triton_rank": ("rank", "torch"), "triton_select": ("select", "torch"),
+TRITON_IMPLS = {"triton": ("sort", "torch"), "triton_select": ("select", "torch"),
                 "triton_topk": (None, "triton"), "triton_select_topk": ("select", "triton"),
                 "triton_fused": (None, "fused")}
 
@@ -76,7 +75,7 @@ def make_stages(impl, draft_logits, budget, roots, start, choice):
 
             topk = triton_topk
         elif topk_kind == "fused":
-            def fused_topk():  # what the serving path runs with SGLANG_DDTREE_DRAFT_LSE=triton
+            def fused_topk():  # what the serving path runs
                 values, tokens, lse = kernels.topk_logits_lse(draft_logits.view(-1, vocab), k)
                 return (values - lse.unsqueeze(-1)).view(bs, -1, k), tokens.view(bs, -1, k)
 
@@ -164,7 +163,7 @@ def main(argv=None):
                     help="time the target argmax (`choice`) only when its logits fit (default 8 on CUDA, 0 on CPU)")
     ap.add_argument("--impls", default=None,
                     help="comma list of torch, " + ", ".join(TRITON_IMPLS) + " (see above); default: "
-                         "torch,triton,triton_rank on CUDA, torch on CPU")
+                         "torch,triton,triton_select on CUDA, torch on CPU")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--commit", default=None, help="commit to record (default: git here; a device copy's HEAD can be "
                     "stale)")
@@ -178,7 +177,7 @@ def main(argv=None):
     rows = []
     budgets = [int(x) for x in args.budgets.split(",")]
     batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
-    impls = args.impls.split(",") if args.impls else (["torch", "triton", "triton_rank"] if cuda else ["torch"])
+    impls = args.impls.split(",") if args.impls else (["torch", "triton", "triton_select"] if cuda else ["torch"])
     if any(i.startswith("triton") for i in impls) and not (cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         raise SystemExit("--impls triton needs --device cuda (or TRITON_INTERPRET=1, which checks but times nothing "
                          "worth reading)")
@@ -191,7 +190,6 @@ def main(argv=None):
         "torch": torch.__version__,
         "repeats": repeats,
         "draft_scale": args.draft_scale,
-        "tree_warps_override": os.environ.get("SGLANG_DDTREE_TREE_WARPS"),
         "timing": "median of repeats; CUDA: events, eager and one CUDA-graph replay; CPU: perf_counter",
     }
 

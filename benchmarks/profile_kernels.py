@@ -1,14 +1,12 @@
 """Where the core stages' GPU time goes, kernel by kernel: the Triton top-K (`kernels.topk_triton`) and the tree
 build kernels at batch 1, timed one launch at a time with CUDA events (the top-K's launches eagerly, so their sum can
-exceed bench_tree.py's graph number; the tree kernels as one graph replay each), the tree kernel under a few warp
-counts, and the select kernel with its radix passes or its sorts of W keys left out (kernels.ABLATE_*: timing only)
-to split its time.
+exceed bench_tree.py's graph number; the tree kernels, sort and select, as one graph replay each).
 
     python benchmarks/profile_kernels.py --out $OUT/profile_kernels.json
 
 Inputs as in benchmarks/bench_tree.py (bf16 logits, randn x --draft-scale, V = 151936, L = 15), but by default
-the confident drafter (scale 12: trees 15 deep), where the tree kernels select at every depth: with an unsure one
-they stop after a few depths, and the ablated variants (which never stop early) would not compare.
+the confident drafter (scale 12: trees 15 deep), where the tree kernels select at every depth (with an unsure one
+they stop after a few depths).
 """
 
 from __future__ import annotations
@@ -33,8 +31,7 @@ def timed(fn, repeats: int) -> float:
 
 def timed_replay(fn, repeats: int) -> float:
     """The tree kernels: one CUDA-graph replay (as the server runs them), so a launch's host latency is not in
-    the time and the ablated variants' differences are GPU time (lease 14 timed eager launches: ~0.15 ms of
-    launch latency in every number). Wall time in the interpreter."""
+    the time (eager launches carried ~0.15 ms of launch latency in every number). Wall time in the interpreter."""
     from benchmarks.bench_tree import time_cpu, time_cuda_graph
 
     return (time_cuda_graph if torch.cuda.is_available() else time_cpu)(fn, repeats)
@@ -66,7 +63,6 @@ def topk_pieces(lp: torch.Tensor, k: int, repeats: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budgets", default="256,1024")
-    ap.add_argument("--warps", default="4,8,16")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--draft-scale", type=float, default=12.0, help="the drafter's logits are randn x this")
@@ -88,27 +84,11 @@ def main(argv=None) -> int:
         ref = build_tree_from_topk(values, tokens, budget, roots, max_budget=budget)
         row["tree_depth_max"] = int(ref.depth.max())
         for kernel in ("sort", "select"):
-            for warps in ([int(w) for w in args.warps.split(",")] if kernel == "select" else [0]):
-                kernels._TREE_WARPS = warps
-                fn = lambda: kernels.build_tree_triton(values, tokens, budget, roots, max_budget=budget,  # noqa
-                                                       kernel=kernel)
-                got = fn()
-                assert torch.equal(got.tokens, ref.tokens) and torch.equal(got.parents, ref.parents)
-                row[f"tree_{kernel}_warps{warps or 'default'}_ms"] = timed_replay(fn, args.repeats)
-        kernels._TREE_WARPS = 0
-        # Where the select kernel's time goes: the same launch with its radix passes, its sorts of W keys, or both
-        # left out (wrong trees, timing only); the differences to the full kernel are their costs.
-        full = row["tree_select_warps" + (args.warps.split(",")[0] if args.warps else "default") + "_ms"]
-        for name, ablate in (("no_radix", kernels.ABLATE_RADIX), ("no_sort", kernels.ABLATE_SORT),
-                             ("no_radix_no_sort", kernels.ABLATE_BOTH)):
-            kernels._TREE_WARPS = int(args.warps.split(",")[0]) if args.warps else 0
-            fn = lambda: kernels.build_tree_triton_sort(values, tokens, budget, roots, max_budget=budget,  # noqa
-                                                        radix=True, ablate=ablate)
-            fn()
-            row[f"tree_select_{name}_ms"] = timed_replay(fn, args.repeats)
-            kernels._TREE_WARPS = 0
-        row["tree_select_radix_share"] = round(1 - row["tree_select_no_radix_ms"] / full, 3) if full else None
-        row["tree_select_sort_share"] = round(1 - row["tree_select_no_sort_ms"] / full, 3) if full else None
+            fn = lambda: kernels.build_tree_triton(values, tokens, budget, roots, max_budget=budget,  # noqa
+                                                   kernel=kernel)
+            got = fn()
+            assert torch.equal(got.tokens, ref.tokens) and torch.equal(got.parents, ref.parents)
+            row[f"tree_{kernel}_ms"] = timed_replay(fn, args.repeats)
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.out:  # after every budget: a timeout keeps what was measured

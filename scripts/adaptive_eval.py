@@ -10,7 +10,7 @@ What it runs (HumanEval prompts, greedy, float32, CPU; every method's output is 
             verified tree BEFORE learning from that round.
             The warm-up rounds also give, from each verified tree's walk, what every candidate budget (and the chain)
             would have committed (exact at T=0): the prior acceptance curve that sets each batch size's candidate
-            window (adaptive.candidate_window: the chain + budgets within --window of the best projected rate).
+            window (round_cost.candidate_window: the chain + budgets within --window of the best projected rate).
   auto      ddtree_auto at each `--batch-sizes` batch size: prompts decode in lockstep groups of min(batch, prompts)
             with one budget choice per round for the group, from the cost model's round times at that batch size
             (committed H200 sweep, 8B-shaped target, decision overhead included). Variants: `raw` (windowed
@@ -109,9 +109,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", default="16,32,64,128,256,512,1024", help="fixed DDTree budgets")
     ap.add_argument("--candidates", default="chain,16,32,64,128,256", help="ddtree_auto candidates")
     ap.add_argument("--batch-sizes", default="1,4,16,64")
-    ap.add_argument("--window", type=float, default=0.05, help="candidate window tolerance (adaptive.candidate_window)")
+    ap.add_argument("--window", type=float, default=0.05, help="candidate window tolerance (round_cost.candidate_window)")
     ap.add_argument("--max-gain", type=float, default=2.0,
-                    help="prior-free pruning of the calibrated_nowindow variant (adaptive.prune_candidates)")
+                    help="prior-free pruning of the calibrated_nowindow variant (round_cost.prune_candidates)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "adaptive_tiny.json"))
     ap.add_argument("--no-progress", action="store_true")
@@ -121,7 +121,8 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     from sglang_ddtree import adaptive
-    from sglang_ddtree.adaptive import CHAIN, RoundCost, ScoreCalibrator
+    from sglang_ddtree.adaptive import CHAIN, ScoreCalibrator
+    from sglang_ddtree.bench.round_cost import RoundCost
     from sglang_ddtree.datasets import encode_prompt, load_prompts
     from sglang_ddtree.offline.auto import AutoPolicy, auto_decode, build_policy
     from sglang_ddtree.offline.cli_commands import _eos_ids, _load_models

@@ -24,8 +24,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sglang_ddtree.tiny import (  # noqa: E402
-    EOS_TOKEN, MASK_TOKEN, REPO_ROOT, SPECIAL_TOKENS, is_heldout, sha256_file, stdlib_files, stdlib_root,
+    EOS_TOKEN, MASK_TOKEN, SPECIAL_TOKENS, is_heldout, sha256_file, stdlib_files, stdlib_root,
 )
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 

@@ -45,8 +45,10 @@ from sglang_ddtree.drafter import (  # noqa: E402
     DFlashDrafter, DrafterConfig, block_training_mask, target_context_features,
 )
 from sglang_ddtree.tiny import (  # noqa: E402
-    MASK_TOKEN, REPO_ROOT, load_corpus_tokens, sha256_file,
+    MASK_TOKEN, load_corpus_tokens, sha256_file,
 )
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # A fixed prompt for the greedy reference the tests replay (our own text, not from the corpus).

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sglang_ddtree import config
+
 DATA_DIR_ENV = "SGLANG_DDTREE_DATA"
 
 
@@ -99,7 +101,8 @@ def _humaneval_path() -> Path:
 
 def _default_file(name: str) -> Path | None:
     """$SGLANG_DDTREE_DATA/<name>.{jsonl,parquet,...} or ./data/<name>.* if present."""
-    roots = [Path(os.environ[DATA_DIR_ENV])] if os.environ.get(DATA_DIR_ENV) else []
+    data_dir = config.get(DATA_DIR_ENV)
+    roots = [Path(data_dir)] if data_dir else []
     roots.append(Path("data"))
     for root in roots:
         for ext in (".jsonl", ".jsonl.gz", ".json", ".parquet"):

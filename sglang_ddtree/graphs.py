@@ -1,10 +1,9 @@
 """Replaying fixed-shape stages of a round as CUDA graphs, so the host launches one graph instead of dozens of kernels.
 
-Why: at batch 1 with a small target the DDTREE round is host-bound (lease 5, tiny pair: the worker's host time per
-round 5.1 ms against 1.0 ms of GPU work; 113-131 eager kernel launches a round against DFLASH's 26,
-benchmarks/results/profile_rounds_h200_lease5.json). The stages between SGLang's own graph replays (draft top-K,
+Why: at batch 1 with a small target the DDTREE round is host-bound (tiny pair on an H200: the worker's host time per
+round 5.1 ms against 1.0 ms of GPU work; 113-131 eager kernel launches a round against DFLASH's 26). The stages between SGLang's own graph replays (draft top-K,
 tree build, verify inputs, walk, commit plan) have shapes fixed by the batch size, so they can be captured once per
-batch size and replayed. Measured after (lease 6, tiny pair, batch 1, one sweep after the other): 3.6 ms per round
+batch size and replayed. Measured after (tiny pair, batch 1, one sweep after the other): 3.6 ms per round
 with the graphs at B=32 and 128 against 5.0 and 5.7 ms without.
 
 `GraphedStage(fn)` calls fn(*inputs) -> outputs (tensors, or any object holding them). On CUDA, for each new
@@ -64,7 +63,7 @@ class GraphedStage:
                  borrow: tuple[int, ...] = (), bucket_of: Callable[[int], int] | None = None,
                  unpad: Callable[[Any, int], Any] | None = None, rows_arg: bool = False):
         """bucket_of: requests -> the batch size the stage runs at (>= requests; SGLang's CUDA-graph sizes), so one
-        graph serves every batch size up to its bucket instead of one capture per size (lease 15: 480 stage captures
+        graph serves every batch size up to its bucket instead of one capture per size (480 stage captures
         in one `auto` server of the tiny sweep, one per batch size met as requests finished); needs `unpad`
         (outputs, requests) -> the first `requests` requests' outputs, and a call with rows=requests.
         rows_arg: fn takes a trailing 0-dim int64 tensor, the number of real requests, so that its sums over the

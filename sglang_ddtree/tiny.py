@@ -1,6 +1,7 @@
 """The committed tiny target/drafter pair: where it lives, how to load it, and how its corpus is split.
 
-Layout of `TINY_DIR` (default `<repo>/models/tiny`, override with env `SGLANG_DDTREE_TINY_DIR`):
+Layout of `tiny_dir()` (default `models/tiny` under the working directory, override with env
+`SGLANG_DDTREE_TINY_DIR`):
     tokenizer/           byte-level BPE tokenizer (written by scripts/build_corpus.py)
     target/              transformers Qwen3ForCausalLM (config.json, model.safetensors, tokenizer files)
     drafter/             DFlash drafter (config.json in the z-lab format, model.safetensors)
@@ -13,14 +14,20 @@ by a stable hash of each file's relative path, so any interpreter can tell which
 from __future__ import annotations
 
 import hashlib
-import os
 import sysconfig
 from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TINY_DIR = Path(os.environ.get("SGLANG_DDTREE_TINY_DIR", str(REPO_ROOT / "models" / "tiny")))
+from sglang_ddtree import config
+
+
+
+def tiny_dir() -> Path:
+    """The tiny pair's directory: SGLANG_DDTREE_TINY_DIR, else models/tiny under the working directory (a
+    checkout's root). Read when asked: the installed package reads no file next to its own source."""
+    return Path(config.get("SGLANG_DDTREE_TINY_DIR") or Path.cwd() / "models" / "tiny")
+
 
 EOS_TOKEN = "<|endoftext|>"  # also bos and pad
 MASK_TOKEN = "<|mask|>"      # the DFlash drafter's mask token; never appears in the corpus
@@ -122,7 +129,7 @@ def load_corpus_tokens(corpus_dir: str | Path, split: str):
 
 
 def _resolve(path, sub: str) -> Path:
-    base = Path(path) if path is not None else TINY_DIR / sub
+    base = Path(path) if path is not None else tiny_dir() / sub
     return base
 
 
@@ -135,7 +142,7 @@ def _require(path: Path, what: str, needed: tuple[str, ...]) -> None:
 
 
 def load_tokenizer(path=None):
-    """The tiny pair's tokenizer (a transformers fast tokenizer). Default: `TINY_DIR/tokenizer`."""
+    """The tiny pair's tokenizer (a transformers fast tokenizer). Default: `tiny_dir()/tokenizer`."""
     from transformers import AutoTokenizer
 
     path = _resolve(path, "tokenizer")

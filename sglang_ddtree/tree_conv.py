@@ -6,7 +6,7 @@ output mixes t's input with its K-1 predecessors. In a tree verify the predecess
 
 SGLang 0.5.17 computes this in its conv-update kernel (`causal_conv1d_triton.py`), which unrolls a loop over the
 verify tokens at compile time and derives every node's parent on the way: its first compile took 166 s for 129
-tokens on an H200 and had not finished after 7 minutes for 257 (lease 12), so trees of 128+ nodes could not serve.
+tokens on an H200 and had not finished after 7 minutes for 257, so trees of 128+ nodes could not serve.
 Here the parents come first (`parents_from_retrieve`, from the same next-token / next-sibling arrays, a few
 gathers), and one program per (request, block of channels) walks the tokens in an ordinary loop, following the
 parent array for each token's window: compile time no longer depends on the tree size.
@@ -27,7 +27,6 @@ accepted-token offset):
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
@@ -40,21 +39,19 @@ except ImportError:  # CPU-only installs: the reference still works
 
 PAD_SLOT_ID = -1
 
-# Which conv kernel a DDTREE tree verify on a hybrid target runs (read once): "auto" = ours above SGLANG_MAX_TOKENS
-# verify tokens (where SGLang's unrolled kernel compiles for minutes; leases 10-12), SGLang's up to there (the one
-# the hybrid GPU module passed with at B = 16 and 64); "ddtree" = always ours; "sglang" = always SGLang's.
-TREE_CONV = os.environ.get("SGLANG_DDTREE_TREE_CONV", "auto")
-if TREE_CONV not in ("auto", "ddtree", "sglang"):
-    raise ValueError(f"SGLANG_DDTREE_TREE_CONV must be auto, ddtree or sglang, got {TREE_CONV!r}.")
+# Verify tokens up to which a tree verify takes SGLang's conv kernel under SGLANG_DDTREE_TREE_CONV=auto (the one
+# the hybrid GPU module passed with at B = 16 and 64): above it SGLang's, which unrolls over the verify tokens,
+# compiles for minutes, so ours runs.
 SGLANG_MAX_TOKENS = 65
 
 
-def use_ours(verify_tokens: int) -> bool:
-    """Whether a tree verify of this many tokens per request takes causal_conv1d_tree_update (the hook that asks is
-    installed by DDTreeWorker on hybrid targets only: sglang/plugin.py install_tree_conv_hook)."""
-    if TREE_CONV == "sglang":
+def use_ours(verify_tokens: int, choice: str = "auto") -> bool:
+    """Whether a tree verify of this many tokens per request takes causal_conv1d_tree_update. choice: the
+    SGLANG_DDTREE_TREE_CONV value (config.py) the hook read when it was installed (sglang/hooks.py, by DDTreeWorker
+    on hybrid targets only): auto, ddtree (always ours) or sglang (always SGLang's)."""
+    if choice == "sglang":
         return False
-    return TREE_CONV == "ddtree" or verify_tokens > SGLANG_MAX_TOKENS
+    return choice == "ddtree" or verify_tokens > SGLANG_MAX_TOKENS
 
 
 def parents_from_retrieve(next_token: torch.Tensor, next_sibling: torch.Tensor) -> torch.Tensor:

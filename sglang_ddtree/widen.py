@@ -50,7 +50,8 @@ from pathlib import Path
 
 import torch
 
-TINY_DIR = Path(__file__).resolve().parents[1] / "models" / "tiny"
+from sglang_ddtree.tiny import tiny_dir
+
 CONST_VALUE = 2.0 ** -10      # the constant carried by the spare hidden dim
 CONST_NORM_GAIN = 2.0 ** 22   # the final norms' weight on that dim: gain x value = 2^12
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
@@ -469,11 +470,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglang_ddtree.widen", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
     ap.add_argument("--out", type=Path, help="folder for target/ and drafter/ (replaced)")
-    ap.add_argument("--small", type=Path, default=TINY_DIR, help="the pair to widen (default: models/tiny)")
+    ap.add_argument("--small", type=Path, default=None, help="the pair to widen (default: tiny.tiny_dir())")
     ap.add_argument("--meta", action="store_true", help="print placements and parameter counts, build nothing")
     ap.add_argument("--if-missing", action="store_true", help="do nothing when --out already holds this shape")
     ap.add_argument("--shard-gib", type=float, default=4.0)
     args = ap.parse_args(argv)
+    args.small = args.small or tiny_dir()
     big = SHAPES[args.shape]
     for sub in ("target", "drafter"):
         if not (args.small / sub / "config.json").is_file():

@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from sglang_ddtree import adaptive
-from sglang_ddtree.adaptive import (CHAIN, CalibratorConfig, RoundCost, ScoreCalibrator, calibrated_order,
+from sglang_ddtree.adaptive import (CHAIN, CalibratorConfig, ScoreCalibrator, calibrated_order,
                                     chain_expected, choose_budget, expected_acceptance, first_slots,
                                     node_conditionals, offchain_ancestors, parse_candidates, propagate_along_paths,
                                     raw_node_probs, select_by_probs)
+from sglang_ddtree.bench import round_cost
+from sglang_ddtree.bench.round_cost import RoundCost
 from sglang_ddtree.tree import build_tree, build_tree_reference, chain_tree, topk_draft
 from sglang_ddtree.walk import walk_choices
 
@@ -433,12 +435,12 @@ def test_round_cost_from_the_committed_sweep():
     assert cost.overhead_ms(1, CHAIN, [CHAIN, 256]) > cost.overhead_ms(1, CHAIN, [CHAIN, 16])
     assert cost.overhead_ms(64, CHAIN, [CHAIN, 16]) > cost.overhead_ms(1, CHAIN, [CHAIN, 16])
     # pruning: at batch 64 a 256-node tree costs far more than twice the chain
-    assert adaptive.prune_candidates(cost, 64, cands) == [CHAIN, 16]
-    assert adaptive.prune_candidates(cost, 1, cands) == cands
+    assert round_cost.prune_candidates(cost, 64, cands) == [CHAIN, 16]
+    assert round_cost.prune_candidates(cost, 1, cands) == cands
 
 
 def test_kernel_cost_interpolation():
-    k = adaptive.KernelCosts(topk_ms={1: {16: 1.0, 64: 2.0}, 8: {16: 8.0, 64: 16.0}},
+    k = round_cost.KernelCosts(topk_ms={1: {16: 1.0, 64: 2.0}, 8: {16: 8.0, 64: 16.0}},
                              tree_ms={1: {16: 0.5}, 8: {16: 1.5}})
     assert k.topk(1, 32) == pytest.approx(1 + 16 / 48)
     assert k.topk(4, 16) == pytest.approx(1 + 7 * 3 / 7)
@@ -495,26 +497,26 @@ def test_candidate_window():
     cost = RoundCost.from_sweep()
     tau = {CHAIN: 2.9, 16: 3.6, 32: 3.95, 64: 4.2, 128: 4.45, 256: 4.7}
     cands = [CHAIN, 16, 32, 64, 128, 256]
-    w1 = adaptive.candidate_window(cost, 1, cands, tau)
+    w1 = round_cost.candidate_window(cost, 1, cands, tau)
     rates = {b: tau[b] / cost.fixed_ms(1, b) for b in cands}
     best = max(rates.values())
     assert w1 == sorted({CHAIN} | {b for b in cands if rates[b] >= 0.95 * best})
     assert CHAIN in w1 and len(w1) >= 2
     # at batch 64 no tree budget is inside the measured verify range and within 5%: the chain alone, no decision
-    assert adaptive.candidate_window(cost, 64, cands, tau) == [CHAIN]
-    assert adaptive.candidate_window(cost, 1, cands, {}) == [CHAIN]
-    assert adaptive.candidate_window(cost, 1, cands, tau, tolerance=1.0) == cands
+    assert round_cost.candidate_window(cost, 64, cands, tau) == [CHAIN]
+    assert round_cost.candidate_window(cost, 1, cands, {}) == [CHAIN]
+    assert round_cost.candidate_window(cost, 1, cands, tau, tolerance=1.0) == cands
 
 
 def test_load_tau_prior(tmp_path):
     p = tmp_path / "prior.json"
     p.write_text(json.dumps({"chain": 2.5, "16": 3.5}))
-    assert adaptive.load_tau_prior(p) == {CHAIN: 2.5, 16: 3.5}
+    assert round_cost.load_tau_prior(p) == {CHAIN: 2.5, 16: 3.5}
     p.write_text(json.dumps({"runs": {"warmup": {"tau_prior": {"chain": 2.0, "64": 4.0}}}}))
-    assert adaptive.load_tau_prior(p) == {CHAIN: 2.0, 64: 4.0}
+    assert round_cost.load_tau_prior(p) == {CHAIN: 2.0, 64: 4.0}
     p.write_text("[]")
     with pytest.raises(ValueError):
-        adaptive.load_tau_prior(p)
+        round_cost.load_tau_prior(p)
 
 
 def test_calibration_prior_scripts_sparse_learner_learns_from_every_nth_update_only():

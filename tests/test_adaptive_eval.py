@@ -13,7 +13,7 @@ import torch
 from sglang_ddtree import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not (tiny.TINY_DIR / "target" / "model.safetensors").exists(),
+pytestmark = pytest.mark.skipif(not (tiny.tiny_dir() / "target" / "model.safetensors").exists(),
                                 reason="the tiny pair is not in models/tiny")
 
 

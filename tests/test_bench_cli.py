@@ -45,21 +45,21 @@ def test_a_copied_setup_is_changed_alone_and_launches_with_its_environment(tmp_p
     from sglang_ddtree.bench.server import SubprocessLauncher
 
     s = bench.apply_sets(bench.copy_setups(P.default_setups(), ["tiny-off=tiny"]),
-                         ["tiny.server_env=SGLANG_DDTREE_PAD_STAGES=1", "tiny-off.server_env=SGLANG_DDTREE_PAD_STAGES=0",
+                         ["tiny.server_env=SGLANG_DDTREE_TORCH_PATH=1", "tiny-off.server_env=SGLANG_DDTREE_TORCH_PATH=0",
                           "tiny-off.methods=ddtree", "tiny-off.budgets=32"])
     assert s["tiny-off"].name == "tiny-off" and s["tiny-off"].methods == ("ddtree",)
     assert s["tiny"].methods == P.default_setups()["tiny"].methods
-    assert s["tiny"].env() == {"SGLANG_DDTREE_PAD_STAGES": "1"}
+    assert s["tiny"].env() == {"SGLANG_DDTREE_TORCH_PATH": "1"}
     plan = P.expand([s["tiny"], s["tiny-off"]], mem_budget_gib=100)
     off = next(sv for sv in plan.servers if sv.setup.name == "tiny-off")
     on = next(sv for sv in plan.servers if sv.setup.name == "tiny" and sv.budget == 32)
     assert off.name != on.name and off.args == on.args and off.signature != on.signature
     # the environment reaches the server process, over the launcher's own
-    monkeypatch.setenv("SGLANG_DDTREE_PAD_STAGES", "7")
+    monkeypatch.setenv("SGLANG_DDTREE_TORCH_PATH", "7")
     monkeypatch.setenv("KEEP_ME", "1")
     launcher = SubprocessLauncher(tmp_path)
-    assert launcher.create(off).env["SGLANG_DDTREE_PAD_STAGES"] == "0"
-    assert launcher.create(on).env["SGLANG_DDTREE_PAD_STAGES"] == "1"
+    assert launcher.create(off).env["SGLANG_DDTREE_TORCH_PATH"] == "0"
+    assert launcher.create(on).env["SGLANG_DDTREE_TORCH_PATH"] == "1"
     assert launcher.create(off).env["KEEP_ME"] == "1"
     # a setup without entries keeps its signature of before this field existed (no "server_env" key)
     assert "server_env" not in P.default_setups()["tiny"].params_for_signature()

@@ -523,7 +523,7 @@ def test_model_pair_falls_back_to_dummy_configs(fake_sglang, monkeypatch, tmp_pa
     assert pair.dflash_args(16)[:2] == ["--speculative-algorithm", "DFLASH"]
     with pytest.raises(ValueError, match="tiny pair lacks"):
         conftest.choose_model_pair("tiny")
-    with pytest.raises(ValueError, match="auto, tiny or dummy"):
+    with pytest.raises(ValueError, match="auto, tiny, dummy or 8b-real"):
         conftest.choose_model_pair("big")
 
 
@@ -628,82 +628,13 @@ def test_interrupted_parallel_start_kills_the_servers_promptly(fake_sglang):
                 pass
 
 
-def _bench_rows(times, topk=None):
-    """times: {budget: (sort, rank[, select])} batch-1 graph tree ms; topk: {batch size: (torch, triton[, fused])}
-    at B=256."""
-    rows = []
-    for b, t in times.items():
-        row = {"batch_size": 1, "budget": b, "triton_graph_tree_ms": t[0], "triton_rank_graph_tree_ms": t[1]}
-        if len(t) > 2:
-            row["triton_select_graph_tree_ms"] = t[2]
-        rows.append(row)
-    for bs, topk_ms in (topk or {}).items():
-        row = next((r for r in rows if r["batch_size"] == bs and r["budget"] == 256), None)
-        if row is None:
-            row = {"batch_size": bs, "budget": 256}
-            rows.append(row)
-        row.update(triton_graph_topk_ms=topk_ms[0], triton_select_topk_graph_topk_ms=topk_ms[1])
-        if len(topk_ms) > 2:
-            row["triton_fused_graph_topk_ms"] = topk_ms[2]
-    return {"rows": rows}
-
-
-AUTO_SORT = ["SGLANG_DDTREE_TREE_KERNEL=auto", "SGLANG_DDTREE_RANK_MIN_WIDTH={}", "SGLANG_DDTREE_SMALL_TREE_KERNEL={}",
-             "SGLANG_DDTREE_LARGE_TREE_KERNEL={}"]
-
-
-@pytest.mark.parametrize("times,topk,expect", [
-    # rank far better from 256 on, equal at 64: the first width of the best score (64)
-    ({16: (0.02, 0.05), 64: (0.06, 0.06), 256: (0.48, 0.05), 1024: (3.2, 0.4)}, None,
-     [AUTO_SORT[0], AUTO_SORT[1].format(64), AUTO_SORT[2].format("sort"), AUTO_SORT[3].format("rank"),
-      "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
-    ({16: (0.1, 0.01), 256: (0.48, 0.05)}, None,
-     ["SGLANG_DDTREE_TREE_KERNEL=rank", "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
-    ({16: (0.01, 0.1), 256: (0.05, 0.048)}, None,
-     [AUTO_SORT[0], AUTO_SORT[1].format(256), AUTO_SORT[2].format("sort"), AUTO_SORT[3].format("rank"),
-      "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
-    # select fastest everywhere: select alone; triton top-K faster at both batch sizes
-    ({16: (0.02, 0.12, 0.015), 256: (0.48, 0.25, 0.1), 1024: (3.2, 1.9, 0.3)}, {1: (0.2, 0.05), 8: (0.6, 0.1)},
-     ["SGLANG_DDTREE_TREE_KERNEL=select", "SGLANG_DDTREE_TOPK_KERNEL=triton"]),
-    # select small, rank large; triton top-K slower at batch 8: torch
-    ({16: (0.02, 0.12, 0.015), 256: (0.48, 0.25, 0.3), 1024: (3.2, 1.0, 1.5)}, {1: (0.2, 0.05), 8: (0.6, 0.7)},
-     [AUTO_SORT[0], AUTO_SORT[1].format(256), AUTO_SORT[2].format("select"), AUTO_SORT[3].format("rank"),
-      "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
-    # an early kernel run: sort below 256, select from 256 on
-    ({16: (0.0225, 0.1226, 0.0604), 32: (0.0303, 0.1614, 0.0639), 64: (0.0672, 0.216, 0.0878),
-      256: (0.4768, 0.2507, 0.1708), 1024: (3.242, 1.8759, 0.58)}, None,
-     [AUTO_SORT[0], AUTO_SORT[1].format(256), AUTO_SORT[2].format("sort"), AUTO_SORT[3].format("select"),
-      "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
-    # the fused top-K (bf16 logits, logsumexp in its first pass) faster at both batch sizes: DRAFT_LSE=triton
-    ({16: (0.02, 0.12, 0.015), 256: (0.48, 0.25, 0.1)}, {1: (0.2, 0.12, 0.08), 8: (0.6, 0.4, 0.3)},
-     ["SGLANG_DDTREE_TREE_KERNEL=select", "SGLANG_DDTREE_TOPK_KERNEL=triton", "SGLANG_DDTREE_DRAFT_LSE=triton"]),
-    # ... slower at batch 8: torch; and never with torch's top-K picked
-    ({16: (0.02, 0.12, 0.015), 256: (0.48, 0.25, 0.1)}, {1: (0.2, 0.12, 0.08), 8: (0.6, 0.4, 0.45)},
-     ["SGLANG_DDTREE_TREE_KERNEL=select", "SGLANG_DDTREE_TOPK_KERNEL=triton", "SGLANG_DDTREE_DRAFT_LSE=torch"]),
-    ({16: (0.02, 0.12, 0.015), 256: (0.48, 0.25, 0.1)}, {1: (0.2, 0.25, 0.08)},
-     ["SGLANG_DDTREE_TREE_KERNEL=select", "SGLANG_DDTREE_TOPK_KERNEL=torch", "SGLANG_DDTREE_DRAFT_LSE=torch"]),
-    # sort exactly as fast as auto: the single kernel (earlier in the list) wins the tie
-    ({16: (0.02, 0.1), 64: (0.05, 0.05)}, None, ["SGLANG_DDTREE_TREE_KERNEL=sort", "SGLANG_DDTREE_TOPK_KERNEL=torch"]),
-])
-def test_pick_tree_setup_rule(tmp_path, times, topk, expect):
-    bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps(_bench_rows(times, topk)))
-    out = subprocess.run([sys.executable, str(REPO / "scripts/device/pick_tree_setup.py"), str(bench)],
-                         capture_output=True, text=True, check=True).stdout
-    exports = [line.removeprefix("export ") for line in out.splitlines() if line.startswith("export ")]
-    assert exports == expect
-
-
-def test_tree_kernel_auto_switches_at_the_min_width(monkeypatch):
-    pytest.importorskip("triton")
+def test_tree_kernel_switches_to_select_at_the_min_width():
+    """The tree build sorts below SELECT_MIN_WIDTH nodes and selects by radix from there (what the kernel bench
+    picked on an H200; the rank variant and the environment switches between variants are gone)."""
     from sglang_ddtree import kernels
 
-    monkeypatch.setattr(kernels, "RANK_MIN_WIDTH", 128)
-    monkeypatch.setattr(kernels, "LARGE_TREE_KERNEL", "rank")
-    assert [kernels.tree_kernel_for(w, "auto") for w in (16, 127, 128, 1024)] == ["sort", "sort", "rank", "rank"]
-    monkeypatch.setattr(kernels, "SMALL_TREE_KERNEL", "select")
-    assert [kernels.tree_kernel_for(w, "auto") for w in (16, 128)] == ["select", "rank"]
-    assert kernels.tree_kernel_for(1024, "sort") == "sort" and kernels.tree_kernel_for(16, "rank") == "rank"
+    assert kernels.SELECT_MIN_WIDTH == 128
+    assert [kernels.tree_kernel_for(w) for w in (16, 127, 128, 1024)] == ["sort", "sort", "select", "select"]
 
 
 def test_split_chunk_parts_install_one_call_at_a_time(tmp_path):

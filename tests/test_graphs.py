@@ -146,7 +146,7 @@ def test_padded_stage_returns_the_unpadded_result():
 def test_padded_round_stages_equal_the_unpadded_ones(chosen, sampled):
     """The round's stages (draft top-K, `auto`'s tree stage, walk + commit plan with summary and observed tokens;
     sampled: the calibration table's prediction errors and delta) run padded from 3 requests to
-    8, as the worker runs them with SGLANG_DDTREE_PAD_STAGES=1, then unpadded: every output equals the unpadded
+    8, as the worker runs them, then unpadded: every output equals the unpadded
     run's, the batch sums included, and no KV move of a padding request survives."""
     from functools import partial
 

@@ -43,7 +43,7 @@ CHECK = textwrap.dedent(
             roots = torch.randint(0, vocab, (bs,), generator=gen)
             budgets = torch.randint(1, budget + 1, (bs,), generator=gen)
             ref = build_tree_from_topk(values, tokens, budgets, roots, prune=prune, max_budget=budget)
-            for kernel in ("sort", "select", "rank"):
+            for kernel in ("sort", "select"):
                 got = kernels.build_tree_triton(values, tokens, budgets, roots, prune=prune, max_budget=budget,
                                                 kernel=kernel)
                 for f in FIELDS:
@@ -191,14 +191,14 @@ RADIX_CHECK = textwrap.dedent(
     """
     import torch, triton
     import triton.language as tl
-    from sglang_ddtree import kernels
+    from sglang_ddtree.kernels.common import _radix_select
 
     @triton.jit
     def select(key_ptr, sel_ptr, res_ptr, count, N: tl.constexpr, KEY_BITS: tl.constexpr, EARLY: tl.constexpr):
         i = tl.arange(0, N)
         ukey = tl.load(key_ptr + i)
         live = ukey >= 0  # dead entries: -1
-        thresh, k_left = kernels._radix_select(ukey, live, count, KEY_BITS, EARLY)
+        thresh, k_left = _radix_select(ukey, live, count, KEY_BITS, EARLY)
         # the selection the callers make: every key above thresh, then the first k_left at it
         gt = live & (ukey > thresh)
         eq = live & (ukey == thresh)
@@ -247,7 +247,7 @@ RADIX_CHECK = textwrap.dedent(
 
 
 def test_radix_select_stops_early_and_reads_bf16_keys_in_two_passes():
-    """kernels._radix_select == sorting: float32 keys with and without the early stop (a wholly selected bin ends
+    """kernels.common._radix_select == sorting: float32 keys with and without the early stop (a wholly selected bin ends
     the passes; both outcomes occur here), bfloat16 / float16 keys in 2 / 3 passes (their low bits follow from the
     sign), with ties, one big tie and dead entries."""
     run_in_interpreter(RADIX_CHECK, "RADIX-OK", timeout=600)
@@ -305,8 +305,6 @@ def test_path_kv_move_kernel_equals_in_order_copies():
 
 LSE_CHECK = textwrap.dedent(
     """
-    import os
-    os.environ["SGLANG_DDTREE_DRAFT_LSE"] = "triton"
     import torch
     from sglang_ddtree import kernels
     from sglang_ddtree.sglang import ops
@@ -327,9 +325,8 @@ LSE_CHECK = textwrap.dedent(
         values, ids, lse_topk = kernels.topk_logits_lse(x, 20, id_offset=3, block=1024)
         ref_values, ref_ids = exact_topk(x.float(), 20, id_offset=3)
         assert torch.equal(lse_topk, lse) and torch.equal(ids, ref_ids) and torch.equal(values, ref_values)
-    # with the fused logsumexp on (the top-K stage then takes topk_logits_lse: TOPK_KERNEL is triton by default),
-    # the top-1 stage is still the top-K stage's first column, bit for bit
-    assert kernels.TOPK_KERNEL == "triton"
+    # the top-K stage takes topk_logits_lse and the top-1 stage row_max_lse: the top-1 stage is still the top-K
+    # stage's first column, bit for bit
     torch.manual_seed(1)
     bs, block, hidden_size, vocab = 3, 16, 24, 300
     weight = torch.randn(vocab, hidden_size)
@@ -346,7 +343,7 @@ LSE_CHECK = textwrap.dedent(
 
 
 def test_fused_logsumexp_keeps_the_top1_equal_to_the_top_k_first_column():
-    """kernels.row_max_lse (SGLANG_DDTREE_DRAFT_LSE=triton): max and its first index exact, logsumexp within float32
+    """kernels.row_max_lse: max and its first index exact, logsumexp within float32
     rounding of torch's (also with chunks of -inf only) and equal bit for bit to the one topk_logits_lse takes in its
     first pass; with it on, ops.draft_top1_stage still equals draft_topk_stage's first column bit for bit."""
     run_in_interpreter(LSE_CHECK, "LSE-OK", timeout=600)
@@ -356,24 +353,12 @@ PROFILE_CHECK = textwrap.dedent(
     """
     import json, subprocess, sys, tempfile, os
     out = os.path.join(tempfile.mkdtemp(), "p.json")
-    subprocess.run([sys.executable, "benchmarks/profile_kernels.py", "--budgets", "16", "--warps", "4", "--repeats",
+    subprocess.run([sys.executable, "benchmarks/profile_kernels.py", "--budgets", "16", "--repeats",
                     "1", "--vocab", "2000", "--out", out], check=True)
     row = json.load(open(out))["rows"][0]
     assert set(row["topk"]) >= {"group_max", "threshold", "count", "collect", "candidates_topk", "triton_topk_total"}
     assert row["topk"]["candidates_per_row_max"] >= 16
-    assert {"tree_sort_warpsdefault_ms", "tree_select_warps4_ms"} <= set(row)
-    assert {"tree_select_no_radix_ms", "tree_select_no_sort_ms", "tree_select_no_radix_no_sort_ms",
-            "tree_select_radix_share", "tree_select_sort_share"} <= set(row)
-    # the ablated variants are for timing only; the real kernel refuses an ablation without the radix path
-    import torch
-    from sglang_ddtree import kernels
-    try:
-        kernels.build_tree_triton_sort(torch.zeros(1, 2, 4), torch.zeros(1, 2, 4, dtype=torch.long), 4,
-                                       torch.zeros(1, dtype=torch.long), ablate=kernels.ABLATE_SORT)
-    except ValueError as e:
-        assert "radix" in str(e)
-    else:
-        raise AssertionError("ablate without radix accepted")
+    assert {"tree_sort_ms", "tree_select_ms"} <= set(row)
     print("PROFILE-OK")
     """
 )
@@ -453,7 +438,7 @@ def test_chain_accept_kernel_matches_the_chain_trees_walk():
 def test_chain_accept_batch_sizes_cover_every_compiled_variant_once():
     """kernels.chain_accept_batch_sizes: one batch size per variant of chain_accept_triton that a range of batch
     sizes compiles (its ROWS / BLOCKS constexprs, Triton's bs == 1 and bs % 16 == 0 specializations), so that
-    `auto`'s bucket capture compiles them all (DDTreeWorker._warm_chain_accept)."""
+    `auto`'s bucket capture compiles them all (AutoRounds._warm_chain_accept)."""
     from sglang_ddtree import kernels
 
     def variant(bs):

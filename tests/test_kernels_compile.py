@@ -25,24 +25,23 @@ SIGNATURE = {"values_ptr": "*fp32", "tokens_ptr": "*i64", "pair_parent_ptr": "*i
              "out_scores_ptr": "*fp32", "out_ranks_ptr": "*i64", "out_valid_ptr": "*i8"}
 
 
-@pytest.mark.parametrize("width,radix,ablate", [(64, False, 0), (256, True, 0), (256, True, 3)])
-def test_tree_build_kernel_compiles_for_sm90(width, radix, ablate):
+@pytest.mark.parametrize("width,radix", [(64, False), (256, True)])
+def test_tree_build_kernel_compiles_for_sm90(width, radix):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from sglang_ddtree import kernels
 
-    kernel = kernels._tree_build_kernel
-    wp, cp = kernels._pow2(width), kernels._pairs(width, width, "cpu")[2]
-    gp = kernels._pow2(15 * wp)
-    consts = dict(L=15, K=width, W=width, WP=wp, CP=cp, SP=wp if radix else max(cp, gp), GP=gp, RADIX=radix,
-                  ABLATE=ablate, LP=16)
+    kernel = kernels.tree_build._tree_build_kernel
+    wp, cp = kernels.common._pow2(width), kernels.tree_build._pairs(width, width, "cpu")[2]
+    gp = kernels.common._pow2(15 * wp)
+    consts = dict(L=15, K=width, W=width, WP=wp, CP=cp, SP=wp if radix else max(cp, gp), GP=gp, RADIX=radix, LP=16)
     names = kernel.arg_names
     assert set(names) == set(SIGNATURE) | set(consts), "the kernel's arguments changed: update this test"
     source = ASTSource(fn=kernel, signature={n: SIGNATURE.get(n, "constexpr") for n in names},
                        constexprs={(names.index(n),): v for n, v in consts.items()})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": kernels._warps(max(cp, gp))})
+                              options={"num_warps": kernels.common._warps(max(cp, gp))})
     assert len(compiled.asm["cubin"]) > 10_000
 
 
@@ -57,16 +56,16 @@ def test_topk_selection_kernels_compile_for_sm90(key_bits):
 
     k, groups, chunks = 256, 4748, 38
     cases = [
-        (kernels._group_threshold_kernel,
+        (kernels.topk._group_threshold_kernel,
          {"gmax_ptr": "*i32", "thresh_ptr": "*i64", "pm_ptr": "*fp32", "ps_ptr": "*fp32", "parg_ptr": "*i32",
           "lse_ptr": "*fp32", "max_ptr": "*fp32", "arg_ptr": "*i64", "groups": "i32", "parts": "i32"},
-         dict(K=k, GP=kernels._pow2(groups), LSE=True, PP=kernels._pow2(chunks), KEY_BITS=key_bits),
-         kernels._warps(kernels._pow2(groups))),
-        (kernels._candidate_topk_kernel,
+         dict(K=k, GP=kernels.common._pow2(groups), LSE=True, PP=kernels.common._pow2(chunks), KEY_BITS=key_bits),
+         kernels.common._warps(kernels.common._pow2(groups))),
+        (kernels.topk._candidate_topk_kernel,
          {"x_ptr": "*bf16" if key_bits == 16 else "*fp32", "counts_ptr": "*i32", "cand_ptr": "*i32",
           "scratch_ptr": "*i64", "out_values_ptr": "*fp32", "out_ids_ptr": "*i64", "stride_x": "i32",
           "chunks": "i32", "cap": "i32", "id_offset": "i32"},
-         dict(K=k, KP=k, BLOCK=2048, CHP=kernels._pow2(chunks), KEY_BITS=key_bits), 4),
+         dict(K=k, KP=k, BLOCK=2048, CHP=kernels.common._pow2(chunks), KEY_BITS=key_bits), 4),
     ]
     for kernel, signature, consts, warps in cases:
         names = kernel.arg_names

@@ -8,9 +8,9 @@ from fixtures.offline_models import one_thread
 from sglang_ddtree import tiny
 
 pytestmark = pytest.mark.skipif(
-    not (tiny.TINY_DIR / "target" / "model.safetensors").is_file()
-    or not (tiny.TINY_DIR / "drafter" / "model.safetensors").is_file(),
-    reason=f"the tiny pair is not built yet under {tiny.TINY_DIR}",
+    not (tiny.tiny_dir() / "target" / "model.safetensors").is_file()
+    or not (tiny.tiny_dir() / "drafter" / "model.safetensors").is_file(),
+    reason=f"the tiny pair is not built yet under {tiny.tiny_dir()}",
 )
 
 MAX_NEW = 32

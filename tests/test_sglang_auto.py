@@ -1377,7 +1377,7 @@ def test_a_round_whose_host_time_stalled_is_cold():
     every round is long on the host (a GPU-bound deployment whose launches wait, 120 ms here) the limit rises to
     STALL_FACTOR times their median within a window, so those rounds keep their times, and a compile-sized outlier
     beyond that still stalls."""
-    from sglang_ddtree.sglang.auto import StallDetector  # (stats.StallDetector, the worker's import)
+    from sglang_ddtree.sglang.stats import StallDetector
 
     tiny = StallDetector()
     STALL_FACTOR, STALL_HOST_MS, STALL_WINDOW = tiny.factor, tiny.floor_ms, tiny.recent.maxlen

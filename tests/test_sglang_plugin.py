@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sglang_ddtree.sglang import args as ddtree_args
-from sglang_ddtree.sglang import plugin
+from sglang_ddtree.sglang import hooks, plugin
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,12 +122,12 @@ def test_request_validation_hook_only_acts_when_ddtree_is_active(monkeypatch):
     class Req:
         sampling_params = Params()
 
-    monkeypatch.setattr(plugin, "_ACTIVE_IN_PROCESS", False)
+    monkeypatch.setattr(hooks, "_ACTIVE_IN_PROCESS", False)
     assert plugin._after_validate_request(None, Req(), True) is None
-    monkeypatch.setattr(plugin, "_ACTIVE_IN_PROCESS", True)
+    monkeypatch.setattr(hooks, "_ACTIVE_IN_PROCESS", True)
     assert "structured output" in plugin._after_validate_request(None, Req(), True)
     assert plugin._after_validate_request("earlier refusal", Req(), True) == "earlier refusal"
-    assert plugin._around_mask_policy(lambda backend: ("TritonAttnBackend", False), object()) == \
+    assert hooks.around_mask_policy(lambda backend: ("TritonAttnBackend", False), object()) == \
         ("TritonAttnBackend", True)
 
 
@@ -492,7 +492,7 @@ def test_dflash_internals_the_worker_reuses_exist_in_the_pinned_sources():
 
 def test_hybrid_pool_members_the_oracle_uses_exist_in_the_pinned_sources():
     """--speculative-ddtree-oracle on a hybrid target snapshots and restores the batch's live conv states
-    (worker._snapshot_conv): the hybrid req-to-token pool resolves slots as the backend does (get_mamba_indices,
+    (modes.Oracle._snapshot_conv): the hybrid req-to-token pool resolves slots as the backend does (get_mamba_indices,
     translate_mamba_indices) and holds a MambaPool whose state lists conv tensors indexed [layers, slots, ...]; the
     verify rolls the conv state in place (the kernel stores to it), while the SSM target verify does not update
     its state (disable_state_update=True)."""
@@ -510,23 +510,25 @@ def test_hybrid_pool_members_the_oracle_uses_exist_in_the_pinned_sources():
 
 
 def registered_hook_targets() -> list[str]:
-    """The target of every HookRegistry.register call in plugin.register (string literals or module constants)."""
-    tree = ast.parse((ROOT / "sglang_ddtree" / "sglang" / "plugin.py").read_text())
+    """The target of every HookRegistry.register call in plugin.py and hooks.py (string literals or module
+    constants)."""
     targets = []
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register"
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "HookRegistry"):
-            arg = node.args[0]
-            targets.append(arg.value if isinstance(arg, ast.Constant) else getattr(plugin, arg.id))
+    for module in (plugin, hooks):
+        tree = ast.parse(Path(module.__file__).read_text())
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "HookRegistry"):
+                arg = node.args[0]
+                targets.append(arg.value if isinstance(arg, ast.Constant) else getattr(module, arg.id))
     return targets
 
 
 def test_every_hook_target_exists_in_the_pinned_sources():
     src = pinned_sglang_source()
     targets = registered_hook_targets()
-    assert plugin.SPEC_METRICS_TARGET in targets and plugin.TREE_CONV_TARGET in targets and len(targets) == 8
+    assert plugin.SPEC_METRICS_TARGET in targets and hooks.TREE_CONV_TARGET in targets and len(targets) == 8
     for target in targets:
-        if target == plugin.TREE_CONV_TARGET:
+        if target == hooks.TREE_CONV_TARGET:
             continue  # an imported name, checked in test_tree_conv_hook_target_is_a_drop_in
         parts = target.split(".")
         assert parts[0] == "sglang", target
@@ -569,7 +571,7 @@ def test_tree_conv_hook_target_is_a_drop_in():
     from sglang_ddtree import tree_conv
 
     src = pinned_sglang_source()
-    module = plugin.TREE_CONV_TARGET.split(".")[1:-1]
+    module = hooks.TREE_CONV_TARGET.split(".")[1:-1]
     backend = (src / ("/".join(module) + ".py")).read_text()
     assert "from sglang.kernels.ops.mamba.causal_conv1d_triton import (" in backend
     assert "causal_conv1d_update," in backend[: backend.index("from sglang.srt.configs")]
@@ -592,7 +594,7 @@ def test_tree_conv_hook_is_installed_by_the_hybrid_worker_only_and_routes_large_
     from sglang_ddtree import tree_conv
 
     assert "TREE_CONV_TARGET" not in inspect.getsource(plugin.register)
-    assert "TREE_CONV_TARGET" in inspect.getsource(plugin.install_tree_conv_hook)
+    assert "TREE_CONV_TARGET" in inspect.getsource(hooks.install_tree_conv_hook)
     worker_source = (ROOT / "sglang_ddtree" / "sglang" / "worker.py").read_text()  # imports sglang: read, not import
     assert "install_tree_conv_hook()" in worker_source[worker_source.index("self.hybrid = True"):]
     calls = []
@@ -604,11 +606,11 @@ def test_tree_conv_hook_is_installed_by_the_hybrid_worker_only_and_routes_large_
     monkeypatch.setattr(tree_conv, "causal_conv1d_tree_update", lambda *a, **k: calls.append("ours") or "ours")
     x = torch.zeros(1, 8, 129)
     links = {"retrieve_next_token": torch.zeros(1, 129), "retrieve_next_sibling": torch.zeros(1, 129)}
-    assert plugin._around_tree_conv(original, x, None, None, **links) == "ours"
-    assert plugin._around_tree_conv(original, x, None, None) == "sglang"  # not a tree verify
-    assert plugin._around_tree_conv(original, torch.zeros(1, 8, 65), None, None, **links) == "sglang"
-    monkeypatch.setattr(tree_conv, "TREE_CONV", "ddtree")
-    assert plugin._around_tree_conv(original, torch.zeros(1, 8, 17), None, None, **links) == "ours"
-    monkeypatch.setattr(tree_conv, "TREE_CONV", "sglang")
-    assert plugin._around_tree_conv(original, x, None, None, **links) == "sglang"
+    assert hooks.around_tree_conv(original, x, None, None, **links) == "ours"
+    assert hooks.around_tree_conv(original, x, None, None) == "sglang"  # not a tree verify
+    assert hooks.around_tree_conv(original, torch.zeros(1, 8, 65), None, None, **links) == "sglang"
+    monkeypatch.setattr(hooks, "_TREE_CONV", "ddtree")
+    assert hooks.around_tree_conv(original, torch.zeros(1, 8, 17), None, None, **links) == "ours"
+    monkeypatch.setattr(hooks, "_TREE_CONV", "sglang")
+    assert hooks.around_tree_conv(original, x, None, None, **links) == "sglang"
     assert calls == ["ours", "sglang", "sglang", "ours", "sglang"]

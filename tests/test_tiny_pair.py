@@ -20,7 +20,7 @@ from sglang_ddtree.drafter import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-LOG_PATH = tiny.TINY_DIR / "training_log.json"
+LOG_PATH = tiny.tiny_dir() / "training_log.json"
 
 
 @pytest.fixture(autouse=True)
@@ -59,18 +59,18 @@ def test_files_match_the_training_log(log):
     # Catches partial writes, Git LFS pointers and weights swapped without retraining.
     assert log["files"], "training_log.json lists no files"
     for rel, meta in log["files"].items():
-        path = tiny.TINY_DIR / rel
+        path = tiny.tiny_dir() / rel
         assert path.is_file(), f"{path} is missing"
         assert path.stat().st_size == meta["bytes"], f"{path} has the wrong size"
         assert tiny.sha256_file(path) == meta["sha256"], f"{path} differs from what training wrote"
     assert {"target/config.json", "target/model.safetensors", "drafter/config.json",
             "drafter/model.safetensors"} <= set(log["files"])
-    total = sum(f.stat().st_size for f in tiny.TINY_DIR.rglob("*") if f.is_file())
+    total = sum(f.stat().st_size for f in tiny.tiny_dir().rglob("*") if f.is_file())
     assert total <= 40 * 2**20, f"models/tiny is {total / 2**20:.1f} MiB, over the 40 MiB budget"
     # The target ships the same tokenizer as models/tiny/tokenizer (SGLang loads it from the model path).
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        assert tiny.sha256_file(tiny.TINY_DIR / "target" / name) == tiny.sha256_file(
-            tiny.TINY_DIR / "tokenizer" / name)
+        assert tiny.sha256_file(tiny.tiny_dir() / "target" / name) == tiny.sha256_file(
+            tiny.tiny_dir() / "tokenizer" / name)
 
 
 def test_missing_files_fail_loudly(tmp_path):
@@ -97,13 +97,13 @@ def test_tokenizer_and_configs_agree(tokenizer, target, drafter):
     assert all(0 <= k < cfg.num_target_layers - 1 for k in cfg.target_layer_ids)
     assert cfg.block_size == 16
     assert target.config.tie_word_embeddings
-    raw = json.loads((tiny.TINY_DIR / "drafter" / "config.json").read_text())
+    raw = json.loads((tiny.tiny_dir() / "drafter" / "config.json").read_text())
     assert raw["architectures"] == ["DFlashDraftModel"] and DrafterConfig.from_json(raw) == cfg
     # Served dtype: both checkpoints are bf16.
     from safetensors import safe_open
 
     for sub in ("target", "drafter"):
-        with safe_open(str(tiny.TINY_DIR / sub / "model.safetensors"), "pt") as f:
+        with safe_open(str(tiny.tiny_dir() / sub / "model.safetensors"), "pt") as f:
             assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sglang_ddtree import widen
+from sglang_ddtree.tiny import tiny_dir
 from sglang_ddtree.drafter import DFlashDrafter, target_context_features
 
 transformers = pytest.importorskip("transformers")
@@ -19,7 +20,7 @@ SMALL_VOCAB = 4096
 @pytest.fixture(scope="module")
 def medium(tmp_path_factory):
     out = tmp_path_factory.mktemp("medium")
-    info = widen.widen_pair(widen.TINY_DIR, widen.SHAPES["medium"], out, log=lambda *_: None)
+    info = widen.widen_pair(tiny_dir(), widen.SHAPES["medium"], out, log=lambda *_: None)
     return out, info
 
 
@@ -27,7 +28,7 @@ def medium(tmp_path_factory):
 def models(medium):
     out, _ = medium
     load = transformers.AutoModelForCausalLM.from_pretrained
-    small = load(str(widen.TINY_DIR / "target"), dtype=torch.float32).eval()
+    small = load(str(tiny_dir() / "target"), dtype=torch.float32).eval()
     big = load(str(out / "target"), dtype=torch.float32).eval()
     return small, big
 
@@ -37,7 +38,7 @@ def test_qwen3_8b_shape_has_exactly_the_real_parameter_counts():
     # Qwen3-8B (untied lm_head) and the z-lab Qwen3-8B DFlash drafter
     assert widen.param_count(widen.target_shapes(big)) == 8_190_735_360
     assert widen.param_count(widen.drafter_shapes(big)) == 1_048_626_432
-    t, d = widen.big_configs(widen.TINY_DIR, big)
+    t, d = widen.big_configs(tiny_dir(), big)
     assert (t["hidden_size"], t["num_hidden_layers"], t["num_attention_heads"], t["num_key_value_heads"],
             t["head_dim"], t["intermediate_size"], t["vocab_size"], t["tie_word_embeddings"]) == (
         4096, 36, 32, 8, 128, 12288, 151936, False)
@@ -46,7 +47,7 @@ def test_qwen3_8b_shape_has_exactly_the_real_parameter_counts():
 
 
 def test_meta_placements_keep_the_drafter_features():
-    plan = widen.plan_pair(widen.TINY_DIR, widen.SHAPES["qwen3-8b"])
+    plan = widen.plan_pair(tiny_dir(), widen.SHAPES["qwen3-8b"])
     live = plan["target_live_layers"]
     big_ids = widen.SHAPES["qwen3-8b"].drafter_layer_ids
     assert len(live) == 6 and live == sorted(set(live)) and live[-1] <= 35
@@ -93,7 +94,7 @@ def test_widened_greedy_generation_is_identical(models):
 def test_widened_drafter_block_logits_equal_the_tiny_drafters(medium, models):
     out, _ = medium
     small, big = models
-    ds = DFlashDrafter.from_pretrained(widen.TINY_DIR / "drafter")
+    ds = DFlashDrafter.from_pretrained(tiny_dir() / "drafter")
     db = DFlashDrafter.from_pretrained(out / "drafter")
     torch.manual_seed(1)
     ids = torch.randint(3, SMALL_VOCAB, (2, 120))
@@ -121,12 +122,12 @@ def test_widening_is_deterministic_and_marked_built(medium, tmp_path):
     assert widen.is_built(out, widen.SHAPES["medium"])
     assert not widen.is_built(out, widen.SHAPES["qwen3-8b"])
     again = tmp_path / "again"
-    widen.widen_pair(widen.TINY_DIR, widen.SHAPES["medium"], again, log=lambda *_: None)
+    widen.widen_pair(tiny_dir(), widen.SHAPES["medium"], again, log=lambda *_: None)
     for sub in ("target", "drafter"):
         digest = [hashlib.sha256((d / sub / "model.safetensors").read_bytes()).hexdigest() for d in (out, again)]
         assert digest[0] == digest[1]
     configs_only = tmp_path / "configs"
-    widen.write_configs(widen.TINY_DIR, widen.SHAPES["medium"], configs_only)
+    widen.write_configs(tiny_dir(), widen.SHAPES["medium"], configs_only)
     assert not widen.is_built(configs_only, widen.SHAPES["medium"])
 
 

@@ -3,15 +3,15 @@
 # device, after `source scripts/device/env.sh`:
 #   bash scripts/device/steps.sh train-bg GPU [train_tiny_pair.py args...]   # train the tiny pair, detached
 #   bash scripts/device/steps.sh use-new-drafter [OUTDIR]                   # wait for train-bg, swap its drafter in
-#   bash scripts/device/steps.sh bench-tree GPU OUTDIR                      # every tree kernel timed + the pick
-#        (scripts/device/pick_tree_setup.py -> OUTDIR/picked.env)
+#   bash scripts/device/steps.sh bench-tree GPU OUTDIR                      # every tree-stage variant timed
 #   bash scripts/device/steps.sh parallel OUTDIR 'commands for GPU 0' 'commands for GPU 1'
 #        two independent jobs side by side, each seeing one GPU, logs OUTDIR/gpu<N>.log; exit 1 when either failed
 #   bash scripts/device/steps.sh kernel-checks OUTDIR COMMIT [WAIT_S]   # one GPU, ~8 min: core + kernel GPU tests,
 #        then kernel-bench (KC_BENCH=0: the tests only)
 #   bash scripts/device/steps.sh kernel-bench OUTDIR COMMIT   # one GPU, alone: bench_tree's production stages with
-#        an unsure (randn x 4) and a confident (randn x 12) drafter; BASE_KERNELS=FILE BASE_COMMIT=SHA also times
-#        batch 1 with that kernels.py in the same run (judge a kernel change by the ratio)
+#        an unsure (randn x 4) and a confident (randn x 12) drafter; BASE_KERNELS=PATH BASE_COMMIT=SHA also times
+#        batch 1 with that kernels package (or an older commit's kernels.py) in the same run (judge a change by the
+#        ratio)
 #   bash scripts/device/steps.sh hybrid-oracle OUTDIR   # one GPU, ~7 min: the hybrid module, fast and oracle
 #        servers at B = 16, 64 and 256 eager
 #   bash scripts/device/steps.sh tiny-paired OUTDIR COMMIT   # one GPU, alone, ~10 min (detach it): the tiny pair's
@@ -36,7 +36,7 @@ shift
 TRAIN=/tmp/train
 
 kernel_bench() {  # COMMIT: bench_tree's production stages (triton_fused), unsure and confident drafts, into /tmp/kc
-    # KC_BATCH_SIZES (default 1,8,32). BASE_KERNELS=FILE (a kernels.py of an earlier commit, BASE_COMMIT): the same
+    # KC_BATCH_SIZES (default 1,8,32). BASE_KERNELS=PATH (the kernels of an earlier commit, BASE_COMMIT): the same
     # batch-1 stages with it, in the same run, from a copy of the repo holding it: a kernel change is judged by the
     # ratio, not against a number measured on another machine.
     local scale rc
@@ -51,7 +51,9 @@ kernel_bench() {  # COMMIT: bench_tree's production stages (triton_fused), unsur
     [ -n "${BASE_KERNELS:-}" ] || return 0
     rm -rf /tmp/kbase && mkdir -p /tmp/kbase
     cp -r sglang_ddtree benchmarks pyproject.toml /tmp/kbase/
-    cp "$BASE_KERNELS" /tmp/kbase/sglang_ddtree/kernels.py
+    rm -rf /tmp/kbase/sglang_ddtree/kernels /tmp/kbase/sglang_ddtree/kernels.py
+    if [ -d "$BASE_KERNELS" ]; then cp -r "$BASE_KERNELS" /tmp/kbase/sglang_ddtree/kernels
+    else cp "$BASE_KERNELS" /tmp/kbase/sglang_ddtree/kernels.py; fi
     for scale in 4 12; do
         rc=0
         (cd /tmp/kbase && PYTHONPATH=/tmp/kbase:${PYTHONPATH:-} timeout 120 python3 benchmarks/bench_tree.py \
@@ -142,13 +144,11 @@ bench-tree)
     mkdir -p "$out"
     export CUDA_VISIBLE_DEVICES=$gpu
     # ${DDTREE_COMMIT:-}: the device copy's git HEAD can be stale; export DDTREE_COMMIT=<sha> before this step
-    # ${DDTREE_BENCH_IMPLS}: a shorter list when the call has no time for all (pick_tree_setup.py then only knows
-    # the kernels measured)
+    # ${DDTREE_BENCH_IMPLS}: a shorter list when the call has no time for all
     python3 benchmarks/bench_tree.py --device cuda \
-        --impls "${DDTREE_BENCH_IMPLS:-triton,triton_rank,triton_select,triton_select_topk,triton_fused}" \
+        --impls "${DDTREE_BENCH_IMPLS:-triton,triton_select,triton_fused}" \
         --budgets 16,32,64,128,256,512,1024 --batch-sizes 1,8,32 --repeats 30 --out "$out/tree_kernels.json" \
         ${DDTREE_COMMIT:+--commit "$DDTREE_COMMIT"}
-    python3 scripts/device/pick_tree_setup.py "$out/tree_kernels.json" | tee /tmp/picked.env "$out/picked.env"
     ;;
 parallel)
     out=${1:?outdir}

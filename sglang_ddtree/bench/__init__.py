@@ -1,4 +1,4 @@
-"""The SGLang budget sweep (issue 8): plain vs DFLASH chain vs DDTREE over budgets and batch sizes.
+"""The SGLang budget sweep: plain vs DFLASH chain vs DDTREE over budgets and batch sizes.
 
   plan.py        setups, configuration expansion, memory estimates, skip rules, server arguments, start waves
   server.py      one `python -m sglang.launch_server` process (the real launcher; tests use a fake)
@@ -7,6 +7,7 @@
   sweep.py       the orchestration: waves, deadline, resume, the results JSONL
   results.py     reading the results JSONL
   cost_model.py  step-time fit T(batch, verify tokens) and projected tokens/s per budget (CLI)
+  round_cost.py  `auto`'s offline round-cost model over the committed sweep and kernel bench
   plots.py       PNG plots of a results file (CLI)
 
 Only the standard library is imported by the sweep itself (it runs next to the servers on the GPU machine);

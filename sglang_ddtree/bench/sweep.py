@@ -731,7 +731,7 @@ def run_facts(argv: list[str], commit: str | None = None) -> dict:
         "source_fingerprint": source_fingerprint(), "python": platform.python_version(),
         "versions": versions, **gpu_facts(), "argv": list(argv), "host_cpus": os.cpu_count(),
         "executable": sys.executable,
-        # the kernel switches the servers inherit (sglang_ddtree/kernels.py, tree.py)
+        # the kernel switches the servers inherit (sglang_ddtree/kernels/, tree.py)
         "ddtree_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SGLANG_DDTREE_")},
     }
 

@@ -29,6 +29,7 @@ import torch
 from sglang_ddtree import adaptive
 from sglang_ddtree.adaptive import CHAIN, ScoreCalibrator
 from sglang_ddtree.baseline import MethodRecord, method_name
+from sglang_ddtree.bench import round_cost
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.offline.decoders import _check_common, _Clock, _Output, _Sampler, _trim, _tree_dump
 from sglang_ddtree.offline.target import TargetState, check_target, refuse_hybrid, top2_margin
@@ -273,15 +274,15 @@ def build_policy(candidates, *, batch_size: int = 1, calibrate: bool = False, se
     keep all). calibrate: attach a fresh ScoreCalibrator (or pass `calibrator`); select defaults to 'calibrated' then.
     """
     cands = adaptive.parse_candidates(candidates)
-    cost = adaptive.RoundCost.from_sweep(
-        sweep or adaptive.DEFAULT_SWEEP,
-        kernels=(adaptive.DEFAULT_KERNELS if kernels == "default" else kernels), overhead=overhead)
+    cost = round_cost.RoundCost.from_sweep(
+        sweep or round_cost.DEFAULT_SWEEP,
+        kernels=(round_cost.DEFAULT_KERNELS if kernels == "default" else kernels), overhead=overhead)
     if tau_prior is not None:
-        cands = adaptive.candidate_window(cost, batch_size, cands, tau_prior, window)
+        cands = round_cost.candidate_window(cost, batch_size, cands, tau_prior, window)
         rule = {"rule": "window", "tolerance": window,
                 "tau_prior": {adaptive.candidate_label(b): t for b, t in sorted(tau_prior.items())}}
     elif max_gain is not None:
-        cands = adaptive.prune_candidates(cost, batch_size, cands, max_gain)
+        cands = round_cost.prune_candidates(cost, batch_size, cands, max_gain)
         rule = {"rule": "max_gain", "max_gain": max_gain}
     else:
         rule = {"rule": "all"}

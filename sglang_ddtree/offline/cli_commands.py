@@ -110,9 +110,9 @@ def _load_models(args):
     if args.tiny:
         from sglang_ddtree import tiny
 
-        target_path = args.target or str(tiny.TINY_DIR / "target")
-        drafter_path = args.drafter or str(tiny.TINY_DIR / "drafter")
-        tok_path = args.tokenizer or str(tiny.TINY_DIR / "tokenizer")
+        target_path = args.target or str(tiny.tiny_dir() / "target")
+        drafter_path = args.drafter or str(tiny.tiny_dir() / "drafter")
+        tok_path = args.tokenizer or str(tiny.tiny_dir() / "tokenizer")
     else:
         if not args.target:
             raise ValueError("pass --target FOLDER (or --tiny for the committed tiny pair).")
@@ -200,7 +200,7 @@ def cmd_offline(args) -> int:
                                          decision_overhead=not args.auto_no_overhead, sweep=args.auto_sweep,
                                          tau_prior=args.auto_tau_prior, window=args.auto_window)
             if args.auto_tau_prior:
-                from sglang_ddtree.adaptive import load_tau_prior
+                from sglang_ddtree.bench.round_cost import load_tau_prior
 
                 load_tau_prior(args.auto_tau_prior)
     except (ValueError, FileNotFoundError) as e:

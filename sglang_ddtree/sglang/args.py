@@ -56,7 +56,7 @@ class DDTreeOptions:
     prune: float | None = None
     debug_path: str | None = None
     candidates: tuple[int, ...] | None = None  # `auto` only: sorted, 0 = the chain first
-    oracle: bool = False  # re-verify each round's accepted path as a chain and commit that (worker._oracle_round)
+    oracle: bool = False  # re-verify each round's accepted path as a chain and commit that (sglang.modes.Oracle)
     auto_calibration: bool = True  # `auto` only: the calibration table scores and learns (auto.AutoConfig)
 
     @property

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_ddtree.adaptive import CHAIN, candidate_label
-from sglang_ddtree.sglang.stats import StallDetector, TableGauges  # noqa: F401  (StallDetector: the worker's)
+from sglang_ddtree.sglang.stats import TableGauges
 
 
 @dataclass(frozen=True)

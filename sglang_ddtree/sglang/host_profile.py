@@ -1,8 +1,7 @@
 """A cProfile of a scheduler process's decode loop, for any speculative algorithm (DFLASH as well as DDTREE).
 
-Why: on a small target the round is host-bound (lease 17, tiny pair at batch 4: the GPU busy 0.6-0.8 ms of a
-3.9-5.9 ms profiled step), and a DDTREE round cost the host ~2 ms more than a DFLASH round under torch's profiler
-(`benchmarks/results/host_split_tiny_bs4_lease17.json`): 81 more CUDA runtime calls and ~93 more torch ops a step,
+Why: on a small target the round is host-bound (tiny pair at batch 4: the GPU busy 0.6-0.8 ms of a
+3.9-5.9 ms profiled step), and a DDTREE round cost the host ~2 ms more than a DFLASH round under torch's profiler: 81 more CUDA runtime calls and ~93 more torch ops a step,
 which do not account for all of it. torch's profiler names ops, not our Python; cProfile names the functions.
 
 SGLANG_DDTREE_HOST_PROFILE=DIR turns it on in every scheduler process the plugin loads into (the DDTREE plugin is
@@ -22,6 +21,8 @@ import os
 import pstats
 import time
 from pathlib import Path
+
+from sglang_ddtree import config
 
 logger = logging.getLogger(__name__)
 
@@ -100,10 +101,10 @@ class HostProfile:
 
 def install(hook_registry, hook_type) -> HostProfile | None:
     """Registers the run_batch hook when SGLANG_DDTREE_HOST_PROFILE is set (called from plugin.register)."""
-    out = os.environ.get(ENV)
+    out = config.get(ENV)
     if not out:
         return None
-    start, count = parse_rounds(os.environ.get(ROUNDS_ENV))
+    start, count = parse_rounds(config.get(ROUNDS_ENV))
     profile = HostProfile(out, start, count)
     hook_registry.register(TARGET, profile.around_run_batch, hook_type.AROUND)
     return profile

@@ -14,7 +14,13 @@ from typing import Callable
 
 import torch
 
-from sglang_ddtree.tree import DraftTree, _key_with_tiebreak, blank_invalid, exact_topk
+from sglang_ddtree import adaptive, kernels
+from sglang_ddtree.layout import retrieve_arrays
+from sglang_ddtree.sglang.auto import observed_candidates
+from sglang_ddtree.sglang.stats import branch_counts, round_summary_vector
+from sglang_ddtree.tree import (DraftTree, _key_with_tiebreak, blank_invalid, build_tree_from_topk,
+                                chain_tree_from_topk, exact_topk)
+from sglang_ddtree.walk import WalkResult, walk_choices
 
 
 def local_topk_logprobs(
@@ -32,33 +38,24 @@ def local_topk_logprobs(
     """
     raw = hidden.to(weight.dtype) @ weight.T
     k = min(k, raw.shape[-1])
-    if logit_scale is None:
-        from sglang_ddtree import kernels
-
-        if kernels.DRAFT_LSE == "triton" and kernels.TOPK_KERNEL == "triton" and kernels.available(raw.device):
-            return kernels.topk_logits_lse(raw, k, id_offset=vocab_start)  # no float32 copy, no second read
+    if logit_scale is None and kernels.available(raw.device):
+        return kernels.topk_logits_lse(raw, k, id_offset=vocab_start)  # no float32 copy, no second read
     logits = raw.float()
     if logit_scale is not None:
         logits = logits * logit_scale
-    fused = _fused_lse(raw) if logit_scale is None else None
-    lse = fused[2] if fused is not None else torch.logsumexp(logits, dim=-1)
-    if logits.is_cuda:
-        from sglang_ddtree import kernels
-
-        if kernels.TOPK_KERNEL == "triton" and kernels.available(logits.device):
-            values, ids = kernels.topk_triton(logits, k, id_offset=vocab_start)
-            return values, ids, lse
+    lse = torch.logsumexp(logits, dim=-1)
+    if logits.is_cuda and kernels.available(logits.device):
+        values, ids = kernels.topk_triton(logits, k, id_offset=vocab_start)
+        return values, ids, lse
     values, ids = exact_topk(logits, k, id_offset=vocab_start)
     return values, ids, lse
 
 
 def _fused_lse(raw: torch.Tensor):
-    """kernels.row_max_lse of the lm_head's output when SGLANG_DDTREE_DRAFT_LSE=triton (and a Triton device), else
-    None. The top-1 stage takes it, and the top-K stage the same logsumexp (topk_logits_lse, or this with torch's
-    top-K), so the top-1's log-prob stays the top-K's first column bit for bit."""
-    from sglang_ddtree import kernels
-
-    if kernels.DRAFT_LSE == "triton" and kernels.available(raw.device):
+    """kernels.row_max_lse of the lm_head's output on a Triton device, else None. The top-1 stage takes it, and the
+    top-K stage the same logsumexp (topk_logits_lse), so the top-1's log-prob stays the top-K's first column bit for
+    bit."""
+    if kernels.available(raw.device):
         return kernels.row_max_lse(raw)
     return None
 
@@ -187,7 +184,7 @@ def draft_top1_stage(block_size: int, vocab_start: int, weight: torch.Tensor, dr
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """What draft_topk_stage's first column holds (the top-1 log-prob and id per position, [bs, block - 1, 1]),
     without the top-K: an `auto` chain round that does not sample the expectations needs no more, and an exact
-    top-K over the vocabulary costs far more than a max (lease 8: 0.20 ms at batch 1, 0.95 ms at batch 8 for
+    top-K over the vocabulary costs far more than a max (0.20 ms at batch 1, 0.95 ms at batch 8 for
     K=256). Ties go to the lower id, as in exact_topk (torch.max returns the first maximal index)."""
     hidden = draft_hidden.view(-1, block_size, draft_hidden.shape[-1])
     bs = hidden.shape[0]
@@ -205,9 +202,6 @@ def draft_top1_stage(block_size: int, vocab_start: int, weight: torch.Tensor, dr
 def tree_stage(budget: int, prune: float | None, use_kernels: bool, topk_values: torch.Tensor,
                topk_tokens: torch.Tensor, roots: torch.Tensor, prefix_lens: torch.Tensor):
     """-> (tree, verify ids [bs * N], verify positions [bs * N]): the budgeted tree and its flat verify inputs."""
-    from sglang_ddtree import kernels
-    from sglang_ddtree.tree import build_tree_from_topk
-
     build = kernels.build_tree_triton if use_kernels else build_tree_from_topk
     tree = build(topk_values, topk_tokens, budget, roots, prune=prune, max_budget=budget)
     ids, positions = flat_tree_inputs(tree, prefix_lens)
@@ -223,9 +217,6 @@ def auto_tree_stage(max_budget: int, chosen: int, candidates: tuple[int, ...], p
     over the batch [C] (raw scores); other rounds build only the chosen tree (expected: zeros). rows: the real
     requests (0-dim tensor) when the batch is padded (graphs.GraphedStage): the sum leaves the others out.
     -> (chosen tree, verify ids, verify positions, expected)."""
-    from sglang_ddtree import adaptive, kernels
-    from sglang_ddtree.tree import build_tree_from_topk, chain_tree_from_topk
-
     build = kernels.build_tree_triton if use_kernels else build_tree_from_topk
     if sampled:
         big = build(topk_values, topk_tokens, max_budget, roots, prune=prune, max_budget=max_budget)
@@ -262,9 +253,6 @@ def observed_tokens(candidates: tuple[int, ...], chosen: int, tree: DraftTree, w
                     rows: torch.Tensor | None = None) -> torch.Tensor:
     """[C] committed tokens summed over the batch that each candidate would have had this round, for the candidates
     this round observes exactly (auto.observed_candidates), 0 elsewhere. rows: see live_sum."""
-    from sglang_ddtree import adaptive
-    from sglang_ddtree.sglang.auto import observed_candidates
-
     seen = observed_candidates(list(candidates), candidates.index(chosen))
     out = torch.zeros(len(candidates), dtype=torch.float32, device=walk.path.device)
     if chosen == adaptive.CHAIN:  # the chain observes itself only
@@ -321,12 +309,9 @@ def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tok
     calibrator: `auto`'s table on a sampled round: what it learns from this walk (calibration_round).
     top1_chain: the tree is the drafter's top-1 chain (`auto`'s chain candidate, tree.chain_tree_from_topk): its
     accepted nodes already sit at consecutive slots (no KV moves: kv_dest / kv_src None) and none is off the top-1
-    (branch_lens zeros), so the ~17 small kernels computing those are left out of the round (lease 14: at 8B shapes,
+    (branch_lens zeros), so the ~17 small kernels computing those are left out of the round (at 8B shapes,
     batch 16, auto's chain round ran ~100 kernels more than DFLASH's).
     rows: the real requests when the batch is padded (graphs.GraphedStage): the batch sums leave the others out."""
-    from sglang_ddtree import kernels
-    from sglang_ddtree.walk import walk_choices
-
     tree = DraftTree(tokens, parents, depth, scores, ranks, valid, block_size - 1)
     walk = kernels.walk_triton(tree, choices) if use_kernels else walk_choices(tree, choices)
     commit_lens = (walk.accept_len + 1).to(torch.int32)
@@ -334,7 +319,6 @@ def walk_commit_plan(block_size: int, use_kernels: bool, with_summary: bool, tok
     dest, src = (None, None) if top1_chain else accepted_kv_moves(walk.path, node_cache_loc)
     path_len = min(block_size, node_cache_loc.shape[1])
     positions = prefix_lens.to(torch.int64).unsqueeze(1) + torch.arange(path_len, device=prefix_lens.device)
-    from sglang_ddtree.sglang.stats import branch_counts, round_summary_vector
 
     branch_lens = (torch.zeros_like(commit_lens) if top1_chain else branch_counts(tree, walk))
     summary = round_summary_vector(tree, walk, branch_lens, rows) if with_summary else None
@@ -365,12 +349,10 @@ def chain_accept(use_kernels: bool, candidates: torch.Tensor, choices: torch.Ten
     """`auto`'s chain round (the drafter's top-1 path, verified causally): what walk_commit_plan computes for
     tree.chain_tree_from_topk's chain (the walk, commit lengths, new lengths, out tokens, branch counts (zeros), the
     stats summary) into
-    `out` (chain_outputs), with one Triton launch instead of two stage graphs (lease 18's host profile, tiny pair
+    `out` (chain_outputs), with one Triton launch instead of two stage graphs (a host profile, tiny pair
     at batch 4: a stage replay with its input copies ~40-60 us of host time under cProfile, the walk stage's five
     output clones ~75). candidates [bs, L+1] (root, then the top-1 drafts), choices [bs, L+1] (the target's token at
     each), logprobs [bs, L] (the drafts' log-probs), prefix_lens [bs]. The torch path computes it the tree way."""
-    from sglang_ddtree import kernels
-
     if use_kernels:
         kernels.chain_accept_triton(candidates, choices, logprobs, prefix_lens, out)
         return
@@ -382,10 +364,6 @@ def chain_accept_reference(candidates: torch.Tensor, choices: torch.Tensor, logp
                            prefix_lens: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """chain_accept's results (CHAIN_OUTPUTS order) from the chain tree, its walk and walk_commit_plan's
     arithmetic: the reference the kernel is tested against."""
-    from sglang_ddtree.sglang.stats import round_summary_vector
-    from sglang_ddtree.tree import chain_tree_from_topk
-    from sglang_ddtree.walk import walk_choices
-
     tree = chain_tree_from_topk(logprobs.unsqueeze(-1), candidates[:, 1:].unsqueeze(-1), candidates[:, 0])
     walk = walk_choices(tree, choices)
     commit_lens = (walk.accept_len + 1).to(torch.int32)
@@ -419,8 +397,6 @@ def unpad_commit_plan(plan: CommitPlan, bs: int) -> CommitPlan:
     """A padded batch's CommitPlan -> its first bs requests' (the KV moves of padding requests are dropped: their
     slots are stale values of earlier rounds). summary, observed, calibration and calibration_delta are batch sums
     over the real requests."""
-    from sglang_ddtree.walk import WalkResult
-
     total = plan.commit_lens.shape[0]
     w = plan.walk
     walk = WalkResult(w.path[:bs], w.accept_len[:bs], w.bonus[:bs], w.out_tokens[:bs], w.target_choice[:bs])
@@ -458,8 +434,6 @@ def tree_links(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
     verify (speculative_eagle_topk > 1). Its conv kernel derives each node's parent in one pass over the slots
     (a node's first child gets the node, its next sibling gets the node's parent), which our slot order allows:
     parents come before children and siblings are linked in increasing slot order."""
-    from sglang_ddtree.layout import retrieve_arrays
-
     _, next_token, next_sibling = retrieve_arrays(tree)
     return next_token.to(torch.int32), next_sibling.to(torch.int32)
 

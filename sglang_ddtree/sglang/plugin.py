@@ -28,32 +28,19 @@ Nothing heavy is imported at load time (no prometheus_client: SGLang sets its mu
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import logging
 from pathlib import Path
 
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import host_profile
+from sglang_ddtree.sglang.hooks import around_mask_policy, is_active
 
 logger = logging.getLogger(__name__)
 
 ALGORITHM = "DDTREE"
 SPEC_METRICS_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics"
 _PENDING_FLAGS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ddtree_pending_flags", default=None)
-# Set in a scheduler process once a DDTreeWorker exists there; read by the hooks that run in that process.
-_ACTIVE_IN_PROCESS = False
-
-
-def mark_active() -> None:
-    global _ACTIVE_IN_PROCESS
-    _ACTIVE_IN_PROCESS = True
-
-
-def is_active() -> bool:
-    return _ACTIVE_IN_PROCESS
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # ServerArgs hooks
 
@@ -80,26 +67,6 @@ def _around_server_args_init(original, self, *args, **kwargs):
             pending[dest] = kwargs.pop(dest)
         object.__setattr__(self, dest, pending.get(dest))
     return original(self, *args, **kwargs)
-
-
-# Set while the worker captures the verify graphs of `auto`'s chain candidate: a chain is causal, so it verifies
-# the way DFLASH does, without a custom mask (cheaper attention: lease 9, 8B shapes).
-_CAUSAL_CAPTURE = False
-
-
-@contextlib.contextmanager
-def causal_verify_capture():
-    global _CAUSAL_CAPTURE
-    _CAUSAL_CAPTURE = True
-    try:
-        yield
-    finally:
-        _CAUSAL_CAPTURE = False
-
-
-def _around_mask_policy(original, attn_backend, *args, **kwargs):
-    name, build_custom_mask = original(attn_backend, *args, **kwargs)
-    return (name, True) if is_active() and not _CAUSAL_CAPTURE else (name, build_custom_mask)
 
 
 def _after_validate_request(result, req, *args, **kwargs):
@@ -300,7 +267,7 @@ def _make_spec_class():
                 server_args.speculative_eagle_topk = 2
                 logger.info("DDTREE: hybrid (gated-delta-net) target: tree verify through per-node recurrent "
                             "states (speculative_eagle_topk=2)")
-            # the package path: an A/B of two commits in one run (lease_steps.sh TP_TWIN_BASE) shows which ran
+            # the package path: an A/B of two commits in one run shows which ran
             logger.info("DDTREE: budget=%s (verify up to %d tokens/request), drafter block=%d, prune=%s, "
                         "max_running_requests=%s, package %s",
                         f"auto {list(options.candidates)}" if options.auto else options.budget,
@@ -308,29 +275,6 @@ def _make_spec_class():
                         Path(__file__).resolve().parents[1])
 
     return DDTreeSpecAlgo
-
-
-# The conv update SGLang's gated-delta-net backend calls in a tree verify (a name it imports): trees above 64 nodes
-# take ours (sglang_ddtree/tree_conv.py: SGLang's unrolls over the verify tokens and compiled for minutes).
-TREE_CONV_TARGET = "sglang.srt.layers.attention.linear.gdn_backend.causal_conv1d_update"
-
-
-def _around_tree_conv(original, *args, **kwargs):
-    from sglang_ddtree import tree_conv
-
-    if kwargs.get("retrieve_next_token") is not None and args and tree_conv.use_ours(args[0].shape[-1]):
-        return tree_conv.causal_conv1d_tree_update(*args, **kwargs)
-    return original(*args, **kwargs)
-
-
-def install_tree_conv_hook() -> None:
-    """Put _around_tree_conv on SGLang's gated-delta-net conv update. DDTreeWorker calls it on a hybrid target, in
-    its scheduler process, after the plugins' own hooks were applied: no other server imports that backend for it
-    or runs through the hook. The backend looks the name up at call time, so patching it now takes effect."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(TREE_CONV_TARGET, _around_tree_conv, HookType.AROUND)
-    HookRegistry.apply_hooks()  # applies the targets not patched yet: this one
 
 
 CALIBRATION_RESET_KEY = "ddtree_calibration_reset"
@@ -369,7 +313,7 @@ def register() -> None:
                           HookType.AROUND)
     HookRegistry.register("sglang.srt.server_args.ServerArgs.__init__", _around_server_args_init, HookType.AROUND)
     HookRegistry.register("sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy",
-                          _around_mask_policy, HookType.AROUND)
+                          around_mask_policy, HookType.AROUND)
     HookRegistry.register("sglang.srt.speculative.dflash_utils.validate_dflash_request", _after_validate_request,
                           HookType.AFTER)
     HookRegistry.register(SPEC_METRICS_TARGET, _after_spec_metrics, HookType.AFTER)

@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import time
 
 import torch
 
+from sglang_ddtree import config
 from sglang_ddtree.metrics import JsonlWriter, records_from_round
 from sglang_ddtree.stages import HOST_STAGES, SERVER_STAGES, STAGES
 
@@ -90,7 +90,7 @@ class RoundTimer:
         self.sampled = False
         self.widest = True
         # The round's stream, looked up once: Event.record() without one looks it up per call through several
-        # Python layers (lease 18's batch-4 host profile: ~8 such lookups a round more than DFLASH's, ~120 us a
+        # Python layers (a batch-4 host profile: ~8 such lookups a round more than DFLASH's, ~120 us a
         # batch under cProfile); the worker stays on one stream for the whole round.
         self.stream = _current_stream() if enabled else None
         if enabled:
@@ -336,7 +336,7 @@ class _Prometheus:
 
     # `auto`'s rounds per candidate reach the counter in sums of this many rounds: an inc() per round was a lock and,
     # under SGLang's multiprocess metrics, an mmap write (1.3 us on the dev CPU against 0.13 for a dict add,
-    # benchmarks/results/auto_bookkeeping_cpu.json), in the span that lease 38's detail split timed at ~28 us a
+    # benchmarks/results/auto_bookkeeping_cpu.json), in the span that the host-detail split timed at ~28 us a
     # tiny-pair round (tree_auto). A scrape misses at most the last AUTO_ROUND_FLUSH - 1 rounds (ABTallies and the
     # host stages lag the same way).
     AUTO_ROUND_FLUSH = 16
@@ -612,7 +612,7 @@ class ABTallies:
 class DDTreeStats:
     RING = 256  # rounds whose numbers may be in flight to the host
     # Publish every completed round. Batching 16 rounds saved host time but let a workload's Prometheus diff
-    # receive rounds of the one before (lease 3: a server's warm-up rounds, JIT compiles included, landed in the
+    # receive rounds of the one before (a server's warm-up rounds, JIT compiles included, landed in the
     # first measured workload's stage means); now at most the one or two rounds still in flight spill over.
     FLUSH_ROUNDS = 1
     # Host stage times are published in sums of this many rounds (eight counters a flush): a workload's scrape can
@@ -641,7 +641,7 @@ class DDTreeStats:
         self._host_rounds = 0
         self.ab = ABTallies(self.prometheus, depth_limit)  # SGLANG_DDTREE_AUTO_AB: fed by rounds with an arm only
         # Profiler ranges per stage (a few microseconds of host time per round): for profiling runs only.
-        self.profile_ranges = os.environ.get("SGLANG_DDTREE_PROFILE_RANGES") == "1"
+        self.profile_ranges = config.get("SGLANG_DDTREE_PROFILE_RANGES")
         width = depth_limit + 1 + 4
         self.ring = [torch.empty(width, dtype=torch.float32, pin_memory=True) for _ in range(self.RING)] \
             if enable_metrics else []

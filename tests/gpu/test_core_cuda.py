@@ -161,7 +161,7 @@ def test_graphed_round_stages_equal_eager(budget):
 def test_graphed_auto_stages_equal_eager(padded):
     """`auto`: per candidate, the graphed tree stage (tree at the largest budget, the chosen tree, every candidate's
     expected tokens) and walk stage (with the observed tokens) equal the eager functions, candidates met in any
-    order, batch sizes 1, 3 and 4. padded: the stages run at batch 4 for 1..4 requests (SGLANG_DDTREE_PAD_STAGES:
+    order, batch sizes 1, 3 and 4. padded: the stages run at batch 4 for 1..4 requests (as the worker runs them:
     the walk borrows the tree stage's padded buffers, the batch sums leave the padding out). Sampled walks score
     the calibration table (one table for the graphed stages, a twin for the eager calls, each learning
     after its round as the worker does): their errors and deltas agree, and so do the tables at the
@@ -256,20 +256,16 @@ def test_graphed_auto_stages_equal_eager(padded):
     assert int(tables["graphed"].rounds) == int(tables["eager"].rounds) == sum(bs for _, bs in order)
 
 
-@pytest.mark.parametrize("lse", ["torch", "triton"])
-def test_graphed_draft_top1_equals_the_top_k_first_column(lse, monkeypatch):
+def test_graphed_draft_top1_equals_the_top_k_first_column():
     """`auto` chain rounds that sample nothing draft with ops.draft_top1_stage (a max instead of the top-K): on the
     GPU, graphed and eager, it must give the top-K stage's first column exactly (bf16 lm_head of 151936 rows, two
-    rows equal so that their logits can tie), or the chain and the walk would change; with the fused logsumexp
-    (SGLANG_DDTREE_DRAFT_LSE=triton) too, whose max and index must equal torch's and its logsumexp torch's up to
-    float32 rounding."""
+    rows equal so that their logits can tie), or the chain and the walk would change; the fused logsumexp
+    (kernels.row_max_lse)'s max and index must equal torch's and its logsumexp torch's up to float32 rounding."""
     from functools import partial
 
     from sglang_ddtree import kernels
     from sglang_ddtree.graphs import GraphedStage
     from sglang_ddtree.sglang import ops
-
-    monkeypatch.setattr(kernels, "DRAFT_LSE", lse)
 
     gen = torch.Generator(device="cuda").manual_seed(3)
     block, hidden_size, vocab = 16, 128, 151936

@@ -321,7 +321,7 @@ def test_hybrid_oracle_rechecks_every_round_against_a_chain_verify(name, servers
     differed from it. The output checks above apply to it as to every config; here: the oracle really ran on
     enough rounds, and its disagreement count and its outputs against the fast config of the same budget are
     recorded (bf16 near-ties can make the two verifies differ)."""
-    from sglang_ddtree.sglang.worker import ORACLE_LOG
+    from sglang_ddtree.sglang.modes import ORACLE_LOG
 
     res = ddtree_outputs[name]
     if not isinstance(res, dict):

@@ -19,7 +19,7 @@ FIELDS = ("tokens", "parents", "depth", "scores", "ranks", "valid")
                                                         (1024, 2, 151936, False, 3), (64, 8, 4096, True, 3),
                                                         (1024, 2, 4096, True, 3), (7, 5, 5, True, 3),
                                                         (256, 3, 151936, False, 12), (1024, 2, 151936, False, 12)])
-@pytest.mark.parametrize("kernel", ["sort", "select", "rank"])
+@pytest.mark.parametrize("kernel", ["sort", "select"])
 def test_kernels_equal_torch_on_cuda(budget, bs, vocab, ties, scale, kernel):
     gen = torch.Generator().manual_seed(budget + bs)
     lp = (torch.randn(bs, 15, vocab, generator=gen) * scale).log_softmax(-1)
@@ -46,7 +46,7 @@ def test_kernels_equal_torch_on_cuda(budget, bs, vocab, ties, scale, kernel):
             assert torch.equal(getattr(a, f), getattr(w, f)), f
 
 
-@pytest.mark.parametrize("kernel", ["sort", "select", "rank"])
+@pytest.mark.parametrize("kernel", ["sort", "select"])
 def test_kernels_replay_in_a_cuda_graph(kernel):
     bs, vocab, budget = 3, 32000, 256
     values = torch.empty(bs, 15, budget, device="cuda")
@@ -84,7 +84,7 @@ def test_kernels_replay_in_a_cuda_graph(kernel):
 @pytest.mark.parametrize("rows,k,ties", [(15, 16, False), (15, 256, False), (15, 1024, True), (120, 64, True),
                                          (120, 256, False), (15, 1024, "flat")])
 def test_topk_kernel_equals_exact_topk_on_cuda(rows, k, ties):
-    """The radix-select top-K (SGLANG_DDTREE_TOPK_KERNEL=triton) compiled, at the real vocabulary: the same ids and
+    """The radix-select top-K (kernels.topk_triton) compiled, at the real vocabulary: the same ids and
     values in the same order as tree.exact_topk on the CPU, and the same again replayed in a CUDA graph."""
     from sglang_ddtree.tree import exact_topk
 
@@ -100,7 +100,7 @@ def test_topk_kernel_equals_exact_topk_on_cuda(rows, k, ties):
     static = x.cuda()
     values, ids = kernels.topk_triton(static, k, id_offset=3)
     assert torch.equal(ids.cpu(), ref_ids) and torch.equal(values.cpu(), ref_values)
-    # bfloat16 / float16 read as they are: 2 / 3 radix passes a selection instead of 4 (kernels._KEY_BITS)
+    # bfloat16 / float16 read as they are: 2 / 3 radix passes a selection instead of 4 (kernels.topk._KEY_BITS)
     for dtype in (torch.bfloat16, torch.float16):
         low = x.to(dtype)
         want_values, want_ids = exact_topk(low.float(), k, id_offset=3)
@@ -119,7 +119,7 @@ def test_topk_kernel_equals_exact_topk_on_cuda(rows, k, ties):
 
 @pytest.mark.parametrize("rows,k", [(15, 256), (240, 64), (15, 1024)])
 def test_topk_logits_lse_on_bf16_equals_the_float32_path_on_cuda(rows, k):
-    """kernels.topk_logits_lse (SGLANG_DDTREE_DRAFT_LSE=triton with the Triton top-K) reads the bf16 lm_head output
+    """kernels.topk_logits_lse (what the serving path runs on a GPU) reads the bf16 lm_head output
     as it is: the same ids and values as tree.exact_topk of its float32 copy, a logsumexp equal to row_max_lse's bit
     for bit and to torch.logsumexp's up to float32 rounding, also replayed in a CUDA graph."""
     from sglang_ddtree.tree import exact_topk
