@@ -107,6 +107,88 @@ def sweep_table(srcs: list[Source], name: str, setup: str, base: str = "dflash")
             f"{name}_source": [s.name for s in srcs]}
 
 
+def real8b(srcs: list[Source], setup: str = "8b-real", setups: dict | None = None, **_) -> dict:
+    """The real-size benchmark of record (the widened 8B pair). Sources by option `role`: `sweep` (the interleaved
+    sweep: per backend's setup, tokens/s, tau and round ms per method; the best fixed DDTREE over DFLASH with the
+    min-max of its run-by-run ratios; `auto` over the best of DFLASH and every fixed budget), `lossless` (the GPU
+    module: ties, unjudged differences, KV leak) and `offline_tau` (the widening's DFLASH tau over the tiny pair's,
+    offline, same prompts)."""
+    by_role = {s.opts.get("role"): s for s in srcs}
+    setups = setups or {"triton": setup}
+    rows = _sweep_rows(by_role["sweep"].path)
+    out: dict = {}
+    for backend, name in setups.items():
+        mine = {(m, b, bs): r for (st, m, b, bs), r in rows.items() if st == name}
+        key = "real8b" if backend == "triton" else f"real8b_{backend}"
+        tps, tau, best, best_b, ratio_runs, auto_best = {}, {}, {}, {}, {}, {}
+        for (m, b, bs), r in sorted(mine.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1] or 0)):
+            label = m if b is None else str(b)
+            tps.setdefault(str(bs), {})[label] = round(r["decode_tokens_per_s"], 1)
+            if r.get("tau") is not None:
+                tau.setdefault(str(bs), {})[label] = round(r["tau"], 3)
+        for bs in {k[2] for k in mine}:
+            base = mine.get(("dflash", None, bs))
+            trees = {b: r for (m, b, x), r in mine.items() if m == "ddtree" and x == bs}
+            if base is None or not trees:
+                continue
+            b_best, r_best = max(trees.items(), key=lambda kv: kv[1]["decode_tokens_per_s"])
+            best[str(bs)] = round(r_best["decode_tokens_per_s"] / base["decode_tokens_per_s"], 4)
+            best_b[str(bs)] = b_best
+            runs = [a / d for a, d in zip(r_best["decode_tokens_per_s_runs"], base["decode_tokens_per_s_runs"])]
+            ratio_runs[str(bs)] = [round(min(runs), 4), round(max(runs), 4)]
+            auto = mine.get(("auto", None, bs))
+            if auto is not None:
+                rival = max(r_best["decode_tokens_per_s"], base["decode_tokens_per_s"])
+                auto_best[str(bs)] = round(auto["decode_tokens_per_s"] / rival, 4)
+        order = lambda d: dict(sorted(d.items(), key=lambda kv: int(kv[0])))  # noqa: E731
+        out[f"{key}_tokens_per_s"] = order(tps)
+        out[f"{key}_tau"] = order(tau)
+        out[f"{key}_ddtree_best_over_dflash"] = order(best)
+        out[f"{key}_ddtree_best_over_dflash_run_range"] = order(ratio_runs)
+        out[f"{key}_best_budget"] = order(best_b)
+        if auto_best:
+            out[f"{key}_auto_over_best"] = order(auto_best)
+        bs1 = {("plain" if m == "plain" else m if b is None else str(b)): round(r["step_ms"], 3)
+               for (m, b, bs), r in mine.items() if bs == 1}
+        out[f"{key}_round_ms_bs1"] = bs1
+        if "dflash" in bs1 and "64" in bs1:
+            out[f"{key}_ddtree64_round_over_dflash_bs1"] = round(bs1["64"] / bs1["dflash"], 4)
+    if "lossless" in by_role:
+        suite = by_role["lossless"].json()  # one device call's gpu_suite.json
+        recs = suite.get("records") or _suite_run(by_role["lossless"]).get("records", [])
+        greedy = [r for r in recs if r["kind"] == "real8b_greedy"]
+        gaps = [t["logprob_gap"] for r in greedy for t in r["ties"] if t.get("logprob_gap") is not None]
+        unjudged = {(f["prompt"], f["position"]) for r in greedy for f in r["failures"]}
+        out["real8b_lossless_up_to_ties"] = bool(greedy) and not unjudged
+        out["real8b_max_tie_gap_nats"] = max(gaps, default=0.0)
+        out["real8b_unjudged_first_differences"] = len(unjudged)
+        leak = [r for r in recs if r["kind"] == "real8b_kv_leak"]
+        if leak:
+            out["real8b_kv_leak_tokens"] = leak[-1]["leaked"]
+    if "offline_tau" in by_role:
+        d = by_role["offline_tau"].json()
+        out["real8b_dflash_tau_over_tiny"] = {f"offline_{k}": v for k, v in d["widened_over_tiny"].items()}
+    out["real8b_source"] = [s.name for s in srcs]
+    return out
+
+
+def planted_bugs(srcs: list[Source], **_) -> dict:
+    d = srcs[0].json()
+    return {"compare_planted_bugs_caught": f"{d['caught']} of {d['total']}",
+            "compare_planted_bugs_called_noise": d["called_noise"]}
+
+
+def auto_knobs(srcs: list[Source], **_) -> dict:
+    """How many `auto` settings a user may set (auto.USER_KNOBS, read from the committed source)."""
+    import ast
+
+    tree = ast.parse(srcs[0].path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "USER_KNOBS" for t in node.targets):
+            return {"auto_knobs": len(node.value.keys)}
+    raise ValueError("auto.py has no USER_KNOBS")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Readers of the figures in summary_sources.toml
 
@@ -626,7 +708,7 @@ def sglang_auto_ab(srcs: list[Source], **_) -> dict:
 READERS = {f.__name__: f for f in (
     sweep_table, tree_stages, tiny_pair, offline, gpu_suite, sglang_lossless, sglang_tiny_bs1, round_graphs,
     tree_overhead, best_budget, tp2, hybrid, sglang_hybrid, adaptive, sglang_auto, same_config_servers, pad_stages,
-    pad_stages_captures, sglang_tau_mae, sglang_tau_mae_starts, paired, sglang_auto_ab)}
+    pad_stages_captures, sglang_tau_mae, sglang_tau_mae_starts, paired, sglang_auto_ab, real8b, planted_bugs, auto_knobs)}
 
 
 def load_table(path: Path = TABLE) -> list[dict]:

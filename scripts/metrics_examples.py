@@ -79,10 +79,10 @@ def dump() -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(1)
-    tok = AutoTokenizer.from_pretrained(str(tiny.TINY_DIR / "tokenizer"), local_files_only=True)
-    target = AutoModelForCausalLM.from_pretrained(str(tiny.TINY_DIR / "target"), dtype=torch.float32,
+    tok = AutoTokenizer.from_pretrained(str(tiny.tiny_dir() / "tokenizer"), local_files_only=True)
+    target = AutoModelForCausalLM.from_pretrained(str(tiny.tiny_dir() / "target"), dtype=torch.float32,
                                                   attn_implementation="sdpa", local_files_only=True).eval()
-    drafter = DFlashDrafter.from_pretrained(str(tiny.TINY_DIR / "drafter"), device="cpu", dtype=torch.float32).eval()
+    drafter = DFlashDrafter.from_pretrained(str(tiny.tiny_dir() / "drafter"), device="cpu", dtype=torch.float32).eval()
     prompt = load_prompts("humaneval", limit=1)[0]
     ids = encode_prompt(tok, prompt)
     captured = []

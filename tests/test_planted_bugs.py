@@ -14,9 +14,9 @@ from sglang_ddtree.offline import correctness as cc
 from sglang_ddtree.offline.planted_bugs import BUGS, planted
 
 pytestmark = pytest.mark.skipif(
-    not (tiny.TINY_DIR / "target" / "model.safetensors").is_file()
-    or not (tiny.TINY_DIR / "drafter" / "model.safetensors").is_file(),
-    reason=f"the tiny pair is not built under {tiny.TINY_DIR}",
+    not (tiny.tiny_dir() / "target" / "model.safetensors").is_file()
+    or not (tiny.tiny_dir() / "drafter" / "model.safetensors").is_file(),
+    reason=f"the tiny pair is not built under {tiny.tiny_dir()}",
 )
 
 METHODS = ("ddtree_tb16", "ddtree_tb64")

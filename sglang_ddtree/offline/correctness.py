@@ -73,8 +73,8 @@ class TinyPair:
         self.prompts = [PromptInput(prompts[i].id, prompts[i].index, encode_prompt(self.tokenizer, prompts[i]))
                         for i in settings.prompt_indices]
         self.eos = [int(self.tokenizer.eos_token_id)] if self.tokenizer.eos_token_id is not None else []
-        self.fingerprints = {"target": fingerprint_dir(tiny.TINY_DIR / "target"),
-                             "drafter": fingerprint_dir(tiny.TINY_DIR / "drafter")}
+        self.fingerprints = {"target": fingerprint_dir(tiny.tiny_dir() / "target"),
+                             "drafter": fingerprint_dir(tiny.tiny_dir() / "drafter")}
 
     def header(self, max_new_tokens: int):
         import torch

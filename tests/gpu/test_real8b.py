@@ -6,7 +6,8 @@ DDTREE_GPU_BACKEND picks the attention backend (triton, the default, or flashinf
   - greedy, 128 new tokens, 16 HumanEval prompts (runs/bench/humaneval_prompts.jsonl, written by
     `benchmarks/bench_budgets.py --write-prompts`; the serving prompts otherwise): DDTREE at B = 16, 64 and 256, one
     request at a time and all 16 at once, against plain decoding one at a time; a first difference passes only where
-    plain's own top-2 log-probs are within TIE_NATS, and every first difference's gap is recorded;
+    plain's own log-probs of its token and DDTREE's (from plain's top-5) are within TIE_NATS, and every first
+    difference's gap is recorded; a DDTREE token outside plain's top-5 fails unjudged;
   - the KV pool is back to idle after 200 mixed, sampled and aborted requests (B = 64).
 """
 
@@ -70,8 +71,10 @@ def servers(sglang_servers, pair):
 @pytest.fixture(scope="module")
 def outputs(servers):
     texts = prompts()
+    # top-5: a first difference whose token is not among plain's top-2 (a three-way near-tie, or a bug) still gets
+    # its gap measured instead of failing as unjudged
     out = {"plain": [servers["plain"].generate(text=t, sampling_params=GREEDY, return_logprob=True,
-                                               top_logprobs_num=2) for t in texts]}
+                                               top_logprobs_num=5) for t in texts]}
     for b in BUDGETS:
         s = servers[f"ddtree-{b}"]
         out[f"ddtree-{b}/bs1"] = [s.generate(text=t, sampling_params=GREEDY) for t in texts]
