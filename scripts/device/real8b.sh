@@ -9,6 +9,9 @@
 #       tarball of the server logs into OUT
 #   bash scripts/device/real8b.sh lossless OUT COMMIT BACKEND
 #       tests/gpu/test_real8b.py: greedy == plain up to ties at B 16/64/256, batch 1 and 16, and the KV-leak check
+#   bash scripts/device/real8b.sh profile OUT COMMIT NAME [profile_rounds args...]
+#       torch-profiler traces of DFLASH and DDTREE rounds on 8b-real (benchmarks/profile_rounds.py; default
+#       --methods dflash,ddtree --budgets 16,64, batch 1): where a tree round's extra time over a chain round goes
 #
 # Needs `runs/bench/humaneval_prompts.jsonl` (bench_budgets.py --write-prompts; carry runs/bench).
 set -uo pipefail
@@ -44,8 +47,13 @@ lossless)
     DDTREE_GPU_MODELS=8b-real DDTREE_GPU_BACKEND=$backend python3 scripts/device/run_gpu_suite.py \
         tests/gpu/test_real8b.py --deadline-s "${DEADLINE_S:-540}" --out "$out/lossless_$backend"
     ;;
+profile)
+    python3 -m sglang_ddtree.widen --shape qwen3-8b --out runs/8b-real --if-missing || exit 1
+    python3 benchmarks/profile_rounds.py --out "$out/profile_$backend" --setups 8b-real --methods dflash,ddtree \
+        --budgets 16,64 --prompts-file runs/bench/humaneval_prompts.jsonl --commit "$commit" "$@"
+    ;;
 *)
-    echo "unknown step $step (sweep, lossless)" >&2
+    echo "unknown step $step (sweep, lossless, profile)" >&2
     exit 2
     ;;
 esac
