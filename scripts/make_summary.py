@@ -148,6 +148,12 @@ def real8b(srcs: list[Source], setup: str = "8b-real", setups: dict | None = Non
         out[f"{key}_best_budget"] = order(best_b)
         if auto_best:
             out[f"{key}_auto_over_best"] = order(auto_best)
+        cal = {str(bs): (r.get("ddtree_metrics") or {}).get("auto_calibration")
+               for (m, b, bs), r in mine.items() if m == "auto"}
+        cal = {bs: c for bs, c in cal.items() if c}
+        if cal:  # the calibration table's MAE of committed tokens per request-round, against the raw scores'
+            out[f"{key}_calibrated_tau_mae"] = order({bs: round(c["tau_mae_calibrated"], 4) for bs, c in cal.items()})
+            out[f"{key}_raw_tau_mae"] = order({bs: round(c["tau_mae_raw"], 4) for bs, c in cal.items()})
         bs1 = {("plain" if m == "plain" else m if b is None else str(b)): round(r["step_ms"], 3)
                for (m, b, bs), r in mine.items() if bs == 1}
         out[f"{key}_round_ms_bs1"] = bs1

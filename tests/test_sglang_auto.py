@@ -40,8 +40,8 @@ def test_auto_flags():
         parse("--speculative-ddtree-budget", "auto", "--speculative-ddtree-auto-candidates", "16,2000")
     with pytest.raises(ValueError, match="or auto"):
         parse("--speculative-ddtree-budget", "automatic")
-    # --speculative-ddtree-auto-calibration on|off (default on), `auto` only
-    assert parse("--speculative-ddtree-budget", "auto").auto_calibration
+    # --speculative-ddtree-auto-calibration on|off (default off), `auto` only
+    assert not parse("--speculative-ddtree-budget", "auto").auto_calibration
     for word, on in (("off", False), ("OFF", False), ("0", False), ("on", True), ("true", True)):
         assert parse("--speculative-ddtree-budget", "auto", "--speculative-ddtree-auto-calibration", word) \
             .auto_calibration is on
@@ -54,6 +54,7 @@ def test_auto_flags():
 # ------------------------------------------------------------------------------------------------------ policy
 
 DEFAULTS = AutoConfig()
+ON = AutoConfig(calibration=True)  # the calibration table's own tests (off by default)
 
 
 def Policy(candidates, widths=None, **config):
@@ -522,7 +523,7 @@ def test_calibration_round_scores_predictions_and_leaves_learning_to_the_caller(
     assert float(errors[0]) == pytest.approx(float((raw - committed).abs().sum()), rel=1e-5)
     assert float(errors[1]) == pytest.approx(float((cal.expected(tree)[:2] - committed).abs().sum()), rel=1e-5)
     assert float(errors[2]) == 2
-    monitor = CalibrationMonitor(cal)
+    monitor = CalibrationMonitor(cal, config=ON)
     monitor.learn(delta, 2)
     assert monitor.learnt == 2
     twin.update(tree, walk.path, active=torch.tensor([True, True, False]))
@@ -543,7 +544,7 @@ def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
     lp = draft(seed=7)
     values, tokens = topk_draft(lp, 40)
     cal = _rejecting_table(values, tokens, torch.tensor([1, 2, 3]))
-    monitor = CalibrationMonitor(cal, prom)
+    monitor = CalibrationMonitor(cal, prom, ON)
     monkeypatch.setattr(TableGauges, "EVERY", 4)
     policy = Policy([CHAIN, 16])
     feedback = AutoFeedback(policy, "cpu", monitor)
@@ -602,7 +603,7 @@ def test_calibration_snapshots_wait_export_seconds_between_publishes(monkeypatch
     monkeypatch.setattr(TableGauges, "SECONDS", 10.0)
     registry = prometheus_client.CollectorRegistry()
     monitor = CalibrationMonitor(adaptive.ScoreCalibrator(), _Prometheus(depth_limit=6, budget="auto",
-                                                                         registry=registry))
+                                                                         registry=registry), ON)
     published = []
     monkeypatch.setattr(monitor.gauges, "publish", lambda summary: published.append(clock[0]))
 
@@ -965,18 +966,18 @@ def test_walk_schedule_scores_the_first_sampled_tree_round_then_one_in_every():
     first and then every calibration_every-th run the calibration scoring, however chain rounds interleave."""
     from sglang_ddtree.sglang.auto import WalkSchedule
 
-    assert DEFAULTS.calibration_every == WalkSchedule().every > 1
+    assert DEFAULTS.calibration_every == WalkSchedule(ON).every > 1 and not WalkSchedule().enabled
     grown = Table()
-    schedule = WalkSchedule(AutoConfig(calibration_every=3))
+    schedule = WalkSchedule(AutoConfig(calibration=True, calibration_every=3))
     rounds = [(False, False), (False, True), (True, True), (False, True), (False, False), (False, True),
               (True, True), (False, True), (False, True), (True, False), (False, True)]  # (chain, sampled)
     got = [schedule.variant(chain, sampled, grown) for chain, sampled in rounds]
     assert got == ["plain", "scored", "sampled", "sampled", "plain", "sampled", "sampled", "scored", "sampled",
                    "plain", "sampled"]
-    every_one = WalkSchedule(AutoConfig(calibration_every=1))
+    every_one = WalkSchedule(AutoConfig(calibration=True, calibration_every=1))
     assert [every_one.variant(False, True, grown) for _ in range(3)] == ["scored"] * 3
     # while the table is young every sampled tree round scores, and the cadence goes on from there afterwards
-    schedule = WalkSchedule(AutoConfig(calibration_every=3))
+    schedule = WalkSchedule(AutoConfig(calibration=True, calibration_every=3))
     young = Table(request_rounds=DEFAULTS.calibration_young - 1)
     got = [schedule.variant(False, True, young) for _ in range(4)] + [schedule.variant(True, True, young)]
     assert got == ["scored"] * 4 + ["sampled"]  # the chain never scores
@@ -1011,13 +1012,14 @@ def test_calibration_off_builds_and_runs_no_scored_walk_and_publishes_nothing():
     published = []
     prometheus = type("P", (), {"calibration_table": lambda self, rows: published.append(rows)})()
     monitor = CalibrationMonitor(adaptive.ScoreCalibrator(), prometheus, config=off)
-    assert CalibrationMonitor(adaptive.ScoreCalibrator(), prometheus).gauges is not None  # on: it would publish
+    assert CalibrationMonitor(adaptive.ScoreCalibrator(), prometheus, ON).gauges is not None  # on: it would publish
+    assert CalibrationMonitor(adaptive.ScoreCalibrator(), prometheus).gauges is None  # off by default
     for _ in range(3 * TableGauges.EVERY):
         monitor.after_round()
     monitor.reset()
     assert published == [] and monitor.gauges is None and monitor.export()["enabled"] is False
-    assert ddtree_args.parse_options(budget="auto").auto_calibration
-    assert not ddtree_args.parse_options(budget="auto", auto_calibration="off").auto_calibration
+    assert not ddtree_args.parse_options(budget="auto").auto_calibration  # off by default
+    assert ddtree_args.parse_options(budget="auto", auto_calibration="on").auto_calibration
 
 
 def test_bucket_statistics_kept_per_round_equal_recomputing_them():

@@ -107,9 +107,10 @@ def test_flag_values_reach_post_init_through_the_hooks():
     obj2 = construct(model_path="y", speculative_ddtree_budget=128)
     assert obj2.seen == (128, None, None, None, None, None) and obj2.model_path == "y"
     obj3 = construct(speculative_ddtree_budget="auto", speculative_ddtree_auto_candidates="16,64")
-    assert ddtree_args.options_from(obj3).candidates == (0, 16, 64) and ddtree_args.options_from(obj3).auto_calibration
-    obj4 = construct(speculative_ddtree_budget="auto", speculative_ddtree_auto_calibration=False)
-    assert not ddtree_args.options_from(obj4).auto_calibration
+    assert ddtree_args.options_from(obj3).candidates == (0, 16, 64)
+    assert not ddtree_args.options_from(obj3).auto_calibration  # off by default
+    obj4 = construct(speculative_ddtree_budget="auto", speculative_ddtree_auto_calibration=True)
+    assert ddtree_args.options_from(obj4).auto_calibration
     # no DDTREE flags at all: attributes exist and default
     assert ddtree_args.options_from(construct()).budget == ddtree_args.DEFAULT_BUDGET
 

@@ -57,7 +57,7 @@ class DDTreeOptions:
     debug_path: str | None = None
     candidates: tuple[int, ...] | None = None  # `auto` only: sorted, 0 = the chain first
     oracle: bool = False  # re-verify each round's accepted path as a chain and commit that (sglang.modes.Oracle)
-    auto_calibration: bool = True  # `auto` only: the calibration table scores and learns (auto.AutoConfig)
+    auto_calibration: bool = False  # `auto` only: the calibration table scores and learns (auto.AutoConfig)
 
     @property
     def auto(self) -> bool:
@@ -87,7 +87,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                             "verify, e.g. on hybrid targets, or as a fallback). Fixed budgets only.")
     group.add_argument("--speculative-ddtree-auto-calibration", dest=FLAG_DEST["--speculative-ddtree-auto-calibration"],
                        type=str, default=None,
-                       help="With --speculative-ddtree-budget auto: on (default) or off. The calibration table "
+                       help="With --speculative-ddtree-budget auto: on or off (default). The calibration table "
                             "learns how far the drafter's scores are off and reports its predictions next to the "
                             "raw ones (Prometheus); it feeds no decision. off: no scoring work in any round.")
 
@@ -148,10 +148,12 @@ def parse_switch(value, flag: str) -> bool:
     raise ValueError(f"{flag} takes no value (or true / false as a keyword), got {value!r}.")
 
 
-def parse_on_off(value, flag: str) -> bool:
-    """on / off (also true / false, 1 / 0, yes / no, or a bool as an Engine keyword); None: on."""
-    if value is None or isinstance(value, bool):
-        return value is None or value
+def parse_on_off(value, flag: str, default: bool = False) -> bool:
+    """on / off (also true / false, 1 / 0, yes / no, or a bool as an Engine keyword); None: the default."""
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
     word = str(value).strip().lower()
     if word in ("on", "1", "true", "yes"):
         return True

@@ -52,7 +52,8 @@ def configs(pair):
         + draft,
         # a budget per round from chain,16,32,64,128 (four extra verify widths, each with its own graphs); every
         # candidate explored (SGLANG_DDTREE_AUTO_EXPLORE_ALL), so the greedy tests verify each one's tree
-        "ddtree-auto": (pair.base_args() + COMMON + triton + ddtree("auto") + draft + ["--enable-metrics"],
+        "ddtree-auto": (pair.base_args() + COMMON + triton + ddtree("auto") + draft
+                        + ["--enable-metrics", "--speculative-ddtree-auto-calibration", "on"],
                         {"SGLANG_DDTREE_AUTO_EXPLORE_ALL": "1"}),
         # `auto` held on the chain (SGLANG_DDTREE_AUTO_FORCE): its unsampled rounds run the lean chain round
         # (worker._chain_round), its sampled ones the general round
