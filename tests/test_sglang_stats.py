@@ -183,10 +183,10 @@ def test_host_stage_times_are_summed_per_stage_and_read_back_as_means(monkeypatc
     """The worker's host time per stage (RoundTimer.host_stage_ms, DDTreeStats.finish_round): each mark closes the
     stage since the previous one (`choose`, a host-only mark, is `auto`'s chooser before the draft), `after` runs to
     the end of the round call; sums go to Prometheus every HOST_FLUSH_ROUNDS rounds with their round count, and
-    bench.prom.ddtree_summary reads the means back. Scripted clocks: no CUDA."""
+    ddtree_bench.prom.ddtree_summary reads the means back. Scripted clocks: no CUDA."""
     import torch
 
-    from sglang_ddtree.bench import prom
+    from ddtree_bench import prom
     from sglang_ddtree.sglang import stats as stats_mod
 
     monkeypatch.setattr(torch.cuda, "Event", _ClockEvent)
@@ -248,7 +248,7 @@ def test_auto_host_detail_stages_split_the_chooser_and_after_and_exist_only_wher
     carry only stages.HOST_STAGES. Scripted clocks: no CUDA."""
     import torch
 
-    from sglang_ddtree.bench import prom
+    from ddtree_bench import prom
     from sglang_ddtree.sglang import stats as stats_mod
     from sglang_ddtree.stages import AUTO_HOST_DETAIL, HOST_STAGES
 
@@ -333,11 +333,11 @@ def test_ab_tallies_keep_the_arms_apart_and_count_only_rounds_that_follow_a_deco
     """SGLANG_DDTREE_AUTO_AB: rounds tagged with an arm feed that arm's counters, with their committed tokens (from
     the round vector), request-rounds and GPU time (the stages, `between` included); a round after a prefill (no
     `between`) or one that captured graphs (cold) is a skipped round; the sums reach Prometheus every
-    ABTallies.FLUSH_ROUNDS rounds, and bench.prom.ab_arms reads them back with the arms' tokens/s ratio. Untagged
+    ABTallies.FLUSH_ROUNDS rounds, and ddtree_bench.prom.ab_arms reads them back with the arms' tokens/s ratio. Untagged
     rounds (no A/B) feed nothing. Scripted clocks: no CUDA."""
     import torch
 
-    from sglang_ddtree.bench import prom
+    from ddtree_bench import prom
     from sglang_ddtree.sglang import stats as stats_mod
 
     monkeypatch.setattr(torch.cuda, "Event", _ClockEvent)

@@ -200,7 +200,7 @@ def cmd_offline(args) -> int:
                                          decision_overhead=not args.auto_no_overhead, sweep=args.auto_sweep,
                                          tau_prior=args.auto_tau_prior, window=args.auto_window)
             if args.auto_tau_prior:
-                from sglang_ddtree.bench.round_cost import load_tau_prior
+                from sglang_ddtree.round_cost import load_tau_prior
 
                 load_tau_prior(args.auto_tau_prior)
     except (ValueError, FileNotFoundError) as e:

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
 METHODS = ("plain", "dflash", "ddtree", "auto")  # auto: DDTREE with --speculative-ddtree-budget auto (one server)
 ALL_BUDGETS = (16, 32, 64, 128, 256, 512, 1024)

@@ -19,8 +19,8 @@ import urllib.request
 from pathlib import Path
 from typing import Protocol
 
-from sglang_ddtree.bench.measure import Client, HttpClient
-from sglang_ddtree.bench.plan import REPO_ROOT, ServerPlan
+from ddtree_bench.measure import Client, HttpClient
+from ddtree_bench.plan import REPO_ROOT, ServerPlan
 
 
 class ServerStartError(RuntimeError):

@@ -157,7 +157,7 @@ def analyze(trace: dict, steps: int, *, range_prefix: str = "ddtree:", top: int 
 
 
 def main(argv=None) -> int:
-    """python -m sglang_ddtree.bench.trace TRACE[.gz] --steps N [--out F]: analyze() as JSON."""
+    """python -m ddtree_bench.trace TRACE[.gz] --steps N [--out F]: analyze() as JSON."""
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

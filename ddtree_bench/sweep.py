@@ -28,11 +28,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_ddtree.bench import prom
-from sglang_ddtree.bench.measure import RATE_OUTLIER, acceptance_from_histogram, run_batch, summarize
-from sglang_ddtree.bench.plan import REPO_ROOT, Plan, Row, ServerPlan, plan_waves, sampling_params
-from sglang_ddtree.bench.results import ResultsWriter, latest_results, read_rows, row_tau
-from sglang_ddtree.bench.server import Launcher, ServerHandle, ServerStartError, log_tail, wait_all_ready
+from ddtree_bench import prom
+from ddtree_bench.measure import RATE_OUTLIER, acceptance_from_histogram, run_batch, summarize
+from ddtree_bench.plan import REPO_ROOT, Plan, Row, ServerPlan, plan_waves, sampling_params
+from ddtree_bench.results import ResultsWriter, latest_results, read_rows, row_tau
+from ddtree_bench.server import Launcher, ServerHandle, ServerStartError, log_tail, wait_all_ready
 
 SERVER_INFO_KEYS = ("max_total_num_tokens", "max_req_input_len", "max_running_requests", "max_total_tokens",
                     "speculative_num_draft_tokens", "context_length", "cuda_graph_config", "mem_fraction_static",
