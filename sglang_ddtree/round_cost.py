@@ -161,10 +161,12 @@ def prune_candidates(cost: RoundCost, batch: int, candidates: Sequence[int], max
 
 
 def tau_from_baseline(path: str | Path) -> dict:
-    """Same shape from a baseline file (.jsonl) or the paper's reference output (.pt, needs torch)."""
-    from sglang_ddtree import baseline as bl
+    """{"ddtree": {budget: tau}, "dflash": tau} (tau: mean committed tokens a round) from a baseline file (.jsonl) or
+    the paper's reference output (.pt, needs torch)."""
+    from sglang_ddtree.baseline import parse_method, read_baseline
+    from sglang_ddtree.reference_import import import_reference
 
-    data = bl.import_reference(path) if str(path).endswith(".pt") else bl.read_baseline(path)
+    data = import_reference(path) if str(path).endswith(".pt") else read_baseline(path)
     sums: dict[str, list[int]] = {}
     for rec in data.records:
         if rec.accept_lengths:
@@ -173,7 +175,7 @@ def tau_from_baseline(path: str | Path) -> dict:
             s[1] += len(rec.accept_lengths)
     out: dict = {"ddtree": {}, "dflash": None}
     for method, (tokens, rounds) in sums.items():
-        kind, budget = bl.parse_method(method)
+        kind, budget = parse_method(method)
         if kind == "ddtree":
             out["ddtree"][budget] = tokens / rounds
         elif kind == "dflash":

@@ -275,7 +275,8 @@ def add_compare_parser(sub) -> None:
 
 def load_any(path: str, trust_pickle: bool = False):
     """A baseline JSONL, or the paper's torch.save output (imported on the fly)."""
-    from sglang_ddtree.baseline import import_reference, read_baseline
+    from sglang_ddtree.baseline import read_baseline
+    from sglang_ddtree.reference_import import import_reference
 
     if path.endswith((".pt", ".pth", ".bin")):
         return import_reference(path, trust_pickle=trust_pickle)
@@ -340,7 +341,8 @@ def add_import_parser(sub) -> None:
 
 
 def cmd_import(args) -> int:
-    from sglang_ddtree.baseline import import_reference, write_baseline
+    from sglang_ddtree.baseline import write_baseline
+    from sglang_ddtree.reference_import import import_reference
 
     try:
         check_output_file(args.out)
