@@ -536,10 +536,10 @@ def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
     snapshot every TableGauges.EVERY rounds (published the round after its copy), and a reset that empties the table in
     place (captured graphs keep reading it) and sets the published gauges back to ratio 1, 0 observations."""
     prometheus_client = pytest.importorskip("prometheus_client")
-    from sglang_ddtree.sglang.stats import _Prometheus
+    from sglang_ddtree.sglang.prometheus import PrometheusSeries
 
     registry = prometheus_client.CollectorRegistry()
-    prom = _Prometheus(depth_limit=6, budget="auto", registry=registry)
+    prom = PrometheusSeries(depth_limit=6, budget="auto", registry=registry)
     lp = draft(seed=7)
     values, tokens = topk_draft(lp, 40)
     cal = _rejecting_table(values, tokens, torch.tensor([1, 2, 3]))
@@ -594,14 +594,14 @@ def test_calibration_snapshots_wait_export_seconds_between_publishes(monkeypatch
     check waited 10 s for the gauges before this)."""
     prometheus_client = pytest.importorskip("prometheus_client")
     from sglang_ddtree.sglang import stats as stats_mod
-    from sglang_ddtree.sglang.stats import _Prometheus
+    from sglang_ddtree.sglang.prometheus import PrometheusSeries
 
     clock = [1000.0]
     monkeypatch.setattr(stats_mod.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(TableGauges, "EVERY", 4)
     monkeypatch.setattr(TableGauges, "SECONDS", 10.0)
     registry = prometheus_client.CollectorRegistry()
-    monitor = CalibrationMonitor(adaptive.ScoreCalibrator(), _Prometheus(depth_limit=6, budget="auto",
+    monitor = CalibrationMonitor(adaptive.ScoreCalibrator(), PrometheusSeries(depth_limit=6, budget="auto",
                                                                          registry=registry))
     published = []
     monkeypatch.setattr(monitor.gauges, "publish", lambda summary: published.append(clock[0]))
@@ -631,14 +631,14 @@ def test_calibration_snapshots_wait_export_seconds_between_publishes(monkeypatch
 
 
 def test_calibration_table_publish_resolves_each_cells_gauges_once():
-    """_Prometheus.calibration_table: the first publish resolves every cell's two gauges with labels(), later
+    """PrometheusSeries.calibration_table: the first publish resolves every cell's two gauges with labels(), later
     publishes reuse them (each lookup builds and locks a label key), with the same values as resolving anew; a cell
     gone from the rows (a reset) goes back to ratio 1, 0 observations through the same gauges."""
     prometheus_client = pytest.importorskip("prometheus_client")
-    from sglang_ddtree.sglang.stats import _Prometheus
+    from sglang_ddtree.sglang.prometheus import PrometheusSeries
 
     registry = prometheus_client.CollectorRegistry()
-    prom = _Prometheus(depth_limit=6, budget="auto", registry=registry)
+    prom = PrometheusSeries(depth_limit=6, budget="auto", registry=registry)
     rows = [{"depth": 1, "path_class": 0, "rank_class": 0, "ratio": 0.8, "observations": 12.0},
             {"depth": 2, "path_class": 1, "rank_class": 1, "ratio": 0.5, "observations": 3.0}]
     prom.calibration_table(rows)
