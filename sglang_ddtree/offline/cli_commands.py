@@ -285,7 +285,8 @@ def load_any(path: str, trust_pickle: bool = False):
 
 def cmd_compare(args) -> int:
     """Exit 0: pass; 1: the candidate fails a check; 2: bad input."""
-    from sglang_ddtree.compare import Thresholds, compare, format_report
+    from sglang_ddtree.compare import Thresholds, compare
+    from sglang_ddtree.compare_report import format_report
 
     try:
         if args.json_out:
