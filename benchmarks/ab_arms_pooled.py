@@ -1,5 +1,5 @@
 """SGLANG_DDTREE_AUTO_AB sweeps read per arm: the `auto` servers whose label starts with each given prefix (e.g.
-`tiny-e` for the servers as they are, `tiny-s` for a knob's arm), their runs pooled (bench.paired.ab_pooled: `auto`
+`tiny-e` for the servers as they are, `tiny-s` for a knob's arm), their runs pooled (paired.ab_pooled: `auto`
 over its fixed arm per batch size and over all, 95% intervals), their own host time split by stage
 (ab_own_host_split), and the rows on a narrower candidate than the fixed arm's for more than a share of their rounds
 (lock-ins). What docs/gpu-suite.md's per-lease arm tables quote, and the intervals of the summary's headline (the
@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sglang_ddtree.bench.paired import ab_own_host_split, ab_pooled, row_label  # noqa: E402
-from sglang_ddtree.bench.results import latest_results, read_rows  # noqa: E402
+from ddtree_bench.paired import ab_own_host_split, ab_pooled, row_label  # noqa: E402
+from ddtree_bench.results import latest_results, read_rows  # noqa: E402
 
 
 def locked_rows(rows: list[dict], labels: set, share: float) -> list[dict]:

@@ -7,7 +7,7 @@
 One server per (setup, method, budget); each batch size b is b concurrent streaming /generate requests (greedy,
 fixed max_new_tokens, ignore_eos). Servers start in waves (parallel starts, capped KV pools), are measured one at a
 time, and the run keeps to --max-minutes, leaving what does not fit for the next run on the same results file.
-Details: sglang_ddtree/bench/{plan,sweep,measure}.py.
+Details: ddtree_bench/{plan,sweep,measure}.py.
 
 Here (CPU), before a GPU run:
   python benchmarks/bench_budgets.py --write-prompts runs/bench/humaneval_prompts.jsonl
@@ -16,8 +16,8 @@ On the GPU machine (SGLang installed, `source scripts/device/env.sh`):
   python3 benchmarks/bench_budgets.py --out $OUT --prompts-file runs/bench/humaneval_prompts.jsonl \\
       --set 8b-dummy.budgets=16,64,256,1024 --max-minutes 7.5
 Afterwards (CPU):
-  python -m sglang_ddtree.bench.cost_model --sweep OUT/bench_budgets.jsonl --out benchmarks/results/best_budget.json
-  python -m sglang_ddtree.bench.plots --sweep OUT/bench_budgets.jsonl --projection benchmarks/results/best_budget.json
+  python -m ddtree_bench.cost_model --sweep OUT/bench_budgets.jsonl --out benchmarks/results/best_budget.json
+  python -m ddtree_bench.plots --sweep OUT/bench_budgets.jsonl --projection benchmarks/results/best_budget.json
 
 Exit status: 0 when every attempted row succeeded (rows left pending by the deadline included), 1 when a row or
 server failed, 2 on bad arguments, 130 when interrupted.
@@ -37,10 +37,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sglang_ddtree.bench import plan as plan_mod  # noqa: E402
-from sglang_ddtree.bench.results import RESULTS_NAME, ResultsWriter, format_table, read_rows  # noqa: E402
-from sglang_ddtree.bench.sweep import Sweep, SweepOptions, gpu_facts, id_prompts, run_facts, text_prompts  # noqa: E402
-from sglang_ddtree.bench.server import SubprocessLauncher, format_cpu_list, parse_cpu_list, pin_process  # noqa: E402
+from ddtree_bench import plan as plan_mod  # noqa: E402
+from ddtree_bench.results import RESULTS_NAME, ResultsWriter, format_table, read_rows  # noqa: E402
+from ddtree_bench.sweep import Sweep, SweepOptions, gpu_facts, id_prompts, run_facts, text_prompts  # noqa: E402
+from ddtree_bench.server import SubprocessLauncher, format_cpu_list, parse_cpu_list, pin_process  # noqa: E402
 
 TUPLE_FIELDS = {"methods": str, "budgets": int, "batch_sizes": int, "server_env": str, "server_args": str}
 SCALAR_FIELDS = {"max_new_tokens": int, "warmup_new_tokens": int, "prompt_tokens": int, "graph_token_cap": int,

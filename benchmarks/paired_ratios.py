@@ -1,4 +1,4 @@
-"""Every row of an interleaved sweep over one base row, run by run, with 95% intervals (sglang_ddtree.bench.paired).
+"""Every row of an interleaved sweep over one base row, run by run, with 95% intervals (ddtree_bench.paired).
 
     python benchmarks/paired_ratios.py benchmarks/results/sweep_paired_tiny_2026-11-30_7dd2358.jsonl --base "tiny|ddtree-128"
 
@@ -6,7 +6,7 @@ prints, per batch size, each row's tokens/s over the base row's (the geometric m
 95% interval and the number of rounds, then the same with the rounds of every batch size together; `--json PATH`
 writes the same tables. Rows are named setup|method or setup|method-budget. Rows of an `auto` server with the
 in-process A/B (SGLANG_DDTREE_AUTO_AB) also get a table of their own: the `auto` arm over the fixed arm, over the
-whole row and run by run (bench.paired.ab_table), and where `auto`'s own host time goes, all such servers' rows
+whole row and run by run (ddtree_bench.paired.ab_table), and where `auto`'s own host time goes, all such servers' rows
 together (ab_own_host_split: its arm's host ms a round less the fixed arm's, per host stage); a sweep of such
 servers alone needs no base row.
 `--arm NAME=LABEL,LABEL,...` (repeated) adds, per batch size, each arm's servers together over the base row and over
@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sglang_ddtree.bench.paired import (ab_own_host_split, ab_table, arm_table, paired_table,  # noqa: E402
-                                        pooled_ratios, rate_outlier_runs, row_label)
-from sglang_ddtree.bench.results import latest_results, read_rows  # noqa: E402
+from ddtree_bench.paired import (ab_own_host_split, ab_table, arm_table, paired_table,  # noqa: E402
+                                 pooled_ratios, rate_outlier_runs, row_label)
+from ddtree_bench.results import latest_results, read_rows  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -1,8 +1,8 @@
 """Profile decode rounds of DFLASH and DDTREE servers: where a round's time goes (issues 8, 10).
 
-For each (setup, method, budget) it starts the same server the budget sweep starts (bench/plan.py), warms it up,
+For each (setup, method, budget) it starts the same server the budget sweep starts (ddtree_bench/plan.py), warms it up,
 starts --batch-size long greedy requests (batch 1 by default), records `--steps` scheduler steps with SGLang's
-torch profiler (/start_profile: CPU + GPU activity, no stacks) and reads the trace (sglang_ddtree/bench/trace.py):
+torch profiler (/start_profile: CPU + GPU activity, no stacks) and reads the trace (ddtree_bench/trace.py):
 wall and GPU-busy ms per step, the GPU idle time, kernels, CUDA runtime calls, host syncs, and the DDTREE worker's
 per-stage ranges (servers run with SGLANG_DDTREE_PROFILE_RANGES=1). The profiler adds host time per traced call, so the absolute
 numbers are above an unprofiled run's; compare methods within one run.
@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sglang_ddtree.bench import plan as plan_mod  # noqa: E402
-from sglang_ddtree.bench import trace  # noqa: E402
-from sglang_ddtree.bench.measure import HttpClient  # noqa: E402
-from sglang_ddtree.bench.server import SubprocessLauncher, log_tail, wait_all_ready  # noqa: E402
-from sglang_ddtree.bench.sweep import id_prompts, run_facts, text_prompts  # noqa: E402
+from ddtree_bench import plan as plan_mod  # noqa: E402
+from ddtree_bench import trace  # noqa: E402
+from ddtree_bench.measure import HttpClient  # noqa: E402
+from ddtree_bench.server import SubprocessLauncher, log_tail, wait_all_ready  # noqa: E402
+from ddtree_bench.sweep import id_prompts, run_facts, text_prompts  # noqa: E402
 
 
 def parse_args(argv):

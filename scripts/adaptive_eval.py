@@ -122,7 +122,7 @@ def main(argv=None) -> int:
 
     from sglang_ddtree import adaptive
     from sglang_ddtree.adaptive import CHAIN, ScoreCalibrator
-    from sglang_ddtree.bench.round_cost import RoundCost
+    from sglang_ddtree.round_cost import RoundCost
     from sglang_ddtree.datasets import encode_prompt, load_prompts
     from sglang_ddtree.offline.auto import AutoPolicy, auto_decode, build_policy
     from sglang_ddtree.offline.cli_commands import _eos_ids, _load_models

@@ -462,7 +462,7 @@ def _ab_server(row: dict) -> bool:
     """Whether an `auto` row's server alternated its rounds with the fixed widest tree (SGLANG_DDTREE_AUTO_AB): its
     tokens/s mixes the two arms, which its `ab` tallies keep apart (sglang_auto_ab)."""
     sys.path.insert(0, str(ROOT))
-    from sglang_ddtree.bench.sweep import ab_block_of
+    from ddtree_bench.sweep import ab_block_of
 
     return ab_block_of(row.get("server_env")) > 0
 
@@ -624,10 +624,10 @@ def sglang_tau_mae_starts(srcs: list[Source], **_) -> dict:
 
 def paired(srcs: list[Source], **_) -> dict:
     """Per sweep and batch size, each row's tokens/s over the source's `base` row: the geometric mean of the
-    per-round ratios with its 95% interval (bench/paired.py)."""
+    per-round ratios with its 95% interval (ddtree_bench/paired.py)."""
     sys.path.insert(0, str(ROOT))
-    from sglang_ddtree.bench.paired import paired_table, pooled_ratios
-    from sglang_ddtree.bench.results import latest_results, read_rows
+    from ddtree_bench.paired import paired_table, pooled_ratios
+    from ddtree_bench.results import latest_results, read_rows
 
     table = {}
     for src in srcs:
@@ -656,7 +656,7 @@ def _ab_arm(env: list[str], implied: tuple = ()) -> str:
 
 
 def sglang_auto_ab(srcs: list[Source], **_) -> dict:
-    """Each A/B server's `auto` arm over its own fixed 128-tree arm (bench/paired.py ab_table): over the whole row
+    """Each A/B server's `auto` arm over its own fixed 128-tree arm (ddtree_bench.paired.ab_table): over the whole row
     and run by run with a 95% interval, per batch size and pooled, with each arm's tau, GPU ms and host ms a round.
     The arms share the process, the moment and the text, so these intervals are the rounds' own spread.
     sglang_auto_ab_over_fixed_128_tiny: the `auto` as it is arms of the `headline` sources, runs pooled
@@ -664,8 +664,8 @@ def sglang_auto_ab(srcs: list[Source], **_) -> dict:
     host stage; sglang_auto_ab_host_detail_ms_tiny: that split over the AB_DETAIL_ARM servers of the `detail`
     sources."""
     sys.path.insert(0, str(ROOT))
-    from sglang_ddtree.bench.paired import ab_own_host_split, ab_pooled, ab_table, row_label
-    from sglang_ddtree.bench.results import latest_results, read_rows
+    from ddtree_bench.paired import ab_own_host_split, ab_pooled, ab_table, row_label
+    from ddtree_bench.results import latest_results, read_rows
 
     table: dict = {}
     headline_rows: list = []

@@ -1,6 +1,6 @@
 """The examples of docs/metrics.md, from real runs of the code on CPU:
 
-  prometheus  the server's series (stats._Prometheus, as DDTreeStats feeds them) after the recorded tiny-pair rounds
+  prometheus  the server's series (sglang/prometheus.py, as DDTreeStats feeds them) after the recorded tiny-pair rounds
               of tests/fixtures/recorded_rounds_tiny.jsonl (DDTree, budget 64, 4 HumanEval prompts x 96 tokens),
               in prometheus_client's exposition (what /metrics serves); a selection of the lines
   meta_info   plugin.ddtree_meta_info (the keys added to /generate's meta_info) for the first prompt of that file,

@@ -63,7 +63,7 @@ def evaluate(pair=None, bugs=None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sglang_ddtree.bench.results import emit_result, head_commit
+    from ddtree_bench.results import emit_result, head_commit
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "benchmarks" / "results"

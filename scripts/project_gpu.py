@@ -1,7 +1,7 @@
 """Project the cost model's H200 fit onto another GPU from its memory bandwidth and bf16 compute (a projection, not
 a measurement).
 
-The step-time fit (sglang_ddtree/bench/cost_model.py) is T(b, V) = a[b] + s1 * V + s2 * max(0, V - knee), fitted on
+The step-time fit (sglang_ddtree/step_fit.py) is T(b, V) = a[b] + s1 * V + s2 * max(0, V - knee), fitted on
 H200 sweeps at Qwen3-8B shapes. On another GPU, the terms are scaled by what bounds them:
   a[b], s1   bandwidth-bound (reading the weights once a round, per-token KV and activations): x BW_h200 / BW_gpu
   s2         compute-bound past the knee (full matmul per verify token):                     x F_h200 / F_gpu

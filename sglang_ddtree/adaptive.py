@@ -347,8 +347,8 @@ class ScoreCalibrator:
         """Request-rounds learnt since the last reset, a 0-dim int64 tensor on the table's device (the same tensor
         throughout). `learn` with a host number of requests counts them on the host and adds them here when read:
         one kernel launch fewer per learnt round (the SGLang worker learns every tree round of a fresh server's first
-        AutoConfig.calibration_learn_all request-rounds; lease 35's held A/B put that phase's host cost at ~0.065 ms
-        a batch-1 round)."""
+        AutoConfig.calibration_learn_all request-rounds; an A/B of the tiny pair in one server put that phase's host
+        cost at ~0.065 ms a batch-1 round)."""
         if self._pending_rounds:
             self._rounds.add_(self._pending_rounds)
             self._pending_rounds = 0
@@ -441,7 +441,7 @@ class ScoreCalibrator:
 
         A number (the SGLang worker's: it knows its batch's requests) costs one kernel, the decay a Python float
         folded into one add and the count kept on the host until `rounds` is read; a tensor costs seven. Why it
-        matters: lease 28's batch-1 host profile of the tiny pair (benchmarks/results/host_profile_lease28/) put the
+        matters: a batch-1 host profile of the tiny pair (benchmarks/results/host_profile_2026-12-01_b48413f/) put the
         tensor path at 100-106 us a decode batch under cProfile (half the batches scored there), the largest piece
         of `auto`'s own host cost."""
         sums = self._flat

@@ -1,4 +1,7 @@
-"""`sglang-ddtree bench` (the SGLang budget sweep) and `sglang-ddtree summary` (regenerate summary.json)."""
+"""`sglang-ddtree bench` (the SGLang budget sweep) and `sglang-ddtree summary` (regenerate summary.json).
+
+Both run a checkout's scripts and its benchmark harness (ddtree_bench/, next to this package, not shipped in the
+wheel); from an installed wheel they say so and exit 2."""
 
 from __future__ import annotations
 
@@ -8,6 +11,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_SCRIPT = "benchmarks/bench_budgets.py"
+SUMMARY_SCRIPT = "scripts/make_summary.py"
+HARNESS = "ddtree_bench"
+
+
+def _missing(script: str) -> str | None:
+    """What of a checkout's script and harness is absent next to this package (None: both there)."""
+    for name in (script, HARNESS):
+        if not (ROOT / name).exists():
+            return name
+    return None
 
 
 def add_bench_parser(sub) -> None:
@@ -25,19 +38,18 @@ def add_summary_parser(sub) -> None:
     p.set_defaults(func=_run_summary)
 
 
-def run_bench(argv: list[str]) -> int:
-    path = ROOT / BENCH_SCRIPT
-    if not path.exists():
-        print(f"error: {BENCH_SCRIPT} is not in this installation; the bench command runs from a clone of the "
+def _run_script(command: str, script: str, argv: list[str]) -> int:
+    missing = _missing(script)
+    if missing:
+        print(f"error: {missing} is not in this installation; the {command} command runs from a clone of the "
               "repository.", file=sys.stderr)
         return 2
-    return subprocess.call([sys.executable, str(path), *argv])
+    return subprocess.call([sys.executable, str(ROOT / script), *argv])
+
+
+def run_bench(argv: list[str]) -> int:
+    return _run_script("bench", BENCH_SCRIPT, argv)
 
 
 def _run_summary(args) -> int:
-    path = ROOT / "scripts" / "make_summary.py"
-    if not path.exists():
-        print("error: scripts/make_summary.py is not in this installation; the summary command runs from a clone of "
-              "the repository.", file=sys.stderr)
-        return 2
-    return subprocess.call([sys.executable, str(path)] + (["--check"] if args.check else []))
+    return _run_script("summary", SUMMARY_SCRIPT, ["--check"] if args.check else [])

@@ -4,8 +4,9 @@ Nothing reads the environment at import: a caller asks `get(NAME)` when it needs
 switches when its worker starts; a loader when it is called), so a bad value fails there, with the variable's
 name, and a test can set a variable before the code it drives asks for it.
 
-The `auto` policy's own tuning knobs (SGLANG_DDTREE_AUTO_*, SGLANG_DDTREE_CALIBRATION_PRIOR_MASS) are read by
-sglang_ddtree/sglang/auto.py; the benchmark harness reads its own (SGLANG_DDTREE_PORT_REGISTRY).
+The `auto` policy's own tuning knobs (SGLANG_DDTREE_AUTO_*) are read by sglang/auto.py and its measuring modes by
+sglang/auto_ab.py, both through env_value below (it takes an environment mapping, so a test can pass its own); the
+benchmark harness reads its own (SGLANG_DDTREE_PORT_REGISTRY).
 
 The user-facing choices are flags (`--speculative-ddtree-*`, sglang/args.py); what is here is for debugging,
 measuring and testing, or a path a loader would otherwise have to be given.
@@ -86,3 +87,27 @@ def get(name: str):
 def describe() -> list[dict]:
     """The registry as rows (name, default, meaning), e.g. for a table in the docs."""
     return [{"name": v.name, "default": v.default, "meaning": v.meaning} for v in VARIABLES.values()]
+
+
+# -- parsing helpers for the variables read outside the registry (the `auto` knobs and measuring modes)
+
+def env_value(environ, name: str, parse, what: str):
+    """A variable through parse (None: unset or empty); a ValueError naming it where parse fails or gives None."""
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = parse(raw)
+    except ValueError:
+        value = None
+    if value is None:
+        raise ValueError(f"{name} must be {what}, got {raw!r}.")
+    return value
+
+
+def at_least(minimum: int):
+    """A parse for env_value: an integer >= minimum (None otherwise)."""
+    return lambda raw: int(raw) if int(raw) >= minimum else None
+
+
+switch = {"0": False, "1": True}.get  # a parse for env_value: "0" or "1" (None otherwise)

@@ -4,7 +4,7 @@ PANELS here), and the harness that checks its queries against a real Prometheus:
 - `replay_rounds`: recorded rounds (a baseline file of the offline decoders: per round its accept length, the
   drafter ranks of the accepted nodes, tree size, expected tokens, stage times and, for `ddtree_auto`, the chosen
   candidate) grouped into batch rounds, and
-- `ReplayServer`: those rounds fed into the server's own Prometheus series (sglang_ddtree.sglang.stats._Prometheus,
+- `ReplayServer`: those rounds fed into the server's own Prometheus series (sglang/prometheus.py,
   the same calls DDTreeStats makes per round) and exposed over HTTP with prometheus_client's exposition, as SGLang's
   /metrics does;
 - `PrometheusServer`: a Prometheus process (Debian's `prometheus` binary) on 127.0.0.1 that scrapes them, with
@@ -224,16 +224,17 @@ def round_vector(records, depth_limit: int) -> list[float]:
 
 
 class ReplayServer:
-    """One DDTREE server's /metrics: its _Prometheus series (a private registry) fed round by round, as
+    """One DDTREE server's /metrics: its PrometheusSeries (a private registry) fed round by round, as
     DDTreeStats feeds them, plus SGLang's spec gauges set every `log_interval` batch rounds."""
 
     def __init__(self, budget_label: str, depth_limit: int, num_draft_tokens: int, log_interval: int = 8):
         import prometheus_client
 
-        from sglang_ddtree.sglang.stats import DDTreeStats, _Prometheus
+        from sglang_ddtree.sglang.prometheus import PrometheusSeries
+        from sglang_ddtree.sglang.stats import DDTreeStats
 
         self.registry = prometheus_client.CollectorRegistry()
-        self.prom = _Prometheus(depth_limit, budget_label, registry=self.registry)
+        self.prom = PrometheusSeries(depth_limit, budget_label, registry=self.registry)
         self.depth_limit = depth_limit
         labels = ["model_name", "engine_type", "tp_rank", "pp_rank"]
         self._spec_labels = {"model_name": "tiny-pair", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}

@@ -15,8 +15,8 @@ from sglang_ddtree.adaptive import (CHAIN, CalibratorConfig, ScoreCalibrator, ca
                                     chain_expected, choose_budget, expected_acceptance, first_slots,
                                     node_conditionals, offchain_ancestors, parse_candidates, propagate_along_paths,
                                     raw_node_probs, select_by_probs)
-from sglang_ddtree.bench import round_cost
-from sglang_ddtree.bench.round_cost import RoundCost
+from sglang_ddtree import round_cost
+from sglang_ddtree.round_cost import RoundCost
 from sglang_ddtree.tree import build_tree, build_tree_reference, chain_tree, topk_draft
 from sglang_ddtree.walk import walk_choices
 

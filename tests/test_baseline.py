@@ -11,8 +11,9 @@ import torch
 
 from sglang_ddtree.baseline import (
     FORMAT_NAME, FORMAT_VERSION, Baseline, BaselineHeader, BaselineWriter, MethodRecord, comparability_warnings,
-    fingerprint_dir, fingerprint_module, import_reference, method_name, parse_method, read_baseline, write_baseline,
+    fingerprint_dir, fingerprint_module, method_name, parse_method, read_baseline, write_baseline,
 )
+from sglang_ddtree.reference_import import import_reference
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from sglang_ddtree.bench import plan as P
-from sglang_ddtree.bench.server import (ServerStartError, SubprocessServer, format_cpu_list, parse_cpu_list,
-                                        server_env, wait_all_ready)
+from ddtree_bench import plan as P
+from ddtree_bench.server import (ServerStartError, SubprocessServer, format_cpu_list, parse_cpu_list,
+                                 server_env, wait_all_ready)
 
 spec = importlib.util.spec_from_file_location("bench_budgets", P.REPO_ROOT / "benchmarks" / "bench_budgets.py")
 bench = importlib.util.module_from_spec(spec)
@@ -42,7 +42,7 @@ def test_bad_overrides_are_refused(item, match):
 
 
 def test_a_copied_setup_is_changed_alone_and_launches_with_its_environment(tmp_path, monkeypatch):
-    from sglang_ddtree.bench.server import SubprocessLauncher
+    from ddtree_bench.server import SubprocessLauncher
 
     s = bench.apply_sets(bench.copy_setups(P.default_setups(), ["tiny-off=tiny"]),
                          ["tiny.server_env=SGLANG_DDTREE_TORCH_PATH=1", "tiny-off.server_env=SGLANG_DDTREE_TORCH_PATH=0",
@@ -110,7 +110,7 @@ def test_bad_arguments_exit_2(capsys):
 
 
 def test_text_prompts_cycle_a_prepared_file(tmp_path):
-    from sglang_ddtree.bench.sweep import text_prompts
+    from ddtree_bench.sweep import text_prompts
 
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"id": f"p{i}", "text": f"t{i}"}) + "\n" for i in range(3)))

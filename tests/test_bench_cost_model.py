@@ -9,8 +9,8 @@ import random
 import pytest
 
 from sglang_ddtree import baseline as bl
-from sglang_ddtree.bench import cost_model as cm
-from sglang_ddtree.bench.results import ResultsWriter
+from ddtree_bench import cost_model as cm
+from ddtree_bench.results import ResultsWriter
 
 TRUE = {"a": {1: 9.0, 4: 10.5, 16: 13.0, 64: 21.0}, "s1": 0.003, "s2": 0.022, "knee": 700.0}
 BUDGETS = (16, 32, 64, 128, 256, 512, 1024)

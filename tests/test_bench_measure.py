@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from sglang_ddtree.bench import prom
-from sglang_ddtree.bench.measure import (HttpClient, RequestResult, acceptance_from_histogram, run_batch,
-                                         summarize)
+from ddtree_bench import prom
+from ddtree_bench.measure import (HttpClient, RequestResult, acceptance_from_histogram, run_batch,
+                                  summarize)
 
 
 def req(i, c, decode_s, *, verify=None, hist=None, server=True, t0=0.0, ttft=0.05):
@@ -48,7 +48,7 @@ def test_requests_timed_short_are_counted_as_rate_outliers():
     """Lease 27's 8B batch-64 runs at 2.2x: the summed per-request rate is inflated by a request whose decode time
     reads short; the run's window rate is not. Such requests are counted (decode_rate_outliers), the rate keeps its
     definition."""
-    from sglang_ddtree.bench.measure import RATE_OUTLIER
+    from ddtree_bench.measure import RATE_OUTLIER
 
     steady = [req(i, 33, 1.0) for i in range(8)]
     out = summarize(steady, method="plain", max_new_tokens=33)

@@ -1,4 +1,4 @@
-"""Paired ratios of interleaved runs (sglang_ddtree.bench.paired, benchmarks/paired_ratios.py)."""
+"""Paired ratios of interleaved runs (ddtree_bench.paired, benchmarks/paired_ratios.py)."""
 
 import json
 import math
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ddtree.bench.paired import (arm_table, group_ratio, paired_ratio, paired_table, pooled_ratios,
-                                        rate_outlier_runs, row_label, t975)
+from ddtree_bench.paired import (arm_table, group_ratio, paired_ratio, paired_table, pooled_ratios,
+                                 rate_outlier_runs, row_label, t975)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sglang_ddtree.bench import plan as P
+from ddtree_bench import plan as P
 
 SETUPS = P.default_setups()
 TINY, BIG = SETUPS["tiny"], SETUPS["8b-dummy"]

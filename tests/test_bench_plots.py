@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from sglang_ddtree.bench import cost_model as cm  # noqa: E402
-from sglang_ddtree.bench import plots  # noqa: E402
+from ddtree_bench import cost_model as cm  # noqa: E402
+from ddtree_bench import plots  # noqa: E402
 from test_bench_cost_model import write_sweep  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"

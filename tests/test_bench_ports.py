@@ -6,7 +6,7 @@ import os
 
 def _take(registry: str, n: int, out) -> None:
     os.environ["SGLANG_DDTREE_PORT_REGISTRY"] = registry
-    from sglang_ddtree.bench import server
+    from ddtree_bench import server
 
     out.put([server.free_port() for _ in range(n)])
 
@@ -27,7 +27,7 @@ def test_ports_are_unique_across_processes(tmp_path):
 
 
 def test_registry_forgets_old_ports(tmp_path, monkeypatch):
-    from sglang_ddtree.bench import server
+    from ddtree_bench import server
 
     monkeypatch.setenv("SGLANG_DDTREE_PORT_REGISTRY", str(tmp_path / "ports"))
     (tmp_path / "ports").write_text("1234 0\nnot a line\n")  # handed out in 1970: expired

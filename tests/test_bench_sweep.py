@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from sglang_ddtree.bench import plan as P
-from sglang_ddtree.bench.measure import RequestResult
-from sglang_ddtree.bench.results import ResultsWriter, latest_results, read_rows
-from sglang_ddtree.bench.server import ServerStartError
-from sglang_ddtree.bench.sweep import Sweep, SweepOptions, id_prompts
+from ddtree_bench import plan as P
+from ddtree_bench.measure import RequestResult
+from ddtree_bench.results import ResultsWriter, latest_results, read_rows
+from ddtree_bench.server import ServerStartError
+from ddtree_bench.sweep import Sweep, SweepOptions, id_prompts
 
 STAGE_MS = {"draft": 1.0, "tree": 0.5, "verify": 4.0, "walk": 0.25, "commit": 0.5}
 FAKE_TAU = 2  # every speculative round accepts exactly one draft token
@@ -355,7 +355,7 @@ def test_prompt_groups_time_consecutive_batches_of_different_prompts(tmp_path):
     assert row3["decode_tokens_per_s"] == pytest.approx(row1["decode_tokens_per_s"])
     measured = launcher.created["tiny-ddtree-b64"].prompts_seen[4:]  # after the warm-up batch (the first 4)
     assert sorted(measured) == sorted(p["text"] for p in PROMPTS["tiny"][:12])
-    from sglang_ddtree.bench.sweep import prompt_group
+    from ddtree_bench.sweep import prompt_group
     assert prompt_group([1, 2, 3], 2, 1) == [3, 1]  # wraps around when the prompts run out
     with pytest.raises(ValueError, match="prompt_groups"):
         sweep(tmp_path, make_plan(setup), FakeLauncher(clock), clock, prompt_groups=0)
@@ -418,7 +418,7 @@ def test_id_prompts_are_seeded_distinct_and_in_range():
 
 
 def test_launch_command_gives_each_server_its_own_nccl_port():
-    from sglang_ddtree.bench.server import launch_command
+    from ddtree_bench.server import launch_command
 
     a = launch_command("py", ["--model-path", "m"], 1234)
     b = launch_command("py", ["--model-path", "m"], 1235)
@@ -473,7 +473,7 @@ def test_repeats_report_the_median_run_and_every_run(tmp_path):
 
 
 def test_last_auto_table_reads_the_newest_chooser_line(tmp_path):
-    from sglang_ddtree.bench.sweep import last_auto_table
+    from ddtree_bench.sweep import last_auto_table
 
     log = tmp_path / "server.log"
     table = {"candidates": ["chain", "16"], "rounds_chosen": {"chain": 90, "16": 10},
@@ -580,7 +580,7 @@ def test_warm_up_repeats_while_it_captures_graphs_and_runs_count_their_captures(
     """A DDTREE server logs a line for each first-use stage graph. The warm-up is repeated while its batch still
     captured graphs (at most WARMUP_MAX_BATCHES batches), and each measured run records the captures logged during
     it, so a row that paid one-time work inside its runs says so (lease 18b: 22 captures in auto's measured runs)."""
-    from sglang_ddtree.bench.sweep import WARMUP_MAX_BATCHES
+    from ddtree_bench.sweep import WARMUP_MAX_BATCHES
 
     captures = {"tiny-ddtree-b16": 3, "tiny-ddtree-b64": WARMUP_MAX_BATCHES + 3}
 
@@ -629,7 +629,7 @@ def test_row_log_names_runs_with_rate_outliers():
     """A row whose runs had requests decoding over RATE_OUTLIER x the median says so in the sweep's log."""
     from types import SimpleNamespace
 
-    from sglang_ddtree.bench.sweep import Sweep
+    from ddtree_bench.sweep import Sweep
 
     lines = []
     host = SimpleNamespace(log=lines.append)
@@ -644,8 +644,8 @@ def test_row_log_names_runs_with_rate_outliers():
 def test_median_run_pools_acceptance_over_every_run():
     """The row's `tau` is its median-rate run's; `tau_pooled` counts every run's rounds (lease 30: two chain servers'
     median runs at batch 4 were different prompts, tau 4.57 against 6.07, while their runs agreed run by run)."""
-    from sglang_ddtree.bench.results import row_tau
-    from sglang_ddtree.bench.sweep import median_run
+    from ddtree_bench.results import row_tau
+    from ddtree_bench.sweep import median_run
 
     runs = [{"decode_tokens_per_s": 10.0, "step_ms": 1.0, "tau": 1.0, "accept_histogram": [4]},
             {"decode_tokens_per_s": 30.0, "step_ms": 1.0, "tau": 3.0, "accept_histogram": [0, 0, 4]},
@@ -659,9 +659,9 @@ def test_median_run_pools_acceptance_over_every_run():
 def test_an_ab_server_records_its_arms_run_by_run_and_paired_reads_them(tmp_path):
     """An `auto` server with SGLANG_DDTREE_AUTO_AB in its setup's server_env: the sweep scrapes its A/B tallies
     around every run (ab_runs: each arm's tokens/s and the ratio), keeps the row's own (ddtree_metrics.ab) and its
-    block; bench.paired.ab_table turns them into the arms' ratio over the row and run by run with an interval.
+    block; ddtree_bench.paired.ab_table turns them into the arms' ratio over the row and run by run with an interval.
     Here the fake's auto arm commits 3 tokens a round in 4 ms and the fixed arm 2 in 4 ms, the same rounds each."""
-    from sglang_ddtree.bench.paired import ab_table
+    from ddtree_bench.paired import ab_table
 
     class ABClient(FakeClient):
         def metrics_text(self):
@@ -712,11 +712,11 @@ def test_an_ab_server_records_its_arms_run_by_run_and_paired_reads_them(tmp_path
 
 
 def test_ab_pooled_pools_the_runs_of_one_configurations_servers():
-    """bench.paired.ab_pooled: the run-by-run ratio over every run of the named A/B servers' rows (lease 32b's two
+    """paired.ab_pooled: the run-by-run ratio over every run of the named A/B servers' rows (lease 32b's two
     `auto` servers as they are): per batch size the paired ratio of the concatenated runs, which lies between the
     two servers' own; a label not named adds nothing."""
-    from sglang_ddtree.bench.paired import _ab_pairs, ab_pooled, ab_table, paired_ratio
-    from sglang_ddtree.bench.results import latest_results, read_rows
+    from ddtree_bench.paired import _ab_pairs, ab_pooled, ab_table, paired_ratio
+    from ddtree_bench.results import latest_results, read_rows
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "sweep_ab_tiny_run2_2026-12-02_3ed1a84.jsonl"
     rows = list(latest_results(read_rows(path)).values())
@@ -739,11 +739,11 @@ def test_ab_pooled_pools_the_runs_of_one_configurations_servers():
 
 
 def test_ab_table_shows_autos_narrower_rounds():
-    """bench.paired.ab_table carries the A/B split tallies of servers since lease 35 (ab_arms' narrower_rounds,
+    """ddtree_bench.paired.ab_table carries the A/B split tallies of servers since lease 35 (ab_arms' narrower_rounds,
     sampled_rounds): lease 36's tiny-e4 ran a candidate other than the 128-tree in 448 of its 465 batch-4 rounds (the
     chain lock-in its tau and ratio show), while its fixed arm has no such series; rows before the split have none."""
-    from sglang_ddtree.bench.paired import ab_table
-    from sglang_ddtree.bench.results import latest_results, read_rows
+    from ddtree_bench.paired import ab_table
+    from ddtree_bench.results import latest_results, read_rows
 
     results_dir = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     rows = list(latest_results(read_rows(results_dir / "sweep_ab_tiny_run2_2026-12-02_c8f6ae0.jsonl")).values())
@@ -757,12 +757,12 @@ def test_ab_table_shows_autos_narrower_rounds():
 
 
 def test_ab_own_host_split_is_autos_arm_less_the_fixed_arm_per_stage():
-    """bench.paired.ab_own_host_split: per batch size, the mean over the named servers' rows of `auto`'s arm's host
+    """paired.ab_own_host_split: per batch size, the mean over the named servers' rows of `auto`'s arm's host
     ms (in all and per host stage; a stage one arm lacks counts 0 there) less the fixed arm's, and the same for the
     GPU round; rows of servers not named, or without both arms' times, add nothing. Checked by hand on two rows,
     then on lease 37's file: its stage differences sum to its host difference, and `choose` is `auto`'s alone."""
-    from sglang_ddtree.bench.paired import ab_own_host_split
-    from sglang_ddtree.bench.results import latest_results, read_rows
+    from ddtree_bench.paired import ab_own_host_split
+    from ddtree_bench.results import latest_results, read_rows
 
     def row(setup, bs, auto_stages, fixed_stages, auto_round, fixed_round):
         arm = lambda stages, round_ms: {"host_ms": sum(stages.values()), "host_stage_ms": stages,  # noqa: E731
@@ -832,7 +832,7 @@ def test_cpu_bench_result_helpers_name_the_commit_and_write_what_they_print(tmp_
     import re
     import subprocess
 
-    from sglang_ddtree.bench.results import emit_result, head_commit
+    from ddtree_bench.results import emit_result, head_commit
 
     expected = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).resolve().parents[1]).stdout.strip() or None

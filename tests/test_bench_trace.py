@@ -1,9 +1,9 @@
-"""The profiler-trace reader (sglang_ddtree.bench.trace) and the worker's per-stage profiler ranges."""
+"""The profiler-trace reader (ddtree_bench.trace) and the worker's per-stage profiler ranges."""
 
 import pytest
 import torch
 
-from sglang_ddtree.bench import trace
+from ddtree_bench import trace
 
 
 def x(cat, name, ts, dur, tid=1, corr=None):
@@ -164,7 +164,7 @@ def test_profile_one_starts_recording_at_a_token_count(tmp_path, monkeypatch):
     import threading
     import time
 
-    from sglang_ddtree.bench.measure import RequestResult
+    from ddtree_bench.measure import RequestResult
 
     mod = profile_rounds_module()
     state = {"tokens_at_start_profile": None, "streamed": 0}

@@ -231,3 +231,22 @@ def test_the_installed_entry_point_exits_2_without_a_traceback(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv", [["bench", "--dry-run"], ["summary", "--check"]])
+def test_bench_and_summary_say_in_one_sentence_that_an_installed_wheel_has_no_harness(capsys, monkeypatch, tmp_path,
+                                                                                     argv):
+    """An installed wheel holds the package only: next to it there are no benchmarks/, scripts/ or ddtree_bench/.
+    With the scripts there but the harness not (a partial copy), the harness is named."""
+    import sglang_ddtree.bench_cli as bench_cli
+
+    monkeypatch.setattr(bench_cli, "ROOT", tmp_path)
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and not out and err.count("\n") == 1 and "runs from a clone of the repository" in err
+    for script in (bench_cli.BENCH_SCRIPT, bench_cli.SUMMARY_SCRIPT):
+        (tmp_path / script).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / script).write_text("raise SystemExit(0)\n")
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and err.startswith(f"error: {bench_cli.HARNESS} is not in this installation")
+    (tmp_path / bench_cli.HARNESS).mkdir()
+    assert run(capsys, *argv)[0] == 0

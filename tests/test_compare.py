@@ -12,7 +12,8 @@ import pytest
 
 from fixtures.offline_models import OracleDraft, one_thread, random_target
 from sglang_ddtree.baseline import Baseline, BaselineHeader, MethodRecord, read_baseline, write_baseline
-from sglang_ddtree.compare import Thresholds, compare, compare_trees, format_report, paired_bootstrap_tau
+from sglang_ddtree.compare import Thresholds, compare, compare_trees, paired_bootstrap_tau
+from sglang_ddtree.compare_report import format_report
 from sglang_ddtree.offline.cli_commands import add_compare_parser
 from sglang_ddtree.offline.runner import PromptInput, RunSettings, decode_one
 

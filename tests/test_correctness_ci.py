@@ -32,7 +32,7 @@ def run(pair, request):
 
 
 def _assert_passes(report):
-    from sglang_ddtree.compare import format_report
+    from sglang_ddtree.compare_report import format_report
 
     assert report["rule"]["name"] == "exact", report["rule"]
     assert report["passed"], format_report(report)

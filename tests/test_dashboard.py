@@ -1,7 +1,7 @@
 """The Grafana dashboard (dashboards/sglang-ddtree.json) against a real Prometheus.
 
 Recorded rounds (tests/fixtures/recorded_rounds_tiny.jsonl: the offline decoders on the tiny pair, DDTree at budget
-64 and `ddtree_auto`, 4 HumanEval prompts) are fed into the server's Prometheus series (stats._Prometheus, through
+64 and `ddtree_auto`, 4 HumanEval prompts) are fed into the server's Prometheus series (sglang/prometheus.py, through
 sglang_ddtree.dashboard.ReplayServer) of two servers, each served over HTTP on 127.0.0.1; a `prometheus` process
 started here scrapes both every second; then every panel's query is evaluated through Prometheus's HTTP API and
 must return data, and the main ones the values the recorded rounds give. Everything runs on loopback and is stopped

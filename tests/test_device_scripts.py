@@ -709,8 +709,9 @@ def test_parse_junit_ignores_the_nameless_case_of_a_cut_run(tmp_path):
 
 def test_pack_base_writes_the_package_a_server_started_in_the_repo_root_imports(tmp_path):
     """steps.sh tiny-paired TP_TWIN_BASE: pack_base.sh writes a commit's package, and with PYTHONSAFEPATH=1
-    and PYTHONPATH on it a Python started in the repository root (where bench/server.py starts servers) imports that
-    package; PYTHONPATH alone still imports the checkout's (so a twin set up that way runs the checkout in both setups).
+    and PYTHONPATH on it a Python started in the repository root (where ddtree_bench/server.py starts servers)
+    imports that package; PYTHONPATH alone still imports the checkout's (so a twin set up that way runs the checkout
+    in both setups).
     -S: no site-packages, as on the device (this venv's editable install would map the package by itself)."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
                           check=True).stdout.strip()

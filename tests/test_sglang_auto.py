@@ -366,7 +366,7 @@ def test_a_slow_start_that_commits_little_does_not_lock_a_candidate_out():
     32-trees' times at their exploration's, and `auto` ran the 64-tree (x0.855 of the fixed 128-tree). Simulated:
     the first 60 rounds 1.4x slow and committing ~1 token; with ratios that never aged and no probe of stale times
     10 seeds gave 0.923-0.989 of the best rate afterwards (mean 0.954)."""
-    from sglang_ddtree.bench.auto_sim import CANDIDATES, rate_over_best, simulate
+    from ddtree_bench.auto_sim import CANDIDATES, rate_over_best, simulate
 
     base, tokens = [4.4, 4.5, 4.6, 4.68, 4.75], [3.6, 3.9, 4.1, 4.3, 4.55]
     ratios, refreshed = [], []
@@ -537,10 +537,10 @@ def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
     snapshot every TableGauges.EVERY rounds (published the round after its copy), and a reset that empties the table in
     place (captured graphs keep reading it) and sets the published gauges back to ratio 1, 0 observations."""
     prometheus_client = pytest.importorskip("prometheus_client")
-    from sglang_ddtree.sglang.stats import _Prometheus
+    from sglang_ddtree.sglang.prometheus import PrometheusSeries
 
     registry = prometheus_client.CollectorRegistry()
-    prom = _Prometheus(depth_limit=6, budget="auto", registry=registry)
+    prom = PrometheusSeries(depth_limit=6, budget="auto", registry=registry)
     lp = draft(seed=7)
     values, tokens = topk_draft(lp, 40)
     cal = _rejecting_table(values, tokens, torch.tensor([1, 2, 3]))
@@ -595,14 +595,14 @@ def test_calibration_snapshots_wait_export_seconds_between_publishes(monkeypatch
     check waited 10 s for the gauges before this)."""
     prometheus_client = pytest.importorskip("prometheus_client")
     from sglang_ddtree.sglang import stats as stats_mod
-    from sglang_ddtree.sglang.stats import _Prometheus
+    from sglang_ddtree.sglang.prometheus import PrometheusSeries
 
     clock = [1000.0]
     monkeypatch.setattr(stats_mod.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(TableGauges, "EVERY", 4)
     monkeypatch.setattr(TableGauges, "SECONDS", 10.0)
     registry = prometheus_client.CollectorRegistry()
-    monitor = CalibrationMonitor(adaptive.ScoreCalibrator(), _Prometheus(depth_limit=6, budget="auto",
+    monitor = CalibrationMonitor(adaptive.ScoreCalibrator(), PrometheusSeries(depth_limit=6, budget="auto",
                                                                          registry=registry), ON)
     published = []
     monkeypatch.setattr(monitor.gauges, "publish", lambda summary: published.append(clock[0]))
@@ -632,14 +632,14 @@ def test_calibration_snapshots_wait_export_seconds_between_publishes(monkeypatch
 
 
 def test_calibration_table_publish_resolves_each_cells_gauges_once():
-    """_Prometheus.calibration_table: the first publish resolves every cell's two gauges with labels(), later
+    """PrometheusSeries.calibration_table: the first publish resolves every cell's two gauges with labels(), later
     publishes reuse them (each lookup builds and locks a label key), with the same values as resolving anew; a cell
     gone from the rows (a reset) goes back to ratio 1, 0 observations through the same gauges."""
     prometheus_client = pytest.importorskip("prometheus_client")
-    from sglang_ddtree.sglang.stats import _Prometheus
+    from sglang_ddtree.sglang.prometheus import PrometheusSeries
 
     registry = prometheus_client.CollectorRegistry()
-    prom = _Prometheus(depth_limit=6, budget="auto", registry=registry)
+    prom = PrometheusSeries(depth_limit=6, budget="auto", registry=registry)
     rows = [{"depth": 1, "path_class": 0, "rank_class": 0, "ratio": 0.8, "observations": 12.0},
             {"depth": 2, "path_class": 1, "rank_class": 1, "ratio": 0.5, "observations": 3.0}]
     prom.calibration_table(rows)
@@ -763,10 +763,10 @@ def test_a_sparse_sample_weighs_as_the_samples_it_stands_for():
 
 
 def run_noisy(seed, base, tokens, expected, rounds, batch, noise, outlier, lag=2):
-    """The worker's feeding with noisy timings (sglang_ddtree.bench.auto_sim): each round's ms is base x
+    """The worker's feeding with noisy timings (ddtree_bench.auto_sim): each round's ms is base x
     lognormal(noise), doubled with probability `outlier`; first rounds cold; sampled rounds carry the expectations;
     observations `lag` rounds late. Returns the picks."""
-    from sglang_ddtree.bench.auto_sim import simulate
+    from ddtree_bench.auto_sim import simulate
 
     return simulate(seed, base, tokens, expected, rounds, batch, noise, outlier, lag)
 
@@ -804,7 +804,7 @@ def test_a_flat_cost_curve_runs_the_widest_tree():
     the most, yet `auto` gave a third of its rounds to narrower trees whose recent median happened to come out
     lower. With the trees' times drawn toward their pooled time by their medians' standard error (SHRINK_Z) the
     widest tree runs nearly throughout (benchmarks/simulate_auto_flat.py: 66% -> 97% of the rounds at noise 0.10)."""
-    from sglang_ddtree.bench.auto_sim import rate_over_best, simulate
+    from ddtree_bench.auto_sim import rate_over_best, simulate
 
     base, tokens, expected = [4.4] * 5, [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
     shares, ratios = [], []
@@ -820,7 +820,7 @@ def test_policy_holds_through_slow_host_phases():
     1.6x slower for stretches of ~300 rounds. The medians of recent times then mix phases, but as the phases slow all
     candidates alike the picks stay near the best (benchmarks/simulate_auto_phases.py, 20 seeds x 3000 rounds: worst
     seed 0.96, mean 0.99 of the best rate)."""
-    from sglang_ddtree.bench.auto_sim import rate_over_best, simulate
+    from ddtree_bench.auto_sim import rate_over_best, simulate
 
     base = [4.6, 4.7, 4.6, 4.8, 4.7]
     tokens = [5.47, 5.62, 6.05, 6.59, 6.69]
@@ -835,7 +835,7 @@ def test_policy_holds_under_lease_21s_host_and_text_noise():
     (sd 0.4 over ~500 rounds) and per round (token noise 0.6), the drafter's expectations following half of it
     (simulate_auto_flat.py at batch 4, 8 seeds: 0.985 / 0.959 of the best rate, mean / min, before exact ties went to
     the wider tree; 0.984 / 0.969 after, the widest tree in 74% of the rounds). Here batch 1, 4 seeds."""
-    from sglang_ddtree.bench.auto_sim import rate_over_best, simulate
+    from ddtree_bench.auto_sim import rate_over_best, simulate
 
     base, tokens, expected = [4.4] * 5, [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
     ratios, shares = [], []
@@ -853,7 +853,7 @@ def test_simulated_host_drift_and_text_noise_move_what_they_should():
     """auto_sim's lease-21 knobs: drift and sampled-round cost change only round times (the same picks when
     times are all alike and the widest commits the most by far), text noise changes what rounds commit; none of
     them touches the random stream of a simulation that does not use it (earlier results reproduce)."""
-    from sglang_ddtree.bench.auto_sim import simulate
+    from ddtree_bench.auto_sim import simulate
 
     base, tokens, expected = [4.4] * 5, [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
     plain = simulate(3, base, tokens, expected, 600, 4, noise=0.10, outlier=0.05)
@@ -867,7 +867,7 @@ def test_simulated_poisson_tokens_keep_a_wider_tree_at_or_above_a_narrower_one()
     """poisson_tokens: each round's committed tokens are drawn (a wider tree adds a Poisson count to the narrower
     one's), so per round the observed tree candidates never decrease with width, their means follow `tokens`, and
     a new prompt every prompt_rounds rounds moves them together."""
-    from sglang_ddtree.bench.auto_sim import CANDIDATES, simulate
+    from ddtree_bench.auto_sim import CANDIDATES, simulate
 
     seen = []
 
@@ -942,7 +942,7 @@ def test_the_knobs_are_what_the_docs_say():
 def test_shrink_z_changes_the_picks_on_a_flat_cost_curve():
     """AutoConfig.shrink_z (test_a_flat_cost_curve_runs_the_widest_tree's case): without the time shrinkage the
     picks differ from the default's."""
-    from sglang_ddtree.bench import auto_sim
+    from ddtree_bench import auto_sim
 
     base, tokens, expected = [4.4] * 5, [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
     widths = [16] + [c + 1 for c in auto_sim.CANDIDATES[1:]]

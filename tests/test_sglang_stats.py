@@ -4,7 +4,7 @@ import pytest
 
 prometheus_client = pytest.importorskip("prometheus_client")
 
-from sglang_ddtree.sglang.stats import _Prometheus  # noqa: E402
+from sglang_ddtree.sglang.prometheus import PrometheusSeries  # noqa: E402
 
 
 def value(registry, name, **labels):
@@ -13,7 +13,7 @@ def value(registry, name, **labels):
 
 def test_round_vector_becomes_counters():
     registry = prometheus_client.CollectorRegistry()
-    prom = _Prometheus(depth_limit=3, budget=8, registry=registry)
+    prom = PrometheusSeries(depth_limit=3, budget=8, registry=registry)
     # 4 request-rounds: accepted draft tokens 0, 2, 2, 3 -> by_accepted = [1, 0, 2, 1]
     totals = [1, 0, 2, 1] + [2.0, 30.0, 9.5, 4.0]  # branches, tree nodes, expected sum, requests
     prom.observe(totals, rounds_seen=1, stage_ms=[{"draft": 1.0, "verify": 3.0, "host": 2.5}])
@@ -183,10 +183,10 @@ def test_host_stage_times_are_summed_per_stage_and_read_back_as_means(monkeypatc
     """The worker's host time per stage (RoundTimer.host_stage_ms, DDTreeStats.finish_round): each mark closes the
     stage since the previous one (`choose`, a host-only mark, is `auto`'s chooser before the draft), `after` runs to
     the end of the round call; sums go to Prometheus every HOST_FLUSH_ROUNDS rounds with their round count, and
-    bench.prom.ddtree_summary reads the means back. Scripted clocks: no CUDA."""
+    ddtree_bench.prom.ddtree_summary reads the means back. Scripted clocks: no CUDA."""
     import torch
 
-    from sglang_ddtree.bench import prom
+    from ddtree_bench import prom
     from sglang_ddtree.sglang import stats as stats_mod
 
     monkeypatch.setattr(torch.cuda, "Event", _ClockEvent)
@@ -195,7 +195,7 @@ def test_host_stage_times_are_summed_per_stage_and_read_back_as_means(monkeypatc
     registry = prometheus_client.CollectorRegistry()
     stats = stats_mod.DDTreeStats(enable_metrics=False, debug_path=None, depth_limit=3, budget=8)
     stats.enabled = True
-    stats.prometheus = _Prometheus(depth_limit=3, budget=8, registry=registry)
+    stats.prometheus = PrometheusSeries(depth_limit=3, budget=8, registry=registry)
     before = prom.parse(prometheus_client.generate_latest(registry).decode())
     # `auto` marks the preparation as draft (host only), then its chooser as choose, then the draft forward
     steps = [("prep", 0.02), ("choose", 0.05), ("draft", 1.0), ("tree", 0.3), ("verify", 1.2), ("walk", 0.1),
@@ -248,7 +248,7 @@ def test_auto_host_detail_stages_split_the_chooser_and_after_and_exist_only_wher
     carry only stages.HOST_STAGES. Scripted clocks: no CUDA."""
     import torch
 
-    from sglang_ddtree.bench import prom
+    from ddtree_bench import prom
     from sglang_ddtree.sglang import stats as stats_mod
     from sglang_ddtree.stages import AUTO_HOST_DETAIL, HOST_STAGES
 
@@ -265,7 +265,7 @@ def test_auto_host_detail_stages_split_the_chooser_and_after_and_exist_only_wher
         registry = prometheus_client.CollectorRegistry()
         stats = stats_mod.DDTreeStats(enable_metrics=False, debug_path=None, depth_limit=3, budget=8)
         stats.enabled = True
-        stats.prometheus = _Prometheus(depth_limit=3, budget=8, registry=registry)
+        stats.prometheus = PrometheusSeries(depth_limit=3, budget=8, registry=registry)
         before = prom.parse(prometheus_client.generate_latest(registry).decode())
         for _ in range(stats.HOST_FLUSH_ROUNDS):
             timer = stats.round_timer()
@@ -294,10 +294,10 @@ def test_auto_host_detail_stages_split_the_chooser_and_after_and_exist_only_wher
 
 
 def test_auto_round_counter_is_published_in_sums_of_auto_round_flush_rounds():
-    """`auto`'s rounds per candidate reach sglang:ddtree_auto_rounds_total in sums (_Prometheus.AUTO_ROUND_FLUSH):
+    """`auto`'s rounds per candidate reach sglang:ddtree_auto_rounds_total in sums (PrometheusSeries.AUTO_ROUND_FLUSH):
     nothing before the flush, then every candidate's rounds at once, none lost, none counted twice."""
     registry = prometheus_client.CollectorRegistry()
-    prom = _Prometheus(depth_limit=3, budget="auto", registry=registry)
+    prom = PrometheusSeries(depth_limit=3, budget="auto", registry=registry)
     n = prom.AUTO_ROUND_FLUSH
     picks = ["128"] * (n - 3) + ["chain", "64", "chain"]
     for candidate in picks[:-1]:
@@ -333,11 +333,11 @@ def test_ab_tallies_keep_the_arms_apart_and_count_only_rounds_that_follow_a_deco
     """SGLANG_DDTREE_AUTO_AB: rounds tagged with an arm feed that arm's counters, with their committed tokens (from
     the round vector), request-rounds and GPU time (the stages, `between` included); a round after a prefill (no
     `between`) or one that captured graphs (cold) is a skipped round; the sums reach Prometheus every
-    ABTallies.FLUSH_ROUNDS rounds, and bench.prom.ab_arms reads them back with the arms' tokens/s ratio. Untagged
+    ABTallies.FLUSH_ROUNDS rounds, and ddtree_bench.prom.ab_arms reads them back with the arms' tokens/s ratio. Untagged
     rounds (no A/B) feed nothing. Scripted clocks: no CUDA."""
     import torch
 
-    from sglang_ddtree.bench import prom
+    from ddtree_bench import prom
     from sglang_ddtree.sglang import stats as stats_mod
 
     monkeypatch.setattr(torch.cuda, "Event", _ClockEvent)
@@ -348,7 +348,7 @@ def test_ab_tallies_keep_the_arms_apart_and_count_only_rounds_that_follow_a_deco
     stats = stats_mod.DDTreeStats(enable_metrics=False, debug_path=None, depth_limit=depth, budget=8,
                                   budget_label="auto")
     stats.enabled = True
-    stats.prometheus = _Prometheus(depth_limit=depth, budget="auto", registry=registry)
+    stats.prometheus = PrometheusSeries(depth_limit=depth, budget="auto", registry=registry)
     stats.ab.prometheus = stats.prometheus
     stats.ring = [torch.zeros(depth + 1 + 4) for _ in range(stats.RING)]
     clock = _ClockEvent.clock

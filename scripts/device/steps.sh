@@ -201,7 +201,7 @@ hybrid-oracle)
 tiny-paired)
     # A ratio of two host-bound servers' medians moves by 3-11% with nothing different between them. Here
     # every server runs on the same vCPUs (--server-cpus), each round's runs send the same prompt (--rotate-prompts)
-    # and the ratios are taken round by round with a 95% interval (sglang_ddtree/bench/paired.py).
+    # and the ratios are taken round by round with a 95% interval (ddtree_bench/paired.py).
     out=${1:?outdir}
     commit=${2:?commit}
     rm -rf /tmp/tp

@@ -29,7 +29,7 @@ import torch
 from sglang_ddtree import adaptive
 from sglang_ddtree.adaptive import CHAIN, ScoreCalibrator
 from sglang_ddtree.baseline import MethodRecord, method_name
-from sglang_ddtree.bench import round_cost
+from sglang_ddtree import round_cost
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.offline.decoders import _check_common, _Clock, _Output, _Sampler, _trim, _tree_dump
 from sglang_ddtree.offline.target import TargetState, check_target, refuse_hybrid, top2_margin

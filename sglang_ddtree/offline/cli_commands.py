@@ -200,7 +200,7 @@ def cmd_offline(args) -> int:
                                          decision_overhead=not args.auto_no_overhead, sweep=args.auto_sweep,
                                          tau_prior=args.auto_tau_prior, window=args.auto_window)
             if args.auto_tau_prior:
-                from sglang_ddtree.bench.round_cost import load_tau_prior
+                from sglang_ddtree.round_cost import load_tau_prior
 
                 load_tau_prior(args.auto_tau_prior)
     except (ValueError, FileNotFoundError) as e:
@@ -275,7 +275,8 @@ def add_compare_parser(sub) -> None:
 
 def load_any(path: str, trust_pickle: bool = False):
     """A baseline JSONL, or the paper's torch.save output (imported on the fly)."""
-    from sglang_ddtree.baseline import import_reference, read_baseline
+    from sglang_ddtree.baseline import read_baseline
+    from sglang_ddtree.reference_import import import_reference
 
     if path.endswith((".pt", ".pth", ".bin")):
         return import_reference(path, trust_pickle=trust_pickle)
@@ -284,7 +285,8 @@ def load_any(path: str, trust_pickle: bool = False):
 
 def cmd_compare(args) -> int:
     """Exit 0: pass; 1: the candidate fails a check; 2: bad input."""
-    from sglang_ddtree.compare import Thresholds, compare, format_report
+    from sglang_ddtree.compare import Thresholds, compare
+    from sglang_ddtree.compare_report import format_report
 
     try:
         if args.json_out:
@@ -340,7 +342,8 @@ def add_import_parser(sub) -> None:
 
 
 def cmd_import(args) -> int:
-    from sglang_ddtree.baseline import import_reference, write_baseline
+    from sglang_ddtree.baseline import write_baseline
+    from sglang_ddtree.reference_import import import_reference
 
     try:
         check_output_file(args.out)

@@ -183,7 +183,7 @@ def _trace(tree: dict, output_ids: list[int], root: int, accept: int, pid: str, 
 
 def load_reference_baseline(path=REFERENCE_PATH):
     """The committed reference-format file, imported (it records dtype and device in its args)."""
-    from sglang_ddtree.baseline import import_reference
+    from sglang_ddtree.reference_import import import_reference
 
     return import_reference(path, dataset=CHECK.dataset)
 

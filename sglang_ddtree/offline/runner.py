@@ -57,7 +57,7 @@ class AutoSettings:
     max_gain: float | None = 2.0
     decision_overhead: bool = True
     sweep: str | None = None  # default: benchmarks/results/sweep_h200.jsonl
-    tau_prior: str | None = None  # prior acceptance curve file (bench.round_cost.load_tau_prior): windowed candidates
+    tau_prior: str | None = None  # prior acceptance curve file (round_cost.load_tau_prior): windowed candidates
     window: float = 0.05
 
 
@@ -93,7 +93,7 @@ def auto_policy(s: RunSettings, depth_limit: int):
     """The AutoPolicy of a run (one per run: its calibrator learns across prompts, in prompt order)."""
     from sglang_ddtree.offline.auto import build_policy
 
-    from sglang_ddtree.bench.round_cost import load_tau_prior
+    from sglang_ddtree.round_cost import load_tau_prior
 
     a = s.auto or AutoSettings()
     return build_policy(a.candidates, batch_size=a.batch_size, calibrate=a.calibrate, sweep=a.sweep,

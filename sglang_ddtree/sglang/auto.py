@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from sglang_ddtree.adaptive import CHAIN, candidate_label
+from sglang_ddtree.config import at_least, env_value, switch
+from sglang_ddtree.sglang.auto_ab import MEASURING_MODES
 from sglang_ddtree.sglang.stats import TableGauges
 
 
@@ -95,32 +97,9 @@ USER_KNOBS = {
 }
 
 
-def env_value(environ, name: str, parse, what: str):
-    """A variable through parse (None: unset or empty); a ValueError naming it where parse fails or gives None."""
-    raw = environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = parse(raw)
-    except ValueError:
-        value = None
-    if value is None:
-        raise ValueError(f"{name} must be {what}, got {raw!r}.")
-    return value
-
-
-def at_least(minimum: int):
-    return lambda raw: int(raw) if int(raw) >= minimum else None
-
-
-switch = {"0": False, "1": True}.get
-
-
 def auto_config(calibration: bool = False, environ=None) -> AutoConfig:
     """The server's AutoConfig, read when the worker starts: calibration from the flag (args.DDTreeOptions), the
     variables of USER_KNOBS from the environment."""
-    from sglang_ddtree.sglang.auto_ab import MEASURING_MODES
-
     env = os.environ if environ is None else environ
     # a deleted knob set (an old A/B arm) would otherwise run the defaults unnoticed
     unknown = [k for k in env if k.startswith("SGLANG_DDTREE_AUTO_") and k not in (*USER_KNOBS, *MEASURING_MODES)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from sglang_ddtree.sglang.auto import at_least, env_value, switch
+from sglang_ddtree.config import at_least, env_value, switch
 
 MEASURING_MODES = ("SGLANG_DDTREE_AUTO_AB", "SGLANG_DDTREE_AUTO_HOST_DETAIL")
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 # One port allocator and log reader for the suite and the budget sweep (both start servers in parallel).
-from sglang_ddtree.bench.server import free_port, launch_command, log_tail
+from ddtree_bench.server import free_port, launch_command, log_tail
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TINY_DIR = REPO_ROOT / "models" / "tiny"

@@ -72,7 +72,7 @@ MODES = ("bs1", "bs4", "bs8")
 def metrics(server):
     import urllib.request
 
-    from sglang_ddtree.bench import prom
+    from ddtree_bench import prom
 
     with urllib.request.urlopen(server.base_url + "/metrics", timeout=30) as resp:
         return prom.parse(resp.read().decode())
@@ -93,7 +93,7 @@ def timed_bs1(server):
     """The batch-1 loop once more, alone on the GPU (the caller runs one server at a time): its wall seconds, its
     outputs and the DDTREE round's stage split over it (Prometheus, GPU-event times per round). Lease 14 timed the
     concurrent runs instead, with six servers sharing the GPU: those times were the neighbours' as much as their own."""
-    from sglang_ddtree.bench import prom
+    from ddtree_bench import prom
 
     before = metrics(server)
     t0 = time.perf_counter()

@@ -21,7 +21,7 @@ import os
 import pytest
 from serving_common import COMMON, GREEDY, TEXT_PROMPTS, ID_PROMPTS, compare, ddtree, run_batch1, run_batch8, tau_of
 
-from sglang_ddtree.bench import measure, prom
+from ddtree_bench import measure, prom
 
 TIE_NATS = float(os.environ.get("DDTREE_TIE_NATS", "0.25"))
 BUDGETS = (16, 64, 256)

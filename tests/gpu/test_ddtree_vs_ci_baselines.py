@@ -56,7 +56,8 @@ def server_baseline(model_pair, sglang_server, tmp_path_factory):
 
 def test_server_against_our_ci_baseline(server_baseline, gpu_record):
     from sglang_ddtree.baseline import read_baseline
-    from sglang_ddtree.compare import compare, format_report
+    from sglang_ddtree.compare import compare
+    from sglang_ddtree.compare_report import format_report
     from sglang_ddtree.offline import correctness as cc
 
     rep = compare(read_baseline(cc.OURS_PATH), server_baseline, methods=[METHOD], n_boot=200)

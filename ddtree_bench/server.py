@@ -19,8 +19,8 @@ import urllib.request
 from pathlib import Path
 from typing import Protocol
 
-from sglang_ddtree.bench.measure import Client, HttpClient
-from sglang_ddtree.bench.plan import REPO_ROOT, ServerPlan
+from ddtree_bench.measure import Client, HttpClient
+from ddtree_bench.plan import REPO_ROOT, ServerPlan
 
 
 class ServerStartError(RuntimeError):
@@ -62,7 +62,7 @@ def free_port() -> int:
     """A port nothing listens on, never handed out twice, in this process or in another one on this machine.
 
     A probe (bind to port 0, close) can give two processes that start servers at the same moment the same port
-    (lease 6: the GPU suite and a budget sweep, one server died with EADDRINUSE on its torch.distributed port).
+    (seen: the GPU suite and a budget sweep, one server died with EADDRINUSE on its torch.distributed port).
     So ports handed out in the last hour are kept in a registry file shared by every process of this package,
     read and extended under an exclusive lock."""
     import fcntl
@@ -97,7 +97,7 @@ def free_port() -> int:
 def launch_command(python: str, args: list[str], port: int) -> list[str]:
     """`python -m sglang.launch_server ARGS` on 127.0.0.1:port. SGLang picks its torch.distributed port
     (--nccl-port) with a free-port probe of its own, which servers starting at the same moment can race for
-    (EADDRINUSE, seen in lease 2): unless ARGS name one, it gets one from our allocator."""
+    (EADDRINUSE, seen): unless ARGS name one, it gets one from our allocator."""
     nccl = [] if "--nccl-port" in args else ["--nccl-port", str(free_port())]
     return [python, "-m", "sglang.launch_server", *args, *nccl, "--host", "127.0.0.1", "--port", str(port)]
 
@@ -275,8 +275,8 @@ class SubprocessServer:
 
 class SubprocessLauncher:
     """cpus: every server's CPUs once it is ready (SubprocessServer). One set for all: servers of an interleaved
-    sweep, measured one at a time, then run on the same vCPUs, whose speeds differ on the lent machines (lease
-    21b: 0.32-0.68 s for one loop pinned to each vCPU in turn), instead of wherever the OS placed each process.
+    sweep, measured one at a time, then run on the same vCPUs, whose speeds differ on the lent machines
+    (measured: 0.32-0.68 s for one loop pinned to each vCPU in turn), instead of wherever the OS placed each process.
     Servers start on the CPUs this process had when the launcher was made."""
 
     def __init__(self, log_dir: Path, env: dict[str, str] | None = None, python: str = sys.executable,

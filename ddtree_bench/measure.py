@@ -220,11 +220,11 @@ def summarize(results: list[RequestResult], *, method: str, max_new_tokens: int,
         "decode_tokens_per_s": sum(rates) / groups,
         "decode_tokens_per_s_per_request": statistics.fmean(rates),
         # Requests decoding over RATE_OUTLIER x the run's median rate: a decode time measured short, which alone can
-        # inflate the summed rate. Lease 27, 8B shapes at batch 64 (sweep_auto_8b_lease27.jsonl): one run in six of
-        # two servers read 2.0-2.2x the others while that run took longer and the step time did not move. Lease 28
-        # (sweep_paired_tiny_lease28.jsonl, batch 64): the flagged runs' summed rates 1.5-2.9x their row's median,
-        # their window rates in range, so requests timed short. Counted, not dropped: the row's rate keeps its
-        # definition; the paired tables leave the flagged runs' rounds out (bench/paired.py).
+        # inflate the summed rate. Measured at 8B shapes at batch 64 (an `auto` sweep, in the git history): one run
+        # in six of two servers read 2.0-2.2x the others while that run took longer and the step time did not move.
+        # Tiny pair (a paired sweep, batch 64, in the git history): the flagged runs' summed rates 1.5-2.9x their
+        # row's median, their window rates in range, so requests timed short. Counted, not dropped: the row's rate
+        # keeps its definition; the paired tables leave the flagged runs' rounds out (ddtree_bench/paired.py).
         "decode_rate_outliers": sum(r > RATE_OUTLIER * median_rate for r in rates),
         "decode_tokens_per_s_window": (decode_tokens / (max(lasts) - min(firsts))  # gaps between batches included
                                        if firsts and lasts and max(lasts) > min(firsts) else None),

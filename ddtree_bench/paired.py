@@ -1,6 +1,6 @@
 """Ratios of two rows of an interleaved sweep taken run by run, with a confidence interval.
 
-On the lent machines a host-bound row's tokens/s moves by up to a third between runs (lease 21b: two identical
+On the lent machines a host-bound row's tokens/s moves by up to a third between runs (measured: two identical
 DDTREE 128 servers, per-run ratios 0.65-0.92), so the ratio of two rows' medians cannot show a few percent. In an
 interleaved sweep (SweepOptions.interleave) run r of every row of one batch size is measured in the same round,
 one server after the other; with rotate_prompts those runs also send the same prompts. The ratio of run r of A to
@@ -10,9 +10,9 @@ per-round ratios says how far their mean can be trusted:
     d_r = ln(a_r / b_r),  ratio = exp(mean d),  95% interval = exp(mean d +- t(0.975, n - 1) * sd(d) / sqrt(n))
 
 This is the geometric mean of the per-round ratios. It cannot remove a difference that lasts the whole run between
-two servers' processes (lease 21: whole schedulers ran at different speeds); pinning every server to the same CPUs
-(bench_budgets.py --server-cpus) is for that, and two identical servers in the same run show what is left (lease
-22, tiny pair, pinned: x1.005 [0.960, 1.051] over 96 rounds). On that host the runs of one round still varied
+two servers' processes (seen: whole schedulers ran at different speeds); pinning every server to the same CPUs
+(bench_budgets.py --server-cpus) is for that, and two identical servers in the same run show what is left
+(measured, tiny pair, pinned: x1.005 [0.960, 1.051] over 96 rounds). On that host the runs of one round still varied
 independently (log-ratio spread ~0.2 a round), so the interval narrows with the number of rounds only.
 """
 
@@ -55,8 +55,8 @@ def group_ratio(a: list[list[float]], b: list[list[float]]) -> dict:
     """Servers a over servers b (several copies of one configuration each, measured in the same rounds), round by
     round: d_r = mean over a's copies of ln(run r) - the same over b's, then as paired_ratio (which is one copy
     each). Why copies: a server's first rounds (`auto`'s exploration) vary from one server start to the next by more
-    than a chooser change moves them (lease 24c), so an arm of a chooser A/B is several servers (lease_steps.sh
-    tiny-starts), and their mean per round is one sample of the arm."""
+    than a chooser change moves them (measured on the tiny pair), so an arm of a chooser A/B is several servers
+    (steps.sh tiny-starts), and their mean per round is one sample of the arm."""
     groups = [*a, *b]
     if not a or not b:
         raise ValueError("a group ratio needs at least one server on each side.")
@@ -107,15 +107,15 @@ def _runs(row: dict) -> list[float]:
 
 
 def _outlier_flags(row: dict) -> list[bool]:
-    """Per run, whether it had requests decoding far above its median rate (measure.RATE_OUTLIER; sweeps since
-    lease 27 record it, older rows have no flags)."""
+    """Per run, whether it had requests decoding far above its median rate (measure.RATE_OUTLIER; newer sweeps
+    record it, older rows have no flags)."""
     return [bool(n) for n in row.get("decode_rate_outliers_runs") or []]
 
 
 def _clean_rounds(rows: list[dict], drop_outliers: bool) -> list[int]:
     """The rounds every one of `rows` may be paired in: all of them, or with drop_outliers those where no row had a
     rate outlier. Why: a run's tokens/s is the sum of its requests' rates, and one request timed short inflates it
-    (lease 28, tiny pair, batch 64: DDTREE 128's flagged runs read 115-156k tokens/s against a median of 54k, their
+    (measured, tiny pair, batch 64: DDTREE 128's flagged runs read 115-156k tokens/s against a median of 54k, their
     rates over the whole run's window 36-39k against a median of 28k): the round's ratio then measures the timing
     artifact, not the servers."""
     n = max((len(_runs(r)) for r in rows), default=0)
@@ -145,7 +145,7 @@ def _group(a: list[dict], b: list[dict], drop_outliers: bool) -> dict:
 
 def rate_outlier_runs(rows: list[dict]) -> dict[str, dict[int, list[int]]]:
     """{label: {batch size: [indices of runs with decode_rate_outliers]}} over measured rows that recorded them
-    (sweeps since lease 27): runs whose summed tokens/s may be inflated by a request timed short; the tables leave
+    (newer sweeps): runs whose summed tokens/s may be inflated by a request timed short; the tables leave
     the rounds they are in out unless asked to keep them. Rows without such runs are left out."""
     out: dict[str, dict[int, list[int]]] = {}
     for r in _measured(rows):
@@ -225,7 +225,7 @@ def ab_table(rows: list[dict]) -> dict:
     ratio over the whole row ("ratio": their tallies summed), run by run ("runs": the geometric mean of the runs'
     ratios with its 95% interval, paired_ratio), and each arm's tau, GPU ms and host ms a round, with `auto`'s rounds
     of a candidate other than the widest tree (narrower_rounds, their ms a round; a row locked on the chain or a
-    narrower tree shows here, lease 36) and its sampled rounds where the server tallied them; under "all batch
+    narrower tree shows here) and its sampled rounds where the server tallied them; under "all batch
     sizes" every run of the row's batch sizes together. The arms share the process, the moment and the text, so
     the interval is the rounds' own spread, not the host's speed from run to run (auto.auto_ab_block).
     {label: {"by_batch_size": {bs: {...}}, "all_batch_sizes": paired_ratio(...) | None}}."""
@@ -252,7 +252,7 @@ def ab_table(rows: list[dict]) -> dict:
 def ab_pooled(rows: list[dict], labels) -> dict:
     """ab_table's run-by-run ratio for one configuration run on several A/B servers (labels): every run of those
     servers' rows pooled, per batch size and over all of them (two servers of one configuration differ by ~2% in
-    their exploration, leases 31-32). {"by_batch_size": {bs: paired_ratio(...)}, "all_batch_sizes": ...}."""
+    their exploration on the tiny pair). {"by_batch_size": {bs: paired_ratio(...)}, "all_batch_sizes": ...}."""
     by_bs: dict = {}
     for r in _measured(rows):
         if r.get("ab_runs") and row_label(r) in labels:
@@ -271,8 +271,8 @@ def ab_own_host_split(rows: list[dict], labels) -> dict:
     worker's round call (the arms' host_stage_ms: `choose` is `auto`'s alone, `after` its feedback and table work
     after the commit) and on the GPU timeline ("round"), with the rows' count and the fixed arm's mean round ms (the
     scale); "sampled_extra": the part of "round" that is the sampled rounds' extra cost over the arm's other rounds,
-    per round of the arm, the mean over the rows that tallied them (None where none did: rows before lease 36). The
-    arms share the process and the moment, so a stage's difference is what `auto`'s code adds to it (leases 35-37:
+    per round of the arm, the mean over the rows that tallied them (None where none did: older rows). The
+    arms share the process and the moment, so a stage's difference is what `auto`'s code adds to it (measured:
     ~0.10-0.15 ms a tiny-pair round, 2-3%, `choose` ~0.047 of it at every batch size and the sampled rounds' extra
     ~0.045).
     {bs: {"rows": n, "fixed_round_ms": ms, "round": d, "host": d, "sampled_extra": d, "stages": {stage: d}}}."""

@@ -28,11 +28,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_ddtree.bench import prom
-from sglang_ddtree.bench.measure import RATE_OUTLIER, acceptance_from_histogram, run_batch, summarize
-from sglang_ddtree.bench.plan import REPO_ROOT, Plan, Row, ServerPlan, plan_waves, sampling_params
-from sglang_ddtree.bench.results import ResultsWriter, latest_results, read_rows, row_tau
-from sglang_ddtree.bench.server import Launcher, ServerHandle, ServerStartError, log_tail, wait_all_ready
+from ddtree_bench import prom
+from ddtree_bench.measure import RATE_OUTLIER, acceptance_from_histogram, run_batch, summarize
+from ddtree_bench.plan import REPO_ROOT, Plan, Row, ServerPlan, plan_waves, sampling_params
+from ddtree_bench.results import ResultsWriter, latest_results, read_rows, row_tau
+from ddtree_bench.server import Launcher, ServerHandle, ServerStartError, log_tail, wait_all_ready
 
 SERVER_INFO_KEYS = ("max_total_num_tokens", "max_req_input_len", "max_running_requests", "max_total_tokens",
                     "speculative_num_draft_tokens", "context_length", "cuda_graph_config", "mem_fraction_static",
@@ -52,18 +52,18 @@ class SweepOptions:
     # run's tokens/s and step time. Host-bound rows (small targets at batch 1) vary by 10-30% from run to run.
     repeats: int = 1
     # Batches per measured run, each of batch-size different prompts, one after the other: a batch-1 row then
-    # averages G prompts instead of timing one (lease 9: one 256-token request is ~35 rounds).
+    # averages G prompts instead of timing one (the tiny pair: one 256-token request is ~35 rounds).
     prompt_groups: int = 1
     # Within a wave, the rows of one batch size are measured a run at a time across its servers (server A's run 1,
     # B's run 1, ..., A's run 2, ...) instead of server by server: a slow phase of the host (another process, the
-    # clock) then falls on every server alike, not on whichever is measured at that moment. Lease 13's tiny sweep
+    # clock) then falls on every server alike, not on whichever is measured at that moment. A tiny-pair sweep
     # (host-bound rows, one server after the other): runs of one row spread by up to 30%, and the fixed budgets did
     # not order consistently (B=64 slower than 32 and 128 at batch 1).
     interleave: bool = False
     # Run r of a row measures prompt groups r .. r + prompt_groups - 1 instead of the same groups every time. With
     # `interleave` the servers' r-th runs then time the same prompts at about the same moment, so a ratio of two
     # rows taken run by run (benchmarks/paired_ratios.py) cancels the prompt and whatever of the host's drift the
-    # round shares (lease 22, tiny pair: little; the per-round spread stayed ~0.2 in log ratio), and a row's runs
+    # round shares (measured on the tiny pair: little; the per-round spread stayed ~0.2 in log ratio), and a row's runs
     # cover `repeats` different prompt groups (a batch-1 row: that many prompts).
     rotate_prompts: bool = False
     first_start_estimate_s: float = 150.0  # before any wave has started: a fresh-ish machine, a dozen servers
@@ -164,8 +164,8 @@ class Sweep:
                         # them from one server and not another: compare like with like)
                         decode_graphs=row.batch_size in server.memory.graph_batch_sizes,
                         max_new_tokens=server.setup.max_new_tokens,
-                        # the row's warm-up, new tokens per request (`auto` at least AUTO_WARMUP_NEW_TOKENS): before
-                        # lease 36 rows did not say, and its `tiny-w` servers changed it
+                        # the row's warm-up, new tokens per request (`auto` at least AUTO_WARMUP_NEW_TOKENS): older
+                        # rows did not say, and its `tiny-w` servers changed it
                         warmup_new_tokens=server.setup.warmup_tokens(row.method),
                         prompt_kind=server.setup.prompt_kind, acceptance_meaningful=server.setup.report_acceptance,
                         server_args=server.args, **({"server_env": list(server.setup.server_env)}
@@ -365,7 +365,7 @@ class Sweep:
                 continue
             # A group holds len(group) x repeats runs where a serial row holds `repeats`. Before anything is
             # measured the plan's estimate decides; after, the last batch size's measured round scaled by the
-            # plan's ratio between the two (the plan's absolute numbers are crude floors: lease 15's tiny sweep
+            # plan's ratio between the two (the plan's absolute numbers are crude floors: a tiny-pair sweep
             # of 6 servers x 256 tokens measured nothing, its estimate ~8x the real time), and never less than
             # the last run times the group. Every round of runs is also checked against the round before it.
             estimate = sum(s.est_row_seconds(r) for s, r in group) * self.opt.prompt_groups
@@ -388,7 +388,7 @@ class Sweep:
                                                  f"runs takes ~{per_round:.0f} s; stopping here (these rows stay "
                                                  "pending)")
                 t = self.clock()
-                # each round starts one server later: a slow phase of the host (lease 16: every stage of a run up
+                # each round starts one server later: a slow phase of the host (seen: every stage of a run up
                 # to 1.7x slower for tens of seconds) does not always fall on the same server's runs
                 for run in runs[i % len(runs):] + runs[:i % len(runs)]:
                     self._one_run(run)
@@ -576,8 +576,8 @@ class Sweep:
 
 AUTO_TABLE_PREFIX = "DDTREE auto after "
 CAPTURE_MARK = "DDTREE: captured"  # the worker's log line for each first-use stage graph (sglang_ddtree/graphs.py)
-# Warm-up batches a row may take while they still capture graphs. Lease 18b (tiny pair, `auto` at batch 4, one
-# 128-token warm-up, sweep_auto_tiny_lease18b_stale_fix.jsonl): 22 captures fell in the measured runs and auto's
+# Warm-up batches a row may take while they still capture graphs. Measured (tiny pair, `auto` at batch 4, one
+# 128-token warm-up, a sweep in the git history): 22 captures fell in the measured runs and auto's
 # tree stage averaged 1.75 ms a round against the fixed 128-tree's 0.15.
 WARMUP_MAX_BATCHES = 6
 
@@ -671,7 +671,7 @@ def median_run(runs: list[dict]) -> dict:
         out["decode_tokens_per_s_window_runs"] = [r.get("decode_tokens_per_s_window") for r in runs]
         out["decode_rate_outliers_runs"] = [r.get("decode_rate_outliers") for r in runs]
         # Acceptance over every run (`tau` is the median-rate run's: with --rotate-prompts each server's median run
-        # can be another prompt, lease 30's two chain servers at batch 4 read tau 4.57 / 6.07 while their runs agreed
+        # can be another prompt: two chain servers at batch 4 read tau 4.57 / 6.07 while their runs agreed
         # run by run at ~5.5).
         hists = [r["accept_histogram"] for r in runs if r.get("accept_histogram")]
         if hists:

@@ -13,7 +13,7 @@ Per scheduler step (the trace covers `steps` of them, one decode round each at b
   annotations    host ms and count per step of the other profiler ranges (SGLang's own: `scheduler.run_batch`,
                  ...), so two methods' host time compares where only one of them has stage ranges
                  (both: `python_ms`, the part of that host time inside no torch op and no CUDA runtime call of the
-                 range's thread: Python between the calls; lease 30 found the DDTREE worker's extra host time there)
+                 range's thread: Python between the calls; where the DDTREE worker's extra host time was found)
   cpu_ops        host ms and calls per step by torch op (an op inside another counts in both)
 Plain data in, plain data out: tests feed it synthetic traces.
 """
@@ -157,7 +157,7 @@ def analyze(trace: dict, steps: int, *, range_prefix: str = "ddtree:", top: int 
 
 
 def main(argv=None) -> int:
-    """python -m sglang_ddtree.bench.trace TRACE[.gz] --steps N [--out F]: analyze() as JSON."""
+    """python -m ddtree_bench.trace TRACE[.gz] --steps N [--out F]: analyze() as JSON."""
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -24,12 +24,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
 METHODS = ("plain", "dflash", "ddtree", "auto")  # auto: DDTREE with --speculative-ddtree-budget auto (one server)
 ALL_BUDGETS = (16, 32, 64, 128, 256, 512, 1024)
 ALL_BATCH_SIZES = (1, 4, 16, 64)
-CUDA_CONTEXT_GIB = 1.5  # CUDA context, cuBLAS/FlashInfer workspaces, allocator slack per server (lease 1: ~1.4 GB)
+CUDA_CONTEXT_GIB = 1.5  # CUDA context, cuBLAS/FlashInfer workspaces, allocator slack per server (measured: ~1.4 GB)
 ACTIVATION_MARGIN = 1.25
 
 
@@ -147,7 +147,7 @@ class Setup:
     def warmup_tokens(self, method: str) -> int:
         """New tokens per request of a row's warm-up: `auto` at least AUTO_WARMUP_NEW_TOKENS, so that its
         exploration of the candidates at the row's batch size, and their first-use graph captures, happen before
-        the measured runs (lease 16, 8B shapes, batch 64, a 4-token warm-up: auto's first run 1207 tok/s with a
+        the measured runs (measured at 8B shapes, batch 64, a 4-token warm-up: auto's first run 1207 tok/s with a
         32-ms mean tree stage, its second 1785)."""
         return max(self.warmup_new_tokens, AUTO_WARMUP_NEW_TOKENS) if method == "auto" else self.warmup_new_tokens
 
@@ -188,7 +188,8 @@ AUTO_WARMUP_NEW_TOKENS = 64
 
 
 def default_setups() -> dict[str, Setup]:
-    """The two setups of issue 8. Every number here can be overridden from the command line."""
+    """The two setups: the tiny pair and 8B shapes with random weights. Every number here can be overridden from
+    the command line."""
     tiny = Setup(
         name="tiny", target="models/tiny/target", drafter="models/tiny/drafter", dummy=False, prompt_kind="text",
         prompt_tokens=512,  # HumanEval's first 64 prompts are at most 323 tiny-tokenizer tokens
@@ -196,7 +197,7 @@ def default_setups() -> dict[str, Setup]:
         graph_token_cap=64 * 1025,  # vocab 4096: even B=1024 x 64 graphs cost ~3.5 GiB of buffers
         max_activation_gib=16.0, report_acceptance=True,
         est_step_floor_ms=(("plain", 3.0), ("dflash", 5.0), ("ddtree", 12.0)), est_us_per_verify_token=0.3,
-        est_tokens_per_step=3.0,  # a trained pair: tau 4.5-7 for DFLASH and every DDTREE budget (lease 13)
+        est_tokens_per_step=3.0,  # a trained pair: tau 4.5-7 for DFLASH and every DDTREE budget (measured)
     )
     dummy_8b = Setup(
         name="8b-dummy", target="benchmarks/configs/qwen3-8b-dummy/target",
@@ -390,7 +391,7 @@ def server_args(setup: Setup, method: str, budget: int | None, *, max_batch: int
         "--attention-backend", setup.backend,
         "--enable-metrics",  # decode_throughput in meta_info and the DDTREE stage histograms
         "--sleep-on-idle",  # idle servers of a wave must not spin a CPU core each while another one is measured
-        "--disable-prefill-cuda-graph",  # prefill is not measured; its 58-size capture took ~79 s in lease 1
+        "--disable-prefill-cuda-graph",  # prefill is not measured; its 58-size capture took ~79 s on an H200
         # Parallel starts: a capped pool (--max-total-tokens) with a loose fraction; the fraction only has to pass
         # SGLang's check "free memory - (1 - f) * free-before-load > 0" while the wave's other servers load.
         "--mem-fraction-static", f"{mem_fraction:g}",

@@ -1,5 +1,5 @@
 """The round-cost model of `auto`'s offline evaluation: what a round of each candidate costs at a batch size, from a
-committed sweep's step-time fit (bench/cost_model.py) and the kernel bench's top-K and tree times, and the candidate
+committed sweep's step-time fit (step_fit.py) and the kernel bench's top-K and tree times, and the candidate
 windows it implies. Offline only (offline/auto.py, scripts/adaptive_eval.py): the server measures its own rounds.
 Its default inputs are the checkout's committed results (benchmarks/results/)."""
 
@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Sequence
 
 from sglang_ddtree.adaptive import CHAIN, candidate_label
-from sglang_ddtree.bench.cost_model import _by_batch, fit_step_time, tau_from_baseline
-from sglang_ddtree.bench.results import load_ok_results
+from sglang_ddtree.results_file import load_ok_results
+from sglang_ddtree.step_fit import by_batch, fit_step_time
 
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SWEEP = REPO_ROOT / "benchmarks" / "results" / "sweep_h200.jsonl"
 DEFAULT_KERNELS = REPO_ROOT / "benchmarks" / "results" / "tree_kernels_h200.json"
 KERNEL_PREFIX = "triton_sort_graph"  # the shipped Triton tree kernel, CUDA-graph replay timings
@@ -90,7 +90,7 @@ class RoundCost:
     `overhead=False` drops the decision overhead (the cost model alone).
     """
 
-    fit: object  # cost_model.StepFit
+    fit: object  # step_fit.StepFit
     dflash_step_ms: dict[int, float]
     kernels: KernelCosts | None = None
     decide_ms: float = 0.02
@@ -104,7 +104,7 @@ class RoundCost:
         points = [(int(r["batch_size"]), int(r["budget"]), float(r["step_ms"])) for r in rows
                   if r["method"] == "ddtree" and r.get("step_ms")]
         fit = fit_step_time(points)
-        dflash = _by_batch(rows, "dflash", "step_ms")
+        dflash = by_batch(rows, "dflash", "step_ms")
         if not dflash:
             raise ValueError(f"{sweep}: no DFLASH step times in setup {cost_setup!r}; the chain candidate has no cost.")
         return cls(fit=fit, dflash_step_ms=dflash, kernels=KernelCosts.load(kernels) if kernels else None,
@@ -158,6 +158,31 @@ def prune_candidates(cost: RoundCost, batch: int, candidates: Sequence[int], max
     also lowers B_max, hence the decision overhead; when only the chain is left there is no decision at all."""
     chain_ms = cost.fixed_ms(batch, CHAIN)
     return [b for b in candidates if b == CHAIN or cost.fixed_ms(batch, b) <= max_gain * chain_ms]
+
+
+def tau_from_baseline(path: str | Path) -> dict:
+    """{"ddtree": {budget: tau}, "dflash": tau} (tau: mean committed tokens a round) from a baseline file (.jsonl) or
+    the paper's reference output (.pt, needs torch)."""
+    from sglang_ddtree.baseline import parse_method, read_baseline
+    from sglang_ddtree.reference_import import import_reference
+
+    data = import_reference(path) if str(path).endswith(".pt") else read_baseline(path)
+    sums: dict[str, list[int]] = {}
+    for rec in data.records:
+        if rec.accept_lengths:
+            s = sums.setdefault(rec.method, [0, 0])
+            s[0] += sum(rec.accept_lengths)
+            s[1] += len(rec.accept_lengths)
+    out: dict = {"ddtree": {}, "dflash": None}
+    for method, (tokens, rounds) in sums.items():
+        kind, budget = parse_method(method)
+        if kind == "ddtree":
+            out["ddtree"][budget] = tokens / rounds
+        elif kind == "dflash":
+            out["dflash"] = tokens / rounds
+    if not out["ddtree"]:
+        raise ValueError(f"{path}: no ddtree_tb<B> records with accept_lengths; nothing to project.")
+    return out
 
 
 def load_tau_prior(path: str | Path) -> dict[int, float]:

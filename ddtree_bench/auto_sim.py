@@ -33,20 +33,20 @@ def simulate(seed: int, base: list[float], tokens: list[float], expected: list[f
     round costs on top (the top-K and the tree at the largest budget, the walk's per-candidate counts): one value for
     every candidate, or one per candidate (the chain's plain round drafts a top-1 and builds no tree, so its extra
     is larger). drift_sigma / drift_rounds: the host's speed drifts (every round's ms x exp(x), x an AR(1)
-    process with standard deviation drift_sigma and correlation time drift_rounds rounds: lease 21's vCPUs ran one
+    process with standard deviation drift_sigma and correlation time drift_rounds rounds: the lent vCPUs ran one
     Python loop in 0.32-0.68 s, their order changing from one pass to the next). content_sigma / content_rounds /
     token_noise: what a round commits moves with the text (every candidate's tokens x exp(y) x lognormal(token_noise),
     y an AR(1) process like the drift; one factor for all candidates of a round, so a wider tree still commits at
     least a narrower one's tokens) and the drafter's expectations follow exp(expected_follows x y). prompt_sigma /
     prompt_rounds: the text changes at once every prompt_rounds rounds (a new prompt: y ~ N(0, prompt_sigma), held;
-    lease 21e's batch-1 rows ran 4 prompts of ~350 rounds each). poisson_tokens: a round's committed tokens are
+    a measured sweep's batch-1 rows ran 4 prompts of ~350 rounds each). poisson_tokens: a round's committed tokens are
     drawn, not scaled: the chain and the narrowest tree 1 + Poisson((tokens[i] - 1) x exp(y)) each, every wider tree
     the next narrower one's plus Poisson((tokens[j] - tokens[j - 1]) x exp(y)) (per round a wider tree commits at
     least as much, by a count that is often 0). warm_mult: a candidate's rounds after its cold first one cost
-    warm_mult[0], warm_mult[1], ... times more (lease 24's debug dump at batch 1: the first timed round of each
+    warm_mult[0], warm_mult[1], ... times more (a server's debug dump at batch 1: the first timed round of each
     candidate 1.13-1.47x its median, the second 1.04-1.17x). chain_warm_mult: the same for the chain alone, on top
-    (lease 33c's batch-1 servers timed the lean chain round's exploration at 6.4-7.8 ms against 3.7-5.4 for the
-    trees; leases 31b-32 at 26-40 ms). switch_mult / switch_outlier: a round whose candidate
+    (batch-1 servers of the tiny pair timed the lean chain round's exploration at 6.4-7.8 ms against 3.7-5.4 for the
+    trees; other runs at 26-40 ms). switch_mult / switch_outlier: a round whose candidate
     is not the previous round's costs switch_mult times more, and 1.5x more again with probability switch_outlier
     (the same dump, batch 1, rounds after a candidate's first three: such rounds' quartiles 0.995 / 1.035 / 1.088 of
     the candidate's median against 0.967 / 0.999 / 1.036 for the others, 9% of them >= 1.4x against 4%). Returns the

@@ -107,7 +107,7 @@ def auto_calibration(delta: dict[Sample, float]) -> dict | None:
     out = {"scored_request_rounds": int(round(scored)),
            **{f"tau_mae_{scores}": _total(delta, "sglang:ddtree_auto_tau_abs_error_total", scores=scores) / scored
               for scores in ("raw", "calibrated")}}
-    # the gated predictor (auto.AutoConfig.calibration_gate), from servers that export it (after lease 26)
+    # the gated predictor (auto.AutoConfig.calibration_gate), from servers that export it (newer ones)
     gated = _select(delta, _counter_names("sglang:ddtree_auto_tau_abs_error_total"), scores="gated")
     if gated:
         out["tau_mae_gated"] = sum(v for _, v in gated) / scored
@@ -151,7 +151,7 @@ def ab_arms(delta: dict[Sample, float]) -> dict | None:
 
 
 def _ab_split(delta: dict[Sample, float], arm: str, sums: dict[str, float]) -> dict:
-    """An arm's rounds split (stats.ABTallies, servers since lease 35): sampled_rounds and their GPU ms a round;
+    """An arm's rounds split (stats.ABTallies, from servers that tally it): sampled_rounds and their GPU ms a round;
     narrower_rounds (a candidate other than the widest tree) with their tau and ms a round; widest_tokens_per_s and
     widest_tau over the other rounds (the widest tree's: for `auto`, its own cost at the fixed arm's choice). {} when
     the arm has neither (the fixed arm; a server before these series)."""

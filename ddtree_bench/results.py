@@ -1,25 +1,18 @@
-"""The sweep's results file: JSON Lines, appended and flushed one line at a time.
-
-Line kinds (field `kind`):
-  run     one per invocation: run_id, date, GPU, commit, versions, argv, the plan (servers, waves, skipped rows)
-  server  one per server start: name, setup, method, budget, args, start seconds or the error, server_info subset
-  result  one per row attempt: key "setup|method|budget|batch", status ok | skipped | failed | interrupted, the
-          reason when not ok, the row's signature (workload + server args), and the measured numbers when ok
-A row is done when its latest result line is `ok` (or `failed`, unless the sweep is told to retry failures) with
-the signature the current plan gives it; `skipped` rows are re-decided by every run; `interrupted` (deadline or
-signal mid-row) is never done. Readers take the latest line per key.
-"""
+"""The sweep's results file, written here (ResultsWriter) and read by sglang_ddtree/results_file.py (the format: its
+docstring; its readers are re-exported here for the harness)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 from pathlib import Path
-from sglang_ddtree.bench.plan import METHODS
+
+from ddtree_bench.plan import METHODS
+from sglang_ddtree.results_file import latest_results, load_ok_results, ok_results, read_rows  # noqa: F401
 
 RESULTS_NAME = "bench_budgets.jsonl"
 STATUSES = ("ok", "skipped", "failed", "interrupted")
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[1]
 
 
 def head_commit() -> str | None:
@@ -35,47 +28,6 @@ def emit_result(result: dict, out: Path | None) -> None:
     print(text)
     if out:
         Path(out).write_text(text + "\n")
-
-
-def read_rows(path: str | Path, *, strict: bool = False) -> list[dict]:
-    """Every JSON object of the file, in order. A line that is not JSON can only be a write torn by a kill (the
-    writer starts every line on a fresh one): it is skipped, or with strict=True raises ValueError with its number.
-    A line that is JSON but not a row object always raises."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            if strict:
-                raise ValueError(f"{path}:{n}: not valid JSON.") from None
-            continue
-        if not isinstance(obj, dict) or "kind" not in obj:
-            raise ValueError(f"{path}:{n}: every line must be an object with a 'kind' field.")
-        rows.append(obj)
-    return rows
-
-
-def latest_results(rows: list[dict]) -> dict[str, dict]:
-    """key -> the last `result` line with that key."""
-    out: dict[str, dict] = {}
-    for row in rows:
-        if row.get("kind") == "result":
-            out[row["key"]] = row
-    return out
-
-
-def ok_results(rows: list[dict], setup: str | None = None) -> list[dict]:
-    return [r for r in latest_results(rows).values()
-            if r.get("status") == "ok" and (setup is None or r.get("setup") == setup)]
-
-
-def load_ok_results(path: str | Path, setup: str | None = None) -> list[dict]:
-    return ok_results(read_rows(path), setup)
 
 
 class ResultsWriter:

@@ -8,7 +8,7 @@
   speedup.png                 DDTREE over plain and over the DFLASH chain, measured (and projected when given)
 Projected curves are dotted; hollow markers are budgets outside the verify sizes the cost setup measured.
 
-  python -m sglang_ddtree.bench.plots --sweep results.jsonl [--projection best_budget.json] [--out-dir DIR]
+  python -m ddtree_bench.plots --sweep results.jsonl [--projection best_budget.json] [--out-dir DIR]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from sglang_ddtree.bench.results import ok_results, read_rows
+from ddtree_bench.results import ok_results, read_rows
 from sglang_ddtree.stages import SERVER_STAGES as STAGES
 
 STAGE_COLORS = ("#bbbbbb", "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3")
@@ -254,7 +254,7 @@ def make_plots(sweep: str | Path, out_dir: str | Path, projection: str | Path | 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", required=True, help="results JSONL of benchmarks/bench_budgets.py")
-    ap.add_argument("--projection", default=None, help="best_budget.json of sglang_ddtree.bench.cost_model")
+    ap.add_argument("--projection", default=None, help="best_budget.json of ddtree_bench.cost_model")
     ap.add_argument("--out-dir", default="benchmarks/results")
     args = ap.parse_args(argv)
     try:
