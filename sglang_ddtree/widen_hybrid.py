@@ -28,8 +28,9 @@ by bf16 rounding (~2^-9 relative per weight) in bf16; `HybridScales.bf16_exact` 
   qkvz/ba, gate/up, lm_head) takes its columns x 1 / sqrt(r). Norm weights are copied unchanged. That matters:
   Qwen3.5 / Qwen3-Next RMSNorms compute (1 + w) * x_hat, so a scaled gain would not be a scaled weight (nor exact in
   bf16), and a zero-padded weight is a gain of 1, harmless only because the padded dims carry zero.
-  One spare dim (H - 1) carries a constant C = 2^-10 that nothing writes or reads except the final norm and the
-  padded lm_head rows; it adds C^2 / H to the hidden mean of squares (relative ~1e-9 of it).
+  One spare dim (H - 1) carries a constant C = 2^-16 that nothing writes or reads except the final norm and the
+  padded lm_head rows; it adds C^2 / H to the hidden mean of squares (relative ~1e-12 of it: below float32
+  resolution, so even the norms' float32 rounding matches the small model's).
 * Linear-attention layers: small key head g -> big key head g, small value head g * rho + j -> big value head
   g * R + j (rho, R: value heads per key head). q / k / v / z rows, their conv1d channels (depthwise, so a channel is
   independent), b / a rows, A_log / dt_bias and the gated norm weight are copied into the first dk / dv dims of their
@@ -51,7 +52,7 @@ by bf16 rounding (~2^-9 relative per weight) in bf16; `HybridScales.bf16_exact` 
   small layer goes to a big layer of its own type; the rest are all zero. A zero layer of either type is an identity:
   its pre-norm has gain 1 but every projection after it is zero (a zero GDN layer: q = k = v = 0, finite decay, output
   0). The drafter reads big layer b for small feature layer s when s's big layer <= b < (s + 1)'s.
-* Vocabulary: padded lm_head rows are -1 on the constant dim and the final norm's gain there is 2^22, so their
+* Vocabulary: padded lm_head rows are -1 on the constant dim and the final norm's gain there is 2^28, so their
   logits are about -2^12 / (sqrt(F) rms(stream)): they never win. The lm_head is untied (as Qwen3.5-27B).
 * Drafter (Qwen3-style RMSNorm w * x, no output gate): the same stream scale s (it adds onto the target's
   embeddings), the same F and eps factor, fc copied unchanged (it reads s x the small features and writes s x the small
@@ -74,10 +75,15 @@ from pathlib import Path
 
 import torch
 
-from sglang_ddtree.widen import CONST_NORM_GAIN, CONST_VALUE, TOKENIZER_FILES, _ShardWriter, feature_anchors
+from sglang_ddtree.widen import TOKENIZER_FILES, _ShardWriter, feature_anchors
 
 LINEAR, FULL = "linear_attention", "full_attention"
 LAYOUTS = ("qwen3_5_text", "qwen3_next")
+# The constant dim's value and the final norms' gain on it (value x gain = 2^12, as in widen.py). The value is smaller
+# than widen.py's 2^-10: its C^2 / H in the hidden norms' mean of squares then stays far below float32 resolution
+# (transformers computes these norms in float32 whatever the model dtype), so the widened model rounds as the small one.
+CONST_VALUE = 2.0 ** -16
+CONST_NORM_GAIN = 2.0 ** 28
 
 
 @dataclass(frozen=True)
@@ -303,7 +309,7 @@ class HybridWidener:
         return torch.zeros(*shape, dtype=self.dtype)
 
     def put(self, out: torch.Tensor, index, value: torch.Tensor, scale: float = 1.0) -> None:
-        out[index] = (value.float() * scale).to(self.dtype)
+        out[index] = (value.double() * scale).to(self.dtype)
 
     # -- norms (Qwen3.5 / Qwen3-Next convention: (1 + w) * x_hat; weights copied, never scaled)
 
@@ -591,7 +597,7 @@ def widen_hybrid_drafter(dcfg: dict, dsd: dict, tcfg: dict, big: HybridShape, *,
     z = lambda *shape: torch.zeros(*shape, dtype=dtype)  # noqa: E731
 
     def put(out, index, value, scale=1.0):
-        out[index] = (value.float() * scale).to(dtype)
+        out[index] = (value.double() * scale).to(dtype)
 
     def norm(w, const_gain=None):
         out = z(H)
