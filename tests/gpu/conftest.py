@@ -32,10 +32,15 @@ from pathlib import Path
 
 import pytest
 
-# One port allocator and log reader for the suite and the budget sweep (both start servers in parallel).
-from ddtree_bench.server import free_port, launch_command, log_tail
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The benchmark harness (ddtree_bench/) lives next to the package, not in it: importable from the checkout's root,
+# also where this file is loaded outside pytest's rootdir handling (a child process, the device runner).
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+# One port allocator and log reader for the suite and the budget sweep (both start servers in parallel).
+from ddtree_bench.server import free_port, launch_command, log_tail  # noqa: E402
+
 TINY_DIR = REPO_ROOT / "models" / "tiny"
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 GPU_DIR = Path(__file__).resolve().parent
