@@ -712,7 +712,7 @@ def test_an_ab_server_records_its_arms_run_by_run_and_paired_reads_them(tmp_path
 
 
 def test_ab_pooled_pools_the_runs_of_one_configurations_servers():
-    """paired.ab_pooled: the run-by-run ratio over every run of the named A/B servers' rows (lease 32b's two
+    """paired.ab_pooled: the run-by-run ratio over every run of the named A/B servers' rows (two recorded
     `auto` servers as they are): per batch size the paired ratio of the concatenated runs, which lies between the
     two servers' own; a label not named adds nothing."""
     from ddtree_bench.paired import _ab_pairs, ab_pooled, ab_table, paired_ratio
@@ -739,8 +739,8 @@ def test_ab_pooled_pools_the_runs_of_one_configurations_servers():
 
 
 def test_ab_table_shows_autos_narrower_rounds():
-    """ddtree_bench.paired.ab_table carries the A/B split tallies of servers since lease 35 (ab_arms' narrower_rounds,
-    sampled_rounds): lease 36's tiny-e4 ran a candidate other than the 128-tree in 448 of its 465 batch-4 rounds (the
+    """ddtree_bench.paired.ab_table carries the A/B split tallies of servers that record them (ab_arms' narrower_rounds,
+    sampled_rounds): a recorded tiny-e4 server ran a candidate other than the 128-tree in 448 of its 465 batch-4 rounds (the
     chain lock-in its tau and ratio show), while its fixed arm has no such series; rows before the split have none."""
     from ddtree_bench.paired import ab_table
     from ddtree_bench.results import latest_results, read_rows

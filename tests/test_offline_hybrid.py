@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from fixtures.hybrid_models import (
-    BRANCH, MISS, TOP, ScriptedBranchDraft, random_hybrid_dflash, random_hybrid_target, seeded_script,
+    BRANCH, MISS, TOP, ScriptedBranchDraft, quiet_single_thread, random_hybrid_dflash, random_hybrid_target,
+    seeded_script,
 )
-from fixtures.offline_models import OracleDraft, one_thread, random_target
+from fixtures.offline_models import OracleDraft, random_target
 from sglang_ddtree.offline.decoders import _trim, plain_decode, speculative_decode
 from sglang_ddtree.offline.drafts import DFlashDraftSource
 from sglang_ddtree.offline.hybrid import HybridTargetState, cache_layer_kinds
@@ -26,13 +27,8 @@ MAX_NEW = 32
 
 @pytest.fixture(scope="module", autouse=True)
 def _single_thread():
-    from transformers.utils import logging
-
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity_error()  # "fast path not available" (no fla / causal-conv1d): expected on CPU
-    with one_thread():
+    with quiet_single_thread():
         yield
-    logging.set_verbosity(verbosity)
 
 
 @pytest.fixture(scope="module")

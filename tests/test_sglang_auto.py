@@ -591,8 +591,8 @@ def test_calibration_monitor_totals_metrics_snapshots_and_reset(monkeypatch):
 def test_calibration_snapshots_wait_export_seconds_between_publishes(monkeypatch):
     """CalibrationMonitor.after_round (stats.TableGauges) reads the clock every EVERY rounds and starts a snapshot
     (published the round after its copy) only when SECONDS passed since the last one started; the first check
-    publishes, and so does the one EVERY rounds after a reset (lease 39: the server module's learn-again-after-a-reset
-    check waited 10 s for the gauges before this)."""
+    publishes, and so does the one EVERY rounds after a reset (without that, the GPU server module's
+    learn-again-after-a-reset check waited 10 s for the gauges)."""
     prometheus_client = pytest.importorskip("prometheus_client")
     from sglang_ddtree.sglang import stats as stats_mod
     from sglang_ddtree.sglang.prometheus import PrometheusSeries
@@ -1374,8 +1374,8 @@ def test_held_round_returns_what_choose_and_sampled_would(force):
 
 
 def test_a_round_whose_host_time_stalled_is_cold():
-    """StallDetector: a round whose host time exceeds STALL_HOST_MS did uncounted one-time work (lease 32's
-    Triton compile inside a lean chain round: ~480 ms against ~4 ms rounds); an untimed round never stalls; where
+    """StallDetector: a round whose host time exceeds STALL_HOST_MS did uncounted one-time work (a
+    Triton compile inside a lean chain round, seen in a tiny-pair A/B on the H200: ~480 ms against ~4 ms rounds); an untimed round never stalls; where
     every round is long on the host (a GPU-bound deployment whose launches wait, 120 ms here) the limit rises to
     STALL_FACTOR times their median within a window, so those rounds keep their times, and a compile-sized outlier
     beyond that still stalls."""

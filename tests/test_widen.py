@@ -10,7 +10,8 @@ import torch
 
 from sglang_ddtree import widen
 from sglang_ddtree.tiny import tiny_dir
-from sglang_ddtree.drafter import DFlashDrafter, target_context_features
+from fixtures.offline_models import block_logits
+from sglang_ddtree.drafter import DFlashDrafter
 
 transformers = pytest.importorskip("transformers")
 
@@ -98,19 +99,7 @@ def test_widened_drafter_block_logits_equal_the_tiny_drafters(medium, models):
     db = DFlashDrafter.from_pretrained(out / "drafter")
     torch.manual_seed(1)
     ids = torch.randint(3, SMALL_VOCAB, (2, 120))
-    with torch.no_grad():
-        hs_small = small(ids, output_hidden_states=True).hidden_states
-        hs_big = big(ids, output_hidden_states=True).hidden_states
-    T, S = 100, ds.config.block_size
-    pos = torch.arange(T)[None].expand(2, -1)
-    block = torch.full((2, S), ds.config.mask_token_id)
-    block[:, 0] = ids[:, T]
-    bpos = (T + torch.arange(S))[None].expand(2, -1)
-    with torch.no_grad():
-        ctx_s = ds.project_context(target_context_features(hs_small, ds.config.target_layer_ids)[:, :T])
-        ctx_b = db.project_context(target_context_features(hs_big, db.config.target_layer_ids)[:, :T])
-        ls = small.lm_head(ds(small.model.embed_tokens(block), bpos, ctx_s, pos))
-        lb = big.lm_head(db(big.model.embed_tokens(block), bpos, ctx_b, pos))
+    ls, lb = block_logits(small, ds, ids, 100), block_logits(big, db, ids, 100)
     rel = ((ls - lb[..., :SMALL_VOCAB]).abs().max() / ls.abs().max()).item()
     assert rel <= 1e-4, rel
     assert torch.equal(ls.argmax(-1), lb.argmax(-1))

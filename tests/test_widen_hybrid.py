@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from fixtures.hybrid_models import random_dense_hybrid_target
-from fixtures.offline_models import one_thread
+from fixtures.hybrid_models import quiet_single_thread, random_dense_hybrid_target
+from fixtures.offline_models import block_logits
 from sglang_ddtree import widen_hybrid as wh
-from sglang_ddtree.drafter import DFlashDrafter, DrafterConfig, target_context_features
+from sglang_ddtree.drafter import DFlashDrafter, DrafterConfig
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,13 +26,8 @@ VARIANTS = {"qwen3_5-f1": ("qwen3_5_text", 32, 32), "qwen3_next-f4": ("qwen3_nex
 
 @pytest.fixture(scope="module", autouse=True)
 def _quiet_single_thread():
-    from transformers.utils import logging
-
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity_error()  # "fast path not available" (no fla / causal-conv1d): expected on CPU
-    with one_thread():
+    with quiet_single_thread():
         yield
-    logging.set_verbosity(verbosity)
 
 
 def small_drafter(target, seed: int = 0) -> DFlashDrafter:
@@ -132,19 +127,7 @@ def test_widened_drafter_block_logits_equal_the_small_drafters(pair):
     assert db.config.target_layer_ids == list(MEDIUM.drafter_layer_ids)
     torch.manual_seed(2)
     ids = torch.randint(3, VOCAB, (2, 90))
-    with torch.no_grad():
-        hs_small = small(ids, output_hidden_states=True).hidden_states
-        hs_big = big(ids, output_hidden_states=True).hidden_states
-    T, S = 80, ds.config.block_size
-    pos = torch.arange(T)[None].expand(2, -1)
-    block = torch.full((2, S), ds.config.mask_token_id)
-    block[:, 0] = ids[:, T]
-    bpos = (T + torch.arange(S))[None].expand(2, -1)
-    with torch.no_grad():
-        ctx_s = ds.project_context(target_context_features(hs_small, ds.config.target_layer_ids)[:, :T])
-        ctx_b = db.project_context(target_context_features(hs_big, db.config.target_layer_ids)[:, :T])
-        ls = small.lm_head(ds(small.model.embed_tokens(block), bpos, ctx_s, pos))
-        lb = big.lm_head(db(big.model.embed_tokens(block), bpos, ctx_b, pos))
+    ls, lb = block_logits(small, ds, ids, 80), block_logits(big, db, ids, 80)
     rel = _rel(ls, lb[..., :VOCAB])
     assert rel <= 1e-4, rel
     assert torch.equal(ls.argmax(-1), lb.argmax(-1))

@@ -42,7 +42,8 @@ CHECK = CheckSettings()
 
 
 @contextlib.contextmanager
-def _one_thread():
+def one_thread():
+    """Tiny models on a shared 2-core box: torch's intra-op thread pool costs ~100x on microsecond ops."""
     import torch
 
     old = torch.get_num_threads()
@@ -106,7 +107,7 @@ class TinyPair:
         n = max_new_tokens or self.settings.max_new_tokens
         s = RunSettings(methods=methods, max_new_tokens=n, eos_token_ids=self.eos, record_trees=record_trees)
         ctx = planted(bug) if bug else contextlib.nullcontext()
-        with _one_thread(), ctx:
+        with one_thread(), ctx:
             records = [decode_one(self.target, self.draft, p, m, s) for p in self.prompts for m in methods]
         for r in records:  # wall times are not part of a correctness baseline
             r.stage_ms, r.prefill_ms, r.total_ms = None, None, None

@@ -261,7 +261,7 @@ def test_auto_ab_runs_both_arms_and_tallies_them_apart(servers, outputs, gpu_rec
                - tallies["rounds"]["fixed"] - tallies["skipped_rounds"]["fixed"]) <= 0.2 * counted + 8
     # `auto`'s candidate counter counts at the round, the tallies a publish later (ABTallies.FLUSH_ROUNDS + in flight)
     assert auto_rounds <= tallies["rounds"]["auto"] + tallies["skipped_rounds"]["auto"] + 10
-    # the arms' split (since lease 35): `auto` sampled some of its rounds (exploration samples every round), the
+    # the arms' split (recorded per arm): `auto` sampled some of its rounds (exploration samples every round), the
     # fixed arm none and verified only the widest tree; `auto`'s narrower rounds are a part of its counted ones
     assert 0 < tallies["sampled_rounds"]["auto"] <= tallies["rounds"]["auto"]
     assert tallies["sampled_rounds"]["fixed"] == 0 and tallies["narrower_rounds"]["fixed"] == 0
