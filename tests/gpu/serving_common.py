@@ -1,10 +1,16 @@
 """Shared by the GPU modules that compare a speculative server with plain decoding (not a test module).
 
-Prompts, greedy parameters, the common server arguments, and the comparison with plain decoding's outputs that
-tolerates a difference only at a near-tie of plain's own top-2 log-probs (`tie_nats`).
+Prompts, greedy parameters, the common server arguments, the comparison with plain decoding's outputs that
+tolerates a difference only at a near-tie of plain's own top log-probs (`tie_nats`), and the mixed and aborted load
+of the KV-leak checks.
 """
 
 from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+import urllib.request
 
 MAX_NEW_TOKENS = 64
 BATCH = 8
@@ -80,3 +86,52 @@ def tau_of(outputs):
     """Tokens per verify round over a list of /generate answers (SGLang's completion_tokens / spec_verify_ct)."""
     metas = [o["meta_info"] for o in outputs]
     return sum(m["completion_tokens"] for m in metas) / sum(m["spec_verify_ct"] for m in metas)
+
+
+def post_raw(server, path, body):
+    """POST whose answer may be empty (SGLang's /abort_request answers with no body)."""
+    req = urllib.request.Request(server.base_url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return resp.status
+
+
+def used_tokens(server):
+    """(KV tokens in use, running requests) after /flush_cache (the radix cache's idle entries freed)."""
+    urllib.request.urlopen(urllib.request.Request(server.base_url + "/flush_cache", method="POST"), timeout=60).read()
+    with urllib.request.urlopen(server.base_url + "/get_load", timeout=30) as resp:
+        loads = json.loads(resp.read())
+    return sum(x["num_tokens"] for x in loads), sum(x["num_reqs"] for x in loads)
+
+
+def mixed_and_aborted_load(server, prompt_of, requests: int = 200, settle_s: float = 60.0):
+    """`requests` requests, 16 at a time: greedy and sampled, of several lengths, every fifth aborted mid-generation
+    through /abort_request; prompt_of(i) gives the i-th request's generate() keywords. Then waits up to settle_s for
+    the server to go idle. Returns (tokens in use, running requests, {kind: count}), kinds ok / aborted /
+    finished (an abort that came after the end)."""
+    lengths = [1, 5, 17, 40, 64, 90]
+
+    def one(i):
+        params = {"temperature": 0.0 if i % 2 else 0.8, "max_new_tokens": lengths[i % len(lengths)]}
+        if i % 5 == 0:
+            rid = f"leak-test-{i}"
+            params = {**params, "max_new_tokens": 400, "ignore_eos": True}
+            with concurrent.futures.ThreadPoolExecutor(1) as one_pool:
+                fut = one_pool.submit(server.generate, **prompt_of(i), sampling_params=params, rid=rid)
+                time.sleep(0.05 * (1 + i % 4))
+                post_raw(server, "/abort_request", {"rid": rid})
+                out = fut.result(timeout=120)
+            reason = (out.get("meta_info", {}).get("finish_reason") or {}).get("type")
+            return "aborted" if reason == "abort" else "finished"
+        server.generate(**prompt_of(i), sampling_params=params)
+        return "ok"
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        kinds = list(pool.map(one, range(requests)))
+    deadline = time.time() + settle_s
+    while True:
+        tokens, reqs = used_tokens(server)
+        if reqs == 0 or time.time() > deadline:
+            break
+        time.sleep(1)
+    return tokens, reqs, {k: kinds.count(k) for k in set(kinds)}

@@ -31,8 +31,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from serving_common import (BATCH, COMMON, MAX_NEW_TOKENS, compare, ddtree, prompt, run_batch1,
-                            run_batch8, tau_of)
+from serving_common import (BATCH, COMMON, MAX_NEW_TOKENS, compare, ddtree, mixed_and_aborted_load, prompt,
+                            run_batch1, run_batch8, tau_of, used_tokens)
 
 TIE_NATS = float(os.environ.get("DDTREE_TIE_NATS", "0.25"))
 
@@ -444,56 +444,15 @@ def test_sampling_matches_plain_sampling(servers, model_pair, gpu_record, name):
     assert results[0]["distinct_plain"] > 1, "the prompt's first token is not random at T=1: test is vacuous"
 
 
-def post_raw(server, path, body):
-    """POST whose answer may be empty (SGLang's /abort_request answers with no body)."""
-    req = urllib.request.Request(server.base_url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return resp.status
-
-
-def used_tokens(server):
-    urllib.request.urlopen(urllib.request.Request(server.base_url + "/flush_cache", method="POST"), timeout=60).read()
-    with urllib.request.urlopen(server.base_url + "/get_load", timeout=30) as resp:
-        loads = json.loads(resp.read())
-    return sum(x["num_tokens"] for x in loads), sum(x["num_reqs"] for x in loads)
-
-
 @pytest.mark.parametrize("name", ["ddtree-64", "ddtree-auto"])
 def test_no_kv_leak_after_mixed_and_aborted_requests(servers, model_pair, gpu_record, name):
     need(servers, name)
     server = servers[name]
     idle_tokens, idle_reqs = used_tokens(server)
     assert idle_reqs == 0
-    lengths = [1, 5, 17, 40, 64, 90]
-
-    def one(i):
-        params = {"temperature": 0.0 if i % 2 else 0.8, "max_new_tokens": lengths[i % len(lengths)]}
-        if i % 5 == 0:  # aborted mid-generation through SGLang's /abort_request
-            rid = f"leak-test-{i}"
-            params = {**params, "max_new_tokens": 400, "ignore_eos": True}
-            with concurrent.futures.ThreadPoolExecutor(1) as one_pool:
-                fut = one_pool.submit(server.generate, **prompt(model_pair, i % BATCH), sampling_params=params,
-                                      rid=rid)
-                time.sleep(0.05 * (1 + i % 4))
-                post_raw(server, "/abort_request", {"rid": rid})
-                out = fut.result(timeout=120)
-            reason = (out.get("meta_info", {}).get("finish_reason") or {}).get("type")
-            return "aborted" if reason == "abort" else "finished"
-        server.generate(**prompt(model_pair, i % BATCH), sampling_params=params)
-        return "ok"
-
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        kinds = list(pool.map(one, range(200)))
-    deadline = time.time() + 60
-    while True:
-        tokens, reqs = used_tokens(server)
-        if reqs == 0 or time.time() > deadline:
-            break
-        time.sleep(1)
-    gpu_record("kv_leak", config=name, idle_tokens=idle_tokens, after_tokens=tokens, after_reqs=reqs,
-               kinds={k: kinds.count(k) for k in set(kinds)})
+    tokens, reqs, kinds = mixed_and_aborted_load(server, lambda i: prompt(model_pair, i % BATCH))
+    gpu_record("kv_leak", config=name, idle_tokens=idle_tokens, after_tokens=tokens, after_reqs=reqs, kinds=kinds)
     assert reqs == 0, f"{reqs} requests still running 60 s after the load ended"
     assert tokens == idle_tokens, f"KV leak: {tokens - idle_tokens} tokens still in use after the load"
-    assert kinds.count("aborted") > 0, f"no request was really aborted: {kinds}"
+    assert kinds.get("aborted", 0) > 0, f"no request was really aborted: {kinds}"
     assert server.proc.poll() is None, "the server died (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE raises on leaks)"

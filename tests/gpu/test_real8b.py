@@ -13,16 +13,13 @@ DDTREE_GPU_BACKEND picks the attention backend (triton, the default, or flashinf
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
-import time
 
 import pytest
 
 from conftest import REPO_ROOT
-from serving_common import TEXT_PROMPTS, compare, ddtree, tau_of
-from test_ddtree_server import post_raw, used_tokens
+from serving_common import TEXT_PROMPTS, compare, ddtree, mixed_and_aborted_load, tau_of, used_tokens
 
 TIE_NATS = 0.125
 NEW_TOKENS = 128
@@ -100,35 +97,10 @@ def test_no_kv_leak_after_mixed_and_aborted_requests(servers, gpu_record):
     texts = prompts()
     idle_tokens, idle_reqs = used_tokens(server)
     assert idle_reqs == 0
-    lengths = [1, 5, 17, 40, 64, 90]
-
-    def one(i):
-        params = {"temperature": 0.0 if i % 2 else 0.8, "max_new_tokens": lengths[i % len(lengths)]}
-        text = texts[i % len(texts)]
-        if i % 5 == 0:  # aborted mid-generation through SGLang's /abort_request
-            rid = f"leak-{i}"
-            params = {**params, "max_new_tokens": 400, "ignore_eos": True}
-            with concurrent.futures.ThreadPoolExecutor(1) as one_pool:
-                fut = one_pool.submit(server.generate, text=text, sampling_params=params, rid=rid)
-                time.sleep(0.05 * (1 + i % 4))
-                post_raw(server, "/abort_request", {"rid": rid})
-                out = fut.result(timeout=120)
-            reason = (out.get("meta_info", {}).get("finish_reason") or {}).get("type")
-            return "aborted" if reason == "abort" else "finished"
-        server.generate(text=text, sampling_params=params)
-        return "ok"
-
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        kinds = list(pool.map(one, range(200)))
-    deadline = time.time() + 60
-    while True:
-        tokens, reqs = used_tokens(server)
-        if reqs == 0 or time.time() > deadline:
-            break
-        time.sleep(1)
+    tokens, reqs, kinds = mixed_and_aborted_load(server, lambda i: {"text": texts[i % len(texts)]})
     gpu_record("real8b_kv_leak", config="ddtree-64", idle_tokens=idle_tokens, after_tokens=tokens, after_reqs=reqs,
-               leaked=tokens - idle_tokens, kinds={k: kinds.count(k) for k in set(kinds)})
+               leaked=tokens - idle_tokens, kinds=kinds)
     assert reqs == 0, f"{reqs} requests still running 60 s after the load ended"
     assert tokens == idle_tokens, f"KV leak: {tokens - idle_tokens} tokens still in use after the load"
-    assert kinds.count("aborted") > 0, f"no request was really aborted: {kinds}"
+    assert kinds.get("aborted", 0) > 0, f"no request was really aborted: {kinds}"
     assert server.proc.poll() is None, "the server died (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE raises on leaks)"
