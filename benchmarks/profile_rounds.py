@@ -43,7 +43,7 @@ def parse_args(argv):
     p.add_argument("--batch-size", type=int, default=1, help="concurrent requests decoding while recorded")
     p.add_argument("--warmup-batches", type=int, default=2,
                    help="batches of 64-token requests before recording (`auto` explores per batch-size bucket and "
-                        "captures graphs on first use: lease 11's 2 left captures inside the recorded steps)")
+                        "captures graphs on first use: one warm-up batch left captures inside the recorded steps)")
     p.add_argument("--start-at-tokens", type=int, default=64,
                    help="start recording once the first request has this many output tokens (same context length "
                         "for every server)")
@@ -82,7 +82,7 @@ def profile_one(server, handle, prompts: list[dict], steps: int, trace_dir: Path
                 start_at_tokens: int = 64) -> dict:
     """prompts: one per concurrent request (the batch size). Recording starts once the first request has
     `start_at_tokens` output tokens, so servers are compared at about the same context length (attention cost grows
-    with it: in lease 14 a one-second sleep instead left it to chance, and the attention kernels of two servers
+    with it: a one-second sleep instead left it to chance, and the attention kernels of two servers
     differed by 10%); the request's length at the start and the end of the recording is reported."""
     client = handle.client()
     sampling = {"temperature": 0.0, "ignore_eos": True}

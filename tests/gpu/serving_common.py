@@ -96,9 +96,14 @@ def post_raw(server, path, body):
         return resp.status
 
 
+def flush_cache(server):
+    """POST /flush_cache: the radix cache's idle entries freed (SGLang refuses it while requests run)."""
+    urllib.request.urlopen(urllib.request.Request(server.base_url + "/flush_cache", method="POST"), timeout=60).read()
+
+
 def used_tokens(server):
     """(KV tokens in use, running requests) after /flush_cache (the radix cache's idle entries freed)."""
-    urllib.request.urlopen(urllib.request.Request(server.base_url + "/flush_cache", method="POST"), timeout=60).read()
+    flush_cache(server)
     with urllib.request.urlopen(server.base_url + "/get_load", timeout=30) as resp:
         loads = json.loads(resp.read())
     return sum(x["num_tokens"] for x in loads), sum(x["num_reqs"] for x in loads)
