@@ -411,7 +411,7 @@ def test_pinned_sglang_has_everything_the_plugin_uses():
         text = " ".join((src / rel).read_text().split())
         for needle in needles:
             assert " ".join(needle.split()) in text, f"{rel}: {needle!r} missing"
-    # `auto` builds extra verify states the way SGLang's adaptive EAGLE does (worker._build_verify_state)
+    # `auto` builds extra verify states the way SGLang's adaptive EAGLE does (WorkerSetup._build_verify_state)
     runner = module_defs(src, "srt.model_executor.model_runner")["ModelRunner"]
     assert {"_get_attention_backend", "_decode_cuda_graph_runner_cls"} <= set(runner)
     assert "self.init_new_workspace = False" in (src / "srt/model_executor/model_runner.py").read_text()
@@ -596,8 +596,9 @@ def test_tree_conv_hook_is_installed_by_the_hybrid_worker_only_and_routes_large_
 
     assert "TREE_CONV_TARGET" not in inspect.getsource(plugin.register)
     assert "TREE_CONV_TARGET" in inspect.getsource(hooks.install_tree_conv_hook)
-    worker_source = (ROOT / "sglang_ddtree" / "sglang" / "worker.py").read_text()  # imports sglang: read, not import
-    assert "install_tree_conv_hook()" in worker_source[worker_source.index("self.hybrid = True"):]
+    # the worker's start-up checks (a mixin of DDTreeWorker) import sglang: read, not import
+    setup_source = (ROOT / "sglang_ddtree" / "sglang" / "worker_setup.py").read_text()
+    assert "install_tree_conv_hook()" in setup_source[setup_source.index("self.hybrid = True"):]
     calls = []
 
     def original(*args, **kwargs):

@@ -18,6 +18,8 @@ The round's state is a round_state.Round; the measuring and testing modes (A/B a
 the oracle, the debug dump) reach it through one seam, self.modes (sglang_ddtree.sglang.modes), whose hooks do
 nothing when no mode is on.
 Prefill, idle batches, KV reservation and the overlap relay are DFLASH's, inherited unchanged.
+What is checked or built outside the round (the target / drafter checks, the lm_head shard, the modes, `auto`'s and
+the oracle's verify states, the commit's KV move) is the mixin WorkerSetup's (sglang_ddtree.sglang.worker_setup).
 Between SGLang's graph replays (drafter, target verify) the fixed-shape work is replayed as three graphs per
 CUDA-graph batch size, padded like the verify (sglang_ddtree.graphs): the draft top-K, the tree with its verify ids
 and positions, and the walk with the commit's slot arithmetic. Left eager: the verify mask (its size follows the
@@ -43,12 +45,11 @@ import torch
 
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
-from sglang.srt.configs.hybrid_arch import hybrid_gdn_config, mambaish_config
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.cuda_graph_config import Backend
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
-from sglang.srt.runtime_context import get_context, get_exec, get_spec
+from sglang.srt.runtime_context import get_exec
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
@@ -59,19 +60,17 @@ from sglang.srt.speculative.draft_worker_common import (
     make_draft_input_v2,
 )
 
-from sglang_ddtree import config, kernels, tree_conv
+from sglang_ddtree import config, kernels
 from sglang_ddtree.adaptive import CHAIN, candidate_label
 from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import ops
-from sglang_ddtree.sglang.auto_ab import ABSchedule, auto_ab_block, auto_host_detail
 from sglang_ddtree.sglang.auto_round import AutoRounds
-from sglang_ddtree.sglang.hooks import causal_verify_capture, install_tree_conv_hook, mark_active
-from sglang_ddtree.sglang.modes import MeasuringModes, Oracle, RoundModes
+from sglang_ddtree.sglang.hooks import mark_active
 from sglang_ddtree.sglang.round_state import Round
-from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 from sglang_ddtree.sglang.stats import DDTreeStats, StallDetector
+from sglang_ddtree.sglang.worker_setup import WorkerSetup
 from sglang_ddtree.walk import sample_choices
 
 logger = logging.getLogger(__name__)
@@ -85,7 +84,7 @@ class DDTreeVerifyInput(DFlashVerifyInput):
     retrieve_next_sibling: torch.Tensor | None = None
 
 
-class DDTreeWorker(DFlashWorkerV2):
+class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
     def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
         self.options = ddtree_args.options_from(server_args)
@@ -165,39 +164,6 @@ class DDTreeWorker(DFlashWorkerV2):
                         self.topk, self.options.prune, self.ps.tp_size,
                         f"triton (tree build: {kernels.tree_kernel_for(self.budget)})" if self.use_kernels
                         else "torch", self.round_graphs)
-
-    def _measuring_modes(self) -> RoundModes:
-        """The measuring and testing modes this server runs (sglang_ddtree.sglang.modes), read at the start."""
-        script = config.get(SCRIPT_ENV)
-        scripted = ScriptedDrafts(script, self._lm_head_shard["vocab_size"]) if script else None
-        if scripted is not None and self.ps.tp_rank == 0:
-            logger.warning("DDTREE: scripted drafts from %s (%s): a test-only mode, the drafter is ignored", script,
-                           SCRIPT_ENV)
-        # SGLANG_DDTREE_AUTO_AB: decode rounds alternate in blocks of this many between `auto` and the fixed widest
-        # tree (0: off); its tallies are Prometheus counters
-        ab_block = auto_ab_block()
-        if ab_block and not self.options.auto:
-            raise ValueError("SGLANG_DDTREE_AUTO_AB compares `auto` with the fixed widest tree in one server: it needs "
-                             "--speculative-ddtree-budget auto.")
-        if ab_block and self.ps.tp_rank == 0 and self.stats.prometheus is None:
-            raise ValueError("SGLANG_DDTREE_AUTO_AB tallies its arms in Prometheus counters: it needs "
-                             "--enable-metrics.")
-        if ab_block and self.ps.tp_rank == 0:
-            logger.warning("DDTREE A/B (SGLANG_DDTREE_AUTO_AB=%d): decode rounds alternate in blocks of %d between "
-                           "auto and the fixed %d-tree, a measuring mode (sglang:ddtree_ab_* per arm)",
-                           ab_block, ab_block, self.budget)
-        # SGLANG_DDTREE_AUTO_HOST_DETAIL: `auto`'s own host work marked apart (stages.AUTO_HOST_DETAIL)
-        host_detail = self.options.auto and auto_host_detail()
-        oracle = Oracle(min(self.block_size, self.num_nodes)) if self.options.oracle else None
-        if oracle is not None and self.ps.tp_rank == 0:
-            logger.warning("DDTREE oracle: every round verifies its accepted path once more as a chain (%d tokens, "
-                           "causal) and commits what that verify accepts: two target passes a round, for checking "
-                           "the tree verify, not for speed", oracle.width)
-        debug = self.options.auto and self.stats.debug is not None
-        if not (scripted or ab_block or host_detail or oracle or debug):
-            return RoundModes()
-        return MeasuringModes(ab=ABSchedule(ab_block), ab_block=ab_block, host_detail=host_detail, scripted=scripted,
-                              oracle=oracle, debug=debug)
 
     # ------------------------------------------------------------------------------------------------------------
     # The round
@@ -378,84 +344,7 @@ class DDTreeWorker(DFlashWorkerV2):
         return result
 
     # ------------------------------------------------------------------------------------------------------------
-    # Setup checks
-
-    def _check_models(self) -> None:
-        target_cfg = self.model_runner.model_config
-        draft_cfg = self.draft_model_runner.model_config
-        if mambaish_config(target_cfg) is not None:
-            # SGLang's own detection, authoritative; the plugin's (from the config file) ran at startup
-            if hybrid_gdn_config(target_cfg) is None:
-                raise ValueError(ddtree_args.OTHER_RECURRENT_REFUSAL)
-            # topk > 1 here means the plugin recognised the target and already applied check_hybrid_config
-            if int(self.server_args.speculative_eagle_topk or 1) <= 1:
-                raise ValueError(
-                    "DDTREE on a hybrid target needs SGLang's tree verify (speculative_eagle_topk > 1), which the "
-                    "plugin sets when it recognises the target's config at startup; it did not here (was the model "
-                    "config readable from --model-path?)."
-                )
-            self.hybrid = True
-            conv = install_tree_conv_hook()  # this process's tree verifies: ours above 65 tokens (tree_conv.use_ours)
-            if self.ps.tp_rank == 0 and tree_conv.use_ours(self.num_nodes, conv):
-                logger.warning("DDTREE: budget %d on a hybrid target: the %d-token tree verify's conv runs "
-                               "sglang-ddtree's kernel (SGLANG_DDTREE_TREE_CONV=%s; SGLang's unrolls over the "
-                               "tokens and compiled for minutes above 64).", self.budget, self.num_nodes, conv)
-            elif self.budget > 64 and self.ps.tp_rank == 0:
-                # measured on an H200: verify-graph capture took 108 s at B=64, more than 7 minutes at 128 and 256
-                logger.warning("DDTREE: budget %d on a hybrid target with SGLang's tree conv kernel, which unrolls "
-                               "over the %d verify tokens: its compile can take many minutes (108 s at 64, more "
-                               "than 7 minutes at 128).", self.budget, self.num_nodes)
-        if int(draft_cfg.hidden_size) != int(target_cfg.hidden_size):
-            raise ValueError(
-                f"DDTREE drafter hidden size {draft_cfg.hidden_size} does not match the target's "
-                f"{target_cfg.hidden_size}: the DFlash drafter reads the target's embedding and lm_head."
-            )
-        draft_vocab = getattr(draft_cfg.hf_config, "vocab_size", None)
-        if draft_vocab is not None and int(draft_vocab) != int(target_cfg.vocab_size):
-            raise ValueError(
-                f"DDTREE drafter vocab size {draft_vocab} does not match the target's {target_cfg.vocab_size}."
-            )
-        softcap = getattr(target_cfg.hf_config, "final_logit_softcapping", None)
-        if softcap:
-            raise ValueError("DDTREE does not support targets with final_logit_softcapping yet.")
-
-    def _resolve_lm_head_shard(self) -> dict:
-        lm_head = getattr(self.target_worker.model_runner.model, "lm_head", None)
-        if lm_head is None or not hasattr(lm_head, "weight"):
-            raise ValueError("DDTREE needs the target model to expose an lm_head with a weight.")
-        if not torch.is_floating_point(lm_head.weight):
-            raise ValueError("DDTREE does not support a quantized target lm_head yet.")
-        vocab_size = int(self.model_runner.model_config.vocab_size)
-        if hasattr(lm_head, "shard_indices"):
-            shard = lm_head.shard_indices
-            if int(shard.num_added_elements) != 0:
-                raise ValueError("DDTREE does not support added (LoRA) vocabulary in the target lm_head.")
-            return {"weight": lm_head.weight, "rows": int(shard.num_org_elements),
-                    "start": int(shard.org_vocab_start_index), "vocab_size": vocab_size}
-        if self.ps.tp_size != 1:
-            raise ValueError("DDTREE with tensor parallelism needs a vocab-parallel target lm_head.")
-        return {"weight": lm_head.weight, "rows": vocab_size, "start": 0, "vocab_size": vocab_size}
-
-    def _build_verify_state(self, width: int, causal: bool):
-        """A target attention backend (own workspace) and, with decode graphs on, verify CUDA graphs for `width`
-        tokens per request (causal: without the custom mask), built the way SGLang's adaptive EAGLE builds its
-        per-step states."""
-        runner = self.target_worker.model_runner
-        original = get_spec().speculative_num_draft_tokens
-        get_context().override("ddtree_auto.capture", speculative_num_draft_tokens=width)
-        saved_backend, saved_workspace = runner.attn_backend, runner.init_new_workspace
-        try:
-            backend = runner._get_attention_backend(init_new_workspace=True)
-            graphs = None
-            if get_exec().graph.cuda_graph_config.decode.backend != Backend.DISABLED:
-                runner.attn_backend = backend  # the capture reads the mask policy from runner.attn_backend
-                with causal_verify_capture() if causal else contextlib.nullcontext():
-                    graphs = runner._decode_cuda_graph_runner_cls()(
-                        runner, attn_backend=backend, speculative_num_draft_tokens=width)
-        finally:
-            runner.attn_backend, runner.init_new_workspace = saved_backend, saved_workspace
-            get_context().override("ddtree_auto.restore", speculative_num_draft_tokens=original)
-        return backend, graphs
+    # Output buffers, graph buckets, calls from outside the round
 
     def _outputs(self, bs: int, seq_len_dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The round's output buffers (ops.CHAIN_OUTPUTS) for bs requests. What leaves a round (tokens, lengths,
@@ -687,26 +576,6 @@ class DDTreeWorker(DFlashWorkerV2):
             model=runner.model,
             req_pool_indices=batch.req_pool_indices[:bs],
         )
-
-    def _kv_mover(self):
-        """The KV move of the commit: our kernel, which copies only the rows that move (kernels.move_path_kv), on
-        the plain MHA pool SGLang's own all-rows copy serves; that copy (move_kv_cache) on any other pool."""
-        pool = self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache()
-        try:
-            from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-        except ImportError:
-            MHATokenToKVPool = None
-        plain_mha = (MHATokenToKVPool is not None
-                     and type(pool).move_kv_cache is MHATokenToKVPool.move_kv_cache
-                     and type(pool)._move_kv_cache_impl is MHATokenToKVPool._move_kv_cache_impl
-                     and not getattr(pool, "use_hnd", False) and not getattr(pool, "use_native_move_kv_cache", False)
-                     and getattr(pool, "k_scale_buffer", None) is None and getattr(pool, "layer_num", 0) > 0
-                     and getattr(pool, "data_ptrs", None) is not None)
-        if not (self.use_kernels and plain_mha):
-            return pool.move_kv_cache
-        ptrs, strides = pool.data_ptrs, pool.data_strides
-        max_stride = int(strides.max())  # once, at the first round
-        return partial(kernels.move_path_kv, ptrs, strides, max_stride, rows_per_request=self.depth_limit)
 
     def _commit(self, plan, target_hidden, commit_lens, bs, width, chain=False):
         """Accepted KV to consecutive slots (target pool), drafter context KV from the accepted hidden states.
