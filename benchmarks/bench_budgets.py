@@ -16,8 +16,12 @@ On the GPU machine (SGLang installed, `source scripts/device/env.sh`):
   python3 benchmarks/bench_budgets.py --out $OUT --prompts-file runs/bench/humaneval_prompts.jsonl \\
       --set 8b-dummy.budgets=16,64,256,1024 --max-minutes 7.5
 Afterwards (CPU):
-  python -m ddtree_bench.cost_model --sweep OUT/bench_budgets.jsonl --out benchmarks/results/best_budget.json
-  python -m ddtree_bench.plots --sweep OUT/bench_budgets.jsonl --projection benchmarks/results/best_budget.json
+  python -m ddtree_bench.cost_model --sweep OUT/bench_budgets.jsonl --out benchmarks/results/best_budget_projected.json
+  python -m ddtree_bench.plots --sweep OUT/bench_budgets.jsonl \\
+      --projection benchmarks/results/best_budget_projected.json
+A sweep of a setup with real acceptance (e.g. 8b-real) gives the measured best budget per batch size:
+  python -m ddtree_bench.best_budget --sweep OUT/bench_budgets.jsonl --setup 8b-real \\
+      --out benchmarks/results/best_budget.json
 
 Exit status: 0 when every attempted row succeeded (rows left pending by the deadline included), 1 when a row or
 server failed, 2 on bad arguments, 130 when interrupted.

@@ -11,9 +11,10 @@ Projection: tokens/s(b, B) = b * tau(B) / T(b, b*(B+1)); DFLASH: b * tau_dflash 
 measured step time at real size; plain: its measured tokens/s at real size (one token per step whatever the
 weights). Every number that combines a cost with an acceptance is labelled `projected`. Candidates whose V lies
 outside the range measured at their batch size are marked `extrapolated` and are not chosen as best unless
---allow-extrapolation.
+--allow-extrapolation. The measured counterpart, read straight from a sweep with real acceptance, is
+ddtree_bench/best_budget.py.
 
-  python -m ddtree_bench.cost_model --sweep results.jsonl [--baseline offline.jsonl] --out best_budget.json
+  python -m ddtree_bench.cost_model --sweep results.jsonl [--baseline offline.jsonl] --out best_budget_projected.json
 """
 
 from __future__ import annotations

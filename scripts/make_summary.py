@@ -305,10 +305,12 @@ def tree_overhead(srcs: list[Source], **_) -> dict:
 
 
 def best_budget(srcs: list[Source], **_) -> dict:
-    """The cost model's best budget per batch size (projected, not measured end to end)."""
-    projection = srcs[0].json()
-    return {"best_budget_by_batch": {b: v["best_budget"] for b, v in projection["by_batch"].items()},
-            "best_budget_by_batch_is_projected": bool(projection.get("projected", True))}
+    """The best fixed budget per batch size of a best-budget file: measured (ddtree_bench.best_budget, from a sweep's
+    rows) or projected (ddtree_bench.cost_model), as the file's `projected` says (a file that does not say is
+    taken as projected)."""
+    data = srcs[0].json()
+    return {"best_budget_by_batch": {b: v["best_budget"] for b, v in data["by_batch"].items()},
+            "best_budget_by_batch_is_projected": bool(data.get("projected", True))}
 
 
 def tp2(srcs: list[Source], **_) -> dict:

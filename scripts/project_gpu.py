@@ -9,7 +9,10 @@ H200 sweeps at Qwen3-8B shapes. On another GPU, the terms are scaled by what bou
 DFLASH's round (16 verify tokens a request) and plain decoding (one token a step) are scaled by the fit's own
 ratio at their verify width. Acceptance (tau per budget) is the fit file's, unchanged.
 
-  python scripts/project_gpu.py --fit benchmarks/results/best_budget.json --name rtx-pro-6000-blackwell \
+The fit file is the cost model's output (ddtree_bench/cost_model.py: benchmarks/results/best_budget_projected.json);
+the measured best budgets (ddtree_bench/best_budget.py: best_budget.json) carry no fit and are refused.
+
+  python scripts/project_gpu.py --fit benchmarks/results/best_budget_projected.json --name rtx-pro-6000-blackwell \
       --bandwidth-gbs 1792 --bf16-tflops 500 --out benchmarks/results/projection_rtx_pro_6000_<date>_<commit>.json
 """
 
@@ -79,7 +82,8 @@ def project(base: dict, gpu: dict) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fit", required=True, help="a cost-model output (benchmarks/results/best_budget.json)")
+    ap.add_argument("--fit", required=True,
+                    help="a cost-model output (benchmarks/results/best_budget_projected.json)")
     ap.add_argument("--name", required=True)
     ap.add_argument("--bandwidth-gbs", type=float, required=True, help="memory bandwidth, GB/s")
     ap.add_argument("--bf16-tflops", type=float, required=True, help="dense bf16 tensor throughput, TFLOPS")
@@ -90,6 +94,10 @@ def main(argv=None) -> int:
         print("--bandwidth-gbs and --bf16-tflops must be positive.", file=sys.stderr)
         return 2
     base = json.loads(Path(args.fit).read_text())
+    if "fit" not in base:
+        print(f"{args.fit}: no step-time fit (measured best budgets?): pass the cost model's output, "
+              "python -m ddtree_bench.cost_model ... --out best_budget_projected.json.", file=sys.stderr)
+        return 2
     base["_path"] = Path(args.fit).name
     result = project(base, {"name": args.name, "bandwidth_gbs": args.bandwidth_gbs, "bf16_tflops": args.bf16_tflops,
                             "source": args.source})

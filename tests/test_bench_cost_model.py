@@ -157,7 +157,7 @@ def test_tau_from_a_baseline_file(tmp_path):
 def test_cli_writes_a_projection_labelled_projected(tmp_path, capsys):
     sweep = tmp_path / "s.jsonl"
     write_sweep(sweep)
-    out = tmp_path / "best_budget.json"
+    out = tmp_path / "best_budget_projected.json"
     assert cm.main(["--sweep", str(sweep), "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["projected"] is True and "PROJECTED" in result["note"]

@@ -59,3 +59,44 @@ def test_an_empty_results_file_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="no ok result rows"):
         plots.make_plots(empty, tmp_path / "png")
     assert plots.main(["--sweep", str(empty), "--out-dir", str(tmp_path / "png")]) == 2
+
+
+def test_a_real_size_sweep_with_auto_and_a_setup_without_plain(tmp_path, monkeypatch):
+    """Rows of a sweep with real acceptance at real size: `auto` drawn as levels, a speedup panel only for the
+    references a setup has, run spreads without the flagged runs, and the measured best budgets refused as a
+    projection (they carry no fit)."""
+    from ddtree_bench import best_budget as bb
+    from test_bench_best_budget import SETUP, write_sweep as write_real
+
+    sweep = tmp_path / "real.jsonl"
+    write_real(sweep)
+    plt = plots._plt()
+    panels = {}
+    real_subplots = plt.subplots
+
+    def subplots(nrows, ncols, **kw):
+        fig, axes = real_subplots(nrows, ncols, **kw)
+        panels[len(panels)] = axes
+        return fig, axes
+
+    monkeypatch.setattr(plt, "subplots", subplots)
+    made = plots.make_plots(sweep, tmp_path / "png", dpi=60)
+    assert sorted(p.name for p in made) == ["speedup.png", "tau_vs_budget.png", "tokens_per_s_vs_budget.png"]
+    speedup = [a.get_title() for a in panels[2][0]]
+    assert speedup == ["other: speedup over DFLASH chain (measured)",  # `other` has no plain rows
+                       f"{SETUP}: speedup over plain (measured)", f"{SETUP}: speedup over DFLASH chain (measured)"]
+    tokens = panels[1][0][1]  # setups in name order: other, then SETUP (the one with auto)
+    assert tokens.get_title().startswith(f"{SETUP}:")
+    assert "auto" in tokens.get_legend_handles_labels()[1]
+    assert "best fixed budget" in tokens.get_legend_handles_labels()[1]
+    only = plots.make_plots(sweep, tmp_path / "png1", setups=[SETUP], dpi=60)
+    assert len(only) == 3
+    # run spreads: a flagged run is left out, and so is its round when two rows are paired
+    row = {"decode_tokens_per_s_runs": [10.0, 30.0, 12.0], "decode_rate_outliers_runs": [0, 3, 0]}
+    assert plots._runs(row) == [10.0, 12.0]
+    assert plots._run_ratios(row, {"decode_tokens_per_s_runs": [5.0, 5.0, 4.0]}) == [2.0, 3.0]
+    assert plots._run_ratios(row, {"decode_tokens_per_s_runs": [5.0, 5.0]}) == []
+    measured = tmp_path / "best_budget.json"
+    assert bb.main(["--sweep", str(sweep), "--setup", SETUP, "--out", str(measured)]) == 0
+    with pytest.raises(ValueError, match="not a cost-model projection"):
+        plots.make_plots(sweep, tmp_path / "png2", projection=measured)

@@ -218,14 +218,16 @@ def test_every_committed_result_file_is_cited_by_the_results_readme():
 
 def test_gpu_projection_reproduces_the_h200_fit_and_the_committed_projection():
     """scripts/project_gpu.py with the H200's own bandwidth and compute gives back the cost model's projection
-    (best_budget.json), and the committed RTX PRO 6000 projection is what the script writes from its inputs."""
+    (best_budget_projected.json), and the committed RTX PRO 6000 projection is what the script writes from its
+    inputs."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("project_gpu", ROOT / "scripts" / "project_gpu.py")
     pg = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pg)
     results = ROOT / "benchmarks" / "results"
-    base = json.loads((results / "best_budget.json").read_text())
+    base = json.loads((results / "best_budget_projected.json").read_text())
+    assert base["projected"] is True
     same = pg.project(dict(base), dict(pg.H200))
     for b, row in base["by_batch"].items():
         assert same["by_batch"][b]["best_budget"] == row["best_budget"]
@@ -233,5 +235,27 @@ def test_gpu_projection_reproduces_the_h200_fit_and_the_committed_projection():
         assert abs(same["by_batch"][b]["dflash_tokens_per_s"] - row["dflash_tokens_per_s_projected"]) < 0.1
     (committed,) = results.glob("projection_rtx_pro_6000_*.json")
     data = json.loads(committed.read_text())
-    base["_path"] = "best_budget.json"
+    base["_path"] = "best_budget_projected.json"
     assert pg.project(base, data["gpu"]) == data
+    # the measured best budgets carry no fit: the script refuses them instead of projecting nothing
+    assert pg.main(["--fit", str(results / "best_budget.json"), "--name", "x", "--bandwidth-gbs", "1",
+                    "--bf16-tflops", "1"]) == 2
+
+
+def test_committed_best_budget_is_measured_from_the_real_size_sweep():
+    """best_budget.json is what ddtree_bench.best_budget writes from the real-size sweep it names, and its choices
+    and ratios are the summary's real-size figures (scripts/make_summary.py reads the same rows)."""
+    from ddtree_bench import best_budget as bb
+
+    committed = json.loads((ROOT / "benchmarks" / "results" / "best_budget.json").read_text())
+    assert committed["projected"] is False
+    regenerated = json.loads(json.dumps(bb.build(ROOT / committed["sweep"], committed["setup"])))
+    assert regenerated.pop("sweep") == str(ROOT / committed["sweep"])
+    assert regenerated == {k: v for k, v in committed.items() if k != "sweep"}
+    summary = json.loads((ROOT / "benchmarks" / "results" / "summary.json").read_text())
+    assert summary["best_budget_by_batch_is_projected"] is False
+    assert summary["best_budget_by_batch"] == summary["real8b_best_budget"]
+    for b, row in committed["by_batch"].items():
+        assert row["over_dflash"] == summary["real8b_ddtree_best_over_dflash"][b]
+        assert row["over_dflash_run_range"] == summary["real8b_ddtree_best_over_dflash_run_range"][b]
+        assert row["auto_over_best"] == summary["real8b_auto_over_best"][b]

@@ -27,7 +27,8 @@ from sglang_ddtree.tree import MAX_BUDGET
 
 SUPPORTED_SGLANG_VERSION = "0.5.17"
 SUPPORTED_ATTENTION_BACKENDS = ("triton", "flashinfer")
-# Default budget: the projected best at batch 1 on Qwen3-8B shapes (benchmarks/results/best_budget.json); see
+# Default budget: the projected best at batch 1 on Qwen3-8B shapes (benchmarks/results/best_budget_projected.json;
+# the measured best per batch size at real size: benchmarks/results/best_budget.json); see
 # docs/sglang-ddtree-roadmap.md, "Knobs".
 DEFAULT_BUDGET = 32
 # Without an explicit --max-running-requests, keep batch x (budget + 1) verify tokens per step near this, so the
