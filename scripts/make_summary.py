@@ -159,6 +159,15 @@ def real8b(srcs: list[Source], setup: str = "8b-real", setups: dict | None = Non
         out[f"{key}_round_ms_bs1"] = bs1
         if "dflash" in bs1 and "64" in bs1:
             out[f"{key}_ddtree64_round_over_dflash_bs1"] = round(bs1["64"] / bs1["dflash"], 4)
+    if "auto" in by_role:  # `auto` measured in the same wave as DFLASH and the fixed budgets: its figure of record
+        out.update(_real8b_auto(_sweep_rows(by_role["auto"].path), setup))
+    if "plugin_before" in by_role:  # the same fixed-budget servers from this commit's plugin and an earlier one
+        opts = by_role["plugin_before"].opts
+        out["real8b_plugin_now_over_before"] = _now_over_before(_sweep_rows(by_role["plugin_before"].path),
+                                                                opts["now"], opts["before"])
+        out["real8b_plugin_before_commit"] = opts["before"].rsplit("-", 1)[-1]
+    if "profile" in by_role:
+        out["real8b_profile_bs1"] = _profile_summary(by_role["profile"].json())
     if "lossless" in by_role:
         suite = by_role["lossless"].json()  # one device call's gpu_suite.json
         recs = suite.get("records") or _suite_run(by_role["lossless"]).get("records", [])
@@ -174,7 +183,49 @@ def real8b(srcs: list[Source], setup: str = "8b-real", setups: dict | None = Non
     if "offline_tau" in by_role:
         d = by_role["offline_tau"].json()
         out["real8b_dflash_tau_over_tiny"] = {f"offline_{k}": v for k, v in d["widened_over_tiny"].items()}
-    out["real8b_source"] = [s.name for s in srcs]
+    out["real8b_source"] = list(dict.fromkeys(s.name for s in srcs))
+    return out
+
+
+def _real8b_auto(rows: dict, setup: str) -> dict:
+    """`auto` over max(DFLASH, best fixed DDTREE) per batch size, and the min-max of its run-by-run ratios."""
+    mine = {(m, b, bs): r for (st, m, b, bs), r in rows.items() if st == setup}
+    ratio, spread = {}, {}
+    for bs in sorted({k[2] for k in mine}):
+        auto, base = mine.get(("auto", None, bs)), mine.get(("dflash", None, bs))
+        trees = [r for (m, b, x), r in mine.items() if m == "ddtree" and x == bs]
+        if auto is None or base is None or not trees:
+            continue
+        rival = max(trees + [base], key=lambda r: r["decode_tokens_per_s"])
+        ratio[str(bs)] = round(auto["decode_tokens_per_s"] / rival["decode_tokens_per_s"], 4)
+        runs = [a / b for a, b in zip(auto["decode_tokens_per_s_runs"], rival["decode_tokens_per_s_runs"])]
+        spread[str(bs)] = [round(min(runs), 4), round(max(runs), 4)]
+    return {"real8b_auto_over_best": ratio, "real8b_auto_over_best_run_range": spread}
+
+
+def _now_over_before(rows: dict, now: str, before: str) -> dict:
+    """{"B/batch": [ratio of tokens/s, min, max of the run-by-run ratios]} of two setups' fixed-budget rows."""
+    out = {}
+    for (st, m, b, bs), r in sorted(rows.items(), key=lambda kv: (kv[0][2] or 0, kv[0][3])):
+        other = rows.get((before, m, b, bs))
+        if st != now or m != "ddtree" or other is None:
+            continue
+        runs = [a / o for a, o in zip(r["decode_tokens_per_s_runs"], other["decode_tokens_per_s_runs"])]
+        out[f"{b}/{bs}"] = [round(r["decode_tokens_per_s"] / other["decode_tokens_per_s"], 4), round(min(runs), 4),
+                            round(max(runs), 4)]
+    return out
+
+
+def _profile_summary(profile: dict) -> dict:
+    """Per profiled server (batch 1): wall and GPU-busy ms per scheduler step, the target's attention kernel's ms
+    (SGLang's triton extend `_fwd_kernel`) and the DDTREE stage ranges' GPU ms."""
+    out = {}
+    for s in profile["servers"].values():
+        label = s["method"] if s["budget"] is None else str(s["budget"])
+        attention = sum(k["ms"] for k in s["kernels"] if k["name"] == "_fwd_kernel")
+        out[label] = {"wall_ms": round(s["wall_ms"], 3), "gpu_busy_ms": round(s["gpu_busy_ms"], 3),
+                      "attention_ms": round(attention, 3),
+                      **{f"{k}_gpu_ms": round(v["gpu_ms"], 3) for k, v in (s.get("ranges") or {}).items()}}
     return out
 
 

@@ -258,4 +258,5 @@ def test_committed_best_budget_is_measured_from_the_real_size_sweep():
     for b, row in committed["by_batch"].items():
         assert row["over_dflash"] == summary["real8b_ddtree_best_over_dflash"][b]
         assert row["over_dflash_run_range"] == summary["real8b_ddtree_best_over_dflash_run_range"][b]
-        assert row["auto_over_best"] == summary["real8b_auto_over_best"][b]
+        # (`auto`'s figure of record is the later sweep that measured it in one wave with DFLASH and the fixed
+        # budgets: summary real8b_auto_over_best; this file keeps the benchmark sweep's own, another wave's)
