@@ -2,7 +2,7 @@
 `tiny-e` for the servers as they are, `tiny-s` for a knob's arm), their runs pooled (paired.ab_pooled: `auto`
 over its fixed arm per batch size and over all, 95% intervals), their own host time split by stage
 (ab_own_host_split), and the rows on a narrower candidate than the fixed arm's for more than a share of their rounds
-(lock-ins). What docs/gpu-suite.md's per-lease arm tables quote, and the intervals of the summary's headline (the
+(lock-ins). What docs/gpu-suite.md's per-run arm tables quote, and the intervals of the summary's headline (the
 `auto` as it is servers of AB_HEADLINE_SWEEPS, `tiny-e*` in each).
 
     python benchmarks/ab_arms_pooled.py benchmarks/results/sweep_ab_tiny_lease38{,b,c}.jsonl \\
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     rows: list = []
-    per_sweep: list = []  # each file's A/B server labels: a label may repeat across files (another lease's server)
+    per_sweep: list = []  # each file's A/B server labels: a label may repeat across files (another run's server)
     for path in args.sweeps:
         sweep_rows = list(latest_results(read_rows(path)).values())
         rows += sweep_rows

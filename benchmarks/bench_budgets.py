@@ -1,4 +1,4 @@
-"""Budget sweep on SGLang: budgets x batch sizes x {plain, DFLASH chain, DDTREE} for two setups (issue 8).
+"""Budget sweep on SGLang: budgets x batch sizes x {plain, DFLASH chain, DDTREE} for two setups.
 
   tiny       the trained pair models/tiny/{target,drafter}: real acceptance, HumanEval text prompts
   8b-dummy   Qwen3-8B-shaped target + z-lab-8B-shaped DFlash drafter with random weights

@@ -1,8 +1,8 @@
 """How a calibration table that starts empty predicts while it is young, by its prior mass (tiny pair, CPU).
 
 The server's table starts empty and, at batch 1 (a sweep's first rows), has learnt from only a few hundred
-request-rounds when it is scored: there its calibrated predictions came out worse than the raw scores in four runs
-(leases 22-24). This replays that start offline: one fixed-budget DDTree decode of HumanEval prompts, with several
+request-rounds when it is scored: there its calibrated predictions came out worse than the raw scores in four
+runs. This replays that start offline: one fixed-budget DDTree decode of HumanEval prompts, with several
 empty tables (`adaptive.ScoreCalibrator`, one per `--masses` prior mass) that each predict a round's committed
 length before learning from it, as the server's do. Prints and writes the mean absolute error of the raw and of each
 table's prediction over round windows (the first 100, the next 200, the rest, all).

@@ -2,14 +2,14 @@
 the fixed 128-tree's from `scripts/device/steps.sh host-profile`) side by side, per function, in ms per decode batch: the
 functions whose own time (or, with --cumulative, cumulative time) differs most, and the functions one profile has
 that the other lacks. Why: the in-process A/B puts `auto`'s own host time at 0.10-0.15 ms a tiny-pair round over the
-fixed arm's, ~0.047 of it in the worker's chooser block (lease 37, `sglang_auto_ab_own_host_ms_tiny`), while the
+fixed arm's, ~0.047 of it in the worker's chooser block (`sglang_auto_ab_own_host_ms_tiny`), while the
 policy's whole per-round block takes 10-18 us a round on this repo's 2-core VM (bench_auto_round_host.py,
 auto_round_host_cpu_5c47395.json): the profiles say which functions hold the server's time.
 
     python benchmarks/host_profile_diff.py hp/host_profile_ddtree_auto_1.pstats hp/host_profile_ddtree_128_2.pstats
 
 Times are cProfile's (its overhead inflates small Python functions ~2x): compare the two columns with each other,
-not with the A/B's wall times. The two servers are two processes on shared CPUs: lease 33's pair ran the functions
+not with the A/B's wall times. The two servers are two processes on shared CPUs: one profiled pair ran the functions
 both have ~7% apart (the `auto` server faster), so the functions only one profile has say more than the differences.
 The batch count is read from each profile's .txt next to it (host_profile.py writes "N decode batches" there);
 --batches overrides it for both.

@@ -1,4 +1,4 @@
-"""Profile decode rounds of DFLASH and DDTREE servers: where a round's time goes (issues 8, 10).
+"""Profile decode rounds of DFLASH and DDTREE servers: where a round's time goes.
 
 For each (setup, method, budget) it starts the same server the budget sweep starts (ddtree_bench/plan.py), warms it up,
 starts --batch-size long greedy requests (batch 1 by default), records `--steps` scheduler steps with SGLang's

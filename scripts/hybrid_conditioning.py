@@ -1,4 +1,4 @@
-"""How well the hybrid GPU test model is conditioned for a lossless check (issue 7): on the CPU, with transformers,
+"""How well the hybrid GPU test model is conditioned for a lossless check: on the CPU, with transformers,
 bf16 greedy outputs of the random Qwen3-Next test target teacher-forced on the same model in float32 (per output
 position: the float32 model's best log-prob minus the chosen token's). A model whose bf16 outputs stray far from
 its float32 choices cannot tell a wrong recurrent state from numerics.
@@ -6,8 +6,8 @@ its float32 choices cannot tell a wrong recurrent state from numerics.
   python scripts/hybrid_conditioning.py --out benchmarks/results/hybrid_model_conditioning_cpu.json \
       [--gpu-suite benchmarks/results/gpu_suite_hybrid_2026-11-30_cf19fa9.json --gpu-run 1]
 
-Compares the test target with a top-2 of 4 experts routed (the lease-10 model) and with all 4 routed (the model of
-tests/gpu/test_ddtree_hybrid.py since lease 11). With --gpu-suite it also teacher-forces the "float32" greedy outputs
+Compares the test target with a top-2 of 4 experts routed (the earlier test model) and with all 4 routed (the model
+of tests/gpu/test_ddtree_hybrid.py now). With --gpu-suite it also teacher-forces the "float32" greedy outputs
 that transformers produced on the GPU in that run (record `hybrid_fp32_greedy`, top-2 routed model) on the CPU.
 """
 

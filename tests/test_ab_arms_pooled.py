@@ -33,7 +33,7 @@ def test_lease38_arms_match_the_committed_file(tmp_path):
     got = json.loads(out.read_text())
     assert got["arms"] == json.loads((results / "ab_arms_pooled_2026-12-02_63ca041.json").read_text())["arms"]
     assert [len(got["arms"][a]["servers"]) for a in "esd"] == [8, 8, 4]
-    # the as-it-is arm's servers are the headline's lease 38 servers, each pooled ratio within its servers' runs
+    # the as-it-is arm's servers are the headline's (the three run files'), each pooled ratio within its servers' runs
     summary = json.loads((results / "summary.json").read_text())["sglang_auto_ab"]
     headline = sorted(label for name in ("sweep_ab_tiny_run1_2026-12-02_468f487.jsonl", "sweep_ab_tiny_run2_2026-12-02_468f487.jsonl",
                                          "sweep_ab_tiny_run3_2026-12-02_468f487.jsonl")

@@ -45,7 +45,7 @@ def test_plain_rates_and_step_times():
 
 
 def test_requests_timed_short_are_counted_as_rate_outliers():
-    """Lease 27's 8B batch-64 runs at 2.2x: the summed per-request rate is inflated by a request whose decode time
+    """An 8B batch-64 run read 2.2x: the summed per-request rate is inflated by a request whose decode time
     reads short; the run's window rate is not. Such requests are counted (decode_rate_outliers), the rate keeps its
     definition."""
     from ddtree_bench.measure import RATE_OUTLIER
@@ -177,7 +177,7 @@ def test_auto_calibration_of_a_workload():
                    "tau_mae_calibrated": pytest.approx(1.2)}
     assert prom.auto_calibration(prom.diff(prom.parse(after), prom.parse(after))) is None
     assert prom.auto_calibration(prom.diff(prom.parse(AFTER), prom.parse(BEFORE))) is None
-    # a server exporting the gated predictor (after lease 26): its MAE too, from its own series
+    # a server exporting the gated predictor (newer servers): its MAE too, from its own series
     gated_before = before + 'sglang:ddtree_auto_tau_abs_error_total{budget="auto",scores="gated"} 10.0\n'
     gated_after = after + 'sglang:ddtree_auto_tau_abs_error_total{budget="auto",scores="gated"} 36.0\n'
     got = prom.auto_calibration(prom.diff(prom.parse(gated_after), prom.parse(gated_before)))

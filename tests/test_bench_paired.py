@@ -116,7 +116,7 @@ def test_paired_ratios_script_prints_and_writes_the_table(tmp_path):
     assert "note:" not in done.stdout and "rate_outlier_runs" not in written  # no run had outliers
     bad = subprocess.run(cmd + ["--base", "tiny|dflash"], capture_output=True, text=True)
     assert bad.returncode == 2 and "tiny|auto, tiny|ddtree-128" in bad.stderr
-    # a run with requests timed short (lease 27's 8B batch 64: 4003 tok/s among ~1800) is named and its round left
+    # a run with requests timed short (an 8B batch-64 run: 4003 tok/s among ~1800) is named and its round left
     # out, unless --keep-outlier-runs
     rows[1]["decode_rate_outliers_runs"] = [0, 2, 0]
     rows[1]["decode_tokens_per_s_runs"] = [97.0, 388.0, 145.5]  # run 1 inflated 2x
@@ -142,7 +142,7 @@ def test_rate_outlier_runs_lists_the_runs_per_row_and_batch_size():
     rows = [{**_row("tiny", "auto", None, 1, [1.0, 2.0, 3.0]), "decode_rate_outliers_runs": [0, 1, 4]},
             {**_row("tiny", "auto", None, 4, [1.0, 2.0]), "decode_rate_outliers_runs": [0, 0]},
             {**_row("tiny", "dflash", None, 1, [1.0, 2.0]), "decode_rate_outliers_runs": [1, 0], "status": "failed"},
-            _row("tiny", "ddtree", 128, 1, [1.0, 2.0, 3.0])]  # sweeps before lease 27: no such field
+            _row("tiny", "ddtree", 128, 1, [1.0, 2.0, 3.0])]  # older sweep files: no such field
     assert rate_outlier_runs(rows) == {"tiny|auto": {1: [1, 2]}}
 
 
@@ -190,7 +190,7 @@ def test_tables_leave_out_the_rounds_any_compared_row_had_a_rate_outlier_in():
     flagged = lambda row, flags: {**row, "decode_rate_outliers_runs": flags}  # noqa: E731
     base = flagged(_row("tiny", "ddtree", 128, 1, [100.0, 200.0, 150.0, 120.0]), [0, 0, 0, 3])
     auto = flagged(_row("tiny", "auto", None, 1, [90.0, 400.0, 135.0, 108.0]), [0, 1, 0, 0])
-    dflash = _row("tiny", "dflash", None, 1, [80.0, 160.0, 120.0, 500.0])  # no flags (sweeps before lease 27)
+    dflash = _row("tiny", "dflash", None, 1, [80.0, 160.0, 120.0, 500.0])  # no flags (older sweep files)
     rows = [base, auto, dflash]
     table = paired_table(rows, "tiny|ddtree-128")[1]
     assert table["tiny|auto"] == {**paired_ratio([90.0, 135.0], [100.0, 150.0]), "dropped_runs": 2}

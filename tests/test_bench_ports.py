@@ -1,4 +1,5 @@
-"""free_port: unique within a process and across processes that allocate at the same moment (lease 6's race)."""
+"""free_port: unique within a process and across processes that allocate at the same moment (the GPU suite and a
+budget sweep once got the same port: EADDRINUSE)."""
 
 import multiprocessing as mp
 import os

@@ -250,8 +250,8 @@ def test_a_changed_workload_is_measured_again(tmp_path):
 
 
 def test_a_row_records_its_warm_up(tmp_path):
-    """Each result row says its warm-up (new tokens per request), `auto` rows at least AUTO_WARMUP_NEW_TOKENS: lease
-    36's `tiny-w` servers ran a longer warm-up that their rows could not show."""
+    """Each result row says its warm-up (new tokens per request), `auto` rows at least AUTO_WARMUP_NEW_TOKENS: A/B
+    servers (`tiny-w`) ran a longer warm-up that their rows could not show."""
     clock = Clock()
     longer = dataclasses.replace(TINY, warmup_new_tokens=640)
     sweep(tmp_path, make_plan(longer), FakeLauncher(clock), clock).run()
@@ -463,7 +463,7 @@ def test_repeats_report_the_median_run_and_every_run(tmp_path):
     assert len(row["decode_tokens_per_s_window_runs"]) == 3 and all(row["decode_tokens_per_s_window_runs"])
     assert row["decode_rate_outliers_runs"] == [0, 0, 0]
     # acceptance over every run next to the median run's (with rotating prompts the median runs of two servers can
-    # be different prompts: lease 30)
+    # be different prompts)
     assert len(row["tau_runs"]) == 3 and row["tau"] in row["tau_runs"]
     assert row["tau_pooled"] == pytest.approx(FAKE_TAU, rel=0.05)
     per_request = math.ceil((setup.max_new_tokens - 1) / FAKE_TAU)
@@ -530,7 +530,7 @@ def test_interleave_measures_a_batch_size_one_run_at_a_time_across_servers(tmp_p
 
 @pytest.mark.parametrize("interleave", [True, False])
 def test_measured_times_replace_a_pessimistic_plan_estimate(tmp_path, interleave):
-    """The plan's step-time floors are crude (lease 15: a tiny sweep whose estimate was ~8x its real time measured
+    """The plan's step-time floors are crude (a tiny sweep whose estimate was ~8x its real time measured
     nothing). Once rows have been measured, the deadline checks scale the measured time by the plan's ratios, so
     a call that fits the real rows measures all of them; with the plan's estimates alone it would stop after the
     first batch size (the call below leaves 1 s more than the first batch size's estimate)."""
@@ -579,7 +579,7 @@ def test_interleave_keeps_to_the_deadline(tmp_path):
 def test_warm_up_repeats_while_it_captures_graphs_and_runs_count_their_captures(tmp_path):
     """A DDTREE server logs a line for each first-use stage graph. The warm-up is repeated while its batch still
     captured graphs (at most WARMUP_MAX_BATCHES batches), and each measured run records the captures logged during
-    it, so a row that paid one-time work inside its runs says so (lease 18b: 22 captures in auto's measured runs)."""
+    it, so a row that paid one-time work inside its runs says so (a tiny sweep: 22 captures in auto's runs)."""
     from ddtree_bench.sweep import WARMUP_MAX_BATCHES
 
     captures = {"tiny-ddtree-b16": 3, "tiny-ddtree-b64": WARMUP_MAX_BATCHES + 3}
@@ -642,7 +642,7 @@ def test_row_log_names_runs_with_rate_outliers():
 
 
 def test_median_run_pools_acceptance_over_every_run():
-    """The row's `tau` is its median-rate run's; `tau_pooled` counts every run's rounds (lease 30: two chain servers'
+    """The row's `tau` is its median-rate run's; `tau_pooled` counts every run's rounds (two chain servers'
     median runs at batch 4 were different prompts, tau 4.57 against 6.07, while their runs agreed run by run)."""
     from ddtree_bench.results import row_tau
     from ddtree_bench.sweep import median_run
@@ -760,7 +760,7 @@ def test_ab_own_host_split_is_autos_arm_less_the_fixed_arm_per_stage():
     """paired.ab_own_host_split: per batch size, the mean over the named servers' rows of `auto`'s arm's host
     ms (in all and per host stage; a stage one arm lacks counts 0 there) less the fixed arm's, and the same for the
     GPU round; rows of servers not named, or without both arms' times, add nothing. Checked by hand on two rows,
-    then on lease 37's file: its stage differences sum to its host difference, and `choose` is `auto`'s alone."""
+    then on a committed A/B file: its stage differences sum to its host difference, and `choose` is `auto`'s alone."""
     from ddtree_bench.paired import ab_own_host_split
     from ddtree_bench.results import latest_results, read_rows
 
@@ -797,7 +797,7 @@ def test_ab_own_host_split_is_autos_arm_less_the_fixed_arm_per_stage():
 
 
 def test_host_profile_diff_names_autos_own_functions(tmp_path):
-    """benchmarks/host_profile_diff.py on lease 33's committed profiles (an `auto` server and the fixed 128-tree,
+    """benchmarks/host_profile_diff.py on committed profiles (an `auto` server and the fixed 128-tree,
     600 decode batches each): the batch count comes from the .txt beside each .pstats, `auto`'s chooser functions are
     only in its profile, a builtin named with its address in both (Event.record) is matched across the two
     processes, and per-batch times are the profile's totals over 600."""

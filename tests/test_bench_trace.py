@@ -157,8 +157,8 @@ def test_profile_rounds_at_a_batch_size_with_auto():
 
 
 def test_profile_one_starts_recording_at_a_token_count(tmp_path, monkeypatch):
-    """profile_one waits until the first request has --start-at-tokens output tokens before /start_profile (lease
-    14: a fixed sleep left the context length, and so the attention cost, to chance), and reports the request's
+    """profile_one waits until the first request has --start-at-tokens output tokens before /start_profile (a
+    fixed sleep left the context length, and so the attention cost, to chance), and reports the request's
     length then and when the trace appeared. A fake server streams one token every millisecond."""
     import json
     import threading

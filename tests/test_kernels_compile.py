@@ -1,7 +1,7 @@
 """The tree-build Triton kernel compiles for the H200 (sm_90) on this CPU machine: Triton's front end and the
 bundled ptxas need no GPU. The interpreter (tests/test_kernels.py) checks what the kernels compute but accepts code
 the compiler refuses (e.g. a loop-carried value whose type changes in the loop), and such an error would otherwise
-first show on a GPU lease."""
+first show on a GPU machine."""
 
 import shutil
 from pathlib import Path

@@ -162,7 +162,7 @@ def run_with_cold_rounds(policy, bucket, tokens, expected, ms, rounds, lag=2, ba
 
 
 def test_policy_does_not_explore_wide_trees_blind_at_large_batch():
-    """Lease 10, 8B shapes at batch 16 with a dummy drafter that is confident and never right: verify time grows
+    """8B shapes at batch 16 with a dummy drafter that is confident and never right: verify time grows
     with the width (chain 11 ms, 128-tree ~5x), every candidate commits 1 token, the drafter expects more for wider
     trees. Exploration waits for each candidate's first timed round, and the convex cost floor (secant of the
     narrower trees' times) rules the wide trees out. With floor_min_times=1 the 16- and 32-trees' secant rules the
@@ -192,7 +192,7 @@ def test_policy_does_not_explore_wide_trees_blind_at_large_batch():
 
 
 def test_the_chains_slow_start_floors_no_tree():
-    """Lease 33c's tiny batch-1 servers: the lean chain round, explored first at the server's start, read 7.8 ms
+    """Tiny batch-1 servers: the lean chain round, explored first at the server's start, read 7.8 ms
     against ~4.6-4.9 for every tree, and as the narrowest candidate's least time it floored the 32- to 128-trees out
     of exploration (the 128-tree never ran in the batch-1 rows). The chain's round is another code path: its times
     bound only its own floor, so the wider trees are explored and the 128-tree (the best rate) runs."""
@@ -231,14 +231,14 @@ def run_batch1(policy, rounds, ms, tokens, factor, lag=2):
 
 def run_with_slow_first_uses(policy, rounds, slow_uses, lag=2):
     """Chain, 16- and 128-tree at batch 1 (4.0 / 4.4 / 4.4 ms, 3.0 / 4.0 / 4.6 tokens): a candidate's first
-    round is cold (untimed), its next slow_uses[i] rounds cost 1.5x (lease 24's first uses, lease 26's first
-    explored trees)."""
+    round is cold (untimed), its next slow_uses[i] rounds cost 1.5x (as measured on servers' first uses
+    and on their first explored trees)."""
     return run_batch1(policy, rounds, [4.0, 4.4, 4.4], [3.0, 4.0, 4.6],
                       lambda i, used, _: 1.5 if 2 <= used <= 1 + slow_uses[i] else 1.0, lag)
 
 
 def test_a_new_time_expires_a_candidates_old_ones():
-    """TIMES_EXPIRE (lease 34c's `tiny-o1`: its 128-tree's median stayed its slow exploration's while the 64-tree
+    """TIMES_EXPIRE (an A/B server, `tiny-o1`: its 128-tree's median stayed its slow exploration's while the 64-tree
     ran): the 128-tree's exploration rounds were its slow first uses (6.6 ms against the 16-tree's 4.4), so the
     16-tree won. Its stale probe (STALE_ROUNDS) brings one warm time; kept next to the three slow ones it cannot move
     the median, and the 16-tree keeps running until ~3 such probes; with the slow times expired the probe's time is
@@ -305,7 +305,7 @@ def test_a_wider_tree_is_estimated_to_commit_at_least_what_a_narrower_one_does()
 
 
 def test_an_exact_tie_goes_to_the_wider_tree():
-    """Lease 21's tiny batch-1 servers: the 64-tree's own estimate fell below the 16-tree's (its ratio from rounds
+    """Tiny batch-1 servers: the 64-tree's own estimate fell below the 16-tree's (its ratio from rounds
     of harder text), so both were estimated at the 16-tree's tokens, and their times, alike, pooled to one value:
     an exact tie, which the narrowest candidate used to win. The wider tree commits at least as much per round."""
     policy = Policy([CHAIN, 16, 64], explore_rounds=1, probe_every=1000)
@@ -362,7 +362,7 @@ def test_probes_and_exploration_are_sampled_and_stale_times_are_probed():
 
 
 def test_a_slow_start_that_commits_little_does_not_lock_a_candidate_out():
-    """Lease 18's tiny sweep at batch 4: the 128-tree's ratio stayed at 0.197 from a few early rounds, the 16- and
+    """A tiny sweep at batch 4: the 128-tree's ratio stayed at 0.197 from a few early rounds, the 16- and
     32-trees' times at their exploration's, and `auto` ran the 64-tree (x0.855 of the fixed 128-tree). Simulated:
     the first 60 rounds 1.4x slow and committing ~1 token; with ratios that never aged and no probe of stale times
     10 seeds gave 0.923-0.989 of the best rate afterwards (mean 0.954)."""
@@ -704,7 +704,7 @@ def test_sampling_backs_off_while_the_chain_leads_or_runs():
     """Sampled rounds (top-K and tree at the largest budget) every SAMPLE_EVERY rounds while nothing is known or a
     tree is being chosen; every SAMPLE_EVERY_IDLE rounds once the chain's rate beats every tree's best case by more
     than CLOSE, or once the chain has been chosen in all but CHAIN_RUN_OTHERS of the bucket's last CHAIN_RUN rounds
-    (trees close in their best case but never winning: lease 14's dummy 8B drafter); back to SAMPLE_EVERY when a
+    (trees close in their best case but never winning: the dummy 8B drafter); back to SAMPLE_EVERY when a
     tree wins rounds again, and to SAMPLE_EVERY_IDLE once that tree's decisions have settled (settled_hold)."""
     CHAIN_RUN, CLOSE = DEFAULTS.chain_run, DEFAULTS.close
     SAMPLE_EVERY, SAMPLE_EVERY_IDLE = DEFAULTS.sample_every, DEFAULTS.sample_every_idle
@@ -772,7 +772,7 @@ def run_noisy(seed, base, tokens, expected, rounds, batch, noise, outlier, lag=2
 
 
 def test_policy_is_not_stuck_on_the_chain_by_one_slow_sample():
-    """Lease 12's tiny pair at batch 4: host-bound rounds cost about the same at every width (timings +-10%, 5% of
+    """The tiny pair at batch 4: host-bound rounds cost about the same at every width (timings +-10%, 5% of
     them doubled) while wider trees commit more (5.5 -> 6.7 tokens), and `auto` ran the chain in 722 of 746 rounds.
     With floors and rates from decayed means, one slow sample of a rarely verified tree raised every wider tree's
     floor and the chooser stopped exploring (6 of 20 seeds below 0.9 of the best candidate's rate); floors from the
@@ -788,9 +788,10 @@ def test_policy_is_not_stuck_on_the_chain_by_one_slow_sample():
 
 
 def test_noisy_dummy_drafter_at_batch_16_still_runs_the_chain():
-    """The lease-10 case (8B shapes, batch 16, a drafter never right: every candidate commits 1 token, wider verifies
-    cost up to 6.6x) with noisy timings: the wide trees stay unverified and the rate stays within 2% of the chain's
-    (with decayed means one seed ran the 16-tree for 380 of 400 rounds after one slow chain round: 0.955)."""
+    """The dummy-drafter case above (8B shapes, batch 16, a drafter never right: every candidate commits 1 token,
+    wider verifies cost up to 6.6x) with noisy timings: the wide trees stay unverified and the rate stays within 2% of
+    the chain's (with decayed means one seed ran the 16-tree for 380 of 400 rounds after one slow chain round:
+    0.955)."""
     base = [11.0, 11.5, 20.0, 38.0, 73.0]
     for seed in range(10):
         picks = run_noisy(seed, base, [1.0] * 5, [1.5, 2.0, 3.0, 4.0, 6.0], 400, 16, noise=0.03, outlier=0.01)
@@ -800,7 +801,7 @@ def test_noisy_dummy_drafter_at_batch_16_still_runs_the_chain():
 
 
 def test_a_flat_cost_curve_runs_the_widest_tree():
-    """Lease 19's tiny pair at batch 1: every tree's round costs about the same (host-bound) and the 128-tree commits
+    """The tiny pair at batch 1: every tree's round costs about the same (host-bound) and the 128-tree commits
     the most, yet `auto` gave a third of its rounds to narrower trees whose recent median happened to come out
     lower. With the trees' times drawn toward their pooled time by their medians' standard error (SHRINK_Z) the
     widest tree runs nearly throughout (benchmarks/simulate_auto_flat.py: 66% -> 97% of the rounds at noise 0.10)."""
@@ -816,7 +817,7 @@ def test_a_flat_cost_curve_runs_the_widest_tree():
 
 
 def test_policy_holds_through_slow_host_phases():
-    """Host-bound tiny rounds move in phases (whole runs of one row 20-40% apart, lease 16): every candidate's rounds
+    """Host-bound tiny rounds move in phases (whole runs of one row 20-40% apart in a sweep): every candidate's rounds
     1.6x slower for stretches of ~300 rounds. The medians of recent times then mix phases, but as the phases slow all
     candidates alike the picks stay near the best (benchmarks/simulate_auto_phases.py, 20 seeds x 3000 rounds: worst
     seed 0.96, mean 0.99 of the best rate)."""
@@ -830,11 +831,11 @@ def test_policy_holds_through_slow_host_phases():
 
 
 def test_policy_holds_under_lease_21s_host_and_text_noise():
-    """What lease 21 found the simulation had left out, all at once on the flat tiny-like case: sampled rounds cost
-    more, the host's speed drifts (AR(1), sd 0.2 over ~250 rounds), and what a round commits moves with the text
-    (sd 0.4 over ~500 rounds) and per round (token noise 0.6), the drafter's expectations following half of it
-    (simulate_auto_flat.py at batch 4, 8 seeds: 0.985 / 0.959 of the best rate, mean / min, before exact ties went to
-    the wider tree; 0.984 / 0.969 after, the widest tree in 74% of the rounds). Here batch 1, 4 seeds."""
+    """What tiny batch-1 servers showed the simulation had left out, all at once on the flat tiny-like case: sampled
+    rounds cost more, the host's speed drifts (AR(1), sd 0.2 over ~250 rounds), and what a round commits moves with
+    the text (sd 0.4 over ~500 rounds) and per round (token noise 0.6), the drafter's expectations following half of
+    it (simulate_auto_flat.py at batch 4, 8 seeds: 0.985 / 0.959 of the best rate, mean / min, before exact ties went
+    to the wider tree; 0.984 / 0.969 after, the widest tree in 74% of the rounds). Here batch 1, 4 seeds."""
     from ddtree_bench.auto_sim import rate_over_best, simulate
 
     base, tokens, expected = [4.4] * 5, [2.55, 3.86, 4.13, 4.37, 4.54], [3.85, 4.62, 5.01, 5.36, 5.70]
@@ -850,7 +851,7 @@ def test_policy_holds_under_lease_21s_host_and_text_noise():
 
 
 def test_simulated_host_drift_and_text_noise_move_what_they_should():
-    """auto_sim's lease-21 knobs: drift and sampled-round cost change only round times (the same picks when
+    """auto_sim's host and text noise knobs: drift and sampled-round cost change only round times (the same picks when
     times are all alike and the widest commits the most by far), text noise changes what rounds commit; none of
     them touches the random stream of a simulation that does not use it (earlier results reproduce)."""
     from ddtree_bench.auto_sim import simulate
@@ -1182,7 +1183,7 @@ def test_explore_best_elsewhere_tries_another_buckets_best_despite_its_cost_floo
 
 
 def test_floor_min_times_keeps_one_slow_first_round_from_flooring_the_wider_trees():
-    """Lease 26's batch-1 starts: the first tree explored after the leaders read ~2x slow in its one timed round
+    """Servers' batch-1 starts: the first tree explored after the leaders read ~2x slow in its one timed round
     (after its cold first one); through the secant that time floored every wider tree out of exploration until a stale
     probe. With floor_min_times=2 one time bounds no floor: the tree is explored again, reads its true cost, and the
     128-tree, the best rate on this flat cost curve, is explored and wins within the first rounds."""
@@ -1232,7 +1233,7 @@ def test_a_forced_candidate_runs_every_round_on_the_usual_sampling_schedule():
     # no exploration (every round sampled) nor probes: the schedule's interval, backing off as the chain runs
     assert 0 < sum(sampled) <= 200 // SAMPLE_EVERY + 1
     assert sum(sampled[100:]) <= 100 // SAMPLE_EVERY_IDLE + 1
-    # its holds grow past the probe slots as a settled bucket's do (lease 35's held servers decided every 4 rounds
+    # its holds grow past the probe slots as a settled bucket's do (A/B servers held on one tree decided every 4 rounds
     # once the first probe slot had passed: next_probe was never moved on)
     held = Policy([CHAIN, 16, 64], probe_every=64, force="64")
     for r in range(1000):

@@ -234,8 +234,8 @@ def test_graphed_auto_stages_equal_eager(padded):
                                                msg=f"candidate {c}: calibration output {i} at bs={bs}")
                 elif padded and g.is_floating_point():
                     # a padded stage runs torch's reductions over 4 rows where the eager call has bs: a cumsum (the
-                    # chain's scores) over 1 row and over 4 may add in another order (lease 16: the chain's scores
-                    # differed in the last bits at bs=1); ids, links, paths and commits must stay exact
+                    # chain's scores) over 1 row and over 4 may add in another order (the chain's scores were
+                    # seen to differ in the last bits at bs=1); ids, links, paths and commits must stay exact
                     torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-5,
                                                msg=f"candidate {c}, sampled {sampled}: output {i} at bs={bs}")
                 else:

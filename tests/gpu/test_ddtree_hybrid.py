@@ -1,4 +1,4 @@
-"""DDTREE on a hybrid target in SGLang (issue 7): a random-weight Qwen3-Next (3 gated-delta-net layers + 1
+"""DDTREE on a hybrid target in SGLang: a random-weight Qwen3-Next (3 gated-delta-net layers + 1
 attention layer, written by transformers on the device, no download) served plain and with DDTREE.
 
 The drafter is random, so without help nothing would be accepted and the recurrent-state commit would only ever
@@ -6,7 +6,7 @@ take the root. The DDTREE servers therefore run with scripted drafts (SGLANG_DDT
 sglang_ddtree/sglang/scripted.py): the target's greedy continuation (transformers, float32, same weights), put at
 rank 0 ("top"), rank 1 ("branch": the walk must take a non-first sibling) or left out ("miss") per output
 position. The reference is the model itself in float32 (transformers on the CPU): the bf16 servers, plain
-decoding included, approximate it (plain decoding's tokens were up to 1.03 nats below its choices in lease 11).
+decoding included, approximate it (plain decoding's tokens were up to 1.03 nats below its choices in one GPU run).
 The checks, at batch 1, 4 and 8, budgets 16 / 64 (CUDA graphs) and 16 eager (any
 hybrid-ddtree-<budget>[-eager][-oracle] on request, DDTREE_HYBRID_CONFIGS):
   - output == plain decoding, except where the float32 model rates DDTREE's token at the first difference no
@@ -17,7 +17,7 @@ hybrid-ddtree-<budget>[-eager][-oracle] on request, DDTREE_HYBRID_CONFIGS):
     meta_info), so a wrong committed state (e.g. DFLASH's chain step instead of the accepted node) would show;
   - the batch-1 time per verify round of each budget, wall and stage split (recorded; scripted drafts sync
     every round).
-The sequential oracle of the issue is the offline one (sglang_ddtree/offline/hybrid.py, tests/test_offline_hybrid.py).
+The sequential oracle is the offline one (sglang_ddtree/offline/hybrid.py, tests/test_offline_hybrid.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import pytest
 from serving_common import COMMON, ID_PROMPTS, compare
 
 # Near-tie tolerance of plain's own log-probs when a first difference is classified: two bf16 steps of this model's
-# logits (0.25 nats each at their magnitude, lease 10).
+# logits (0.25 nats each at their magnitude, seen on the served model).
 FORCED_TOL_NATS = 0.5
 # How far below the float32 model's choice a token may be and still count as bf16 numerics: bf16 greedy outputs of
 # this model under CPU transformers strayed up to 1.6 nats (8 prompts x 64 tokens, hybrid_model_conditioning_cpu.json
@@ -43,10 +43,10 @@ FP32_TOL_NATS = float(os.environ.get("DDTREE_HYBRID_FP32_TOL", "2.0"))
 MAX_NEW = 64
 PATTERN = ["top", "top", "branch", "top", "top", "top", "branch", "top", "branch", "top", "top", "miss"]
 GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
-# bf16 (float32 servers do not start on the pinned stack: no float32 rmsnorm in sgl_kernel). Lease 10: this
-# random model's logits are large enough that bf16 steps are 0.25-0.5 nats and plain decoding itself has exact
+# bf16 (float32 servers do not start on the pinned stack: no float32 rmsnorm in sgl_kernel). The earlier, top-2
+# routed random model's logits are large enough that bf16 steps are 0.25-0.5 nats and plain decoding itself has exact
 # top-2 ties; every first difference from plain fell on such a gap (<= 0.5 nats, one outside plain's top 2), after
-# identical stretches of up to 59 tokens through rounds accepting 6-11 drafts with branches. Lease 11: teacher
+# identical stretches of up to 59 tokens through rounds accepting 6-11 drafts with branches. Teacher
 # forcing on plain's own prefill does not settle it (plain's decoded tokens fall outside its prefill's top 5 at
 # some position for 3 of 8 prompts); the float32 model does.
 HYBRID_ARGS = ["--skip-tokenizer-init", "--attention-backend", "triton", "--max-mamba-cache-size", "64"]
@@ -91,8 +91,9 @@ def generate_all(server, logprobs=False):
 
 def timed_bs1(server):
     """The batch-1 loop once more, alone on the GPU (the caller runs one server at a time): its wall seconds, its
-    outputs and the DDTREE round's stage split over it (Prometheus, GPU-event times per round). Lease 14 timed the
-    concurrent runs instead, with six servers sharing the GPU: those times were the neighbours' as much as their own."""
+    outputs and the DDTREE round's stage split over it (Prometheus, GPU-event times per round). An earlier version
+    timed the concurrent runs instead, with six servers sharing the GPU: those times were the neighbours' as much as
+    their own."""
     from ddtree_bench import prom
 
     before = metrics(server)
@@ -106,7 +107,7 @@ def timed_bs1(server):
 def exact(pair):
     """The target in float32 under transformers on the CPU: the reference for what the model computes (the bf16
     servers, plain decoding included, approximate it). Not on the GPU: there cuDNN runs the gated-delta-net's conv
-    in TF32 by default, and in lease 11 that "float32" greedy output (of the earlier, top-2 routed model) strayed up
+    in TF32 by default, and in one GPU run that "float32" greedy output (of the earlier, top-2 routed model) strayed up
     to 24 nats from the CPU float32 model's choices (hybrid_model_conditioning_cpu.json)."""
     import torch
     from transformers import Qwen3NextForCausalLM
@@ -146,8 +147,8 @@ def fp32_gaps(exact, prompt, output):
 
 
 # Budgets above 64 only on request: SGLang's tree conv kernel unrolls over the B+1 nodes (tl.static_range), and its
-# verify-graph capture took 108 s at B=64 and had not finished after 5 minutes at B=256 (lease 10); with our tree
-# conv (sglang_ddtree/tree_conv.py, lease 13) 128 with graphs and 256 eager start in ~2 minutes.
+# verify-graph capture took 108 s at B=64 and had not finished after 5 minutes at B=256; with our tree
+# conv (sglang_ddtree/tree_conv.py) 128 with graphs and 256 eager start in ~2 minutes.
 EAGER = "--disable-cuda-graph"
 ORACLE = "--speculative-ddtree-oracle"
 DEFAULT_CONFIGS = "hybrid-ddtree-16,hybrid-ddtree-64,hybrid-ddtree-16-eager"
@@ -207,7 +208,7 @@ def test_hybrid_ddtree_equals_plain_up_to_what_the_fp32_model_explains(name, pla
                                                                        gpu_record):
     """DDTREE == plain decoding token for token, except where the exact (float32) model says the difference is
     plain's numerics, not DDTREE's: at the first difference (same prefix for both), the float32 model must rate
-    DDTREE's token no worse than plain's or within FP32_TOL_NATS of its own best. Lease 11 showed why plain alone
+    DDTREE's token no worse than plain's or within FP32_TOL_NATS of its own best. A GPU run showed why plain alone
     cannot be the judge: at one first difference plain's bf16 decode chose a token 3.4 nats below the float32
     model's choice, which DDTREE chose (with the earlier, top-2 routed model). Also required: rounds that accepted
     deep paths and branches."""
@@ -283,7 +284,7 @@ def test_hybrid_ddtree_is_as_faithful_to_the_fp32_model_as_plain_decoding(name, 
     model (its log-probs given DDTREE's own prefix): the worst gap from its choice must not exceed what plain bf16
     decoding shows on its own outputs (or FP32_TOL_NATS); shown able to fail on a corrupted output. A wrong
     recurrent state after an accepted branch would put later tokens far below the model's choice.
-    (Teacher forcing on the plain server's own prefill is no reference here: lease 11, plain decoding's own tokens
+    (Teacher forcing on the plain server's own prefill is no reference here: in a GPU run, plain decoding's own tokens
     were outside its prefill's top 5 at some position for 3 of 8 prompts.)"""
     res = ddtree_outputs[name]
     if not isinstance(res, dict):
@@ -337,6 +338,6 @@ def test_hybrid_oracle_rechecks_every_round_against_a_chain_verify(name, servers
     assert checked >= ORACLE_LOG, (checked, differ)
     # A tree path that committed a wrong state or misread a branch would differ on most rounds that accept one (the
     # scripted drafts put every third accepted token on a non-first sibling). bf16 near-ties explain a few: plain
-    # and DDTREE outputs first differed at such ties about once per 70 tokens in leases 11-13, so one request-round
+    # and DDTREE outputs first differed at such ties about once per 70 tokens in earlier GPU runs, so one request-round
     # in 20 is a generous bound for numerics and far below what a wrong path would give.
     assert differ <= max(2, checked // 20), f"{name}: {differ} of {checked} request-rounds differ from the chain"

@@ -8,7 +8,7 @@ Checked here:
     prompt lengths), triton with and without CUDA graphs, and flashinfer. A difference is tolerated only where
     plain decoding's own top-2 log-probs tie within DDTREE_TIE_NATS (default 0.25 nats: the target computes in
     bf16, whose logit spacing is 0.0625 at |logit| in [8, 16), and a verify of B+1 tokens rounds differently from
-    a one-token decode; lease 2 saw gaps of 0.0625 and 0.125 at such positions, for DFLASH and DDTREE alike);
+    a one-token decode; a GPU run saw gaps of 0.0625 and 0.125 at such positions, for DFLASH and DDTREE alike);
   - acceptance is reported (meta_info) and the verify really ran as a CUDA graph where graphs are on;
   - T>0: token frequencies of DDTREE sampling match plain sampling (chi-square, two samples);
   - long outputs in a batch: 256 tokens for 16 requests sent together, == plain one at a time up to the same ties;
@@ -177,7 +177,7 @@ def test_larger_budget_accepts_at_least_as_much_as_the_chain(outputs, model_pair
 @pytest.mark.parametrize("name", AUTO_NAMES)
 def test_auto_verifies_every_candidate(servers, outputs, gpu_record, name):
     """`auto` with SGLANG_DDTREE_AUTO_EXPLORE_ALL explores each candidate (EXPLORE_ROUNDS, 4 rounds per batch-size
-    bucket, even one whose measured costs say it cannot win: ten servers share the GPU here, lease 19) before it
+    bucket, even one whose measured costs say it cannot win: ten servers share the GPU here) before it
     exploits: after the batch-1 and batch-8 runs every candidate was verified (losslessness:
     test_greedy_equals_plain[ddtree-auto]) and the choices are exported per candidate. Every batch-size bucket met had
     all its stage graphs captured together at its first round, and no stage was captured in a later round of such a
@@ -380,7 +380,7 @@ def long_prompts(pair):
 def long_outputs(servers, model_pair):
     """256-token greedy outputs of 16 requests sent as one batch (at most 8 run at once: requests join and leave
     mid-flight), per server; plain also one request at a time with top-2 log-probs, the reference for the tie rule.
-    Lease 10's sweep rows saw about half the requests at batch 4-64 end with a different output from DFLASH's,
+    Earlier 8B sweep rows saw about half the requests at batch 4-64 end with a different output from DFLASH's,
     for fixed budgets and auto alike; this says whether those are ties."""
     prompts = long_prompts(model_pair)
     params = {"temperature": 0.0, "max_new_tokens": LONG_NEW_TOKENS, "ignore_eos": True}

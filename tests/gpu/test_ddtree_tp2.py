@@ -1,7 +1,7 @@
-"""GPU (two of them): DDTREE with tensor parallelism 2 (issue 9).
+"""GPU (two of them): DDTREE with tensor parallelism 2.
 
 Checked, in the served dtype (bf16; a float32 run is not possible on the pinned stack: sgl_kernel's rmsnorm has no
-float32 kernel, lease 3):
+float32 kernel):
   - lossless: DDTREE at --tp-size 2 == plain decoding at --tp-size 2, token for token at T=0, budgets 16, 64, 256,
     batch 1 and 8; a difference is tolerated only at a near-tie of plain's own top-2 (DDTREE_TIE_NATS, as in
     test_ddtree_server.py), and every one is recorded;
@@ -99,7 +99,7 @@ def test_tp2_rounds_equal_tp1_where_outputs_agree(servers, model_pair, gpu_recor
     gpu_record("tp2_tau_vs_tp1", budget=budget, tau_tp1=round(tau_of(out1), 4), tau_tp2=round(tau_of(out2), 4),
                rounds_tp1=rounds1, rounds_tp2=rounds2, same_tokens=same_tokens)
     # Over the prompts whose outputs agree, acceptance must agree too. Not round for round: bf16 trees can differ
-    # by a node swapped at the budget cut between near-equal drafter scores (seen TP=1 vs offline, lease 3).
+    # by a node swapped at the budget cut between near-equal drafter scores (seen TP=1 vs offline).
     agree = [i for i, same in enumerate(same_tokens) if same]
     assert len(agree) >= len(same_tokens) // 2, f"B={budget}: TP=1 and TP=2 outputs mostly differ: {same_tokens}"
     tau1 = tau_of([out1[i] for i in agree])

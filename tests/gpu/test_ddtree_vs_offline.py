@@ -1,4 +1,4 @@
-"""GPU: one DDTREE run checked against the offline DDTree decoder, round for round (issue 6's last check).
+"""GPU: one DDTREE run checked against the offline DDTree decoder, round for round.
 
 A DDTREE server (tiny pair, budget 32, triton, CUDA graphs on) runs with `--speculative-ddtree-debug`; the same
 prompts go through the offline decoder (sglang_ddtree.offline, transformers) on the same GPU. The server's dump

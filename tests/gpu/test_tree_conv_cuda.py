@@ -1,6 +1,6 @@
 """sglang-ddtree's tree-verify conv (sglang_ddtree/tree_conv.py) compiled on the GPU: equal to SGLang 0.5.17's
 conv-update kernel where that one compiles in reasonable time (17 and 65 verify tokens), equal to the plain-torch
-statement at 129 and 257 tokens (where SGLang's took minutes to compile, lease 12), and replayable in a CUDA graph."""
+statement at 129 and 257 tokens (where SGLang's took minutes to compile), and replayable in a CUDA graph."""
 
 import time
 
