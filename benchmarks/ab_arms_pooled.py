@@ -2,13 +2,13 @@
 `tiny-e` for the servers as they are, `tiny-s` for a knob's arm), their runs pooled (paired.ab_pooled: `auto`
 over its fixed arm per batch size and over all, 95% intervals), their own host time split by stage
 (ab_own_host_split), and the rows on a narrower candidate than the fixed arm's for more than a share of their rounds
-(lock-ins). What docs/gpu-suite.md's per-run arm tables quote, and the intervals of the summary's headline (the
-`auto` as it is servers of AB_HEADLINE_SWEEPS, `tiny-e*` in each).
+(lock-ins). The intervals of the summary's `auto` A/B headline come from the `auto` as it is servers (`tiny-e*`) of
+the sweeps marked `headline = true` in scripts/summary_sources.toml.
 
-    python benchmarks/ab_arms_pooled.py benchmarks/results/sweep_ab_tiny_lease38{,b,c}.jsonl \\
+    python benchmarks/ab_arms_pooled.py benchmarks/results/sweep_ab_tiny_run{1,2,3}_2026-12-02_468f487.jsonl \\
         --arm e=tiny-e --arm s=tiny-s --arm d=tiny-d --json benchmarks/results/ab_arms_pooled_2026-12-02_63ca041.json
-    python benchmarks/ab_arms_pooled.py benchmarks/results/sweep_ab_tiny_lease3{5,5b,5c,6,6b,7,7b,8,8b,8c,9,9b}.jsonl \
-        --arm e=tiny-e --json benchmarks/results/ab_arms_pooled_headline.json
+    python benchmarks/ab_arms_pooled.py <the headline sweeps> --arm e=tiny-e \\
+        --json benchmarks/results/ab_arms_pooled_headline.json
 """
 
 from __future__ import annotations

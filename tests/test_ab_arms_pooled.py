@@ -24,7 +24,7 @@ def test_locked_rows_are_those_above_the_share_of_the_arms_servers():
     assert [(r["server"], r["narrower_rounds"]) for r in locked] == [("tiny-e1|auto", 31)]
 
 
-def test_lease38_arms_match_the_committed_file(tmp_path):
+def test_arms_of_three_runs_match_the_committed_file(tmp_path):
     results = ROOT / "benchmarks" / "results"
     sweeps = [str(results / f"sweep_ab_tiny_run{i}_2026-12-02_468f487.jsonl") for i in (1, 2, 3)]
     out = tmp_path / "arms.json"

@@ -830,7 +830,7 @@ def test_policy_holds_through_slow_host_phases():
     assert min(ratios) > 0.95 and sum(ratios) / len(ratios) > 0.97, ratios
 
 
-def test_policy_holds_under_lease_21s_host_and_text_noise():
+def test_policy_holds_under_host_and_text_noise():
     """What tiny batch-1 servers showed the simulation had left out, all at once on the flat tiny-like case: sampled
     rounds cost more, the host's speed drifts (AR(1), sd 0.2 over ~250 rounds), and what a round commits moves with
     the text (sd 0.4 over ~500 rounds) and per round (token noise 0.6), the drafter's expectations following half of
