@@ -369,7 +369,15 @@ class ServerPlan:
         """Warmup + measured run at the setup's tokens per step (random weights commit exactly one), + overhead."""
         tokens = self.setup.max_new_tokens + self.setup.warmup_tokens(self.method)
         steps = tokens if self.method == "plain" else tokens / self.setup.est_tokens_per_step
-        return steps * self.setup.est_step_ms(self.method, self.width, row.batch_size) / 1e3 + 1.5
+        # `auto` verifies its widest candidate only now and then: its time is estimated at its narrowest tree's
+        # width (at real size, batch 64, its rounds by candidate were chain 117, 16-tree 138, 32-tree 52, 64-tree
+        # 29; at the widest width a 3-server batch-64 row was estimated at 4.5 minutes and measured in under one)
+        width = self.width
+        if self.method == "auto":
+            from sglang_ddtree.sglang.args import parse_auto_candidates
+
+            width = min(c for c in parse_auto_candidates(None) if c) + 1
+        return steps * self.setup.est_step_ms(self.method, width, row.batch_size) / 1e3 + 1.5
 
 
 @dataclass

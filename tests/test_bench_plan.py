@@ -184,3 +184,16 @@ def test_verify_width():
         P.verify_width("ddtree", None, 16)
     with pytest.raises(ValueError):
         P.verify_width("medusa", None, 16)
+
+
+def test_auto_rows_are_timed_at_the_narrowest_tree_not_the_widest():
+    """An `auto` server holds memory for its widest candidate, but its deadline estimate uses its narrowest tree's
+    width: at the widest a batch-64 row read ~5x its measured time and the sweep refused short device calls."""
+    setup = dataclasses.replace(BIG, methods=("ddtree", "auto"), budgets=(16,), batch_sizes=(64,))
+    servers = {s.method: s for s in P.expand([setup]).servers}
+    auto, tree = servers["auto"], servers["ddtree"]
+    assert auto.width > tree.width == 17  # memory and graphs: the widest candidate
+    # the same step time; only the warm-up differs (`auto` warms up longer)
+    tokens = {m: setup.max_new_tokens + setup.warmup_tokens(m) for m in ("auto", "ddtree")}
+    per_token = [(s.est_row_seconds(s.rows[0]) - 1.5) / tokens[s.method] for s in (auto, tree)]
+    assert per_token[0] == pytest.approx(per_token[1])
