@@ -126,20 +126,12 @@ def real8b(srcs: list[Source], setup: str = "8b-real", setups: dict | None = Non
             tps.setdefault(str(bs), {})[label] = round(r["decode_tokens_per_s"], 1)
             if r.get("tau") is not None:
                 tau.setdefault(str(bs), {})[label] = round(r["tau"], 3)
-        for bs in {k[2] for k in mine}:
-            base = mine.get(("dflash", None, bs))
-            trees = {b: r for (m, b, x), r in mine.items() if m == "ddtree" and x == bs}
-            if base is None or not trees:
+        for bs, rec in _best_fixed(rows, name).items():
+            if rec.get("over_dflash") is None:
                 continue
-            b_best, r_best = max(trees.items(), key=lambda kv: kv[1]["decode_tokens_per_s"])
-            best[str(bs)] = round(r_best["decode_tokens_per_s"] / base["decode_tokens_per_s"], 4)
-            best_b[str(bs)] = b_best
-            runs = [a / d for a, d in zip(r_best["decode_tokens_per_s_runs"], base["decode_tokens_per_s_runs"])]
-            ratio_runs[str(bs)] = [round(min(runs), 4), round(max(runs), 4)]
-            auto = mine.get(("auto", None, bs))
-            if auto is not None:
-                rival = max(r_best["decode_tokens_per_s"], base["decode_tokens_per_s"])
-                auto_best[str(bs)] = round(auto["decode_tokens_per_s"] / rival, 4)
+            best[bs], best_b[bs], ratio_runs[bs] = rec["over_dflash"], rec["best_budget"], rec["over_dflash_run_range"]
+            if rec.get("auto_over_best") is not None:
+                auto_best[bs] = rec["auto_over_best"]
         order = lambda d: dict(sorted(d.items(), key=lambda kv: int(kv[0])))  # noqa: E731
         out[f"{key}_tokens_per_s"] = order(tps)
         out[f"{key}_tau"] = order(tau)
@@ -187,20 +179,21 @@ def real8b(srcs: list[Source], setup: str = "8b-real", setups: dict | None = Non
     return out
 
 
+def _best_fixed(rows: dict, setup: str) -> dict:
+    """One setup's per-batch best fixed budget, its ratio over DFLASH and `auto`'s over the better of the two, with
+    their run-by-run ranges: ddtree_bench.best_budget's reading of the rows (best_budget.json is the same)."""
+    sys.path.insert(0, str(ROOT))
+    from ddtree_bench.best_budget import best_by_batch
+
+    return best_by_batch([r for (st, _, _, _), r in rows.items() if st == setup])
+
+
 def _real8b_auto(rows: dict, setup: str) -> dict:
     """`auto` over max(DFLASH, best fixed DDTREE) per batch size, and the min-max of its run-by-run ratios."""
-    mine = {(m, b, bs): r for (st, m, b, bs), r in rows.items() if st == setup}
-    ratio, spread = {}, {}
-    for bs in sorted({k[2] for k in mine}):
-        auto, base = mine.get(("auto", None, bs)), mine.get(("dflash", None, bs))
-        trees = [r for (m, b, x), r in mine.items() if m == "ddtree" and x == bs]
-        if auto is None or base is None or not trees:
-            continue
-        rival = max(trees + [base], key=lambda r: r["decode_tokens_per_s"])
-        ratio[str(bs)] = round(auto["decode_tokens_per_s"] / rival["decode_tokens_per_s"], 4)
-        runs = [a / b for a, b in zip(auto["decode_tokens_per_s_runs"], rival["decode_tokens_per_s_runs"])]
-        spread[str(bs)] = [round(min(runs), 4), round(max(runs), 4)]
-    return {"real8b_auto_over_best": ratio, "real8b_auto_over_best_run_range": spread}
+    recs = {bs: r for bs, r in _best_fixed(rows, setup).items()
+            if r.get("over_dflash") is not None and r.get("auto_over_best") is not None}
+    return {"real8b_auto_over_best": {bs: r["auto_over_best"] for bs, r in recs.items()},
+            "real8b_auto_over_best_run_range": {bs: r["auto_over_best_run_range"] for bs, r in recs.items()}}
 
 
 def _now_over_before(rows: dict, now: str, before: str) -> dict:
