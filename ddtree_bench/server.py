@@ -253,24 +253,27 @@ class SubprocessServer:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, grace_s: float = 8.0) -> None:
-        """SIGTERM the process group, SIGKILL what is left after grace_s (the scheduler and detokenizer children
-        share the group)."""
-        if self.proc is None:
-            return
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        if self.proc is not None:
+            stop_process_group(self.proc, grace_s, 5.0)
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float, kill_wait_s: float) -> None:
+    """SIGTERM a server's process group, SIGKILL it if the leader is still there after grace_s, then SIGKILL the
+    group once more: the scheduler and detokenizer children share it and can outlive the leader."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            pass
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 class SubprocessLauncher:

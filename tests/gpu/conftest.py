@@ -39,7 +39,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 # One port allocator and log reader for the suite and the budget sweep (both start servers in parallel).
-from ddtree_bench.server import free_port, launch_command, log_tail  # noqa: E402
+from ddtree_bench.server import free_port, launch_command, log_tail, stop_process_group  # noqa: E402
 
 TINY_DIR = REPO_ROOT / "models" / "tiny"
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -276,21 +276,7 @@ class SGLangServer:
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        # Children that outlive the leader (scheduler, detokenizer) share its process group.
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        stop_process_group(self.proc, 20, 10)
 
     # -- client
     def generate(self, text: str | list[str] | None = None, input_ids: list[int] | list[list[int]] | None = None,
