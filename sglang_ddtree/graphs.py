@@ -19,8 +19,8 @@ replays. Every graph of a GraphedStage shares one memory pool. On CPU, or when d
 - fn must not write its inputs, must not read tensor values on the host (no .item(), no data-dependent shapes) and
   must not keep Python state that changes between calls; its non-tensor arguments are bound at construction
   (functools.partial) and must not change.
-- With `bucket_of` (and `unpad`), a call with rows=n runs the graph of batch size bucket_of(n): the requests past n
-  are padding (copies of the last real one at capture, stale real data afterwards), and the call returns
+- With `bucket_of` (and `unpad`), a call with rows=n runs the graph of batch size bucket_of(n) (None: eagerly,
+  unpadded): the requests past n are padding (copies of the last real one at capture, stale real data afterwards), and the call returns
   unpad(outputs, n), views of the first n requests. With `rows_arg`, fn also gets n as a trailing 0-dim tensor, so
   that its sums over the batch select the real requests.
 """
@@ -65,7 +65,10 @@ class GraphedStage:
         """bucket_of: requests -> the batch size the stage runs at (>= requests; SGLang's CUDA-graph sizes), so one
         graph serves every batch size up to its bucket instead of one capture per size (480 stage captures
         in one `auto` server of the tiny sweep, one per batch size met as requests finished); needs `unpad`
-        (outputs, requests) -> the first `requests` requests' outputs, and a call with rows=requests.
+        (outputs, requests) -> the first `requests` requests' outputs, and a call with rows=requests. bucket_of
+        answers None past the largest bucket: the stage then runs eagerly, unpadded (there the verify runs
+        eagerly too, and a capture per batch size met was a stall each: at 8B shapes an `auto` server at batch 64,
+        verify graphs up to 16, captured 22-44 stage graphs in every measured run).
         rows_arg: fn takes a trailing 0-dim int64 tensor, the number of real requests, so that its sums over the
         batch leave padding requests out."""
         if bucket_of is not None and unpad is None:
@@ -90,7 +93,10 @@ class GraphedStage:
             raise ValueError(f"GraphedStage {self.name}: this stage needs rows= (the number of real requests).")
         graphed = self.enabled and bool(inputs) and inputs[0].is_cuda
         pad = self.bucket_of is not None and rows is not None and (graphed or self.pad_eagerly)
-        bucket = max(self.bucket_of(rows), rows) if pad else rows
+        bucket = self.bucket_of(rows) if pad else rows
+        if pad and bucket is None:  # past the largest bucket: eager and unpadded (see __init__)
+            graphed = pad = False
+        bucket = max(bucket, rows) if pad else rows
         if not graphed:
             if pad and bucket != rows:
                 padded = [pad_rows(x, rows, bucket) for x in inputs]

@@ -141,6 +141,26 @@ def test_padded_stage_returns_the_unpadded_result():
         GraphedStage(fn, name="t", bucket_of=lambda bs: 8)
 
 
+def test_a_batch_past_the_largest_bucket_runs_eagerly_unpadded():
+    """bucket_of answering None (a batch larger than every captured verify size) runs fn once on the real requests:
+    no padding, no capture, the batch sums over the real rows."""
+    seen = []
+
+    def fn(x, rows):
+        seen.append(x.shape[0])
+        return x * 2, x.sum() + 0 * rows
+
+    stage = GraphedStage(fn, name="t", bucket_of=lambda bs: 8 if bs <= 8 else None,
+                         unpad=lambda out, bs: (out[0][:bs], out[1]), rows_arg=True)
+    stage.pad_eagerly = True
+    x = torch.randn(11, 4)
+    doubled, total = stage(x, rows=11)
+    assert seen == [11] and torch.equal(doubled, x * 2) and torch.allclose(total, x.sum())
+    stage(x[:3], rows=3)
+    assert seen == [11, 8]  # within the buckets it still pads
+    assert stage.captures == 0
+
+
 @pytest.mark.parametrize("chosen", [0, 16, 32])
 @pytest.mark.parametrize("sampled", [True, False])
 def test_padded_round_stages_equal_the_unpadded_ones(chosen, sampled):

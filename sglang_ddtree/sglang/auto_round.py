@@ -126,7 +126,7 @@ class AutoRounds:
         timer, detail = r.timer, w.modes.detail
         timer.host_mark("draft")  # the round's preparation so far is the draft's host time, as in a fixed round
         r.built = self.ensure_verify_states(w)
-        r.bucket = bucket = w._graph_bucket(r.bs)
+        r.bucket = bucket = w._auto_bucket(r.bs)
         detail(timer, "choose_prep")
         held = self.policy.held_round(bucket, self.rounds)  # a held choice reads nothing (AutoConfig.hold_rounds)
         detail(timer, "choose_held")

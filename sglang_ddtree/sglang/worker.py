@@ -326,7 +326,8 @@ class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
         self.stats.record_round(r.tree, r.walk, r.timer, batch_size=r.bs, reqs=getattr(r.batch, "reqs", None),
                                 seq_lens=r.prefix_lens, summary=r.summary, extra=self.modes.dump_extra(self, r))
         self.modes.dumped(self, r)
-        if r.use_auto and self.round_graphs and r.bucket not in self.auto.captured_buckets:
+        if (r.use_auto and self.round_graphs and r.bucket not in self.auto.captured_buckets
+                and self._graph_bucket(r.bs) is not None):
             self.auto.capture_bucket(self, r, r.choices.dtype)
         result = GenerationBatchResult(
             logits_output=r.logits_output,
@@ -367,19 +368,26 @@ class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
                                                for name, t in sets[self._output_slot].items()}
         return views
 
-    def _graph_bucket(self, bs: int) -> int:
-        """The batch size a verify of `bs` requests pads to (SGLang's captured sizes), else bs. Asked by every
-        padded stage, 3-4 times a round: the answers are kept per runner (sorting the sizes each time cost
-        16-28 us a round under cProfile at batch 1)."""
+    def _graph_bucket(self, bs: int) -> int | None:
+        """The batch size a verify of `bs` requests pads to (SGLang's captured sizes); None past the largest (the
+        verify runs eagerly there, and so do our stages: graphs.GraphedStage). Asked by every padded stage, 3-4
+        times a round: the answers are kept per runner (sorting the sizes each time cost 16-28 us a round under
+        cProfile at batch 1)."""
         graphs = self.target_worker.model_runner.decode_cuda_graph_runner
         cache = self._bucket_cache
         if cache is None or cache[0] is not graphs:  # the first call, or SGLang built another runner
             cache = self._bucket_cache = (graphs, sorted(getattr(graphs, "capture_bs", None) or []), {})
         _, sizes, buckets = cache
-        bucket = buckets.get(bs)
-        if bucket is None:
-            bucket = buckets[bs] = next((size for size in sizes if size >= bs), bs)
-        return bucket
+        if bs not in buckets:
+            buckets[bs] = next((size for size in sizes if size >= bs), None)
+        return buckets[bs]
+
+    def _auto_bucket(self, bs: int) -> int:
+        """`auto`'s batch-size bucket (its times and decisions are per bucket): the verify's CUDA-graph size, past
+        the largest one the next power of two, so that the sizes met as requests finish share their candidates'
+        times instead of each exploring every candidate anew."""
+        bucket = self._graph_bucket(bs)
+        return bucket if bucket is not None else 1 << (bs - 1).bit_length()
 
     def reset_calibration(self) -> bool:
         """`auto`'s calibration table starts empty again (plugin: POST /set_internal_state with
