@@ -527,7 +527,8 @@ def registered_hook_targets() -> list[str]:
 def test_every_hook_target_exists_in_the_pinned_sources():
     src = pinned_sglang_source()
     targets = registered_hook_targets()
-    assert plugin.SPEC_METRICS_TARGET in targets and hooks.TREE_CONV_TARGET in targets and len(targets) == 8
+    assert plugin.SPEC_METRICS_TARGET in targets and hooks.TREE_CONV_TARGET in targets and len(targets) == 9
+    assert hooks.VERIFY_ATTENTION_TARGET in targets
     for target in targets:
         if target == hooks.TREE_CONV_TARGET:
             continue  # an imported name, checked in test_tree_conv_hook_target_is_a_drop_in
@@ -584,6 +585,29 @@ def test_tree_conv_hook_target_is_a_drop_in():
     theirs = module_defs(src, "kernels.ops.mamba.causal_conv1d_triton")["causal_conv1d_update"]
     ours = list(inspect.signature(tree_conv.causal_conv1d_tree_update).parameters)
     assert ours[: len(theirs)] == theirs
+
+
+def test_verify_attention_hook_target_is_a_drop_in():
+    """The verify-attention hook wraps the extend kernel SGLang's Triton backend imports when a backend is built
+    (so a hook installed by the worker, before the target's backends exist, reaches every one of them); our
+    wrapper names the kernel's first 16 parameters as the kernel does (the backend passes them by position) and
+    passes every other one through, and the options our kernel does not serve are keywords the gate reads."""
+    import inspect
+
+    src = pinned_sglang_source()
+    backend = (src / "srt" / "layers" / "attention" / "triton_backend.py").read_text()
+    init = backend[backend.index("class TritonAttnBackend"):]
+    init = init[init.index("def __init__"):init.index("super().__init__()")]
+    assert "from sglang.kernels.ops.attention.extend_attention import (" in init and "extend_attention_fwd," in init
+    assert "self.extend_attention_fwd = torch.compiler.disable(extend_attention_fwd)" in backend
+    theirs = module_defs(src, "kernels.ops.attention.extend_attention")["extend_attention_fwd"]
+    ours = list(inspect.signature(hooks.around_extend_attention).parameters)
+    assert ours[1:17] == theirs[:16]
+    call = backend[backend.index("        self.extend_attention_fwd(\n            q.view(-1, layer.tp_q_head_num"):]
+    call = call[: call.index("\n        )\n")]
+    for kw in ("logit_cap=", "sliding_window_size=", "sinks=", "window_kv_offsets=", "xai_temperature_len=",
+               "page_size=", "score_mod="):
+        assert kw in call, kw
 
 
 def test_tree_conv_hook_is_installed_by_the_hybrid_worker_only_and_routes_large_trees(monkeypatch):

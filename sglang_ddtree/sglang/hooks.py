@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+
 from sglang_ddtree import config
 
 # Set in a scheduler process once a DDTreeWorker exists there; read by the hooks that run in that process.
@@ -74,3 +76,73 @@ def install_tree_conv_hook() -> str:
     HookRegistry.register(TREE_CONV_TARGET, around_tree_conv, HookType.AROUND)
     HookRegistry.apply_hooks()  # applies the targets not patched yet: this one
     return _TREE_CONV
+
+
+# The attention SGLang's Triton backend runs for a target verify (a name the backend imports when it is built):
+# at small batches a tree verify takes ours (kernels/verify_attention.py: the prefix split across programs).
+VERIFY_ATTENTION_TARGET = "sglang.kernels.ops.attention.extend_attention.extend_attention_fwd"
+# SGLANG_DDTREE_VERIFY_ATTENTION as install_verify_attention_hook read it (at the worker's start)
+_VERIFY_ATTENTION = "ddtree"
+_SMS: dict = {}  # device index -> its SM count
+
+
+def _verify_splits(q, k_pool, v_pool, o, qo_indptr, custom_mask, is_causal, width, k_scale, v_scale,
+                   args, kwargs, sms: int) -> int:
+    """How many prefix chunks our kernel cuts this extend-attention call into; 0 to leave it to SGLang's: anything
+    but a uniform tree verify on a plain bf16/fp16 MHA pool, or a batch that already fills the SMs."""
+    if _VERIFY_ATTENTION != "ddtree" or custom_mask is None or not is_causal or args:
+        return 0
+    plain = {"logit_cap": 0.0, "sliding_window_size": -1, "sinks": None, "window_kv_offsets": None,
+             "xai_temperature_len": -1, "lse_extend": None, "skip_prefix": False, "skip_extend": False,
+             "skip_prefix_custom_mask": True, "page_size": 1, "score_mod": None, "aux_tensors": None}
+    if any(name not in plain or (value != plain[name] and not (name == "sliding_window_size" and value is None))
+           for name, value in kwargs.items()):
+        return 0
+    if k_scale != 1.0 or v_scale != 1.0 or k_pool.dtype != q.dtype or k_pool.dim() != 3 or v_pool.dim() != 3:
+        return 0
+    bs = qo_indptr.shape[0] - 1
+    if width <= 0 or q.shape[0] != bs * width or q.shape[-1] != o.shape[-1] or q.shape[-1] != v_pool.shape[-1]:
+        return 0
+    from sglang_ddtree.kernels import verify_attention
+
+    return verify_attention.plan_splits(bs, q.shape[1], width, sms)
+
+
+def _sm_count(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
+def around_extend_attention(original, q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                            kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale=1.0,
+                            v_scale=1.0, sm_scale=None, *args, **kwargs):
+    """SGLang's extend_attention_fwd (the same parameters, so the same call) or, for a tree verify at a batch
+    that leaves SMs idle, kernels/verify_attention.py into the same output."""
+    q = q_extend
+    splits = q.is_cuda and _verify_splits(q, k_buffer, v_buffer, o_extend, qo_indptr, custom_mask, is_causal,
+                                          max_len_extend, k_scale, v_scale, args, kwargs, _sm_count(q.device))
+    if not splits:
+        return original(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+                        custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale, *args,
+                        **kwargs)
+    from sglang_ddtree.kernels import verify_attention
+
+    scale = sm_scale or 1.0 / q.shape[-1] ** 0.5
+    verify_attention.tree_verify_attention(q, k_extend, v_extend, o_extend, k_buffer, v_buffer, kv_indptr,
+                                           kv_indices, custom_mask, mask_indptr, max_len_extend, scale, splits)
+
+
+def install_verify_attention_hook() -> str:
+    """Put around_extend_attention on SGLang's Triton extend attention. DDTreeWorker calls it in its scheduler
+    process before the target's attention backends are built (they import the function then); only calls with a
+    verify's custom mask take ours, so the drafter's and the prefills' keep SGLang's.
+    -> the SGLANG_DDTREE_VERIFY_ATTENTION choice it read."""
+    global _VERIFY_ATTENTION
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    _VERIFY_ATTENTION = config.get("SGLANG_DDTREE_VERIFY_ATTENTION")
+    HookRegistry.register(VERIFY_ATTENTION_TARGET, around_extend_attention, HookType.AROUND)
+    HookRegistry.apply_hooks()
+    return _VERIFY_ATTENTION

@@ -25,7 +25,7 @@ from sglang.srt.runtime_context import get_context, get_exec, get_spec
 from sglang_ddtree import config, kernels, tree_conv
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang.auto_ab import ABSchedule, auto_ab_block, auto_host_detail
-from sglang_ddtree.sglang.hooks import causal_verify_capture, install_tree_conv_hook
+from sglang_ddtree.sglang.hooks import causal_verify_capture, install_tree_conv_hook, install_verify_attention_hook
 from sglang_ddtree.sglang.modes import MeasuringModes, Oracle, RoundModes
 from sglang_ddtree.sglang.scripted import ENV as SCRIPT_ENV, ScriptedDrafts
 
@@ -60,6 +60,13 @@ class WorkerSetup:
                 logger.warning("DDTREE: budget %d on a hybrid target with SGLang's tree conv kernel, which unrolls "
                                "over the %d verify tokens: its compile can take many minutes (108 s at 64, more "
                                "than 7 minutes at 128).", self.budget, self.num_nodes)
+        else:
+            # the target's attention backends are built after this worker, and import the hooked kernel then
+            attention = install_verify_attention_hook()
+            if self.ps.tp_rank == 0:
+                logger.info("DDTREE: tree verify attention on the Triton backend: %s (SGLANG_DDTREE_VERIFY_ATTENTION)",
+                            "sglang-ddtree's split-prefix kernel at small batches" if attention == "ddtree"
+                            else "SGLang's extend kernel")
         if int(draft_cfg.hidden_size) != int(target_cfg.hidden_size):
             raise ValueError(
                 f"DDTREE drafter hidden size {draft_cfg.hidden_size} does not match the target's "

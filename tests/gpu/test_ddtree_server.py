@@ -59,6 +59,9 @@ def configs(pair):
         # (worker._chain_round), its sampled ones the general round
         "ddtree-auto-chain": (pair.base_args() + COMMON + triton + ddtree("auto") + draft + ["--enable-metrics"],
                               {"SGLANG_DDTREE_AUTO_FORCE": "chain"}),
+        # verify CUDA graphs only up to batch 4: batch 8 verifies eagerly, and so do the round's stages (unpadded)
+        "ddtree-auto-past-graphs": (pair.base_args() + COMMON + triton + ddtree("auto") + draft
+                                    + ["--cuda-graph-max-bs-decode", "4"], {}),
         # the in-process A/B (SGLANG_DDTREE_AUTO_AB): blocks of 4 decode rounds of `auto`, then 4 of the fixed
         # 128-tree, each arm tallied apart
         "ddtree-auto-ab": (pair.base_args() + COMMON + triton + ddtree("auto") + draft + ["--enable-metrics"],
@@ -67,7 +70,7 @@ def configs(pair):
 
 
 DDTREE_NAMES = ["ddtree-16", "ddtree-64", "ddtree-256", "ddtree-1024", "ddtree-64-eager", "ddtree-64-flashinfer",
-                "ddtree-auto", "ddtree-auto-chain", "ddtree-auto-ab"]
+                "ddtree-auto", "ddtree-auto-chain", "ddtree-auto-past-graphs", "ddtree-auto-ab"]
 AUTO_NAMES = ["ddtree-auto"]
 
 
@@ -197,6 +200,20 @@ def test_auto_verifies_every_candidate(servers, outputs, gpu_record, name):
     assert set(rounds) == {"chain", "16", "32", "64", "128"}, rounds
     assert all(v >= 3 for v in rounds.values()), rounds
     assert "DDTREE auto: candidates" in log
+
+
+def test_auto_past_the_largest_graph_captures_nothing_there(servers, outputs, gpu_record):
+    """Verify graphs up to batch 4, a batch of 8 (test_greedy_equals_plain[ddtree-auto-past-graphs] checks its
+    tokens): `auto` captured its stage graphs together for the graph buckets it met and for no batch size past
+    them (there the stages run eagerly: a capture per batch size met was a stall each)."""
+    name = "ddtree-auto-past-graphs"
+    need(servers, name)
+    log = servers[name].log_text()
+    buckets = [int(m) for m in re.findall(r"batch-size bucket (\d+): \d+ stage graphs captured together", log)]
+    gpu_record("ddtree_auto_past_graphs", captured_buckets=buckets,
+               late=len(re.findall(r"after the bucket's stages were all captured", log)))
+    assert buckets and max(buckets) <= 4, buckets
+    assert "after the bucket's stages were all captured" not in log
 
 
 def test_auto_lean_chain_rounds_ran_and_were_counted(servers, outputs, gpu_record):

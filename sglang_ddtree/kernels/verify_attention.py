@@ -1,0 +1,211 @@
+"""The tree verify's attention at small batch: the shared prefix split across programs, then one merge.
+
+Why: SGLang's Triton extend attention runs one program per (request, head, 128 query rows) and walks the whole
+prefix KV in it, one block after another. At batch 1 that is 32 programs on 132 SMs for an 8B target, and a
+65-token tree verify spent 46 us a layer in it against a 16-token chain's 33 (profile of the real-size pair:
++0.52 ms a round over 41 layers), latency-bound while the KV it reads takes well under a microsecond at 4 TB/s.
+Here each (request, head) splits its prefix into `splits` chunks and the tree block (the verify's own tokens
+under the tree mask) is one more part; all parts run side by side and write their softmax partials (running max,
+sum and unnormalised output, float32), which a second kernel merges. Both kernels take only tensor shapes from
+the host, so the pair is captured in the verify's CUDA graphs like SGLang's kernel.
+
+Inputs are SGLang's target-verify layout (what its extend_attention_fwd reads): q [bs*W, H, D], the verify's own
+k / v [bs*W, H_kv, D], the KV pool [slots, H_kv, D] addressed through kv_indptr / kv_indices (the prefix only),
+and the custom mask: per request, W rows of (prefix + W) booleans from mask_indptr[b], the last W columns the
+tree's (the prefix columns are all visible and not read).
+
+Used only where SGLang's kernel leaves most SMs idle (sglang_ddtree/sglang/hooks.py decides, with
+plan_splits); the result equals exact attention up to float32 summation order and the bf16 rounding of the
+probabilities before the value product, as SGLang's does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_ddtree.kernels.common import _pow2, tl, triton
+
+BLOCK_N = 64  # prefix / tree keys per loop step
+MAX_SPLITS = 16
+
+
+def plan_splits(bs: int, heads: int, width: int, sms: int) -> int:
+    """How many chunks the prefix of each (request, head) is cut into so that the programs fill about two waves
+    of `sms`; 0 when SGLang's kernel already has one program per SM or more (then it keeps the call)."""
+    programs = bs * heads * _m_blocks(width)
+    if programs >= sms:
+        return 0
+    return max(1, min(MAX_SPLITS, (2 * sms) // programs - 1))
+
+
+def _block_m(width: int) -> int:
+    return min(max(_pow2(width), 16), 128)
+
+
+def _m_blocks(width: int) -> int:
+    return -(-width // _block_m(width))
+
+
+if triton is not None:
+
+    @triton.jit
+    def _verify_parts_kernel(Q, K_new, V_new, K_pool, V_pool, kv_indptr, kv_indices, Mask, mask_indptr,
+                             Acc, Max, Sum, scale_log2,
+                             q_st, q_sh, kn_st, kn_sh, vn_st, vn_sh, kp_st, kp_sh, vp_st, vp_sh,
+                             W, H: tl.constexpr, GROUP: tl.constexpr, SPLITS: tl.constexpr,
+                             M_BLOCKS: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """One part of one (request, head, query block): a prefix chunk (part < SPLITS) or the tree block."""
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        part = tl.program_id(2) // M_BLOCKS
+        mb = tl.program_id(2) % M_BLOCKS
+        kvh = h // GROUP
+        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < W
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        offs_n = tl.arange(0, BLOCK_N)
+        q = tl.load(Q + (b * W + rows)[:, None] * q_st + h * q_sh + offs_d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        kv_start = tl.load(kv_indptr + b)
+        prefix = tl.load(kv_indptr + b + 1) - kv_start
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        if part < SPLITS:
+            chunk = tl.cdiv(tl.cdiv(prefix, SPLITS), BLOCK_N) * BLOCK_N
+            lo = part * chunk
+            hi = tl.minimum(lo + chunk, prefix)
+            start = lo
+            while start < hi:  # (a while loop: Triton's interpreter cannot range() over loaded bounds)
+                cols = start + offs_n
+                col_ok = cols < hi
+                loc = tl.load(kv_indices + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
+                k = tl.load(K_pool + loc[None, :] * kp_st + kvh * kp_sh + offs_d[:, None],
+                            mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+                s = tl.dot(q, k) * scale_log2
+                s = tl.where(col_ok[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the step has at least one key
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                v = tl.load(V_pool + loc[:, None] * vp_st + kvh * vp_sh + offs_d[None, :],
+                            mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                m_i = m_new
+                start += BLOCK_N
+        else:
+            mask_row = tl.load(mask_indptr + b) + rows.to(tl.int64) * (prefix + W) + prefix
+            start = 0
+            while start < W:
+                cols = start + offs_n
+                col_ok = cols < W
+                k = tl.load(K_new + (b * W + cols)[None, :] * kn_st + kvh * kn_sh + offs_d[:, None],
+                            mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+                s = tl.dot(q, k) * scale_log2
+                if CAUSAL:
+                    seen = (cols[None, :] <= rows[:, None]) & col_ok[None, :]
+                else:
+                    seen = tl.load(Mask + mask_row[:, None] + cols[None, :],
+                                   mask=row_ok[:, None] & col_ok[None, :], other=0) != 0
+                s = tl.where(seen, s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet stays empty
+                alpha = tl.exp2(m_i - m_ref)
+                p = tl.exp2(s - m_ref[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                v = tl.load(V_new + (b * W + cols)[:, None] * vn_st + kvh * vn_sh + offs_d[None, :],
+                            mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+                m_i = m_new
+                start += BLOCK_N
+        slot = ((b * H + h) * (SPLITS + 1) + part) * (M_BLOCKS * BLOCK_M) + rows
+        tl.store(Max + slot, m_i)
+        tl.store(Sum + slot, l_i)
+        tl.store(Acc + slot[:, None] * BLOCK_D + offs_d[None, :], acc)
+
+    @triton.jit
+    def _verify_merge_kernel(Acc, Max, Sum, O, o_st, o_sh, W, H: tl.constexpr, PARTS: tl.constexpr,
+                             M_BLOCKS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                             BLOCK_M: tl.constexpr):
+        """Every part's partials of one (request, head, query block) merged by their running maxima; the
+        output in O's dtype."""
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        mb = tl.program_id(2)
+        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        base = (b * H + h) * PARTS * (M_BLOCKS * BLOCK_M) + rows
+        m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        for part in tl.static_range(PARTS):
+            m = tl.maximum(m, tl.load(Max + base + part * (M_BLOCKS * BLOCK_M)))
+        m = tl.where(m == float("-inf"), 0.0, m)  # padding rows only: every real row sees its tree root
+        total = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        for part in tl.static_range(PARTS):
+            slot = base + part * (M_BLOCKS * BLOCK_M)
+            w = tl.exp2(tl.load(Max + slot) - m)
+            total += w * tl.load(Sum + slot)
+            acc += w[:, None] * tl.load(Acc + slot[:, None] * BLOCK_D + offs_d[None, :])
+        row_ok = rows < W
+        out = acc / tl.where(row_ok, total, 1.0)[:, None]
+        tl.store(O + (b * W + rows)[:, None] * o_st + h * o_sh + offs_d[None, :], out.to(O.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_d < D)[None, :])
+
+
+def tree_verify_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, out: torch.Tensor,
+                          k_pool: torch.Tensor, v_pool: torch.Tensor, kv_indptr: torch.Tensor,
+                          kv_indices: torch.Tensor, mask: torch.Tensor | None, mask_indptr: torch.Tensor,
+                          width: int, sm_scale: float, splits: int) -> torch.Tensor:
+    """Attention of a verify of `width` tokens per request (q [bs*width, H, D]) over each request's prefix in
+    the pool and its own tokens under the tree mask (mask None: causal, a chain), written into out
+    [bs*width, H, D]. splits >= 1: plan_splits. Returns out."""
+    tokens, heads, dim = q.shape
+    bs = tokens // width
+    group = heads // k_new.shape[1]
+    block_m, m_blocks = _block_m(width), _m_blocks(width)
+    block_d = _pow2(dim)
+    parts = splits + 1
+    rows = bs * heads * parts * m_blocks * block_m
+    acc = torch.empty((rows, block_d), dtype=torch.float32, device=q.device)
+    run_max = torch.empty(rows, dtype=torch.float32, device=q.device)
+    run_sum = torch.empty(rows, dtype=torch.float32, device=q.device)
+    warps = 8 if block_m >= 128 else 4
+    scale_log2 = sm_scale * 1.4426950408889634  # exp2 below: e^x = 2^(x log2 e)
+    causal = mask is None
+    _verify_parts_kernel[(bs, heads, parts * m_blocks)](
+        q, k_new, v_new, k_pool, v_pool, kv_indptr, kv_indices, mask if not causal else kv_indptr, mask_indptr,
+        acc, run_max, run_sum, scale_log2,
+        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+        k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
+        width, H=heads, GROUP=group, SPLITS=splits, M_BLOCKS=m_blocks, CAUSAL=causal, D=dim, BLOCK_D=block_d,
+        BLOCK_M=block_m, BLOCK_N=BLOCK_N, num_warps=warps, num_stages=2)
+    _verify_merge_kernel[(bs, heads, m_blocks)](
+        acc, run_max, run_sum, out, out.stride(0), out.stride(1), width, H=heads, PARTS=parts,
+        M_BLOCKS=m_blocks, D=dim, BLOCK_D=block_d, BLOCK_M=block_m, num_warps=warps)
+    return out
+
+
+def tree_verify_attention_reference(q, k_new, v_new, k_pool, v_pool, kv_indptr, kv_indices, mask, mask_indptr,
+                                    width: int, sm_scale: float) -> torch.Tensor:
+    """The same attention in float32 torch, one request at a time (the tests' reference)."""
+    tokens, heads, dim = q.shape
+    group = heads // k_new.shape[1]
+    out = torch.empty((tokens, heads, dim), dtype=torch.float32)
+    for b in range(tokens // width):
+        lo, hi = int(kv_indptr[b]), int(kv_indptr[b + 1])
+        prefix = hi - lo
+        locs = kv_indices[lo:hi].long()
+        keys = torch.cat([k_pool[locs], k_new[b * width:(b + 1) * width]]).float().repeat_interleave(group, 1)
+        values = torch.cat([v_pool[locs], v_new[b * width:(b + 1) * width]]).float().repeat_interleave(group, 1)
+        if mask is None:
+            tree = torch.ones(width, width, dtype=torch.bool).tril()
+        else:
+            start = int(mask_indptr[b])
+            tree = mask[start:start + width * (prefix + width)].view(width, prefix + width)[:, prefix:].bool()
+        seen = torch.cat([torch.ones(width, prefix, dtype=torch.bool), tree], dim=1)
+        scores = torch.einsum("thd,khd->htk", q[b * width:(b + 1) * width].float(), keys) * sm_scale
+        probs = scores.masked_fill(~seen, float("-inf")).softmax(-1)
+        out[b * width:(b + 1) * width] = torch.einsum("htk,khd->thd", probs, values)
+    return out
