@@ -82,14 +82,19 @@ def test_split_prefix_attention_equals_exact_attention():
     run_in_interpreter(CASES, "VERIFY-ATTENTION-OK", timeout=900)
 
 
-def test_splits_fill_about_two_waves_and_leave_full_batches_to_sglang():
+def test_splits_pay_below_half_the_program_slots_and_leave_fuller_batches_to_sglang():
+    """The plan the H200 measurements chose (plan_splits' docstring), at Qwen3-8B's 32 query heads."""
     from sglang_ddtree.kernels.verify_attention import MAX_SPLITS, plan_splits
 
-    assert plan_splits(1, 32, 65, 132) == 7  # 32 programs alone; 8 parts each -> 256
-    assert plan_splits(4, 32, 65, 132) == 1
-    assert plan_splits(1, 32, 129, 132) == 3  # two query blocks a head
-    assert plan_splits(8, 32, 17, 132) == 0  # 256 programs: SGLang's kernel keeps the call
-    assert plan_splits(1, 1, 17, 132) == MAX_SPLITS
+    assert plan_splits(1, 32, 17, 132) == MAX_SPLITS == 4  # 32 programs of 32 rows in 528 slots
+    assert plan_splits(4, 32, 17, 132) == 3
+    assert plan_splits(4, 32, 33, 132) == 2  # 128 programs of 64 rows in 264 slots: at least 2 chunks
+    assert plan_splits(1, 32, 65, 132) == 3  # 32 programs of 128 rows, one an SM
+    assert plan_splits(2, 32, 65, 132) == 2
+    assert plan_splits(4, 32, 65, 132) == 0  # 128 programs: SGLang's kernel keeps the call
+    assert plan_splits(1, 32, 129, 132) == 2  # three 64-row blocks a head
+    assert plan_splits(2, 32, 129, 132) == 0
+    assert plan_splits(16, 32, 17, 132) == 0
 
 
 def test_hook_takes_only_plain_tree_verifies(monkeypatch):
@@ -105,7 +110,7 @@ def test_hook_takes_only_plain_tree_verifies(monkeypatch):
                                     (), kwargs, sms=132)
 
     monkeypatch.setattr(hooks, "_VERIFY_ATTENTION", "ddtree")
-    assert splits() == 7 and splits(sliding_window_size=None, page_size=1, logit_cap=0.0) == 7
+    assert splits() == 4 and splits(sliding_window_size=None, page_size=1, logit_cap=0.0) == 4
     assert splits(mask=None) == 0  # the drafter's and the prefills' calls
     assert splits(causal=False) == 0
     assert splits(width=16) == 0  # not bs * width query rows

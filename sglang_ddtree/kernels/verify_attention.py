@@ -26,20 +26,27 @@ import torch
 from sglang_ddtree.kernels.common import _pow2, tl, triton
 
 BLOCK_N = 64  # prefix / tree keys per loop step
-MAX_SPLITS = 16
+MAX_SPLITS = 4
+MERGE_ROWS = 16  # query rows a merge program takes
 
 
 def plan_splits(bs: int, heads: int, width: int, sms: int) -> int:
-    """How many chunks the prefix of each (request, head) is cut into so that the programs fill about two waves
-    of `sms`; 0 when SGLang's kernel already has one program per SM or more (then it keeps the call)."""
-    programs = bs * heads * _m_blocks(width)
-    if programs >= sms:
-        return 0
-    return max(1, min(MAX_SPLITS, (2 * sms) // programs - 1))
+    """How many chunks the prefix of each (request, head) is cut into; 0 leaves the call to SGLang's kernel.
+    Measured on an H200 at Qwen3-8B heads (benchmarks/bench_verify_attention.py, prefixes of 400 and 1500
+    tokens): one extra part pays while the programs SGLang's kernel would run (bs x heads x query blocks) fill at
+    most half the SMs' program slots (one 128-row program an SM, two 64-row, four smaller); 2-4 chunks beat more
+    (every part's float32 partials are written and merged), and past half the slots SGLang's kernel was as fast
+    or faster (batch 4, 65 tokens: 40 us against our 48)."""
+    block_m = _block_m(width)
+    slots = sms * (1 if block_m >= 128 else 2 if block_m == 64 else 4)
+    fit = slots // (bs * heads * _m_blocks(width))
+    return 0 if fit < 2 else max(2, min(MAX_SPLITS, fit - 1))
 
 
 def _block_m(width: int) -> int:
-    return min(max(_pow2(width), 16), 128)
+    """Query rows a program: the verify's width rounded up to a power of two (16-128); 64 past 128 tokens (a
+    129-token verify in three blocks of 64 ran faster than in two of 128)."""
+    return 64 if width > 128 else min(max(_pow2(width), 16), 128)
 
 
 def _m_blocks(width: int) -> int:
@@ -52,9 +59,8 @@ if triton is not None:
     def _verify_parts_kernel(Q, K_new, V_new, K_pool, V_pool, kv_indptr, kv_indices, Mask, mask_indptr,
                              Acc, Max, Sum, scale_log2,
                              q_st, q_sh, kn_st, kn_sh, vn_st, vn_sh, kp_st, kp_sh, vp_st, vp_sh,
-                             W, H: tl.constexpr, GROUP: tl.constexpr, SPLITS: tl.constexpr,
-                             M_BLOCKS: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                             W, SPLITS, M_BLOCKS, H: tl.constexpr, GROUP: tl.constexpr, CAUSAL: tl.constexpr,
+                             D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         """One part of one (request, head, query block): a prefix chunk (part < SPLITS) or the tree block."""
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -120,35 +126,44 @@ if triton is not None:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
                 m_i = m_new
                 start += BLOCK_N
+        # the real rows only; an empty part (a prefix shorter than its chunk) leaves its outputs unwritten but for
+        # the running max, which tells the merge to skip it
         slot = ((b * H + h) * (SPLITS + 1) + part) * (M_BLOCKS * BLOCK_M) + rows
-        tl.store(Max + slot, m_i)
-        tl.store(Sum + slot, l_i)
-        tl.store(Acc + slot[:, None] * BLOCK_D + offs_d[None, :], acc)
+        tl.store(Max + slot, m_i, mask=row_ok)
+        tl.store(Sum + slot, l_i, mask=row_ok)
+        filled = row_ok & (m_i > float("-inf"))
+        tl.store(Acc + slot[:, None] * BLOCK_D + offs_d[None, :], acc, mask=filled[:, None])
 
     @triton.jit
-    def _verify_merge_kernel(Acc, Max, Sum, O, o_st, o_sh, W, H: tl.constexpr, PARTS: tl.constexpr,
-                             M_BLOCKS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                             BLOCK_M: tl.constexpr):
-        """Every part's partials of one (request, head, query block) merged by their running maxima; the
-        output in O's dtype."""
+    def _verify_merge_kernel(Acc, Max, Sum, O, o_st, o_sh, W, PARTS, ROWS_PAD, H: tl.constexpr, D: tl.constexpr,
+                             BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+        """The parts of BLOCK_R query rows of one (request, head) merged by their running maxima, the output in
+        O's dtype. Few rows a program: at batch 1 a program per (head, 128 rows) read 9 parts x 64 KB alone and
+        was the slower half of the pair."""
         b = tl.program_id(0)
         h = tl.program_id(1)
-        mb = tl.program_id(2)
-        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        base = (b * H + h) * PARTS * (M_BLOCKS * BLOCK_M) + rows
-        m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        for part in tl.static_range(PARTS):
-            m = tl.maximum(m, tl.load(Max + base + part * (M_BLOCKS * BLOCK_M)))
-        m = tl.where(m == float("-inf"), 0.0, m)  # padding rows only: every real row sees its tree root
-        total = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        for part in tl.static_range(PARTS):
-            slot = base + part * (M_BLOCKS * BLOCK_M)
-            w = tl.exp2(tl.load(Max + slot) - m)
-            total += w * tl.load(Sum + slot)
-            acc += w[:, None] * tl.load(Acc + slot[:, None] * BLOCK_D + offs_d[None, :])
+        rows = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
         row_ok = rows < W
+        offs_d = tl.arange(0, BLOCK_D)
+        base = (b * H + h) * PARTS * ROWS_PAD + rows
+        m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+        part = 0
+        while part < PARTS:  # (while loops: Triton's interpreter cannot range() over an argument)
+            m = tl.maximum(m, tl.load(Max + base + part * ROWS_PAD, mask=row_ok, other=float("-inf")))
+            part += 1
+        m = tl.where(m == float("-inf"), 0.0, m)  # padding rows only: every real row sees its tree root
+        total = tl.zeros([BLOCK_R], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+        part = 0
+        while part < PARTS:
+            slot = base + part * ROWS_PAD
+            part_max = tl.load(Max + slot, mask=row_ok, other=float("-inf"))
+            filled = part_max > float("-inf")
+            w = tl.where(filled, tl.exp2(part_max - m), 0.0)
+            total += w * tl.load(Sum + slot, mask=filled, other=0.0)
+            acc += w[:, None] * tl.load(Acc + slot[:, None] * BLOCK_D + offs_d[None, :], mask=filled[:, None],
+                                        other=0.0)
+            part += 1
         out = acc / tl.where(row_ok, total, 1.0)[:, None]
         tl.store(O + (b * W + rows)[:, None] * o_st + h * o_sh + offs_d[None, :], out.to(O.dtype.element_ty),
                  mask=row_ok[:, None] & (offs_d < D)[None, :])
@@ -157,14 +172,15 @@ if triton is not None:
 def tree_verify_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, out: torch.Tensor,
                           k_pool: torch.Tensor, v_pool: torch.Tensor, kv_indptr: torch.Tensor,
                           kv_indices: torch.Tensor, mask: torch.Tensor | None, mask_indptr: torch.Tensor,
-                          width: int, sm_scale: float, splits: int) -> torch.Tensor:
+                          width: int, sm_scale: float, splits: int, block_m: int | None = None) -> torch.Tensor:
     """Attention of a verify of `width` tokens per request (q [bs*width, H, D]) over each request's prefix in
     the pool and its own tokens under the tree mask (mask None: causal, a chain), written into out
-    [bs*width, H, D]. splits >= 1: plan_splits. Returns out."""
+    [bs*width, H, D]. splits >= 1: plan_splits; block_m: query rows a program (default _block_m). Returns out."""
     tokens, heads, dim = q.shape
     bs = tokens // width
     group = heads // k_new.shape[1]
-    block_m, m_blocks = _block_m(width), _m_blocks(width)
+    block_m = block_m or _block_m(width)
+    m_blocks = -(-width // block_m)
     block_d = _pow2(dim)
     parts = splits + 1
     rows = bs * heads * parts * m_blocks * block_m
@@ -179,11 +195,10 @@ def tree_verify_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
         acc, run_max, run_sum, scale_log2,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        width, H=heads, GROUP=group, SPLITS=splits, M_BLOCKS=m_blocks, CAUSAL=causal, D=dim, BLOCK_D=block_d,
+        width, splits, m_blocks, H=heads, GROUP=group, CAUSAL=causal, D=dim, BLOCK_D=block_d,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, num_warps=warps, num_stages=2)
-    _verify_merge_kernel[(bs, heads, m_blocks)](
-        acc, run_max, run_sum, out, out.stride(0), out.stride(1), width, H=heads, PARTS=parts,
-        M_BLOCKS=m_blocks, D=dim, BLOCK_D=block_d, BLOCK_M=block_m, num_warps=warps)
+    _verify_merge_kernel[(bs, heads, -(-width // MERGE_ROWS))](
+        acc, run_max, run_sum, out, out.stride(0), out.stride(1), width, parts, m_blocks * block_m, H=heads, D=dim, BLOCK_D=block_d, BLOCK_R=MERGE_ROWS, num_warps=4)
     return out
 
 
