@@ -30,7 +30,6 @@ server failed, 2 on bad arguments, 130 when interrupted.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shlex
@@ -42,65 +41,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ddtree_bench import plan as plan_mod  # noqa: E402
+from ddtree_bench.plan import apply_sets, copy_setups, csv_values  # noqa: E402
 from ddtree_bench.results import RESULTS_NAME, ResultsWriter, format_table, read_rows  # noqa: E402
 from ddtree_bench.sweep import Sweep, SweepOptions, gpu_facts, id_prompts, run_facts, text_prompts  # noqa: E402
 from ddtree_bench.server import SubprocessLauncher, format_cpu_list, parse_cpu_list, pin_process  # noqa: E402
-
-TUPLE_FIELDS = {"methods": str, "budgets": int, "batch_sizes": int, "server_env": str, "server_args": str}
-SCALAR_FIELDS = {"max_new_tokens": int, "warmup_new_tokens": int, "prompt_tokens": int, "graph_token_cap": int,
-                 "max_activation_gib": float, "context_length": int, "target": str, "drafter": str,
-                 "backend": str}
-
-
-def _csv(text: str, kind=str) -> tuple:
-    try:
-        return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"{text!r} is not a comma-separated list of {kind.__name__}s.") from None
-
-
-def copy_setups(setups: dict[str, plan_mod.Setup], copies: list[str]) -> dict[str, plan_mod.Setup]:
-    """--copy-setup NEW=BASE: a setup under a new name (its servers and rows carry that name), changed with --set."""
-    out = dict(setups)
-    for item in copies:
-        new, sep, base = (x.strip() for x in item.partition("="))
-        if not sep or not new or base not in out:
-            raise ValueError(f"--copy-setup expects NEW=BASE with BASE one of {', '.join(out)}, got {item!r}.")
-        if new in out or new == "all" or "|" in new:
-            raise ValueError(f"--copy-setup: {new!r} is taken or not a valid setup name.")
-        out[new] = dataclasses.replace(out[base], name=new)
-    return out
-
-
-def apply_sets(setups: dict[str, plan_mod.Setup], sets: list[str]) -> dict[str, plan_mod.Setup]:
-    """--set SETUP.FIELD=VALUE (SETUP may be `all`)."""
-    out = dict(setups)
-    for item in sets:
-        lhs, sep, value = item.partition("=")
-        name, dot, fld = lhs.partition(".")
-        if not sep or not dot:
-            raise ValueError(f"--set expects SETUP.FIELD=VALUE, got {item!r}.")
-        targets = list(out) if name == "all" else [name]
-        for t in targets:
-            if t not in out:
-                raise ValueError(f"--set names unknown setup {t!r}; known: {', '.join(out)}, all.")
-            if fld in TUPLE_FIELDS:
-                parsed = _csv(value, TUPLE_FIELDS[fld])
-            elif fld in SCALAR_FIELDS:
-                kind = SCALAR_FIELDS[fld]
-                if fld == "context_length" and value.lower() in ("", "none", "model"):
-                    parsed = None
-                else:
-                    try:
-                        parsed = kind(value)
-                    except ValueError:
-                        raise ValueError(f"--set {lhs} needs a {kind.__name__}, got {value!r}.") from None
-            else:
-                raise ValueError(f"--set cannot change {fld!r}; allowed: "
-                                 f"{', '.join(sorted({**TUPLE_FIELDS, **SCALAR_FIELDS}))}.")
-            out[t] = dataclasses.replace(out[t], **{fld: parsed})
-    return out
-
 
 def build_prompts(setups: list[plan_mod.Setup], prompts_file: str | None) -> dict[str, list[dict]]:
     prompts = {}
@@ -217,7 +161,7 @@ def main(argv=None) -> int:
         if args.write_prompts:
             write_prompts(Path(args.write_prompts), args.num_prompts)
             return 0
-        names = _csv(args.setups)
+        names = csv_values(args.setups)
         setups = apply_sets(copy_setups(plan_mod.default_setups(), args.copy_setup), args.set)
         unknown = [n for n in names if n not in setups]
         if unknown or not names:

@@ -9,6 +9,8 @@ numbers are above an unprofiled run's; compare methods within one run.
 
   python3 benchmarks/profile_rounds.py --out $OUT/profile --setups 8b-dummy --budgets 32,256 --steps 40
   python3 benchmarks/profile_rounds.py --out $OUT/profile --setups 8b-dummy --methods dflash,auto --batch-size 16
+  python3 benchmarks/profile_rounds.py --out $OUT/profile --setups 8b-real,8b-real-fi --copy-setup 8b-real-fi=8b-real \
+      --set 8b-real-fi.backend=flashinfer --set 8b-real-fi.methods=dflash     # one server on another backend
 
 Writes OUT/profile_rounds.json (one entry per server, plus run facts) and OUT/traces/<server>.trace.json.gz.
 Exit status 0 when every server was profiled.
@@ -48,6 +50,11 @@ def parse_args(argv):
                    help="start recording once the first request has this many output tokens (same context length "
                         "for every server)")
     p.add_argument("--prompts-file", default=None, help="text prompts for text setups (bench_budgets.py format)")
+    p.add_argument("--copy-setup", action="append", default=[], metavar="NEW=BASE",
+                   help="a copy of a setup under a new name, changed with --set (as bench_budgets.py's)")
+    p.add_argument("--set", action="append", default=[], metavar="SETUP.FIELD=VALUE",
+                   help="change a setup before profiling, e.g. 8b-real.backend=flashinfer or "
+                        "8b-real-sg.server_env=SGLANG_DDTREE_VERIFY_ATTENTION=sglang (as bench_budgets.py's)")
     p.add_argument("--start-timeout-s", type=float, default=420.0)
     p.add_argument("--commit", default=None)
     args = p.parse_args(argv)
@@ -61,15 +68,23 @@ def parse_args(argv):
 
 
 def servers_to_profile(args) -> list[plan_mod.ServerPlan]:
-    setups = plan_mod.default_setups()
+    """The servers of --setups with --methods, --budgets and --batch-size, then --copy-setup / --set on top (so a
+    copy may profile other methods or budgets, another backend or a worker switch in the same run)."""
+    try:
+        setups = plan_mod.copy_setups(plan_mod.default_setups(), args.copy_setup)
+        # Long enough that decoding outlasts the recorded steps whatever the acceptance (16 tokens per round at most)
+        setups = {name: plan_mod.with_overrides(
+            setup, methods=tuple(m for m in args.methods.split(",") if m),
+            budgets=tuple(int(b) for b in args.budgets.split(",") if b), batch_sizes=(args.batch_size,))
+            for name, setup in setups.items()}
+        setups = plan_mod.apply_sets(setups, args.set)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     chosen = []
     for name in [s for s in args.setups.split(",") if s]:
         if name not in setups:
             raise SystemExit(f"unknown setup {name!r}; known: {', '.join(setups)}")
-        # Long enough that decoding outlasts the recorded steps whatever the acceptance (16 tokens per round at most)
-        chosen.append(plan_mod.with_overrides(
-            setups[name], methods=tuple(m for m in args.methods.split(",") if m),
-            budgets=tuple(int(b) for b in args.budgets.split(",") if b), batch_sizes=(args.batch_size,)))
+        chosen.append(setups[name])
     return plan_mod.expand(chosen).servers
 
 

@@ -501,3 +501,62 @@ def plan_waves(servers: list[ServerPlan], *, mem_budget_gib: float, max_parallel
 def with_overrides(setup: Setup, **changes) -> Setup:
     """dataclasses.replace that drops None values (unset command-line options)."""
     return dataclasses.replace(setup, **{k: v for k, v in changes.items() if v is not None})
+
+
+# ------------------------------------------------------------------------------------- command-line changes
+
+# the Setup fields --set may change, with their types
+TUPLE_FIELDS = {"methods": str, "budgets": int, "batch_sizes": int, "server_env": str, "server_args": str}
+SCALAR_FIELDS = {"max_new_tokens": int, "warmup_new_tokens": int, "prompt_tokens": int, "graph_token_cap": int,
+                 "max_activation_gib": float, "context_length": int, "target": str, "drafter": str,
+                 "backend": str}
+
+
+def csv_values(text: str, kind=str) -> tuple:
+    try:
+        return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma-separated list of {kind.__name__}s.") from None
+
+
+def copy_setups(setups: dict[str, Setup], copies: list[str]) -> dict[str, Setup]:
+    """--copy-setup NEW=BASE: a setup under a new name (its servers and rows carry that name), changed with --set."""
+    out = dict(setups)
+    for item in copies:
+        new, sep, base = (x.strip() for x in item.partition("="))
+        if not sep or not new or base not in out:
+            raise ValueError(f"--copy-setup expects NEW=BASE with BASE one of {', '.join(out)}, got {item!r}.")
+        if new in out or new == "all" or "|" in new:
+            raise ValueError(f"--copy-setup: {new!r} is taken or not a valid setup name.")
+        out[new] = dataclasses.replace(out[base], name=new)
+    return out
+
+
+def apply_sets(setups: dict[str, Setup], sets: list[str]) -> dict[str, Setup]:
+    """--set SETUP.FIELD=VALUE (SETUP may be `all`)."""
+    out = dict(setups)
+    for item in sets:
+        lhs, sep, value = item.partition("=")
+        name, dot, fld = lhs.partition(".")
+        if not sep or not dot:
+            raise ValueError(f"--set expects SETUP.FIELD=VALUE, got {item!r}.")
+        targets = list(out) if name == "all" else [name]
+        for t in targets:
+            if t not in out:
+                raise ValueError(f"--set names unknown setup {t!r}; known: {', '.join(out)}, all.")
+            if fld in TUPLE_FIELDS:
+                parsed = csv_values(value, TUPLE_FIELDS[fld])
+            elif fld in SCALAR_FIELDS:
+                kind = SCALAR_FIELDS[fld]
+                if fld == "context_length" and value.lower() in ("", "none", "model"):
+                    parsed = None
+                else:
+                    try:
+                        parsed = kind(value)
+                    except ValueError:
+                        raise ValueError(f"--set {lhs} needs a {kind.__name__}, got {value!r}.") from None
+            else:
+                raise ValueError(f"--set cannot change {fld!r}; allowed: "
+                                 f"{', '.join(sorted({**TUPLE_FIELDS, **SCALAR_FIELDS}))}.")
+            out[t] = dataclasses.replace(out[t], **{fld: parsed})
+    return out
