@@ -82,7 +82,7 @@ def install_tree_conv_hook() -> str:
 # at small batches a tree verify takes ours (kernels/verify_attention.py: the prefix split across programs).
 VERIFY_ATTENTION_TARGET = "sglang.kernels.ops.attention.extend_attention.extend_attention_fwd"
 # SGLANG_DDTREE_VERIFY_ATTENTION as install_verify_attention_hook read it (at the worker's start)
-_VERIFY_ATTENTION = "ddtree"
+_VERIFY_ATTENTION = "sglang"
 _SMS: dict = {}  # device index -> its SM count
 
 
