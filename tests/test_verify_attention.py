@@ -119,3 +119,27 @@ def test_hook_takes_only_plain_tree_verifies(monkeypatch):
     assert splits(logit_cap=30.0) == 0 and splits(page_size=16) == 0 and splits(future_option=1) == 0
     monkeypatch.setattr(hooks, "_VERIFY_ATTENTION", "sglang")
     assert splits() == 0
+
+
+def test_the_hook_is_installed_only_when_asked_for(monkeypatch):
+    """SGLANG_DDTREE_VERIFY_ATTENTION unset (sglang, the default): the worker registers nothing, so SGLang's
+    extend kernel runs with no wrapper around it; ddtree: the wrapper is registered on SGLang's kernel."""
+    import sys
+    import types
+
+    from sglang_ddtree.sglang import hooks
+
+    registered = []
+    registry = types.SimpleNamespace(register=lambda target, fn, kind: registered.append((target, fn, kind)),
+                                     apply_hooks=lambda: None)
+    fake = types.ModuleType("sglang.srt.plugins.hook_registry")
+    fake.HookRegistry, fake.HookType = registry, types.SimpleNamespace(AROUND="around")
+    for name in ("sglang", "sglang.srt", "sglang.srt.plugins"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", fake)
+    monkeypatch.setattr(hooks, "_VERIFY_ATTENTION", hooks._VERIFY_ATTENTION)
+    monkeypatch.delenv("SGLANG_DDTREE_VERIFY_ATTENTION", raising=False)
+    assert hooks.install_verify_attention_hook() == "sglang" and registered == []
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_ATTENTION", "ddtree")
+    assert hooks.install_verify_attention_hook() == "ddtree"
+    assert registered == [(hooks.VERIFY_ATTENTION_TARGET, hooks.around_extend_attention, "around")]

@@ -79,7 +79,8 @@ def install_tree_conv_hook() -> str:
 
 
 # The attention SGLang's Triton backend runs for a target verify (a name the backend imports when it is built):
-# at small batches a tree verify takes ours (kernels/verify_attention.py: the prefix split across programs).
+# with SGLANG_DDTREE_VERIFY_ATTENTION=ddtree, a tree verify at small batches takes ours
+# (kernels/verify_attention.py: the prefix split across programs).
 VERIFY_ATTENTION_TARGET = "sglang.kernels.ops.attention.extend_attention.extend_attention_fwd"
 # SGLANG_DDTREE_VERIFY_ATTENTION as install_verify_attention_hook read it (at the worker's start)
 _VERIFY_ATTENTION = "sglang"
@@ -135,14 +136,17 @@ def around_extend_attention(original, q_extend, k_extend, v_extend, o_extend, k_
 
 
 def install_verify_attention_hook() -> str:
-    """Put around_extend_attention on SGLang's Triton extend attention. DDTreeWorker calls it in its scheduler
-    process before the target's attention backends are built (they import the function then); only calls with a
-    verify's custom mask take ours, so the drafter's and the prefills' keep SGLang's.
-    -> the SGLANG_DDTREE_VERIFY_ATTENTION choice it read."""
+    """Put around_extend_attention on SGLang's Triton extend attention when SGLANG_DDTREE_VERIFY_ATTENTION is
+    `ddtree`; with `sglang` (the default) nothing is installed, so every call goes straight to SGLang's kernel.
+    DDTreeWorker calls it in its scheduler process before the target's attention backends are built (they import
+    the function then); only calls with a verify's custom mask take ours, so the drafter's and the prefills' keep
+    SGLang's. -> the SGLANG_DDTREE_VERIFY_ATTENTION choice it read."""
     global _VERIFY_ATTENTION
+    _VERIFY_ATTENTION = config.get("SGLANG_DDTREE_VERIFY_ATTENTION")
+    if _VERIFY_ATTENTION != "ddtree":
+        return _VERIFY_ATTENTION
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    _VERIFY_ATTENTION = config.get("SGLANG_DDTREE_VERIFY_ATTENTION")
     HookRegistry.register(VERIFY_ATTENTION_TARGET, around_extend_attention, HookType.AROUND)
     HookRegistry.apply_hooks()
     return _VERIFY_ATTENTION
