@@ -5,16 +5,16 @@ DDTREE_GPU_BACKEND picks the attention backend (triton, the default, or flashinf
 
   - greedy, 128 new tokens, 16 HumanEval prompts (runs/bench/humaneval_prompts.jsonl, written by
     `benchmarks/bench_budgets.py --write-prompts`; the serving prompts otherwise): DDTREE at B = 16, 64 and 256 and
-    `auto` (its default candidates), one request at a time and all 16 at once, against plain decoding one at a time; a first difference passes only where
-    plain's own log-probs of its token and DDTREE's are within TIE_NATS, and every first difference's gap is
-    recorded. The gap comes from plain's top-5; a DDTREE token outside them is judged by decoding the same prompt on
-    the plain server again with SGLang's token_ids_logprob for both tokens (the same decode path, so the same
-    numbers), and its gap on plain's prefill path (the prompt and the common prefix as one extend, the kind of
-    forward a verify is) is recorded next to it;
+    `auto` (its default candidates), one request at a time and all 16 at once, against plain decoding one at a time; a
+    first difference passes only where plain's own log-probs of its token and DDTREE's are within TIE_NATS, and every
+    first difference's gap is recorded. The gap comes from plain's top-5; a DDTREE token outside them is judged by
+    decoding the same prompt on the plain server again with SGLang's token_ids_logprob for both tokens (the same decode
+    path, so the same numbers), and its gap on plain's prefill path (the prompt and the common prefix as one extend, the
+    kind of forward a verify is) is recorded next to it;
   - the KV pool is back to idle after 200 mixed, sampled and aborted requests (B = 64).
 
-DDTREE_GPU_CONFIGS=ddtree-64,ddtree-auto,... starts only those DDTREE servers (plain always): five 8B servers at
-once need an H200; three fit an H100. Tests of servers not selected skip.
+DDTREE_GPU_CONFIGS=ddtree-64,ddtree-auto,... starts only those DDTREE servers (plain always): all five 8B servers at
+once are sized for an H200; on an H100 select fewer. Tests of servers not selected skip.
 """
 
 from __future__ import annotations
