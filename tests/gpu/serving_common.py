@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import time
 import urllib.request
 
@@ -36,6 +37,19 @@ TEXT_PROMPTS = [
 ]
 ID_PROMPTS = [[11 + i, 12, 13 + i, 14] * (1 + i % 3) for i in range(8)]
 GREEDY = {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}
+
+
+def select_configs(all_configs: dict) -> dict:
+    """DDTREE_GPU_CONFIGS=name,name,...: only those of a module's server configurations, and "plain" always (the
+    reference the others are compared with); unset, all of them. An unknown name is refused with the known ones."""
+    wanted = os.environ.get("DDTREE_GPU_CONFIGS")
+    if not wanted:
+        return all_configs
+    names = [n.strip() for n in wanted.split(",") if n.strip()]
+    unknown = [n for n in names if n not in all_configs]
+    if unknown:
+        raise ValueError(f"DDTREE_GPU_CONFIGS names unknown configurations {unknown}; known: {sorted(all_configs)}")
+    return {n: all_configs[n] for n in ["plain"] + [n for n in names if n != "plain"]}
 
 
 def ddtree(budget, *extra):

@@ -32,7 +32,7 @@ import urllib.request
 
 import pytest
 from serving_common import (BATCH, COMMON, MAX_NEW_TOKENS, compare, ddtree, mixed_and_aborted_load, prompt,
-                            run_batch1, run_batch8, tau_of, used_tokens)
+                            run_batch1, run_batch8, select_configs, tau_of, used_tokens)
 
 TIE_NATS = float(os.environ.get("DDTREE_TIE_NATS", "0.25"))
 
@@ -74,23 +74,10 @@ DDTREE_NAMES = ["ddtree-16", "ddtree-64", "ddtree-256", "ddtree-1024", "ddtree-6
 AUTO_NAMES = ["ddtree-auto"]
 
 
-def selected_configs(pair):
-    """DDTREE_GPU_CONFIGS=name,name,... runs a subset (e.g. a quick smoke); tests of absent servers skip."""
-    all_configs = configs(pair)
-    wanted = os.environ.get("DDTREE_GPU_CONFIGS")
-    if not wanted:
-        return all_configs
-    names = [n.strip() for n in wanted.split(",") if n.strip()]
-    unknown = [n for n in names if n not in all_configs]
-    if unknown:
-        raise ValueError(f"DDTREE_GPU_CONFIGS names unknown configurations {unknown}; known: {sorted(all_configs)}")
-    return {n: all_configs[n] for n in ["plain"] + [n for n in names if n != "plain"]}
-
-
 @pytest.fixture(scope="module")
 def servers(sglang_servers, model_pair):
     env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
-    return sglang_servers(selected_configs(model_pair), env=env)
+    return sglang_servers(select_configs(configs(model_pair)), env=env)
 
 
 def need(servers, *names):

@@ -25,8 +25,8 @@ import os
 import pytest
 
 from conftest import REPO_ROOT
-from serving_common import (TEXT_PROMPTS, compare, ddtree, flush_cache, mixed_and_aborted_load, tau_of,
-                            used_tokens)
+from serving_common import (TEXT_PROMPTS, compare, ddtree, flush_cache, mixed_and_aborted_load, select_configs,
+                            tau_of, used_tokens)
 
 TIE_NATS = 0.125
 NEW_TOKENS = 128
@@ -64,12 +64,7 @@ def servers(sglang_servers, pair):
     backend = os.environ.get("DDTREE_GPU_BACKEND", "triton")
     base = common(pair, backend)
     draft = ["--speculative-draft-model-path", str(pair.drafter)]
-    configs = {f"ddtree-{b}": base + ddtree(b) + draft for b in BUDGETS}
-    wanted = [n.strip() for n in os.environ.get("DDTREE_GPU_CONFIGS", "").split(",") if n.strip()]
-    unknown = [n for n in wanted if n not in configs]
-    if unknown:
-        raise ValueError(f"DDTREE_GPU_CONFIGS names unknown configurations {unknown}; known: {sorted(configs)}")
-    configs = {"plain": base, **{n: a for n, a in configs.items() if not wanted or n in wanted}}
+    configs = select_configs({"plain": base, **{f"ddtree-{b}": base + ddtree(b) + draft for b in BUDGETS}})
     started = sglang_servers(configs, env={"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"})
     failed = {n: s for n, s in started.items() if isinstance(s, Exception)}
     if failed:
