@@ -151,8 +151,12 @@ def real8b(srcs: list[Source], setup: str = "8b-real", setups: dict | None = Non
         out[f"{key}_round_ms_bs1"] = bs1
         if "dflash" in bs1 and "64" in bs1:
             out[f"{key}_ddtree64_round_over_dflash_bs1"] = round(bs1["64"] / bs1["dflash"], 4)
-    if "auto" in by_role:  # `auto` measured in the same wave as DFLASH and the fixed budgets: its figure of record
-        out.update(_real8b_auto(_sweep_rows(by_role["auto"].path), setup))
+    # `auto` measured in the same wave as DFLASH and the fixed budgets: its figure of record. Several `auto` sources
+    # (one run per group of batch sizes) merge per batch size, a later source's batch size replacing an earlier one's.
+    for src in (s for s in srcs if s.opts.get("role") == "auto"):
+        for key, by_bs in _real8b_auto(_sweep_rows(src.path), setup).items():
+            out.setdefault(key, {}).update(by_bs)
+            out[key] = dict(sorted(out[key].items(), key=lambda kv: int(kv[0])))
     if "plugin_before" in by_role:  # the same fixed-budget servers from this commit's plugin and an earlier one
         opts = by_role["plugin_before"].opts
         out["real8b_plugin_now_over_before"] = _now_over_before(_sweep_rows(by_role["plugin_before"].path),

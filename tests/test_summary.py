@@ -208,6 +208,33 @@ def test_a_figure_is_one_table_row_and_a_generic_sweep_reader(tmp_path):
     assert out["missing"] == ["gone: nowhere.json"]
 
 
+def test_real_size_auto_from_several_runs_merges_per_batch_size(tmp_path):
+    """`auto` at real size may come from one run per group of batch sizes (role `auto` more than once): each batch
+    size's ratio is over the best rival of its own run, and a later source's batch size replaces an earlier one's."""
+    ms = _make_summary()
+
+    def row(method, budget, bs, tps):
+        return {"kind": "result", "status": "ok", "setup": "8b-real", "method": method, "budget": budget,
+                "batch_size": bs, "decode_tokens_per_s": tps, "tau": 3.0, "step_ms": 5.0,
+                "decode_tokens_per_s_runs": [tps, tps]}
+
+    def write(name, rows):
+        (tmp_path / name).write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+
+    write("sweep.jsonl", [row("dflash", None, 1, 100.0), row("ddtree", 16, 1, 110.0)])
+    write("small.jsonl", [row("dflash", None, 1, 100.0), row("ddtree", 64, 1, 125.0), row("auto", None, 1, 120.0),
+                          row("dflash", None, 16, 500.0), row("ddtree", 16, 16, 400.0), row("auto", None, 16, 450.0)])
+    write("large.jsonl", [row("dflash", None, 16, 800.0), row("ddtree", 16, 16, 700.0), row("auto", None, 16, 792.0),
+                          row("dflash", None, 64, 2000.0), row("ddtree", 16, 64, 1000.0),
+                          row("auto", None, 64, 1900.0)])
+    table = [{"name": "real8b", "reader": "real8b", "setups": {"triton": "8b-real"},
+              "sources": [{"file": "sweep.jsonl", "role": "sweep"}, {"file": "small.jsonl", "role": "auto"},
+                          {"file": "large.jsonl", "role": "auto"}]}]
+    out = ms.build(table, results=tmp_path)
+    assert out["real8b_auto_over_best"] == {"1": 0.96, "16": 0.99, "64": 0.95}
+    assert list(out["real8b_auto_over_best_run_range"]) == ["1", "16", "64"]
+
+
 def test_every_committed_result_file_is_cited_by_the_results_readme():
     """benchmarks/results/README.md has one row per kept file or folder (results of record only)."""
     results = ROOT / "benchmarks" / "results"
