@@ -3,14 +3,23 @@
 
     python scripts/build_corpus.py                                   # once, on CPU (writes .cache/corpus)
     PYTHONUNBUFFERED=1 python scripts/train_tiny_pair.py --data .cache/corpus --out models/tiny --device cuda
+    PYTHONUNBUFFERED=1 python scripts/train_tiny_pair.py --target-arch qwen3_5_text --data .cache/corpus --device cuda
     python scripts/train_tiny_pair.py --smoke --data <corpus> --out <tmp>   # seconds on CPU (tests)
 
+--target-arch picks the target (scripts/tiny_targets.py): `qwen3`, a dense Qwen3ForCausalLM (the default; the
+committed models/tiny), or `qwen3_5_text`, a dense-MLP gated-delta-net hybrid Qwen3_5ForCausalLM (3 linear-attention
+layers : 1 gated full-attention layer; default out models/tiny-hybrid) whose shape widens exactly to Qwen3.5-27B with
+`python -m sglang_ddtree.widen_hybrid` (checked before training: --widen-shape). Only the target's construction, its
+shape options and batch, the drafter's default feature layers, shape and final-norm start, and the saved config
+differ; the phases below are the same for both.
+
 Phases (each one saves its results before the next starts; default budgets for one H200, ~6 minutes in all):
-  1. target (70s): a transformers Qwen3ForCausalLM trained as a next-token LM on the train split (bf16 autocast,
+  1. target (70s): a transformers causal LM trained as a next-token LM on the train split (bf16 autocast,
      AdamW, warmup + cosine over the time budget); a held-out probe every 10s stops it early and the best
      probe's weights are shipped (the 8.7M-token corpus is overfitted within about a minute); held-out
      perplexity; saved in bf16 with tokenizer files.
-  2. data (100s): the target's own greedy continuations of random train-split windows (KV-cached batched loop),
+  2. data (100s): the target's own greedy continuations of random train-split windows (batched loop with the
+     transformers cache: KV, and the conv / recurrent states of a hybrid's linear-attention layers),
      so every generated position holds "the target's greedy token given the prefix". Batch size and number
      of batches are time-budgeted (the loop is launch-bound: bigger batches cost little more per step).
   3. drafter (the rest, ~140s): DFlash block-diffusion objective exactly as SGLang runs the drafter: anchor p in
@@ -41,6 +50,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tiny_targets, also when loaded by path (tests)
+import tiny_targets  # noqa: E402
 from sglang_ddtree.drafter import (  # noqa: E402
     DFlashDrafter, DrafterConfig, block_training_mask, target_context_features,
 )
@@ -126,38 +137,6 @@ def write_json(path: Path, data: dict) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # target
 # ---------------------------------------------------------------------------------------------------------
-def build_target(args, vocab_size: int, eos_id: int):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=args.hidden,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        head_dim=args.head_dim,
-        intermediate_size=args.intermediate,
-        hidden_act="silu",
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,  # transformers 5 turns this into rope_parameters
-        tie_word_embeddings=True,
-        attention_bias=False,
-        attention_dropout=0.0,
-        use_sliding_window=False,
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
-        initializer_range=0.02,
-    )
-    config.architectures = ["Qwen3ForCausalLM"]
-    try:
-        model = Qwen3ForCausalLM._from_config(config, attn_implementation="sdpa")
-    except (TypeError, ValueError):
-        model = Qwen3ForCausalLM(config)
-    return model
-
-
 def spread_windows(tokens: torch.Tensor, n: int, length: int, offset: float = 0.0) -> torch.Tensor:
     """Up to n windows [n, length], evenly spread over the whole stream (files differ a lot: docstring prose,
     tables, tests), without overlap. offset in [0, 1) shifts every window by that fraction of the stride, so two
@@ -184,12 +163,16 @@ def heldout_ppl(model, held: torch.Tensor, seq: int, max_windows: int, batch: in
     return math.exp(total / count), count
 
 
-def train_target(args, train: torch.Tensor, held: torch.Tensor, vocab_size: int, eos_id: int, device, rec):
-    model = build_target(args, vocab_size, eos_id).to(device)
+def train_target(args, config, train: torch.Tensor, held: torch.Tensor, device, rec):
+    model = tiny_targets.build_target(config).to(device)
+    vocab_size = config.vocab_size
     model.config.use_cache = False
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"[target] Qwen3ForCausalLM {n_params / 1e6:.2f}M params; batch {args.target_batch} x {args.target_seq} "
-        f"tokens; budget {args.target_seconds:.0f}s" + (f" / {args.target_max_steps} steps" if args.target_max_steps else ""))
+    types = getattr(config, "layer_types", None) or []
+    layers = "".join("F" if t == "full_attention" else "L" for t in types) if "linear_attention" in types else ""
+    log(f"[target] {type(model).__name__} {n_params / 1e6:.2f}M params" + (f" (layers {layers})" if layers else "")
+        + f"; batch {args.target_batch} x {args.target_seq} tokens; budget {args.target_seconds:.0f}s"
+        + (f" / {args.target_max_steps} steps" if args.target_max_steps else ""))
     opt = make_optimizer(model, args.target_lr, 0.1, device)
     fwd = model
     if args.compile and device.type == "cuda":
@@ -276,7 +259,8 @@ def train_target(args, train: torch.Tensor, held: torch.Tensor, vocab_size: int,
     log(f"[target] done: {step} steps, {tokens_seen:,} tokens in {seconds:.1f}s; held-out ppl {ppl:.3f} "
         f"(bf16 weights, {n_tok:,} tokens)")
     rec["target"] = {
-        "params": n_params, "steps": step, "tokens_seen": tokens_seen, "seconds": round(seconds, 1),
+        "arch": args.target_arch, "class": type(model).__name__, "params": n_params, "steps": step,
+        "tokens_seen": tokens_seen, "seconds": round(seconds, 1),
         "tokens_per_second": round(tokens_seen / max(seconds, 1e-6)), "batch": args.target_batch,
         "seq_len": args.target_seq, "peak_lr": args.target_lr, "final_loss": curve[-1]["loss"] if curve else None,
         "heldout_ppl": round(ppl, 4), "heldout_ppl_tokens": n_tok, "loss_curve": curve,
@@ -291,6 +275,10 @@ def save_target(model, out: Path, tokenizer_dir: Path) -> None:
         shutil.rmtree(tdir)
     model.config.use_cache = True
     model.save_pretrained(str(tdir))
+    extra = tiny_targets.serving_config_keys(model.config)
+    if extra:  # keys SGLang reads that transformers does not write
+        config_path = tdir / "config.json"
+        config_path.write_text(json.dumps(dict(json.loads(config_path.read_text()), **extra), indent=2) + "\n")
     for name in TOKENIZER_FILES:
         shutil.copyfile(tokenizer_dir / name, tdir / name)
 
@@ -431,17 +419,31 @@ def generate_data(args, model, train: torch.Tensor, device, budget: float, rec):
 # drafter
 # ---------------------------------------------------------------------------------------------------------
 def make_drafter_config(args, target_config, mask_id: int) -> DrafterConfig:
+    """The drafter's shape: --drafter-* options where given (the hybrid's defaults set them), else the target's."""
     n_t = target_config.num_hidden_layers
-    layer_ids = args.target_layer_ids or sorted({1, n_t - 2})
+    layer_ids = args.target_layer_ids or tiny_targets.default_feature_layers(args.target_arch, n_t)
     return DrafterConfig(
         hidden_size=target_config.hidden_size, num_layers=args.drafter_layers,
-        num_heads=target_config.num_attention_heads, num_kv_heads=target_config.num_key_value_heads,
-        head_dim=target_config.head_dim, intermediate_size=target_config.intermediate_size,
+        num_heads=args.drafter_heads or target_config.num_attention_heads,
+        num_kv_heads=args.drafter_kv_heads or target_config.num_key_value_heads,
+        head_dim=args.drafter_head_dim or target_config.head_dim,
+        intermediate_size=args.drafter_intermediate or target_config.intermediate_size,
         rms_norm_eps=target_config.rms_norm_eps, rope_theta=10000.0, block_size=args.block_size,
         target_layer_ids=layer_ids, mask_token_id=mask_id, vocab_size=target_config.vocab_size,
         num_target_layers=n_t, max_position_embeddings=target_config.max_position_embeddings,
         mask_token=MASK_TOKEN,
     )
+
+
+def check_widening(args, target_config, mask_id: int) -> dict | None:
+    """--widen-shape: widen_hybrid's plan for the pair this run will train, refused before anything trains."""
+    if not args.widen_shape:
+        return None
+    result = tiny_targets.check_widening(args.widen_shape, target_config,
+                                         make_drafter_config(args, target_config, mask_id).to_json())
+    log(f"[setup] widens bf16-exactly to {args.widen_shape}: target layers -> {result['target_live_layers']}, "
+        f"drafter feature layers {result['small_feature_ids']} -> feature blocks {result['feature_blocks']}")
+    return result
 
 
 def init_drafter(drafter: DFlashDrafter, seed: int) -> None:
@@ -572,7 +574,7 @@ def train_drafter(args, model, seqs, starts, cfg: DrafterConfig, device, budget:
     init_drafter(drafter, args.seed + 3)
     with torch.no_grad():
         # Both final norms feed the same lm_head: start the drafter's at the target's scale.
-        drafter.norm.weight.copy_(model.model.norm.weight.float().cpu())
+        drafter.norm.weight.copy_(tiny_targets.final_norm_gain(model).cpu())
     drafter.to(device).train()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -748,8 +750,8 @@ def stdlib_sample_ppl(target_dir: Path, tokenizer_dir: Path) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 # main
 # ---------------------------------------------------------------------------------------------------------
-SMOKE = dict(hidden=64, layers=4, heads=2, kv_heads=1, head_dim=32, intermediate=128,
-             target_batch=8, target_seq=64, target_seconds=30.0, target_max_steps=12, target_warmup=4,
+# --smoke: a few steps of everything (the shapes are the arch's smoke shapes: tiny_targets.ARCH_DEFAULTS)
+SMOKE = dict(target_batch=8, target_seq=64, target_seconds=30.0, target_max_steps=12, target_warmup=4,
              gen_batch=4, gen_max_batch=8, gen_min_batch=4, gen_total_len=64, gen_prompt_lens=[8, 16],
              gen_seconds=20.0, gen_max_batches=2, drafter_layers=1, block_size=16, drafter_batch=4, anchors=4,
              drafter_seconds=30.0, drafter_max_steps=12, drafter_warmup=4, drafter_eval_every=1.0,
@@ -760,7 +762,13 @@ SMOKE = dict(hidden=64, layers=4, heads=2, kv_heads=1, head_dim=32, intermediate
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(REPO_ROOT / ".cache" / "corpus"))
-    ap.add_argument("--out", default=str(REPO_ROOT / "models" / "tiny"))
+    ap.add_argument("--out", default=None, help="default models/tiny (qwen3) or models/tiny-hybrid (qwen3_5_text)")
+    ap.add_argument("--target-arch", choices=tiny_targets.ARCHS, default=tiny_targets.DEFAULT_ARCH,
+                    help="qwen3: dense Qwen3ForCausalLM; qwen3_5_text: dense-MLP gated-delta-net hybrid "
+                         "Qwen3_5ForCausalLM (scripts/tiny_targets.py)")
+    ap.add_argument("--widen-shape", default=None,
+                    help="hybrid only: refuse, before training, a pair that sglang_ddtree.widen_hybrid cannot widen "
+                         "bf16-exactly to this shape (default qwen3.5-27b; 'none' skips the check)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and a few steps (CPU, tests)")
@@ -770,14 +778,15 @@ def parse_args(argv=None):
     ap.add_argument("--log-every", type=float, default=10.0, help="seconds between progress lines")
     ap.add_argument("--total-seconds", type=float, default=350.0,
                     help="hard cap for the whole run: later phases shrink if earlier ones overran")
-    g = ap.add_argument_group("target")
-    g.add_argument("--hidden", type=int, default=256)
-    g.add_argument("--layers", type=int, default=6)
-    g.add_argument("--heads", type=int, default=4)
-    g.add_argument("--kv-heads", type=int, default=2)
-    g.add_argument("--head-dim", type=int, default=64)
-    g.add_argument("--intermediate", type=int, default=768)
-    g.add_argument("--target-batch", type=int, default=128)
+    g = ap.add_argument_group("target (shape defaults by --target-arch and --smoke: scripts/tiny_targets.py)")
+    g.add_argument("--hidden", type=int, default=None)
+    g.add_argument("--layers", type=int, default=None)
+    g.add_argument("--heads", type=int, default=None)
+    g.add_argument("--kv-heads", type=int, default=None)
+    g.add_argument("--head-dim", type=int, default=None, help="full-attention head dim")
+    g.add_argument("--intermediate", type=int, default=None)
+    tiny_targets.add_hybrid_options(g)
+    g.add_argument("--target-batch", type=int, default=None, help="default 128 (qwen3), 32 (qwen3_5_text)")
     g.add_argument("--target-seq", type=int, default=1024)
     g.add_argument("--target-lr", type=float, default=2e-3)
     g.add_argument("--target-warmup", type=int, default=100)
@@ -802,8 +811,12 @@ def parse_args(argv=None):
     g.add_argument("--gen-max-batches", type=int, default=0, help="0 = only the time budget")
     g = ap.add_argument_group("drafter")
     g.add_argument("--drafter-layers", type=int, default=2)
+    g.add_argument("--drafter-heads", type=int, default=None, help="default: the arch's, else the target's")
+    g.add_argument("--drafter-kv-heads", type=int, default=None)
+    g.add_argument("--drafter-head-dim", type=int, default=None)
+    g.add_argument("--drafter-intermediate", type=int, default=None)
     g.add_argument("--target-layer-ids", type=lambda s: [int(x) for x in s.split(",")], default=None,
-                   help="comma list; default 1,<layers-2>")
+                   help="comma list; default 1,<layers-2> (hybrid: 1,<layers/2-1>,<layers-2>)")
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--drafter-batch", type=int, default=128)
     g.add_argument("--anchors", type=int, default=32, help="anchors (blocks) per sequence per step")
@@ -827,6 +840,20 @@ def parse_args(argv=None):
         for k, v in SMOKE.items():
             if k not in explicit:
                 setattr(args, k, v)
+    hybrid = tiny_targets.is_hybrid(args.target_arch)
+    if not hybrid:
+        given = [k for k in tiny_targets.HYBRID_ONLY_KEYS if getattr(args, k) is not None]
+        if given or args.widen_shape not in (None, "none"):
+            raise ValueError(f"{', '.join(given) or 'widen_shape'}: only for --target-arch qwen3_5_text.")
+    for k, v in tiny_targets.arch_defaults(args.target_arch, args.smoke).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.out is None:
+        args.out = str(REPO_ROOT / "models" / ("tiny-hybrid" if hybrid else "tiny"))
+    if hybrid and args.widen_shape is None:
+        args.widen_shape = "qwen3.5-27b"
+    if args.widen_shape == "none":
+        args.widen_shape = None
     if args.block_size < 2:
         raise ValueError(f"--block-size must be >= 2, got {args.block_size}.")
     if args.anchors < 1 or args.drafter_batch < 1 or args.gen_batch < 1 or args.target_batch < 1:
@@ -875,6 +902,11 @@ def main(argv=None) -> int:
           f"{held.numel():,} held-out tokens, vocab {vocab_size}; seed {args.seed}")
 
     log_path = out / "training_log.json"
+    if args.reuse_target and (out / "target" / "config.json").is_file():  # refused before the log is rewritten
+        reused_type = json.loads((out / "target" / "config.json").read_text()).get("model_type")
+        if reused_type != args.target_arch:
+            raise ValueError(f"{out / 'target'} is a {reused_type} model: pass --target-arch {reused_type} to "
+                             "reuse it.")
     rec = {
         "status": "running", "seed": args.seed, "args": {k: v for k, v in vars(args).items()},
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
@@ -885,18 +917,21 @@ def main(argv=None) -> int:
     }
     summary = {"status": "running"}
     try:
-        # Phase 1: target
+        # Phase 1: target (a hybrid pair's widening is checked first: no time is spent on a shape it refuses)
         t0 = clock()
         if args.reuse_target:
             from sglang_ddtree.tiny import load_target
 
             model = load_target(out / "target", device=device, dtype=torch.bfloat16)
+            rec["widening"] = check_widening(args, model.config, mask_id)
             previous = json.loads(log_path.read_text()) if log_path.is_file() else {}
             rec["target"] = dict(previous.get("target", {}), reused=True)
             log(f"[target] reusing {out / 'target'} (held-out ppl {rec['target'].get('heldout_ppl')})")
         else:
+            config = tiny_targets.target_config(args, vocab_size, eos_id)
+            rec["widening"] = check_widening(args, config, mask_id)
             args.target_seconds = min(args.target_seconds, max(1.0, args.total_seconds - 120.0))
-            model = train_target(args, train, held, vocab_size, eos_id, device, rec)
+            model = train_target(args, config, train, held, device, rec)
             save_target(model, out, tokenizer_dir)
             log(f"[target] saved to {out / 'target'}")
         rec["timings"]["target"] = round(clock() - t0, 1)
@@ -964,6 +999,8 @@ def main(argv=None) -> int:
     rec["timings"]["total"] = round(clock(), 1)
     write_json(log_path, rec)
     summary.update({
+        "target_arch": args.target_arch,
+        "widen_bf16_exact": (rec.get("widening") or {}).get("scales", {}).get("bf16_exact"),
         "seconds": rec["timings"]["total"],
         "target_steps": rec.get("target", {}).get("steps"),
         "heldout_ppl": rec.get("target", {}).get("heldout_ppl"),

@@ -59,7 +59,8 @@ by bf16 rounding (~2^-9 relative per weight) in bf16; `HybridScales.bf16_exact` 
   context, which hidden_norm turns into sqrt(r) x the small normalised value), attention as above with its own m.
 
 `python -m sglang_ddtree.widen_hybrid --shape qwen3.5-27b --small DIR --out OUT` writes OUT/target and
-OUT/drafter (bf16, deterministic); `--meta` prints the big shape's parameter counts without building.
+OUT/drafter (bf16, deterministic); `--meta` prints the big shape's parameter counts without building, and `--check`
+prints the plan and scales for --small without building (`check_hybrid_pair`).
 The shapes, their tensors and the layer / head-dim index maps are in `widen_hybrid_shapes.py`.
 """
 
@@ -418,6 +419,36 @@ def big_drafter_config(dcfg: dict, big: HybridShape, scales: HybridScales) -> di
     return d
 
 
+def drafter_dims(dcfg: dict, tcfg: dict, big: HybridShape) -> tuple[int, int, int, int, int]:
+    """(hidden, q heads, kv heads, head_dim, intermediate) of the small drafter; refused where the big one cannot
+    hold it."""
+    h = int(dcfg["hidden_size"])
+    if h != int(tcfg["hidden_size"]):
+        raise ValueError("the small drafter's hidden size differs from its target's.")
+    nq, nkv = int(dcfg["num_attention_heads"]), int(dcfg["num_key_value_heads"])
+    d = int(dcfg.get("head_dim") or h // nq)
+    inter = int(dcfg["intermediate_size"])
+    if big.drafter_kv_heads < nkv or big.drafter_heads // big.drafter_kv_heads < nq // nkv \
+            or big.drafter_intermediate < inter:
+        raise ValueError(f"{big.name}: the big drafter is narrower than the small one.")
+    return h, nq, nkv, d, inter
+
+
+def check_hybrid_pair(tcfg: dict, big: HybridShape, dcfg: dict | None = None) -> dict:
+    """What the builders would refuse, checked without building a tensor (a 27B widening writes 57 GB): the layout,
+    the layer / feature plan, the head and dim fits, and the scales. `scales["bf16_exact"]` says whether the bf16
+    checkpoint would be the small one times powers of two."""
+    layout = small_layout(tcfg)
+    _check_dense(tcfg)
+    scales = hybrid_scales(tcfg, big, dcfg)
+    plan = plan_hybrid(tcfg, big, dcfg)
+    HybridWidener(tcfg, big, torch.bfloat16, scales, layout)  # its constructor refuses what does not fit
+    if dcfg is not None:
+        d = drafter_dims(dcfg, tcfg, big)[3]
+        head_slots(d, big.drafter_head_dim, d, big.drafter_head_dim)
+    return {"shape": big.name, "layout": layout, **plan, "scales": scales.asdict()}
+
+
 # ------------------------------------------------------------------------------------------------ builders
 
 
@@ -447,16 +478,9 @@ def widen_hybrid_drafter(dcfg: dict, dsd: dict, tcfg: dict, big: HybridShape, *,
     """(big config, big state dict) of a DFlash drafter (sglang_ddtree.drafter format) of the small target."""
     scales = hybrid_scales(tcfg, big, dcfg)
     plan = plan_hybrid(tcfg, big, dcfg)
-    h, H = int(dcfg["hidden_size"]), big.hidden
-    if h != int(tcfg["hidden_size"]):
-        raise ValueError("the small drafter's hidden size differs from its target's.")
-    nq, nkv = int(dcfg["num_attention_heads"]), int(dcfg["num_key_value_heads"])
-    d = int(dcfg.get("head_dim") or h // nq)
-    D = big.drafter_head_dim
-    inter = int(dcfg["intermediate_size"])
+    h, nq, nkv, d, inter = drafter_dims(dcfg, tcfg, big)
+    H, D = big.hidden, big.drafter_head_dim
     g, G = nq // nkv, big.drafter_heads // big.drafter_kv_heads
-    if big.drafter_kv_heads < nkv or G < g or big.drafter_intermediate < inter:
-        raise ValueError(f"{big.name}: the big drafter is narrower than the small one.")
     prim, copies = head_slots(d, D, d, D)
     z = lambda *shape: torch.zeros(*shape, dtype=dtype)  # noqa: E731
 
@@ -580,14 +604,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small", type=Path, help="folder with target/ (and drafter/) of the small hybrid pair")
     ap.add_argument("--out", type=Path, help="folder for target/ and drafter/ (replaced)")
     ap.add_argument("--meta", action="store_true", help="print the big shape's parameter counts, build nothing")
+    ap.add_argument("--check", action="store_true",
+                    help="print the plan and scales for --small (refused if it does not fit), build nothing")
     ap.add_argument("--shard-gib", type=float, default=4.0)
     args = ap.parse_args(argv)
     big = HYBRID_SHAPES[args.shape]
     if args.meta:
         print(json.dumps(meta(big), indent=1))
         return 0
+    if args.check:
+        if args.small is None:
+            ap.error("--check needs --small.")
+        tcfg = json.loads((args.small / "target" / "config.json").read_text())
+        dpath = args.small / "drafter" / "config.json"
+        dcfg = json.loads(dpath.read_text()) if dpath.is_file() else None
+        print(json.dumps(check_hybrid_pair(tcfg, big, dcfg), indent=1))
+        return 0
     if args.small is None or args.out is None:
-        ap.error("--small and --out are required unless --meta.")
+        ap.error("--small and --out are required unless --meta or --check.")
     widen_hybrid_pair(args.small, big, args.out, shard_gib=args.shard_gib)
     return 0
 
