@@ -1,6 +1,7 @@
 """DDTREE on hybrid (gated-delta-net) targets in SGLang, the parts that run without a GPU: the node whose recurrent
 state a round commits (against a brute-force reading of the path), the tree links, target detection and the
-refusals, the test-only scripted drafts, and the SGLang 0.5.17 internals the path relies on (pinned sources).
+refusals, the test-only scripted drafts, the hidden-state capture the plugin gives SGLang's text-only Qwen3.5
+wrapper, and the SGLang 0.5.17 internals the path relies on (pinned sources).
 The server itself is checked on the GPU (tests/gpu/test_ddtree_hybrid.py)."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from sglang_ddtree.sglang import ops
 from sglang_ddtree.sglang.scripted import ScriptedDrafts, scripted_topk
 from sglang_ddtree.tree import build_tree, build_tree_from_topk
 from sglang_ddtree.walk import greedy_walk
-from test_sglang_plugin import module_defs, pinned_sglang_source
+from test_sglang_plugin import local_pinned_sglang_source, module_defs, pinned_sglang_source
 
 
 def random_round(seed, bs=3, depth=6, budget=24, vocab=7):
@@ -208,3 +209,162 @@ def test_pinned_sglang_has_the_hybrid_tree_verify_the_worker_relies_on():
     assert "def get_config(" in (src / "srt/utils/hf_transformers/config.py").read_text()
     assert "from sglang.srt.utils.hf_transformers import *" in (src / "srt/utils/hf_transformers_utils.py").read_text()
     assert '"get_config",' in (src / "srt/utils/hf_transformers/__init__.py").read_text()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The text-only Qwen3.5 wrapper's hidden-state capture (plugin.add_dflash_capture), with stand-in classes
+
+
+class StandInBody:
+    """What the wrapper's body offers: its layers and its own capture method, which takes marked layer ids."""
+
+    def __init__(self, layers=8):
+        self.layers = [object() for _ in range(layers)]
+        self.marked = None
+
+    def set_dflash_layers_to_capture(self, layers_to_capture):
+        self.marked = list(layers_to_capture)
+
+
+def stand_in_wrapper(last_rank=True):
+    """A fresh class each call (the patch changes the class), shaped as qwen3_5_text.Qwen3_5ForCausalLM."""
+    import types
+
+    class Wrapper:
+        def __init__(self):
+            self.pp_group = types.SimpleNamespace(is_last_rank=last_rank)
+            self.model = StandInBody()
+            self.capture_aux_hidden_states = False
+
+    return Wrapper
+
+
+def test_text_wrapper_gets_a_capture_method_that_forwards_shifted_ids():
+    from sglang_ddtree.sglang import plugin
+
+    Wrapper = stand_in_wrapper()
+    assert not hasattr(Wrapper, "set_dflash_layers_to_capture")
+    assert plugin.add_dflash_capture(Wrapper) is True
+    target = Wrapper()
+    target.set_dflash_layers_to_capture([1, 3, 6])  # the tiny hybrid drafter's target_layer_ids (8 layers)
+    assert target.model.marked == [2, 4, 7]  # the body marks where each layer's output enters the next layer
+    assert target.capture_aux_hidden_states is True
+    target.set_dflash_layers_to_capture([0])
+    assert target.model.marked == [1]
+    # the last layer's output has no next layer to be read at; ids out of range and None are refused
+    with pytest.raises(ValueError, match="ids run 0..6"):
+        target.set_dflash_layers_to_capture([1, 7])
+    with pytest.raises(ValueError, match=r"cannot be captured"):
+        target.set_dflash_layers_to_capture([-1])
+    with pytest.raises(ValueError, match="target layer ids"):
+        target.set_dflash_layers_to_capture(None)
+    # a subclass (as Qwen3_5MoeForCausalLM subclasses the dense wrapper) inherits it; a second call adds nothing
+    Moe = type("Moe", (Wrapper,), {})
+    assert plugin.add_dflash_capture(Moe) is False and plugin.add_dflash_capture(Wrapper) is False
+    moe = Moe()
+    moe.set_dflash_layers_to_capture([5])
+    assert moe.model.marked == [6]
+    # not the last pipeline rank: nothing marked, the flag stays off
+    other_rank = stand_in_wrapper(last_rank=False)
+    plugin.add_dflash_capture(other_rank)
+    middle = other_rank()
+    middle.set_dflash_layers_to_capture([1, 3])
+    assert middle.model.marked is None and middle.capture_aux_hidden_states is False
+
+
+def test_a_class_with_its_own_capture_method_is_left_alone():
+    from sglang_ddtree.sglang import plugin
+
+    def own(self, layer_ids):
+        self.model.set_dflash_layers_to_capture(["own"])
+
+    Later = type("Later", (stand_in_wrapper(),), {"set_dflash_layers_to_capture": own})
+    assert plugin.add_dflash_capture(Later) is False
+    assert Later.__dict__["set_dflash_layers_to_capture"] is own
+    target = Later()
+    target.set_dflash_layers_to_capture([1])
+    assert target.model.marked == ["own"]
+    # inherited from a base counts as having one too
+    Child = type("Child", (Later,), {})
+    assert plugin.add_dflash_capture(Child) is False and "set_dflash_layers_to_capture" not in Child.__dict__
+
+
+def test_aux_capture_hook_patches_the_sglang_wrapper_only_on_dflash_runners(monkeypatch, caplog):
+    """The hook imports SGLang's text wrapper by its module path (a stand-in module here) and gives it the method
+    when a DFLASH-family runner configures the capture; without that module it does nothing and says nothing."""
+    import logging
+    import sys
+    import types
+
+    from sglang_ddtree.sglang import plugin
+
+    name = "sglang.srt.models.qwen3_5_text"
+    module = types.ModuleType(name)
+    module.Qwen3_5ForCausalLM = stand_in_wrapper()
+    monkeypatch.setitem(sys.modules, name, module)
+    kwargs = dict(model=None, eagle_use_aux_hidden_state=False, eagle_aux_hidden_state_layer_ids=None,
+                  dflash_target_layer_ids=[1], is_dspark=False)
+    assert plugin._before_aux_capture(**kwargs, dflash_use_aux_hidden_state=False) is None  # BEFORE: args unchanged
+    assert not hasattr(module.Qwen3_5ForCausalLM, "set_dflash_layers_to_capture")  # not a DFLASH-family runner
+    with caplog.at_level(logging.INFO, logger=plugin.__name__):
+        assert plugin._before_aux_capture(**kwargs, dflash_use_aux_hidden_state=True) is None
+    assert module.Qwen3_5ForCausalLM.set_dflash_layers_to_capture is plugin._capture_through_body
+    assert "set_dflash_layers_to_capture (through its body, layer ids + 1)" in caplog.text
+    caplog.clear()
+    monkeypatch.setitem(sys.modules, name, None)  # import fails: an SGLang without that model class
+    with caplog.at_level(logging.DEBUG):
+        assert plugin._before_aux_capture(**kwargs, dflash_use_aux_hidden_state=True) is None
+    assert caplog.records == []
+
+
+def test_pinned_sglang_text_wrapper_lacks_the_capture_its_body_has():
+    """What add_dflash_capture relies on in SGLang 0.5.17: the text-only wrapper (and its MoE subclass) has no
+    set_dflash_layers_to_capture, builds its body as `self.model` from qwen3_5's Qwen3_5ForCausalLM, whose own
+    method takes marked layer ids; a marked layer records the state entering it, so SGLang's own wrappers of this
+    body shift the drafter's ids by one; the one caller is configure_aux_hidden_state_capture, called by keyword."""
+    src = local_pinned_sglang_source()
+    text = module_defs(src, "srt.models.qwen3_5_text")
+    assert "set_dflash_layers_to_capture" not in text["Qwen3_5ForCausalLM"]
+    assert "set_dflash_layers_to_capture" not in text["Qwen3_5MoeForCausalLM"]
+    assert "get_input_embeddings" in text["Qwen3_5ForCausalLM"]  # the other target method DFLASH and we call
+    text_source = (src / "srt/models/qwen3_5_text.py").read_text()
+    assert "class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):" in text_source  # inherits the added method
+    assert "body_cls = qwen3_5.Qwen3_5ForCausalLM" in text_source
+    assert "self.model = self.body_cls(" in text_source and "self.pp_group = get_pp_group()" in text_source
+    assert "self.capture_aux_hidden_states = False" in text_source
+    assert "hidden_states, aux_hidden_states = hidden_states" in text_source  # forward hands the states on
+    body = module_defs(src, "srt.models.qwen3_5")
+    assert body["Qwen3_5ForCausalLM"]["set_dflash_layers_to_capture"] == ["self", "layers_to_capture"]
+    body_source = (src / "srt/models/qwen3_5.py").read_text()
+    assert "class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):" in body_source
+    method = body_source[body_source.index("    def set_dflash_layers_to_capture"):]
+    method = method[: method.index("\n    @property")]
+    assert 'setattr(self.layers[layer_id], "_is_layer_to_capture", True)' in method  # ids index self.layers
+    assert "self.layers, self._start_layer, self._end_layer = make_layers(" in body_source
+    assert 'if getattr(layer, "_is_layer_to_capture", False)' in body_source
+    # a marked layer appends the residual entering it, i.e. the previous layer's output
+    communicator = (src / "srt/layers/communicator.py").read_text()
+    capture = communicator[communicator.index("def prepare_attn_and_capture_last_layer_outputs"):]
+    capture = capture[: capture.index("\n    def ")]
+    assert "hidden_states=residual" in capture and "captured_last_layer_outputs.append(" in capture
+    assert 'SGLang captures "before layer i"' in (src / "srt/speculative/dflash_utils.py").read_text()
+    # SGLang's own wrapper of this same body shifts by one (Qwen3_5ForConditionalGeneration -> qwen3_vl's)
+    assert "language_model_cls=Qwen3_5ForCausalLM," in body_source
+    vl = (src / "srt/models/qwen3_vl.py").read_text()
+    vl_method = vl[vl.index("    def set_dflash_layers_to_capture"):]
+    assert "self.model.set_dflash_layers_to_capture([val + 1 for val in layer_ids])" in vl_method[:600]
+    # the caller: keyword-only arguments, the hasattr check, the call
+    setup = (src / "srt/model_executor/model_runner_components/attention_backend_setup.py").read_text()
+    import ast
+
+    caller = next(n for n in ast.parse(setup).body
+                  if isinstance(n, ast.FunctionDef) and n.name == "configure_aux_hidden_state_capture")
+    assert not caller.args.args and {"model", "dflash_use_aux_hidden_state"} <= {a.arg for a in caller.args.kwonlyargs}
+    call_site = ast.get_source_segment(setup, caller)
+    assert 'elif hasattr(model, "set_dflash_layers_to_capture"):' in call_site
+    assert "model.set_dflash_layers_to_capture(dflash_target_layer_ids)" in call_site
+    runner = (src / "srt/model_executor/model_runner.py").read_text()
+    assert "configure_aux_hidden_state_capture(\n            model=self.model," in runner
+    # the flag the added method sets is read on the wrapper by SGLang's runners
+    eager = (src / "srt/model_executor/runner/eager_runner.py").read_text()
+    assert 'getattr(model, "capture_aux_hidden_states", False)' in eager

@@ -315,8 +315,9 @@ def test_meta_info_hook_leaves_other_servers_and_odd_inputs_alone(caplog):
 
 
 def pinned_sglang_source() -> Path:
-    """The pinned release's sources: the installed package if it is 0.5.17, else the PyPI wheel, unpacked once
-    into .cache/ (PyPI is a package registry, reachable from CI; no model hub involved)."""
+    """The pinned release's sources: the installed package if it is 0.5.17, else a wheel already here
+    (_local_pinned_wheels) or the PyPI wheel, unpacked once into .cache/ (PyPI is a package registry, reachable from
+    CI; no model hub involved)."""
     target = ROOT / ".cache" / f"sglang-{ddtree_args.SUPPORTED_SGLANG_VERSION}"
     if (target / "sglang" / "srt").is_dir():
         return target / "sglang"
@@ -325,7 +326,7 @@ def pinned_sglang_source() -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(wheels),
            "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64",
            f"sglang=={ddtree_args.SUPPORTED_SGLANG_VERSION}"]
-    found = list(wheels.glob(f"sglang-{ddtree_args.SUPPORTED_SGLANG_VERSION}-*.whl"))
+    found = _local_pinned_wheels()
     if not found:
         subprocess.run(cmd, check=True, timeout=600)
         found = list(wheels.glob(f"sglang-{ddtree_args.SUPPORTED_SGLANG_VERSION}-*.whl"))
@@ -334,6 +335,21 @@ def pinned_sglang_source() -> Path:
                    or m == "sglang/_version.py"]
         zf.extractall(target, members)
     return target / "sglang"
+
+
+def _local_pinned_wheels() -> list[Path]:
+    """The pinned SGLang wheel where this checkout keeps one: .cache/wheels (downloaded by pinned_sglang_source) or
+    .wheels (the device wheel set)."""
+    name = f"sglang-{ddtree_args.SUPPORTED_SGLANG_VERSION}-*.whl"
+    return sorted((ROOT / ".cache" / "wheels").glob(name)) + sorted((ROOT / ".wheels").glob(name))
+
+
+def local_pinned_sglang_source() -> Path:
+    """pinned_sglang_source() when the pinned sources or wheel are already here; a skip otherwise (no download)."""
+    if not (ROOT / ".cache" / f"sglang-{ddtree_args.SUPPORTED_SGLANG_VERSION}" / "sglang" / "srt").is_dir() and \
+            not _local_pinned_wheels():
+        pytest.skip(f"no SGLang {ddtree_args.SUPPORTED_SGLANG_VERSION} wheel or unpacked sources in this checkout")
+    return pinned_sglang_source()
 
 
 def module_defs(src: Path, module: str) -> dict:
@@ -527,8 +543,8 @@ def registered_hook_targets() -> list[str]:
 def test_every_hook_target_exists_in_the_pinned_sources():
     src = pinned_sglang_source()
     targets = registered_hook_targets()
-    assert plugin.SPEC_METRICS_TARGET in targets and hooks.TREE_CONV_TARGET in targets and len(targets) == 9
-    assert hooks.VERIFY_ATTENTION_TARGET in targets
+    assert plugin.SPEC_METRICS_TARGET in targets and hooks.TREE_CONV_TARGET in targets and len(targets) == 10
+    assert hooks.VERIFY_ATTENTION_TARGET in targets and plugin.AUX_CAPTURE_TARGET in targets
     for target in targets:
         if target == hooks.TREE_CONV_TARGET:
             continue  # an imported name, checked in test_tree_conv_hook_target_is_a_drop_in

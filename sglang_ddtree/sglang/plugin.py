@@ -22,7 +22,11 @@ What SGLang's plugin API reaches directly: the algorithm registry (`SpeculativeA
     (sglang_ddtree.sglang.host_profile), in DFLASH servers as well;
   - Scheduler.set_internal_state (AROUND): the key `ddtree_calibration_reset` (POST /set_internal_state
     {"server_args": {"ddtree_calibration_reset": 1}}) empties `auto`'s calibration table; SGLang's own keys pass
-    through (SGLang accepts only its listed keys there, so the key has to be taken out before it looks).
+    through (SGLang accepts only its listed keys there, so the key has to be taken out before it looks);
+  - attention_backend_setup.configure_aux_hidden_state_capture (BEFORE), in DFLASH servers as well: SGLang
+    0.5.17's text-only Qwen3.5 wrapper (`qwen3_5_text`, `Qwen3_5ForCausalLM`) has no set_dflash_layers_to_capture,
+    so a DFLASH-family server with that target stopped there; the hook gives the class one that forwards to its body
+    (`add_dflash_capture`), unless the class has one already.
 Nothing heavy is imported at load time (no prometheus_client: SGLang sets its multiprocess dir later).
 """
 
@@ -163,6 +167,64 @@ def _after_spec_metrics(result, manager, meta_info, recv_obj, i, *args, **kwargs
     except Exception:  # a metrics bug must never fail a request
         logger.exception("DDTREE per-request metrics failed")
     return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Target model classes (scheduler processes)
+
+AUX_CAPTURE_TARGET = ("sglang.srt.model_executor.model_runner_components.attention_backend_setup."
+                      "configure_aux_hidden_state_capture")
+
+
+def _capture_through_body(self, layer_ids):
+    """set_dflash_layers_to_capture for a text wrapper whose body (`self.model`) has its own (see add_dflash_capture).
+
+    layer_ids are the drafter's `target_layer_ids`: 0-based target layers whose outputs it reads. The body records
+    the hidden state entering each layer it marks (the residual SGLang's layer communicator appends before the
+    layer's attention), and what enters layer i + 1 is what layer i put out: so reading layer i marks layer i + 1,
+    the same shift SGLang's own wrappers of this body apply. The last layer's output has no next layer to be read at.
+    """
+    if not self.pp_group.is_last_rank:
+        return  # the captured states go on with the logits, which only the last pipeline rank computes
+    if layer_ids is None:
+        raise ValueError("DFLASH needs the drafter's target layer ids to capture the target's hidden states.")
+    layers = len(self.model.layers)
+    marks = [int(i) + 1 for i in layer_ids]
+    unreadable = [m - 1 for m in marks if not 1 <= m < layers]
+    if unreadable:
+        raise ValueError(f"{type(self).__name__}: the outputs of layers {unreadable} cannot be captured; a layer's "
+                         f"output is read where the next layer starts, so the ids run 0..{layers - 2}.")
+    self.capture_aux_hidden_states = True  # the flag SGLang's context-parallel runners read on the wrapper
+    self.model.set_dflash_layers_to_capture(marks)
+
+
+def add_dflash_capture(cls) -> bool:
+    """Give cls `set_dflash_layers_to_capture` (_capture_through_body) unless it already has one: a DFLASH-family
+    drafter reads the target's hidden states at given layers, and SGLang asks the target model for them through that
+    method. SGLang 0.5.17's text-only Qwen3.5 wrapper (models/qwen3_5_text.py) lacks it and does not pass the
+    request on to its body, which has it. A class that has the method (a later SGLang's) is left as it is.
+    -> whether the method was added."""
+    if hasattr(cls, "set_dflash_layers_to_capture"):
+        return False
+    cls.set_dflash_layers_to_capture = _capture_through_body
+    return True
+
+
+def _before_aux_capture(*args, **kwargs):
+    """BEFORE configure_aux_hidden_state_capture(*, model, ..., dflash_use_aux_hidden_state, ...), the one place SGLang
+    asks the target for set_dflash_layers_to_capture: on a DFLASH-family runner, give the method to the text-only
+    Qwen3.5 wrapper (add_dflash_capture; also reaches its MoE subclass). Its module was imported with SGLang's model
+    registry by then; an SGLang without it gets nothing, quietly."""
+    if not kwargs.get("dflash_use_aux_hidden_state"):
+        return None
+    try:
+        from sglang.srt.models.qwen3_5_text import Qwen3_5ForCausalLM
+    except Exception:  # noqa: BLE001 - no such model class in this SGLang: nothing to give
+        return None
+    if add_dflash_capture(Qwen3_5ForCausalLM):
+        logger.info("sglang-ddtree: gave %s.%s set_dflash_layers_to_capture (through its body, layer ids + 1)",
+                    Qwen3_5ForCausalLM.__module__, Qwen3_5ForCausalLM.__name__)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -319,6 +381,7 @@ def register() -> None:
     HookRegistry.register(SPEC_METRICS_TARGET, _after_spec_metrics, HookType.AFTER)
     HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.set_internal_state", _around_set_internal_state,
                           HookType.AROUND)
+    HookRegistry.register(AUX_CAPTURE_TARGET, _before_aux_capture, HookType.BEFORE)
     host_profile.install(HookRegistry, HookType)  # only with SGLANG_DDTREE_HOST_PROFILE set (a debugging aid)
     SpeculativeAlgorithm.register(
         ALGORITHM, supports_overlap=True, validate_server_args=_validate, spec_class=_make_spec_class()
