@@ -1,8 +1,12 @@
-"""Budget sweep on SGLang: budgets x batch sizes x {plain, DFLASH chain, DDTREE} for two setups.
+"""Budget sweep on SGLang: budgets x batch sizes x {plain, DFLASH chain, DDTREE} for the chosen setups.
 
   tiny       the trained pair models/tiny/{target,drafter}: real acceptance, HumanEval text prompts
   8b-dummy   Qwen3-8B-shaped target + z-lab-8B-shaped DFlash drafter with random weights
              (benchmarks/configs/qwen3-8b-dummy): real-size COSTS only, acceptance is meaningless there
+  8b-real    the tiny pair widened to Qwen3-8B shapes (built into runs/8b-real when missing)
+  tiny-hybrid, 27b-hybrid
+             the gated-delta-net hybrid pair trained on the device (models/tiny-hybrid) and its Qwen3.5-27B widening
+             (runs/27b-hybrid): scripts/device/hybrid.sh, docs/gpu-suite.md §7
 
 One server per (setup, method, budget); each batch size b is b concurrent streaming /generate requests (greedy,
 fixed max_new_tokens, ignore_eos). Servers start in waves (parallel starts, capped KV pools), are measured one at a
@@ -87,14 +91,15 @@ def parse_args(argv):
                                                     "the new results file first)")
     ap.add_argument("--fresh", action="store_true", help="move an existing results file aside instead of resuming")
     ap.add_argument("--max-minutes", type=float, default=8.5, help="wall-clock budget of the whole sweep")
-    ap.add_argument("--setups", default="tiny,8b-dummy", help="comma-separated: tiny, 8b-dummy, 8b-real")
+    ap.add_argument("--setups", default="tiny,8b-dummy", help="comma-separated: tiny, 8b-dummy, 8b-real, "
+                                                               "tiny-hybrid, 27b-hybrid")
     ap.add_argument("--set", action="append", default=[], metavar="SETUP.FIELD=VALUE",
                     help="change a setup, e.g. 8b-dummy.budgets=16,64,256,1024, tiny.max_new_tokens=64, "
                          "all.batch_sizes=1,4, tiny.server_env=SGLANG_DDTREE_TORCH_PATH=1 (comma-separated "
                          "KEY=VALUE for the setup's servers) (fields: budgets, batch_sizes, methods, server_env, "
                          "max_new_tokens, "
                          "warmup_new_tokens, prompt_tokens, graph_token_cap, max_activation_gib, context_length, "
-                         "target, drafter)")
+                         "target, drafter, backend, max_state_gib, widen_from)")
     ap.add_argument("--copy-setup", action="append", default=[], metavar="NEW=BASE",
                     help="a copy of setup BASE named NEW, before --set (e.g. an A/B of a worker switch in one "
                          "interleaved run: --copy-setup tiny-off=tiny --set tiny-off.server_env=SGLANG_DDTREE_X=0)")
@@ -132,26 +137,52 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
+def has_weights(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
+
+
+def ensure_trained(setup: plan_mod.Setup, *, dry_run: bool) -> None:
+    """A setup of a pair trained on the device (plan_configs: tiny-hybrid) cannot run before the training; a dry
+    run plans from plan_configs meanwhile (Setup.config_dir)."""
+    if not setup.plan_configs or setup.widen_shape or dry_run:
+        return
+    missing = [which for which in ("target", "drafter") if not has_weights(setup.path(which))]
+    if missing:
+        raise ValueError(f"setup {setup.name}: {', '.join(str(setup.path(w)) for w in missing)} holds no trained "
+                         f"weights; train the pair first (bash scripts/device/hybrid.sh train OUT COMMIT).")
+
+
 def ensure_widened(setup: plan_mod.Setup, *, dry_run: bool) -> None:
-    """A setup of a widened pair (8b-real) builds it when its folders hold no weights; a dry run writes only the
-    configs it plans from."""
+    """A setup of a widened pair (8b-real, 27b-hybrid) builds it when its folders hold no weights; a dry run writes
+    only the configs it plans from (from the small pair's configs, or its plan_configs while that pair is not
+    trained yet)."""
     if not setup.widen_shape:
         return
-    from sglang_ddtree import widen
+    from sglang_ddtree import widen, widen_hybrid
     from sglang_ddtree.tiny import tiny_dir
 
-    big = widen.SHAPES[setup.widen_shape]
+    if setup.widen_shape in widen_hybrid.HYBRID_SHAPES:
+        big, mod, build = widen_hybrid.HYBRID_SHAPES[setup.widen_shape], "widen_hybrid", widen_hybrid.widen_hybrid_pair
+    else:
+        big, mod, build = widen.SHAPES[setup.widen_shape], "widen", widen.widen_pair
+    small = setup.path("widen_from") if setup.widen_from else tiny_dir()
     out = setup.path("target").parent
     if setup.path("drafter").parent != out:
         raise ValueError(f"setup {setup.name}: a widened pair's target and drafter must share one folder.")
     if widen.is_built(out, big):
         return
     if dry_run:
-        widen.write_configs(tiny_dir(), big, out)
-        print(f"{setup.name}: {out} holds no weights yet; a real run builds them (python -m sglang_ddtree.widen "
-              f"--shape {big.name} --out {out})")
+        configs = small
+        if setup.plan_configs and not (small / "target" / "config.json").is_file():
+            configs = setup.path("plan_configs")  # the small pair is trained on the device: plan from its configs
+        (widen_hybrid if mod == "widen_hybrid" else widen).write_configs(configs, big, out)
+        print(f"{setup.name}: {out} holds no weights yet; a real run builds them (python -m sglang_ddtree.{mod} "
+              f"--shape {big.name} --small {small} --out {out})")
         return
-    widen.widen_pair(tiny_dir(), big, out)
+    if not all(has_weights(small / which) for which in ("target", "drafter")):
+        hint = " (train it: bash scripts/device/hybrid.sh train OUT COMMIT)" if setup.plan_configs else ""
+        raise ValueError(f"setup {setup.name}: the pair it widens, {small}, holds no weights{hint}")
+    build(small, big, out)
 
 
 def main(argv=None) -> int:
@@ -168,6 +199,7 @@ def main(argv=None) -> int:
             raise ValueError(f"--setups names unknown setups {unknown}; known: {', '.join(setups)}.")
         chosen = [setups[n] for n in names]
         for setup in chosen:
+            ensure_trained(setup, dry_run=args.dry_run)
             ensure_widened(setup, dry_run=args.dry_run)
         mem_budget = args.mem_budget_gib or default_mem_budget(args.dry_run)
         plan = plan_mod.expand(chosen, mem_fraction=args.mem_fraction_static,
@@ -191,9 +223,10 @@ def main(argv=None) -> int:
             print(f"wave {i}: {len(wave)} servers, ~{need:.1f} GiB, rows ~{est:.0f} s of measuring")
             for s in wave:
                 m = s.memory
+                state = f" (recurrent state {m.state_gib:.1f}, {m.mamba_slots} mamba slots)" if m.mamba_slots else ""
                 print(f"  {s.name}: batches {list(s.batch_sizes)}, graphs {list(m.graph_batch_sizes)}, KV pool "
-                      f"{m.kv_pool_tokens} tokens; ~{m.resident_gib:.1f} GiB resident + {m.activation_gib:.1f} "
-                      f"GiB activations")
+                      f"{m.kv_pool_tokens} tokens; ~{m.resident_gib:.1f} GiB resident{state} + "
+                      f"{m.activation_gib:.1f} GiB activations")
                 print("    python -m sglang.launch_server " + " ".join(s.args))
         for row, reason in plan.skipped:
             print(f"skip {row.key}: {reason}")

@@ -7,7 +7,8 @@ cores), the sweep waits until all of them are up, then measures them one at a ti
 GPU with another server's start-up or workload) and stops each after its rows.
 
 Memory. Servers of a wave live on one GPU together, so a wave is packed by an estimate of each server's footprint:
-weights + CUDA context + KV pool + CUDA-graph static buffers stay resident; a verify forward's activations
+weights + CUDA context + KV pool + CUDA-graph static buffers (+ a hybrid target's recurrent-state pool, one state per
+verify node and request: `state_bytes`) stay resident; a verify forward's activations
 (dominated by the fp32 verify logits, batch * (B+1) * vocab * 4 bytes) come and go with its workload, and only one
 server runs a workload at a time, so a wave needs sum(resident) + max(activations). The estimates are deliberately
 coarse (formulas below, 25% margin on activations); they decide packing and skips, never results.
@@ -51,6 +52,14 @@ class ModelShape:
     max_positions: int
     aux_layers: int = 0  # DFlash drafter: target layers it reads (its fc input is aux_layers * hidden)
     block_size: int | None = None  # DFlash drafter block
+    # A gated-delta-net hybrid target (Qwen3.5 / Qwen3-Next layout): its linear-attention layers (the others attend,
+    # with the gated q_proj these families have) and their widths. 0: every layer attends.
+    linear_layers: int = 0
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_dim: int = 0
+    linear_value_dim: int = 0
+    conv_kernel: int = 0
 
     @classmethod
     def from_config(cls, folder: str | Path) -> "ModelShape":
@@ -60,6 +69,12 @@ class ModelShape:
         cfg = json.loads(path.read_text())
         heads = int(cfg["num_attention_heads"])
         dflash = cfg.get("dflash_config") or {}
+        types = list(cfg.get("layer_types") or [])
+        interval = cfg.get("full_attention_interval")
+        if not types and interval and cfg.get("linear_num_value_heads"):  # SGLang's reading of a Qwen3.5 config
+            types = ["full_attention" if (i + 1) % int(interval) == 0 else "linear_attention"
+                     for i in range(int(cfg["num_hidden_layers"]))]
+        linear = sum(t == "linear_attention" for t in types)
         return cls(
             layers=int(cfg["num_hidden_layers"]), hidden=int(cfg["hidden_size"]), heads=heads,
             kv_heads=int(cfg.get("num_key_value_heads", heads)),
@@ -69,22 +84,47 @@ class ModelShape:
             max_positions=int(cfg.get("max_position_embeddings", 4096)),
             aux_layers=len(dflash.get("target_layer_ids") or []),
             block_size=int(dflash.get("block_size", cfg.get("block_size", 0))) or None,
+            linear_layers=linear,
+            linear_key_heads=int(cfg.get("linear_num_key_heads") or 0) if linear else 0,
+            linear_value_heads=int(cfg.get("linear_num_value_heads") or 0) if linear else 0,
+            linear_key_dim=int(cfg.get("linear_key_head_dim") or 0) if linear else 0,
+            linear_value_dim=int(cfg.get("linear_value_head_dim") or 0) if linear else 0,
+            conv_kernel=int(cfg.get("linear_conv_kernel_dim") or 0) if linear else 0,
         )
 
     def layer_params(self) -> int:
-        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)  # q, o, k, v
+        """An attention layer with its MLP (a hybrid's attention is gated: q_proj holds q and the output gate)."""
+        q = 2 * self.heads if self.linear_layers else self.heads
+        attn = self.hidden * self.head_dim * (q + self.heads + 2 * self.kv_heads)  # q (+ gate), o, k, v
         return attn + 3 * self.hidden * self.intermediate
+
+    def linear_layer_params(self) -> int:
+        """A gated-delta-net layer with its MLP: in_proj_qkv, in_proj_z, in_proj_b / _a, out_proj, the conv."""
+        kd, vd = self.linear_key_heads * self.linear_key_dim, self.linear_value_heads * self.linear_value_dim
+        gdn = self.hidden * (2 * kd + 2 * vd + 2 * self.linear_value_heads) + vd * self.hidden
+        return gdn + (2 * kd + vd) * self.conv_kernel + 3 * self.hidden * self.intermediate
 
     def params(self, *, embeddings: bool) -> int:
         """Weights: a target has embeddings (and an lm_head unless tied); a DFlash drafter has neither, but an fc
         from the aux hidden states."""
-        n = self.layers * self.layer_params() + self.aux_layers * self.hidden * self.hidden
+        n = ((self.layers - self.linear_layers) * self.layer_params() + self.linear_layers * self.linear_layer_params()
+             + self.aux_layers * self.hidden * self.hidden)
         if embeddings:
             n += self.vocab * self.hidden * (1 if self.tied else 2)
         return n
 
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * 2
+        """bf16 K and V of the attention layers (a hybrid's linear-attention layers keep a state instead)."""
+        return 2 * (self.layers - self.linear_layers) * self.kv_heads * self.head_dim * 2
+
+    def state_bytes_per_request(self) -> int:
+        """One request's recurrent state (SGLang's mamba_cache_per_req for a gated-delta-net target): per linear
+        layer an fp32 SSM state [value heads, key dim, value dim] (SGLang's default SSM dtype) and a bf16 conv window
+        of conv_kernel - 1 inputs over the q / k / v channels. 0 for an attention-only model."""
+        kd, vd = self.linear_key_heads * self.linear_key_dim, self.linear_value_heads * self.linear_value_dim
+        ssm = self.linear_value_heads * self.linear_key_dim * self.linear_value_dim * 4
+        conv = (2 * kd + vd) * max(self.conv_kernel - 1, 0) * 2
+        return self.linear_layers * (ssm + conv)
 
 
 # ----------------------------------------------------------------------------------------------------- setups
@@ -122,6 +162,15 @@ class Setup:
     # --copy-setup real-nocal=real --set real-nocal.methods=auto
     # --set real-nocal.server_args=--speculative-ddtree-auto-calibration,off)
     server_args: tuple[str, ...] = ()
+    # the small pair (a folder with target/ and drafter/) that widen_shape widens; None: the tiny pair (tiny_dir())
+    widen_from: str | None = None
+    # A pair trained on the device (models/tiny-hybrid): a folder with target/ and drafter/ config.json as the
+    # trainer writes them, to plan from while the pair this setup serves (or, with widen_shape, widens) has no
+    # config yet, so a dry run works on the CPU before the training.
+    plan_configs: str | None = None
+    # skip rows whose recurrent-state pool (a gated-delta-net target: SGLang's mamba slots and, for a speculative
+    # method, one state per verify node per running request) would exceed this many GiB; None: no limit
+    max_state_gib: float | None = None
 
     def validate(self) -> None:
         if self.backend not in ("triton", "flashinfer"):
@@ -140,6 +189,8 @@ class Setup:
                 raise ValueError(f"setup {self.name}: {name} must be >= 1, got {getattr(self, name)}.")
         if self.warmup_new_tokens < 0:
             raise ValueError(f"setup {self.name}: warmup_new_tokens must be >= 0, got {self.warmup_new_tokens}.")
+        if self.max_state_gib is not None and self.max_state_gib <= 0:
+            raise ValueError(f"setup {self.name}: max_state_gib must be > 0 (or none), got {self.max_state_gib}.")
         bad = [e for e in self.server_env if not e.partition("=")[0] or "=" not in e]
         if bad:
             raise ValueError(f"setup {self.name}: server_env entries must be KEY=VALUE, got {bad}.")
@@ -159,8 +210,17 @@ class Setup:
         p = Path(getattr(self, which))
         return p if p.is_absolute() else REPO_ROOT / p
 
+    def config_dir(self, which: str) -> Path:
+        """The folder whose config.json sizes `which` (target / drafter): the setup's own, or plan_configs/<which>
+        while a pair trained on the device has none yet (not for a widened setup: its configs come from the
+        widening, bench_budgets.ensure_widened)."""
+        path = self.path(which)
+        if self.plan_configs and not self.widen_shape and not (path / "config.json").is_file():
+            return self.path("plan_configs") / which
+        return path
+
     def shapes(self) -> tuple[ModelShape, ModelShape]:
-        return ModelShape.from_config(self.path("target")), ModelShape.from_config(self.path("drafter"))
+        return ModelShape.from_config(self.config_dir("target")), ModelShape.from_config(self.config_dir("drafter"))
 
     def est_step_ms(self, method: str, width: int, batch_size: int) -> float:
         floors = dict(self.est_step_floor_ms)
@@ -188,8 +248,9 @@ AUTO_WARMUP_NEW_TOKENS = 64
 
 
 def default_setups() -> dict[str, Setup]:
-    """The two setups: the tiny pair and 8B shapes with random weights. Every number here can be overridden from
-    the command line."""
+    """The setups: the tiny pair, 8B shapes with random weights, the tiny pair widened to 8B shapes, and the tiny
+    gated-delta-net hybrid pair and its widening to Qwen3.5-27B. Every number here can be overridden from the command
+    line."""
     tiny = Setup(
         name="tiny", target="models/tiny/target", drafter="models/tiny/drafter", dummy=False, prompt_kind="text",
         prompt_tokens=512,  # HumanEval's first 64 prompts are at most 323 tiny-tokenizer tokens
@@ -221,7 +282,29 @@ def default_setups() -> dict[str, Setup]:
         warmup_new_tokens=tiny.max_new_tokens, context_length=4096, graph_token_cap=dummy_8b.graph_token_cap, max_activation_gib=24.0,
         est_step_floor_ms=(("plain", 6.0), ("dflash", 9.0), ("ddtree", 12.0)), est_us_per_verify_token=25.0,
         budgets=(16, 32, 64, 128, 256))
-    return {s.name: s for s in (tiny, dummy_8b, real_8b)}
+    # The tiny gated-delta-net hybrid pair (scripts/train_tiny_pair.py --target-arch qwen3_5_text, trained on the
+    # device into models/tiny-hybrid: bash scripts/device/hybrid.sh train); a dry run plans from the trainer's
+    # default configs (benchmarks/configs/tiny-hybrid) until the trained pair is there. No `auto` (refused on hybrid
+    # targets). Budgets 16 and 64: SGLang keeps one recurrent state per verify node and request (docs/hybrid-design.md
+    # §3), and its tree conv kernel unrolls over the nodes. A whole request's warm-up, as 8b-real (first-use stage
+    # captures at the smaller batch sizes a batch passes through). Step times are guesses (no hybrid row measured).
+    tiny_hybrid = dataclasses.replace(
+        tiny, name="tiny-hybrid", target="models/tiny-hybrid/target", drafter="models/tiny-hybrid/drafter",
+        plan_configs="benchmarks/configs/tiny-hybrid", context_length=4096, warmup_new_tokens=tiny.max_new_tokens,
+        budgets=(16, 64), batch_sizes=(1, 4, 16), est_step_floor_ms=(("plain", 4.0), ("dflash", 7.0), ("ddtree", 15.0)),
+        est_tokens_per_step=2.0)
+    # The tiny hybrid pair widened to Qwen3.5-27B shapes (sglang_ddtree/widen_hybrid.py, 57.3 GB of bf16), built on the
+    # device into runs/27b-hybrid when missing (bash scripts/device/hybrid.sh widen, which checks the disk first).
+    # The GDN state is what limits it: 154 MB per request and verify node in fp32, so DDTREE 64 at batch 16 would need
+    # ~158 GiB; max_state_gib skips the rows over 50 GiB, which leaves every row but that one to one H200 server at a
+    # time (weights 53 GiB + state <= 50 GiB; on an H100, --set 27b-hybrid.max_state_gib=8 keeps batch 1).
+    # Step times scale 8b-real's by the weights (guesses, for deadlines only).
+    hybrid_27b = dataclasses.replace(
+        tiny_hybrid, name="27b-hybrid", target="runs/27b-hybrid/target", drafter="runs/27b-hybrid/drafter",
+        widen_shape="qwen3.5-27b", widen_from="models/tiny-hybrid", graph_token_cap=dummy_8b.graph_token_cap,
+        max_activation_gib=24.0, max_state_gib=50.0,
+        est_step_floor_ms=(("plain", 13.0), ("dflash", 17.0), ("ddtree", 20.0)), est_us_per_verify_token=80.0)
+    return {s.name: s for s in (tiny, dummy_8b, real_8b, tiny_hybrid, hybrid_27b)}
 
 
 # -------------------------------------------------------------------------------------------------------- rows
@@ -298,6 +381,8 @@ class MemoryEstimate:
     activation_gib: float  # peak extra while its largest batch runs
     kv_pool_tokens: int
     graph_batch_sizes: tuple[int, ...]
+    state_gib: float = 0.0  # a hybrid target's recurrent-state pool (in resident_gib too)
+    mamba_slots: int = 0  # --max-mamba-cache-size (0: not a hybrid target)
 
     @property
     def total_gib(self) -> float:
@@ -310,6 +395,30 @@ def kv_pool_tokens(setup: Setup, width: int, max_batch: int) -> int:
     per_request = setup.prompt_tokens + setup.max_new_tokens + 2 * width + 32
     tokens = math.ceil(max_batch * per_request * 1.2) + 2048
     return max(8192, -(-tokens // 1024) * 1024)
+
+
+# SGLang's mamba state slots per running request with the radix cache on (kv_cache_configurator.py:
+# MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO, also with SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK; the extra_buffer strategy
+# would add 1-2, but SGLang 0.5.17 offers it to Qwen3_5ForConditionalGeneration, not to the text-only
+# Qwen3_5ForCausalLM we serve). It caps max_running_requests at max_mamba_cache_size // this.
+MAMBA_SLOTS_PER_REQUEST = 3
+
+
+def mamba_cache_size(max_batch: int) -> int:
+    """--max-mamba-cache-size for a hybrid server of max_batch requests: enough slots that SGLang does not cap
+    max_running_requests below the batch. Set explicitly because otherwise SGLang gives the mamba pool a share
+    (--mamba-full-memory-ratio) of whatever memory is free at the start, which a wave's parallel starts share."""
+    return MAMBA_SLOTS_PER_REQUEST * max_batch
+
+
+def state_bytes(target: ModelShape, width: int, max_batch: int, spec: bool) -> float:
+    """A hybrid target's recurrent-state pool, as SGLang 0.5.17 sizes it with --max-mamba-cache-size K
+    (kv_cache_configurator._handle_max_mamba_cache, memory_pool.MambaPool): K + 1 slots (one for padding), and for
+    a speculative server intermediate states for max_running_requests + 1 slots x speculative_num_draft_tokens (the
+    verify width: DDTREE's B + 1, DFLASH's block). 0 for an attention-only target."""
+    per_request = target.state_bytes_per_request()
+    slots = mamba_cache_size(max_batch) + 1
+    return per_request * (slots + ((max_batch + 1) * width if spec else 0))
 
 
 def graph_batch_sizes(setup: Setup, method: str, width: int, batch_sizes) -> tuple[int, ...]:
@@ -328,8 +437,11 @@ def estimate_memory(setup: Setup, target: ModelShape, drafter: ModelShape, metho
     graphs = graph_batch_sizes(setup, method, width, batch_sizes)
     graph = (max(graphs) * width * graph_bytes_per_token(target, context, width, spec)) if graphs else 0.0
     act = activation_bytes(target, drafter if spec else None, max_batch * width)
-    resident = weights + kv + graph + CUDA_CONTEXT_GIB * GIB
-    return MemoryEstimate(weights / GIB, kv / GIB, graph / GIB, resident / GIB, act / GIB, pool, graphs)
+    state = state_bytes(target, width, max_batch, spec)
+    resident = weights + kv + graph + state + CUDA_CONTEXT_GIB * GIB
+    slots = mamba_cache_size(max_batch) if target.linear_layers else 0
+    return MemoryEstimate(weights / GIB, kv / GIB, graph / GIB, resident / GIB, act / GIB, pool, graphs, state / GIB,
+                          slots)
 
 
 def skip_reason(setup: Setup, target: ModelShape, drafter: ModelShape, method: str, budget: int | None,
@@ -343,6 +455,13 @@ def skip_reason(setup: Setup, target: ModelShape, drafter: ModelShape, method: s
                 f"verify logits alone are {batch_size}*{width}*{target.vocab}*4 B = "
                 f"{logits_bytes(target, tokens) / GIB:.1f} GiB), over this setup's {setup.max_activation_gib:g} GiB "
                 f"limit (--max-activation-gib)")
+    state = state_bytes(target, width, batch_size, method != "plain") / GIB
+    if setup.max_state_gib is not None and state > setup.max_state_gib:
+        per = target.state_bytes_per_request() / 2**20
+        nodes = f" + {batch_size + 1} x {width} verify-node states" if method != "plain" else ""
+        return (f"the recurrent state of batch {batch_size} needs ~{state:.1f} GiB ({mamba_cache_size(batch_size) + 1} "
+                f"mamba slots{nodes}, {per:.0f} MiB each), over this setup's {setup.max_state_gib:g} GiB limit "
+                f"(--set {setup.name}.max_state_gib=...)")
     return None
 
 
@@ -392,8 +511,10 @@ class Plan:
 
 
 def server_args(setup: Setup, method: str, budget: int | None, *, max_batch: int, pool_tokens: int,
-                graph_bs: tuple[int, ...], mem_fraction: float, extra: tuple[str, ...] = ()) -> list[str]:
-    """The launch_server arguments (host and port are added by the launcher)."""
+                graph_bs: tuple[int, ...], mem_fraction: float, extra: tuple[str, ...] = (),
+                mamba_slots: int = 0) -> list[str]:
+    """The launch_server arguments (host and port are added by the launcher); mamba_slots: a hybrid target's
+    --max-mamba-cache-size (mamba_cache_size)."""
     args = ["--model-path", str(setup.path("target"))]
     if setup.dummy:
         args += ["--load-format", "dummy", "--skip-tokenizer-init"]
@@ -411,6 +532,8 @@ def server_args(setup: Setup, method: str, budget: int | None, *, max_batch: int
         "--max-running-requests", str(max_batch),
         "--random-seed", "0",
     ]
+    if mamba_slots:
+        args += ["--max-mamba-cache-size", str(mamba_slots)]
     if graph_bs:
         args += ["--cuda-graph-bs-decode", *map(str, graph_bs)]
     else:
@@ -467,7 +590,8 @@ def expand(setups: list[Setup], *, mem_fraction: float = 0.9, extra_args: tuple[
                     skipped += [(r, reason) for r in runnable]
                     continue
                 args = server_args(setup, method, budget, max_batch=max(bss), pool_tokens=mem.kv_pool_tokens,
-                                   graph_bs=mem.graph_batch_sizes, mem_fraction=mem_fraction, extra=extra_args)
+                                   graph_bs=mem.graph_batch_sizes, mem_fraction=mem_fraction, extra=extra_args,
+                                   mamba_slots=mem.mamba_slots)
                 sig = _signature(setup, method, budget, args, sampling_params(setup))
                 width = verify_width(method, budget, drafter.block_size or 16)
                 servers.append(ServerPlan(server_name(setup.name, method, budget), setup, method, budget, runnable,
@@ -509,7 +633,8 @@ def with_overrides(setup: Setup, **changes) -> Setup:
 TUPLE_FIELDS = {"methods": str, "budgets": int, "batch_sizes": int, "server_env": str, "server_args": str}
 SCALAR_FIELDS = {"max_new_tokens": int, "warmup_new_tokens": int, "prompt_tokens": int, "graph_token_cap": int,
                  "max_activation_gib": float, "context_length": int, "target": str, "drafter": str,
-                 "backend": str}
+                 "backend": str, "max_state_gib": float, "widen_from": str}
+NONE_FIELDS = ("context_length", "max_state_gib")  # fields that take none (context_length also `model` / empty)
 
 
 def csv_values(text: str, kind=str) -> tuple:
@@ -548,7 +673,7 @@ def apply_sets(setups: dict[str, Setup], sets: list[str]) -> dict[str, Setup]:
                 parsed = csv_values(value, TUPLE_FIELDS[fld])
             elif fld in SCALAR_FIELDS:
                 kind = SCALAR_FIELDS[fld]
-                if fld == "context_length" and value.lower() in ("", "none", "model"):
+                if fld in NONE_FIELDS and value.lower() in ("", "none", "model"):
                     parsed = None
                 else:
                     try:

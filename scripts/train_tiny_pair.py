@@ -5,6 +5,8 @@
     PYTHONUNBUFFERED=1 python scripts/train_tiny_pair.py --data .cache/corpus --out models/tiny --device cuda
     PYTHONUNBUFFERED=1 python scripts/train_tiny_pair.py --target-arch qwen3_5_text --data .cache/corpus --device cuda
     python scripts/train_tiny_pair.py --smoke --data <corpus> --out <tmp>   # seconds on CPU (tests)
+    python scripts/train_tiny_pair.py --target-arch qwen3_5_text --configs-only --out benchmarks/configs/tiny-hybrid
+        # only the two config.json files this run would save (what a benchmark plans from before the training)
 
 --target-arch picks the target (scripts/tiny_targets.py): `qwen3`, a dense Qwen3ForCausalLM (the default; the
 committed models/tiny), or `qwen3_5_text`, a dense-MLP gated-delta-net hybrid Qwen3_5ForCausalLM (3 linear-attention
@@ -435,6 +437,31 @@ def make_drafter_config(args, target_config, mask_id: int) -> DrafterConfig:
     )
 
 
+def pair_configs(args, vocab_size: int, eos_id: int, mask_id: int) -> tuple[dict, dict]:
+    """The target's and the drafter's config.json content as this run saves them (shapes and ids; no weights)."""
+    config = tiny_targets.target_config(args, vocab_size, eos_id)
+    config.use_cache = True
+    target = dict(json.loads(config.to_json_string()), dtype="bfloat16", **tiny_targets.serving_config_keys(config))
+    return target, make_drafter_config(args, config, mask_id).to_json()
+
+
+def write_pair_configs(args) -> int:
+    """--configs-only: <out>/target/config.json and <out>/drafter/config.json from pair_configs, with the corpus
+    manifest's vocabulary and special ids (build_corpus.py's defaults when --data has no manifest: vocab 4096,
+    <|endoftext|> 0, <|mask|> 1)."""
+    manifest_path = Path(args.data) / "manifest.json"
+    m = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    target, drafter = pair_configs(args, m.get("vocab_size", 4096), m.get("eos_token_id", 0),
+                                   m.get("mask_token_id", 1))
+    check_widening(args, tiny_targets.target_config(args, target["vocab_size"], target["eos_token_id"]),
+                   drafter["dflash_config"]["mask_token_id"])
+    for sub, cfg in (("target", target), ("drafter", drafter)):
+        (Path(args.out) / sub).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / sub / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    log(f"[configs] {args.target_arch} target and drafter config.json in {args.out} (no weights)")
+    return 0
+
+
 def check_widening(args, target_config, mask_id: int) -> dict | None:
     """--widen-shape: widen_hybrid's plan for the pair this run will train, refused before anything trains."""
     if not args.widen_shape:
@@ -773,6 +800,9 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes and a few steps (CPU, tests)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the target's training forward (CUDA)")
+    ap.add_argument("--configs-only", action="store_true",
+                    help="write <out>/target/config.json and <out>/drafter/config.json as this run would save them, "
+                         "train nothing (a benchmark's plan before the training)")
     ap.add_argument("--reuse-target", action="store_true",
                     help="skip phase 1: load <out>/target (and its log entry) and redo phases 2-4 only")
     ap.add_argument("--log-every", type=float, default=10.0, help="seconds between progress lines")
@@ -871,6 +901,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.configs_only:
+        return write_pair_configs(args)
     clock = Clock()
     device = torch.device(args.device)
     torch.manual_seed(args.seed)

@@ -59,8 +59,10 @@ by bf16 rounding (~2^-9 relative per weight) in bf16; `HybridScales.bf16_exact` 
   context, which hidden_norm turns into sqrt(r) x the small normalised value), attention as above with its own m.
 
 `python -m sglang_ddtree.widen_hybrid --shape qwen3.5-27b --small DIR --out OUT` writes OUT/target and
-OUT/drafter (bf16, deterministic); `--meta` prints the big shape's parameter counts without building, and `--check`
-prints the plan and scales for --small without building (`check_hybrid_pair`).
+OUT/drafter (bf16, deterministic; refused before anything is written or removed when OUT's disk has not room for
+it: the 27B pair is 57.3 GB, the GPU machine's disk 64 GiB); `--if-missing` does nothing when OUT already holds this
+shape's widening; `--meta` prints the big shape's parameter counts without building, and `--check` prints the plan
+and scales for --small without building (`check_hybrid_pair`).
 The shapes, their tensors and the layer / head-dim index maps are in `widen_hybrid_shapes.py`.
 """
 
@@ -77,7 +79,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_ddtree.widen import TOKENIZER_FILES, _ShardWriter, feature_anchors
+from sglang_ddtree.widen import TOKENIZER_FILES, _ShardWriter, feature_anchors, is_built
 from sglang_ddtree.widen_hybrid_shapes import (FULL, HYBRID_SHAPES, LINEAR, HybridShape, head_slots,
                                              hybrid_drafter_shapes, hybrid_layer_shapes, hybrid_target_shapes,
                                              meta, param_count, typed_layer_map)
@@ -562,14 +564,68 @@ def _load(folder: Path) -> tuple[dict, dict]:
     return cfg, sd
 
 
+class NoRoomError(ValueError):
+    """The widening would not fit on its disk (raised before anything is written or removed)."""
+
+
+DISK_MARGIN_BYTES = 2 * 2**30  # shard indexes, tokenizer files, and room left for logs beside a full disk
+
+
+def pair_bytes(big: HybridShape, layout: str = "qwen3_5_text", *, drafter: bool = True,
+               dtype: torch.dtype = torch.bfloat16) -> int:
+    """The widened pair's weight bytes (the files are a few KB more)."""
+    n = param_count(hybrid_target_shapes(big, layout)) + (param_count(hybrid_drafter_shapes(big)) if drafter else 0)
+    return n * torch.empty((), dtype=dtype).element_size()
+
+
+def check_room(out_dir: Path, need: int) -> dict:
+    """Refuses (NoRoomError) when out_dir's disk cannot take `need` bytes plus DISK_MARGIN_BYTES; an earlier
+    widening in out_dir/target and out_dir/drafter counts as free (it is replaced)."""
+    out_dir = Path(out_dir)
+    probe = out_dir
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    old = sum(f.stat().st_size for sub in ("target", "drafter") if (out_dir / sub).is_dir()
+              for f in (out_dir / sub).rglob("*") if f.is_file())
+    info = {"need_bytes": need, "free_bytes": free, "reclaimed_bytes": old}
+    if free + old < need + DISK_MARGIN_BYTES:
+        raise NoRoomError(f"widen_hybrid: the widened pair needs {need / 1e9:.1f} GB (+ {DISK_MARGIN_BYTES / 2**30:g} "
+                          f"GiB margin) at {out_dir}, but its disk has {free / 1e9:.1f} GB free"
+                          + (f" (+ {old / 1e9:.1f} GB of the widening there, which it would replace)" if old else "")
+                          + "; nothing was written. Free some space (`df -h`, `du -sh /tmp/* runs/*`) or pick another "
+                            "--out.")
+    return info
+
+
+def write_configs(small_dir: Path, big: HybridShape, out_dir: Path) -> None:
+    """Only the two big config.json files of small_dir's widening (enough to plan a benchmark; no weights, so
+    is_built stays False)."""
+    small_dir, out_dir = Path(small_dir), Path(out_dir)
+    tcfg = json.loads((small_dir / "target" / "config.json").read_text())
+    dpath = small_dir / "drafter" / "config.json"
+    dcfg = json.loads(dpath.read_text()) if dpath.is_file() else None
+    scales = hybrid_scales(tcfg, big, dcfg)
+    configs = {"target": big_target_config(tcfg, big, scales, plan_hybrid(tcfg, big, dcfg))}
+    if dcfg is not None:
+        configs["drafter"] = big_drafter_config(dcfg, big, scales)
+    for sub, cfg in configs.items():
+        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+        (out_dir / sub / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
 def widen_hybrid_pair(small_dir: Path, big: HybridShape, out_dir: Path, *, dtype: torch.dtype = torch.bfloat16,
                       shard_gib: float = 4.0, log=print) -> dict:
-    """small_dir/target (+ small_dir/drafter if present) -> out_dir/target (+ out_dir/drafter)."""
+    """small_dir/target (+ small_dir/drafter if present) -> out_dir/target (+ out_dir/drafter). NoRoomError, before
+    anything is written or removed, when out_dir's disk has no room for it (check_room)."""
     t0 = time.time()
     small_dir, out_dir = Path(small_dir), Path(out_dir)
     tcfg, tsd = _load(small_dir / "target")
     has_drafter = (small_dir / "drafter" / "config.json").is_file()
     dcfg, dsd = _load(small_dir / "drafter") if has_drafter else (None, None)
+    room = check_room(out_dir, pair_bytes(big, small_layout(tcfg), drafter=has_drafter, dtype=dtype))
+    log(f"[widen_hybrid] {big.name}: {room['need_bytes'] / 1e9:.1f} GB to write, {room['free_bytes'] / 1e9:.1f} GB "
+        f"free at {out_dir}")
     for sub in ("target", "drafter"):
         if (out_dir / sub).exists():
             shutil.rmtree(out_dir / sub)
@@ -606,6 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--meta", action="store_true", help="print the big shape's parameter counts, build nothing")
     ap.add_argument("--check", action="store_true",
                     help="print the plan and scales for --small (refused if it does not fit), build nothing")
+    ap.add_argument("--if-missing", action="store_true", help="do nothing when --out already holds this shape")
     ap.add_argument("--shard-gib", type=float, default=4.0)
     args = ap.parse_args(argv)
     big = HYBRID_SHAPES[args.shape]
@@ -622,7 +679,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.small is None or args.out is None:
         ap.error("--small and --out are required unless --meta or --check.")
-    widen_hybrid_pair(args.small, big, args.out, shard_gib=args.shard_gib)
+    if args.if_missing and is_built(args.out, big):
+        print(f"[widen_hybrid] {args.out} already holds the {big.name} widening")
+        return 0
+    if not (args.small / "target" / "config.json").is_file():
+        ap.error(f"{args.small / 'target'} has no config.json; --small must hold target/ (and drafter/).")
+    try:
+        widen_hybrid_pair(args.small, big, args.out, shard_gib=args.shard_gib)
+    except NoRoomError as exc:
+        print(exc, file=sys.stderr)
+        return 3
     return 0
 
 

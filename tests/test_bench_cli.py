@@ -337,3 +337,26 @@ def test_the_command_end_to_end_against_stand_in_servers(tmp_path, monkeypatch, 
     assert bench.main(argv) == 0
     assert "0 rows to measure" in capsys.readouterr().out
     assert len(list((out / "logs").glob("server-*.log"))) == 3
+
+
+def test_dry_run_plans_the_hybrid_setups_before_anything_is_trained_or_widened(capsys, tmp_path):
+    """tiny-hybrid and 27b-hybrid plan on the CPU with no weights anywhere: tiny-hybrid from the trainer's default
+    configs, 27b-hybrid from the widening's configs, which the dry run writes (no weights, so a real run still builds
+    them); a real run refuses before starting a server."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "text": f"def f{i}():"}) + "\n" for i in range(16)))
+    pair, big = tmp_path / "tiny-hybrid", tmp_path / "27b-hybrid"
+    where = ["--set", f"tiny-hybrid.target={pair}/target", "--set", f"tiny-hybrid.drafter={pair}/drafter",
+             "--set", f"27b-hybrid.target={big}/target", "--set", f"27b-hybrid.drafter={big}/drafter",
+             "--set", f"27b-hybrid.widen_from={pair}", "--prompts-file", str(prompts), "--mem-budget-gib", "118"]
+    rc = bench.main(["--dry-run", "--setups", "tiny-hybrid,27b-hybrid"] + where)
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "8 servers" in out and "skip 27b-hybrid|ddtree|64|16" in out and "recurrent state" in out
+    assert out.count("--max-mamba-cache-size") == 8 and "--speculative-ddtree-budget auto" not in out
+    cfg = json.loads((big / "target" / "config.json").read_text())
+    assert cfg["widened_from"]["shape"] == "qwen3.5-27b" and cfg["hidden_size"] == 5120
+    assert not list(big.rglob("*.safetensors")) and not pair.exists()
+    for setups, match in (("tiny-hybrid", "no trained weights"), ("27b-hybrid", "holds no weights")):
+        assert bench.main(["--setups", setups, "--out", str(tmp_path / "run")] + where) == 2
+        assert match in capsys.readouterr().err

@@ -197,3 +197,88 @@ def test_auto_rows_are_timed_at_the_narrowest_tree_not_the_widest():
     tokens = {m: setup.max_new_tokens + setup.warmup_tokens(m) for m in ("auto", "ddtree")}
     per_token = [(s.est_row_seconds(s.rows[0]) - 1.5) / tokens[s.method] for s in (auto, tree)]
     assert per_token[0] == pytest.approx(per_token[1])
+
+
+# ------------------------------------------------------------------------------------------- hybrid setups
+
+
+def widened_27b(tmp_path) -> P.Setup:
+    """27b-hybrid planned from the widening's configs (written from the committed tiny-hybrid configs, no weights)."""
+    from sglang_ddtree import widen_hybrid
+
+    setup = SETUPS["27b-hybrid"]
+    widen_hybrid.write_configs(setup.path("plan_configs"), widen_hybrid.HYBRID_SHAPES[setup.widen_shape], tmp_path)
+    return dataclasses.replace(setup, target=str(tmp_path / "target"), drafter=str(tmp_path / "drafter"))
+
+
+def test_hybrid_shapes_count_the_gated_delta_net_layers(tmp_path):
+    """The plan's shape of the 27B widening: the weights the widening writes (its own tensor list), KV for the 16
+    attention layers only, and the recurrent state the 48 GDN layers keep per request."""
+    from sglang_ddtree import widen_hybrid
+
+    big = widen_hybrid.HYBRID_SHAPES["qwen3.5-27b"]
+    target, drafter = widened_27b(tmp_path).shapes()
+    assert (target.layers, target.linear_layers) == (64, 48)
+    written = widen_hybrid.param_count(widen_hybrid.hybrid_target_shapes(big))
+    assert abs(target.params(embeddings=True) - written) / written < 1e-4  # norms, A_log, dt_bias left out
+    written = widen_hybrid.param_count(widen_hybrid.hybrid_drafter_shapes(big))
+    assert drafter.linear_layers == 0 and abs(drafter.params(embeddings=False) - written) / written < 1e-4
+    assert target.kv_bytes_per_token() == 2 * 16 * 4 * 256 * 2
+    # per GDN layer: fp32 SSM [48 value heads, 128, 128] + bf16 conv window of 3 steps over q, k (16 x 128 each), v
+    assert target.state_bytes_per_request() == 48 * (48 * 128 * 128 * 4 + (2 * 16 * 128 + 48 * 128) * 3 * 2)
+    dense, _ = SETUPS["8b-dummy"].shapes()
+    assert dense.linear_layers == 0 and dense.state_bytes_per_request() == 0
+
+
+def test_hybrid_state_sizes_the_servers_and_skips_what_cannot_fit(tmp_path):
+    setup = widened_27b(tmp_path)
+    target, drafter = setup.shapes()
+    per = target.state_bytes_per_request()
+    plan = P.expand([setup])
+    skipped = {r.key: why for r, why in plan.skipped}
+    assert list(skipped) == [P.row_key("27b-hybrid", "ddtree", 64, 16)]
+    assert "recurrent state" in skipped[P.row_key("27b-hybrid", "ddtree", 64, 16)]
+    by = {s.name: s for s in plan.servers}
+    for s in plan.servers:
+        batch = max(s.batch_sizes)
+        slots = P.MAMBA_SLOTS_PER_REQUEST * batch
+        assert arg(s.args, "--max-mamba-cache-size") == [str(slots)] and s.memory.mamba_slots == slots
+        nodes = (batch + 1) * s.width if s.method != "plain" else 0
+        assert s.memory.state_gib == pytest.approx(per * (slots + 1 + nodes) / P.GIB)
+        assert s.memory.state_gib <= setup.max_state_gib
+        assert s.memory.resident_gib > s.memory.weights_gib + s.memory.state_gib
+    assert by["27b-hybrid-ddtree-b64"].batch_sizes == (1, 4)
+    assert arg(by["27b-hybrid-ddtree-b64"].args, "--max-running-requests") == ["4"]
+    # the rule is the limit: without it the row comes back, on a server sized for batch 16
+    roomy = P.expand([dataclasses.replace(setup, max_state_gib=None)])
+    assert not roomy.skipped
+    b64 = {s.name: s for s in roomy.servers}["27b-hybrid-ddtree-b64"]
+    assert b64.memory.state_gib > 2 * setup.max_state_gib
+    # one 27B server per wave on an H200-sized budget; the plain server fits an H100-sized one
+    waves = P.plan_waves(plan.servers, mem_budget_gib=0.85 * 139, max_parallel=12)
+    assert all(len(w) == 1 for w in waves) and len(waves) == len(plan.servers)
+    assert by["27b-hybrid-plain"].memory.total_gib < 0.85 * 78 < by["27b-hybrid-dflash"].memory.total_gib
+    # attention-only setups get no mamba flag
+    assert all("--max-mamba-cache-size" not in s.args and s.memory.state_gib == 0
+               for s in P.expand([TINY, BIG]).servers)
+
+
+def test_tiny_hybrid_plans_from_the_trainers_configs_until_the_pair_is_trained(tmp_path):
+    setup = dataclasses.replace(SETUPS["tiny-hybrid"], target=str(tmp_path / "pair" / "target"),
+                                drafter=str(tmp_path / "pair" / "drafter"))
+    assert setup.config_dir("target") == setup.path("plan_configs") / "target"
+    target, drafter = setup.shapes()
+    assert (target.layers, target.linear_layers, target.hidden) == (8, 6, 320)
+    assert drafter.block_size == 16 and drafter.aux_layers == 3
+    plan = P.expand([setup])
+    assert not plan.skipped and {s.method for s in plan.servers} == {"plain", "dflash", "ddtree"}
+    assert all(arg(s.args, "--max-mamba-cache-size") == ["48"] for s in plan.servers)
+    assert all(arg(s.args, "--context-length") == ["4096"] for s in plan.servers)
+    # a trained pair's own config wins (here: one with another hidden size)
+    cfg = json.loads((setup.path("plan_configs") / "target" / "config.json").read_text())
+    (tmp_path / "pair" / "target").mkdir(parents=True)
+    (tmp_path / "pair" / "target" / "config.json").write_text(json.dumps(dict(cfg, hidden_size=640)))
+    assert setup.config_dir("target") == tmp_path / "pair" / "target" and setup.shapes()[0].hidden == 640
+    # a widened setup never plans its own shapes from plan_configs (they are the small pair's)
+    with pytest.raises(ValueError, match="config.json"):
+        dataclasses.replace(SETUPS["27b-hybrid"], target=str(tmp_path / "none" / "target")).shapes()

@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -523,8 +524,83 @@ def test_model_pair_falls_back_to_dummy_configs(fake_sglang, monkeypatch, tmp_pa
     assert pair.dflash_args(16)[:2] == ["--speculative-algorithm", "DFLASH"]
     with pytest.raises(ValueError, match="tiny pair lacks"):
         conftest.choose_model_pair("tiny")
-    with pytest.raises(ValueError, match="auto, tiny, dummy or 8b-real"):
+    with pytest.raises(ValueError, match="one of auto, tiny, dummy, 8b-real, tiny-hybrid, 27b-hybrid"):
         conftest.choose_model_pair("big")
+
+
+def fake_pair(folder: Path) -> None:
+    for sub in ("target", "drafter"):
+        (folder / sub).mkdir(parents=True)
+        (folder / sub / "config.json").write_text("{}")
+        (folder / sub / "model.safetensors").write_bytes(b"w")
+    (folder / "target" / "tokenizer.json").write_text("{}")
+
+
+def test_model_pair_picks_the_hybrid_pairs(fake_sglang, monkeypatch, tmp_path):
+    """DDTREE_GPU_MODELS=tiny-hybrid: the pair trained on the device, refused with the step that trains it while it
+    is incomplete; 27b-hybrid: its widening, built from that pair when missing (and not again once built)."""
+    conftest, _, _ = fake_sglang
+    from sglang_ddtree import widen_hybrid
+
+    monkeypatch.setattr(conftest, "TINY_HYBRID_DIR", tmp_path / "tiny-hybrid")
+    monkeypatch.setattr(conftest, "HYBRID27B_DIR", tmp_path / "27b-hybrid")
+    monkeypatch.setattr(conftest, "REPO_ROOT", tmp_path)
+    for mode in ("tiny-hybrid", "27b-hybrid"):
+        with pytest.raises(ValueError, match="hybrid.sh train"):
+            conftest.choose_model_pair(mode)
+    fake_pair(tmp_path / "tiny-hybrid")
+    (tmp_path / "tiny-hybrid" / "drafter" / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="weights"):
+        conftest.choose_model_pair("tiny-hybrid")
+    (tmp_path / "tiny-hybrid" / "drafter" / "model.safetensors").write_bytes(b"w")
+    pair = conftest.choose_model_pair("tiny-hybrid")
+    assert (pair.mode, pair.hybrid, pair.dummy) == ("tiny-hybrid", True, False)
+    assert pair.target == tmp_path / "tiny-hybrid" / "target" and "--load-format" not in pair.base_args()
+    built = []
+
+    def build(small, big, out):
+        built.append((small, big.name, out))
+        fake_pair(out)
+        cfg = {"widened_from": {"shape": big.name}}
+        (out / "target" / "config.json").write_text(json.dumps(cfg))
+
+    monkeypatch.setattr(widen_hybrid, "widen_hybrid_pair", build)
+    for _ in range(2):
+        pair = conftest.choose_model_pair("27b-hybrid")
+        assert (pair.mode, pair.hybrid) == ("27b-hybrid", True) and pair.drafter == tmp_path / "27b-hybrid" / "drafter"
+    assert built == [(tmp_path / "tiny-hybrid", "qwen3.5-27b", tmp_path / "27b-hybrid")]
+    assert not conftest.ModelPair(tmp_path, tmp_path, dummy=False, name="8b-real").hybrid
+
+
+def test_real_size_plans_pick_each_pairs_servers(monkeypatch):
+    """tests/gpu/serving_common.py's plans for the real-size module: the DDTREE configurations per pair (no `auto` on
+    a hybrid target, the in-server oracle there), DDTREE_GPU_CONFIGS narrowing them, and the 27B pair's one DDTREE
+    server next to plain."""
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "gpu"))
+    import serving_common as sc
+
+    assert sc.real_size_config_args("ddtree-64-oracle") == sc.ddtree("64", "--speculative-ddtree-oracle")
+    assert sc.real_size_config_args("ddtree-auto") == sc.ddtree("auto")
+    for bad in ("ddtree-", "ddtree-x", "ddtree-64-fast", "tree-64"):
+        with pytest.raises(ValueError, match="ddtree-<budget>"):
+            sc.real_size_config_args(bad)
+    plans = sc.REAL_SIZE_PLANS
+    assert set(plans) == {"8b-real", "tiny-hybrid", "27b-hybrid"}
+    assert all(c in sc.REAL_SIZE_CONFIGS for p in plans.values() for c in p.configs + (p.leak_config,))
+    for name in ("tiny-hybrid", "27b-hybrid"):
+        assert "ddtree-auto" not in plans[name].configs and any(c.endswith("-oracle") for c in plans[name].configs)
+    monkeypatch.delenv("DDTREE_GPU_CONFIGS", raising=False)
+    base, draft = ["--model-path", "t"], ["--speculative-draft-model-path", "d"]
+    tiny = sc.real_size_configs(plans["tiny-hybrid"], base, draft)
+    assert list(tiny) == ["plain", "ddtree-16", "ddtree-64", "ddtree-64-oracle"] and tiny["plain"] == base
+    assert tiny["ddtree-64-oracle"] == base + sc.ddtree("64", "--speculative-ddtree-oracle") + draft
+    with pytest.raises(ValueError, match="select one"):
+        sc.real_size_configs(plans["27b-hybrid"], base, draft)
+    monkeypatch.setenv("DDTREE_GPU_CONFIGS", "ddtree-16-oracle")
+    assert list(sc.real_size_configs(plans["27b-hybrid"], base, draft)) == ["plain", "ddtree-16-oracle"]
+    monkeypatch.setenv("DDTREE_GPU_CONFIGS", "ddtree-256")  # an 8b-real configuration, not a hybrid one
+    with pytest.raises(ValueError, match="unknown configurations"):
+        sc.real_size_configs(plans["tiny-hybrid"], base, draft)
 
 
 def test_jit_cache_leaves_out_tvm_ffi_objects(tmp_path):
@@ -580,6 +656,7 @@ sys.modules["gpu_conftest"] = conftest
 spec.loader.exec_module(conftest)
 pool = conftest.ServerPool(conftest.suite_log_dir())
 import os
+import shutil
 env = {"PYTHONPATH": os.environ["FAKE_PATH"], "FAKE_CHILD_PID_FILE": os.environ["FAKE_CHILD_PID_FILE"],
        "FAKE_SERVER_PID_FILE": os.environ["FAKE_SERVER_PID_FILE"]}
 try:
@@ -764,3 +841,133 @@ def test_tiny_ab_lets_an_arm_change_the_shared_warm_up(tmp_path):
     assert args[args.index("--setups") + 1] == "tiny-e1,tiny-w1"
     # the arms' copies exist before the item that names one of them
     assert args.index("tiny-w1=tiny") < args.index("tiny-w1.warmup_new_tokens=640")
+
+
+FAKE_PYTHON = '''#!{python}
+import json, os, sys
+log = {log!r}
+script = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+widen = "sglang_ddtree.widen_hybrid" in sys.argv
+names = ("DDTREE_GPU_MODELS", "DDTREE_GPU_BACKEND", "DDTREE_GPU_CONFIGS", "DDTREE_COMMIT")
+if script.endswith(("train_tiny_pair.py", "bench_budgets.py", "run_gpu_suite.py")) or widen:
+    with open(log, "a") as fh:
+        fh.write(json.dumps({{"argv": sys.argv[1:], "env": {{k: os.environ.get(k) for k in names}}}}) + "\\n")
+    if script.endswith("train_tiny_pair.py"):  # a stand-in pair: incompressible weights, two parts' worth
+        out = sys.argv[sys.argv.index("--out") + 1]
+        for sub, size in (("target", 20_000_000), ("drafter", 4_000_000)):
+            os.makedirs(os.path.join(out, sub), exist_ok=True)
+            open(os.path.join(out, sub, "config.json"), "w").write("{{}}")
+            open(os.path.join(out, sub, "model.safetensors"), "wb").write(os.urandom(size))
+        open(os.path.join(out, "training_log.json"), "w").write('{{"status": "done"}}')
+        print("trained")
+    sys.exit(int(os.environ.get("FAKE_RC", "0")) if widen else 0)
+os.execv({python!r}, [{python!r}] + sys.argv[1:])
+'''
+
+
+def fake_python(tmp_path: Path) -> tuple[dict, Path]:
+    """A python3 first on PATH that records (and stands in for) the trainer, the sweep, the suite runner and the
+    widening, and runs anything else (env.sh's dist-info writer, split_chunk.py) with this interpreter."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.jsonl"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(FAKE_PYTHON.format(python=sys.executable, log=str(log)))
+    (bin_dir / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DDTREE_SITE": str(tmp_path / "site"),
+           "DDTREE_JIT_ROOT": str(tmp_path / "jit"), "HYBRID_TMP": str(tmp_path / "hy")}
+    for k in ("DDTREE_GPU_CONFIGS", "PYTHONPATH"):
+        env.pop(k, None)
+    return env, log
+
+
+def calls(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_hybrid_train_returns_the_pair_in_parts_that_restore_rebuilds(tmp_path):
+    """hybrid.sh train: the trainer's command, the pair returned as split_chunk.py parts within the tool's limits
+    (files of at most 16 MiB, at most 8 files), and `restore` rebuilding models/tiny-hybrid byte for byte from the
+    parts, here all at once and on the device one part a call. Runs in a copy of the scripts (the step writes
+    models/tiny-hybrid)."""
+    repo = tmp_path / "repo"
+    (repo / "scripts" / "device").mkdir(parents=True)
+    for name in ("hybrid.sh", "env.sh", "install_chunk.sh", "split_chunk.py", "write_dist_info.py", "_common.py"):
+        (repo / "scripts" / "device" / name).write_bytes((DEVICE / name).read_bytes())
+    (repo / "pyproject.toml").write_bytes((REPO / "pyproject.toml").read_bytes())
+    env, log = fake_python(tmp_path)
+    out = tmp_path / "out"
+    script = ["bash", str(repo / "scripts" / "device" / "hybrid.sh")]
+    done = subprocess.run(script + ["train", str(out), "abc1234"], cwd=repo, env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and ".cache/corpus" in done.stderr  # the corpus must be carried
+    (repo / ".cache" / "corpus").mkdir(parents=True)
+    (repo / ".cache" / "corpus" / "manifest.json").write_text("{}")
+    done = subprocess.run(script + ["train", str(out), "abc1234"], cwd=repo, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (train,) = calls(log)
+    argv = train["argv"]
+    assert argv[0] == "scripts/train_tiny_pair.py" and argv[argv.index("--target-arch") + 1] == "qwen3_5_text"
+    assert argv[argv.index("--out") + 1] == "models/tiny-hybrid" and argv[argv.index("--data") + 1] == ".cache/corpus"
+    assert "--target-seconds" not in argv and train["env"]["DDTREE_COMMIT"] == "abc1234"  # the default budgets
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(p.stat().st_size <= 16 * 2**20 for p in files)
+    assert all(len(p.relative_to(out).parts) <= 3 for p in files)
+    parts = sorted(out.glob("tiny-hybrid-part*"))
+    assert len(parts) == 2 and {"train.log", "training_log.json"} <= {p.name for p in files}
+    original = {p.relative_to(repo / "models").as_posix(): p.read_bytes()
+                for p in (repo / "models" / "tiny-hybrid").rglob("*") if p.is_file()}
+    # here: every part at once
+    shutil.rmtree(repo / "models" / "tiny-hybrid")
+    done = subprocess.run(script + ["restore", *map(str, parts)], cwd=repo, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    restored = {p.relative_to(repo / "models").as_posix(): p.read_bytes()
+                for p in (repo / "models" / "tiny-hybrid").rglob("*") if p.is_file()}
+    assert restored == original
+    # on the device: one part a call; the pair appears with the last
+    shutil.rmtree(repo / "models" / "tiny-hybrid")
+    env = {**env, "HYBRID_TMP": str(tmp_path / "device")}
+    first = subprocess.run(script + ["restore", str(parts[0])], cwd=repo, env=env, capture_output=True, text=True)
+    assert first.returncode == 0 and not (repo / "models" / "tiny-hybrid").exists()
+    last = subprocess.run(script + ["restore", str(parts[1])], cwd=repo, env=env, capture_output=True, text=True)
+    assert last.returncode == 0, last.stdout + last.stderr
+    assert (repo / "models" / "tiny-hybrid" / "target" / "model.safetensors").read_bytes() == \
+        original["tiny-hybrid/target/model.safetensors"]
+
+
+def test_hybrid_sweep_and_lossless_steps_pass_the_right_arguments(tmp_path):
+    """hybrid.sh sweep: bench_budgets.py on tiny-hybrid unless the args name other setups (27b-hybrid: widened first,
+    --if-missing, and a refused widening stops the step before the sweep); lossless: the real-size module on the
+    pair, 27b-hybrid with one DDTREE configuration by default; unknown pairs and steps are refused."""
+    env, log = fake_python(tmp_path)
+    script = ["bash", str(DEVICE / "hybrid.sh")]
+    out = str(tmp_path / "out")
+
+    def run(*args, **extra):
+        return subprocess.run(script + list(args), cwd=REPO, env={**env, **extra}, capture_output=True, text=True)
+
+    assert run("sweep", out, "abc1234", "tiny", "6", "--repeats", "2").returncode == 0
+    (sweep,) = calls(log)
+    argv = sweep["argv"]
+    assert argv[0] == "benchmarks/bench_budgets.py" and argv[argv.index("--setups") + 1] == "tiny-hybrid"
+    assert argv[-2:] == ["--repeats", "2"] and argv[argv.index("--max-minutes") + 1] == "6"
+    assert argv[argv.index("--out") + 1] == str(tmp_path / "hy" / "tiny" / "sweep")
+    log.unlink()
+    assert run("sweep", out, "abc1234", "big", "8", "--setups", "27b-hybrid").returncode == 0
+    widen, sweep = calls(log)
+    assert widen["argv"][:2] == ["-m", "sglang_ddtree.widen_hybrid"] and "--if-missing" in widen["argv"]
+    assert widen["argv"][widen["argv"].index("--out") + 1] == "runs/27b-hybrid"
+    setups = [sweep["argv"][i + 1] for i, a in enumerate(sweep["argv"]) if a == "--setups"]
+    assert setups == ["tiny-hybrid", "27b-hybrid"]  # the last one wins (argparse)
+    log.unlink()
+    assert run("sweep", out, "abc1234", "big", "8", "--setups", "27b-hybrid", FAKE_RC="3").returncode == 3
+    assert [c["argv"][1] for c in calls(log)] == ["sglang_ddtree.widen_hybrid"]  # no sweep after a refusal
+    log.unlink()
+    assert run("lossless", out, "abc1234", "triton").returncode == 0
+    assert run("lossless", out, "abc1234", "flashinfer", "27b-hybrid").returncode == 0
+    tiny, widen, big = calls(log)
+    assert tiny["argv"][:2] == ["scripts/device/run_gpu_suite.py", "tests/gpu/test_real8b.py"]
+    assert tiny["env"]["DDTREE_GPU_MODELS"] == "tiny-hybrid" and tiny["env"]["DDTREE_GPU_CONFIGS"] is None
+    assert tiny["argv"][tiny["argv"].index("--out") + 1] == f"{out}/lossless_tiny-hybrid_triton"
+    assert "sglang_ddtree.widen_hybrid" in widen["argv"]
+    assert (big["env"]["DDTREE_GPU_MODELS"], big["env"]["DDTREE_GPU_BACKEND"], big["env"]["DDTREE_GPU_CONFIGS"]) == \
+        ("27b-hybrid", "flashinfer", "ddtree-16")
+    assert run("lossless", out, "abc1234", "triton", "8b-real").returncode == 2
+    assert run("fly", out).returncode == 2 and run("restore").returncode == 2

@@ -82,6 +82,30 @@ def test_hybrid_defaults_widen_exactly_and_dense_defaults_are_unchanged(trainer)
     assert trainer.parse_args(["--smoke"]).hidden == 64
 
 
+def test_committed_plan_configs_are_what_the_trainer_saves(trainer, tmp_path):
+    """benchmarks/configs/tiny-hybrid (what setups tiny-hybrid / 27b-hybrid plan from before the pair is trained on
+    the device) equals the trainer's --configs-only output for its default hybrid run, and that output equals what a
+    run saves (the same config objects; save_target's extra serving keys included)."""
+    committed = REPO / "benchmarks" / "configs" / "tiny-hybrid"
+    argv = ["--target-arch", "qwen3_5_text", "--device", "cpu", "--data", str(tmp_path / "no-corpus")]
+    assert trainer.main(argv + ["--configs-only", "--out", str(tmp_path / "pair")]) == 0
+    for sub in ("target", "drafter"):
+        mine = json.loads((tmp_path / "pair" / sub / "config.json").read_text())
+        theirs = json.loads((committed / sub / "config.json").read_text())
+        mine.pop("transformers_version", None), theirs.pop("transformers_version", None)
+        assert mine == theirs, sub
+    args = trainer.parse_args(argv)
+    target, drafter = trainer.pair_configs(args, 4096, 0, 1)
+    config = trainer.tiny_targets.target_config(args, 4096, 0)
+    model = trainer.tiny_targets.build_target(config).to(torch.bfloat16)
+    model.config.use_cache = True
+    model.save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert dict(saved, **trainer.tiny_targets.serving_config_keys(model.config)) == target
+    assert drafter == trainer.make_drafter_config(args, config, 1).to_json()
+    assert drafter["dflash_config"]["target_layer_ids"] == [1, 3, 6] and target["layer_types"] == config.layer_types
+
+
 @pytest.mark.parametrize("extra, match", [
     (["--hidden", "256"], "inexactly in bf16"),                  # 5120 / 256 = 20: not a power of 4
     (["--head-dim", "32"], "inexactly in bf16"),                 # 256 / 32 = 8: sqrt(8) scales

@@ -192,3 +192,40 @@ def test_head_slots_keep_rotary_pairs():
     assert len(copies) == 3 and sorted(every.tolist()) == list(range(64))
     with pytest.raises(ValueError):
         wh.head_slots(16, 40, 4, 16)  # 40 is not a whole number of 16-dim copies
+
+
+def test_widening_refuses_a_disk_without_room_and_skips_a_finished_one(tmp_path, monkeypatch, capsys):
+    """The 27B pair is 57.3 GB and the GPU machine's disk 64 GiB: the widening checks the room first and refuses
+    before it writes or removes anything; --if-missing leaves a finished widening alone; a config-only folder (a dry
+    run's) counts as not built."""
+    small = random_dense_hybrid_target("qwen3_5_text", seed=5, vocab=VOCAB)
+    small.to(torch.bfloat16).save_pretrained(tmp_path / "small" / "target")
+    small_drafter(small).save_pretrained(tmp_path / "small" / "drafter")
+    out = tmp_path / "big"
+    big27 = wh.HYBRID_SHAPES["qwen3.5-27b"]
+    assert wh.pair_bytes(big27) == 2 * (26_895_998_464 + 1_730_213_120)
+    wh.write_configs(tmp_path / "small", MEDIUM, out)  # what a dry run writes
+    assert not wh.is_built(out, MEDIUM)
+    need = wh.pair_bytes(MEDIUM)
+    real_usage = wh.shutil.disk_usage
+    monkeypatch.setattr(wh.shutil, "disk_usage", lambda p: real_usage(p)._replace(free=need))  # no margin left
+    with pytest.raises(wh.NoRoomError, match="nothing was written"):
+        wh.widen_hybrid_pair(tmp_path / "small", MEDIUM, out, log=lambda *_: None)
+    assert sorted(p.name for p in out.rglob("*")) == ["config.json", "config.json", "drafter", "target"]
+    argv = ["--shape", "medium", "--small", str(tmp_path / "small"), "--out", str(out), "--if-missing"]
+    assert wh.main(argv) == 3 and "GB free" in capsys.readouterr().err
+    monkeypatch.setattr(wh.shutil, "disk_usage", real_usage)
+    assert wh.main(argv) == 0 and wh.is_built(out, MEDIUM)
+    # the dry run's configs are the real widening's
+    for sub in ("target", "drafter"):
+        again = tmp_path / "configs"
+        wh.write_configs(tmp_path / "small", MEDIUM, again)
+        written = json.loads((out / sub / "config.json").read_text())
+        assert json.loads((again / sub / "config.json").read_text()) == written
+    stamp = (out / "target" / "model.safetensors").stat().st_mtime_ns
+    capsys.readouterr()
+    assert wh.main(argv) == 0 and "already holds" in capsys.readouterr().out
+    assert (out / "target" / "model.safetensors").stat().st_mtime_ns == stamp
+    # room is counted with the widening it replaces
+    monkeypatch.setattr(wh.shutil, "disk_usage", lambda p: real_usage(p)._replace(free=wh.DISK_MARGIN_BYTES))
+    assert wh.check_room(out, need)["reclaimed_bytes"] >= need

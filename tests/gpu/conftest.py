@@ -11,7 +11,10 @@ killed. Logs go to $GPU_SUITE_LOG_DIR (the runner bundles them) or runs/gpu-logs
 
 `model_pair` picks the tiny trained pair in models/tiny/{target,drafter} when its weights are there, else the
 dummy configs in tests/gpu/configs (random weights via --load-format dummy, no tokenizer, token-id prompts).
-DDTREE_GPU_MODELS=tiny|dummy forces one. `gpu_record(kind, **fields)` appends to the suite's records.
+DDTREE_GPU_MODELS=tiny|dummy forces one; 8b-real (runs/8b-real), tiny-hybrid (the hybrid pair trained on the
+device into models/tiny-hybrid) and 27b-hybrid (it widened to Qwen3.5-27B into runs/27b-hybrid) pick the pairs of
+the real-size module (test_real8b.py), the widened ones built when missing. `gpu_record(kind, **fields)` appends to
+the suite's records.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ if str(REPO_ROOT) not in sys.path:
 from ddtree_bench.server import free_port, launch_command, log_tail, stop_process_group  # noqa: E402
 
 TINY_DIR = REPO_ROOT / "models" / "tiny"
+TINY_HYBRID_DIR = REPO_ROOT / "models" / "tiny-hybrid"  # scripts/device/hybrid.sh train
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 GPU_DIR = Path(__file__).resolve().parent
 
@@ -125,11 +129,16 @@ class ModelPair:
     target: Path
     drafter: Path
     dummy: bool  # random weights, no tokenizer: prompts must be token ids
-    name: str = ""  # "8b-real" for the widened pair; else the mode follows `dummy`
+    name: str = ""  # "8b-real", "tiny-hybrid", "27b-hybrid"; else the mode follows `dummy`
 
     @property
     def mode(self) -> str:
         return self.name or ("dummy" if self.dummy else "tiny")
+
+    @property
+    def hybrid(self) -> bool:
+        """A gated-delta-net hybrid target (SGLang's mamba state pool: --max-mamba-cache-size)."""
+        return self.name in HYBRID_MODES
 
     def base_args(self) -> list[str]:
         args = ["--model-path", str(self.target)]
@@ -142,9 +151,10 @@ class ModelPair:
                 "--speculative-num-draft-tokens", str(block)]
 
 
-def tiny_pair_missing() -> str | None:
-    """None when models/tiny holds a servable pair, else what is missing."""
-    target, drafter = TINY_DIR / "target", TINY_DIR / "drafter"
+def tiny_pair_missing(folder: Path | None = None) -> str | None:
+    """None when `folder` (default models/tiny) holds a servable pair, else what is missing."""
+    folder = folder or TINY_DIR
+    target, drafter = folder / "target", folder / "drafter"
     for d in (target, drafter):
         if not (d / "config.json").is_file():
             return f"{d.relative_to(REPO_ROOT)}/config.json"
@@ -168,11 +178,40 @@ def real8b_pair() -> ModelPair:
     return ModelPair(REAL8B_DIR / "target", REAL8B_DIR / "drafter", dummy=False, name="8b-real")
 
 
+HYBRID27B_DIR = REPO_ROOT / "runs" / "27b-hybrid"
+HYBRID_MODES = ("tiny-hybrid", "27b-hybrid")
+MODES = ("auto", "tiny", "dummy", "8b-real") + HYBRID_MODES
+
+
+def tiny_hybrid_pair() -> ModelPair:
+    """The tiny gated-delta-net hybrid pair, trained on the device (scripts/device/hybrid.sh train)."""
+    missing = tiny_pair_missing(TINY_HYBRID_DIR)
+    if missing:
+        raise ValueError(f"DDTREE_GPU_MODELS=tiny-hybrid but the hybrid pair lacks {missing} (train it on the device: "
+                         "bash scripts/device/hybrid.sh train OUT COMMIT).")
+    return ModelPair(TINY_HYBRID_DIR / "target", TINY_HYBRID_DIR / "drafter", dummy=False, name="tiny-hybrid")
+
+
+def hybrid27b_pair() -> ModelPair:
+    """The tiny hybrid pair widened to Qwen3.5-27B shapes (sglang_ddtree/widen_hybrid.py, 57.3 GB), built into
+    runs/27b-hybrid when missing (refused before writing when the disk has no room)."""
+    from sglang_ddtree import widen_hybrid
+
+    big = widen_hybrid.HYBRID_SHAPES["qwen3.5-27b"]
+    if not widen_hybrid.is_built(HYBRID27B_DIR, big):
+        widen_hybrid.widen_hybrid_pair(tiny_hybrid_pair().target.parent, big, HYBRID27B_DIR)
+    return ModelPair(HYBRID27B_DIR / "target", HYBRID27B_DIR / "drafter", dummy=False, name="27b-hybrid")
+
+
 def choose_model_pair(mode: str) -> ModelPair:
     if mode == "8b-real":
         return real8b_pair()
-    if mode not in ("auto", "tiny", "dummy"):
-        raise ValueError(f"DDTREE_GPU_MODELS must be auto, tiny, dummy or 8b-real, got {mode!r}.")
+    if mode == "tiny-hybrid":
+        return tiny_hybrid_pair()
+    if mode == "27b-hybrid":
+        return hybrid27b_pair()
+    if mode not in MODES:
+        raise ValueError(f"DDTREE_GPU_MODELS must be one of {', '.join(MODES)}, got {mode!r}.")
     missing = tiny_pair_missing()
     if mode == "tiny" and missing:
         raise ValueError(f"DDTREE_GPU_MODELS=tiny but the tiny pair lacks {missing}.")

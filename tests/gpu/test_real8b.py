@@ -1,20 +1,29 @@
-"""Lossless at real size: the widened Qwen3-8B-shaped pair served with DDTREE == plain decoding up to bf16 ties.
+"""Lossless at real size: the widened Qwen3-8B-shaped pair served with DDTREE == plain decoding up to bf16 ties;
+the same checks on the hybrid pairs (the tiny gated-delta-net hybrid trained on the device and its Qwen3.5-27B
+widening).
 
-Runs only with DDTREE_GPU_MODELS=8b-real (the pair is built into runs/8b-real on first use, ~20 s on the H200).
-DDTREE_GPU_BACKEND picks the attention backend (triton, the default, or flashinfer).
+Runs only with DDTREE_GPU_MODELS=8b-real (the pair is built into runs/8b-real on first use, ~20 s on the H200),
+tiny-hybrid (models/tiny-hybrid: scripts/device/hybrid.sh train) or 27b-hybrid (runs/27b-hybrid, widened from
+models/tiny-hybrid on first use: 57.3 GB, refused when the disk has no room). serving_common.REAL_SIZE_PLANS gives
+each pair's DDTREE configurations and batch. DDTREE_GPU_BACKEND picks the attention backend (triton, the default,
+or flashinfer).
 
   - greedy, 128 new tokens, 16 HumanEval prompts (runs/bench/humaneval_prompts.jsonl, written by
     `benchmarks/bench_budgets.py --write-prompts`; the serving prompts otherwise): DDTREE at B = 16, 64 and 256 and
-    `auto` (its default candidates), one request at a time and all 16 at once, against plain decoding one at a time; a
+    `auto` (its default candidates) for 8b-real, at B = 16 and 64 and the in-server oracle at 64 (a hybrid target:
+    every accepted path verified again as a chain) for tiny-hybrid, at B = 16 and its oracle for 27b-hybrid; one
+    request at a time and the pair's batch at once (16; 4 for 27b-hybrid), against plain decoding one at a time; a
     first difference passes only where plain's own log-probs of its token and DDTREE's are within TIE_NATS, and every
     first difference's gap is recorded. The gap comes from plain's top-5; a DDTREE token outside them is judged by
     decoding the same prompt on the plain server again with SGLang's token_ids_logprob for both tokens (the same decode
     path, so the same numbers), and its gap on plain's prefill path (the prompt and the common prefix as one extend, the
     kind of forward a verify is) is recorded next to it;
-  - the KV pool is back to idle after 200 mixed, sampled and aborted requests (B = 64).
+  - the KV pool is back to idle after 200 mixed, sampled and aborted requests (B = 64; B = 16 for 27b-hybrid);
+  - an oracle server's count of request-rounds whose chain re-verify differed from its tree verify.
 
 DDTREE_GPU_CONFIGS=ddtree-64,ddtree-auto,... starts only those DDTREE servers (plain always): all five 8B servers at
-once are sized for an H200; on an H100 select fewer. Tests of servers not selected skip.
+once are sized for an H200; on an H100 select fewer. 27b-hybrid takes exactly one (plain and one 27B server fill an
+H200; it starts after plain). Tests of servers not selected skip.
 """
 
 from __future__ import annotations
@@ -25,21 +34,30 @@ import os
 import pytest
 
 from conftest import REPO_ROOT
-from serving_common import (TEXT_PROMPTS, compare, ddtree, flush_cache, mixed_and_aborted_load, select_configs,
-                            tau_of, used_tokens)
+from serving_common import (ORACLE_FLAG, REAL_SIZE_CONFIGS, REAL_SIZE_PLANS, TEXT_PROMPTS, compare, flush_cache,
+                            mixed_and_aborted_load, real_size_configs, tau_of, used_tokens)
 
 TIE_NATS = 0.125
 NEW_TOKENS = 128
 PROMPTS = 16
-BUDGETS = (16, 64, 256, "auto")
 GREEDY = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
+MODES = ("bs1", "batch")  # one request at a time; the pair's batch at once (recorded as bs<batch>)
 
 
 @pytest.fixture(scope="module")
 def pair(model_pair):
-    if model_pair.mode != "8b-real":
-        pytest.skip("real-size module: set DDTREE_GPU_MODELS=8b-real")
+    if model_pair.mode not in REAL_SIZE_PLANS:
+        pytest.skip(f"real-size module: set DDTREE_GPU_MODELS to one of {', '.join(REAL_SIZE_PLANS)}")
     return model_pair
+
+
+@pytest.fixture(scope="module")
+def plan(pair):
+    return REAL_SIZE_PLANS[pair.mode]
+
+
+def run_name(config: str, mode: str, plan) -> str:
+    return f"{config}/bs{1 if mode == 'bs1' else plan.batch}"
 
 
 def prompts() -> list[str]:
@@ -50,22 +68,37 @@ def prompts() -> list[str]:
     return (TEXT_PROMPTS + [p + "    " for p in TEXT_PROMPTS])[:PROMPTS]
 
 
-def common(pair, backend: str) -> list[str]:
+def common(pair, backend: str, batch: int) -> list[str]:
     # Up to five 8B servers start together: a capped KV pool (--max-total-tokens) with a loose fraction, as the sweep
-    # does.
-    return pair.base_args() + [
+    # does. A hybrid target's mamba pool gets explicit slots too (ddtree_bench.plan.mamba_cache_size), or SGLang would
+    # size it from the memory free at its start.
+    args = pair.base_args() + [
         "--attention-backend", backend, "--mem-fraction-static", "0.88", "--max-total-tokens", "24576",
-        "--max-running-requests", "16", "--cuda-graph-max-bs-decode", "16", "--context-length", "4096",
+        "--max-running-requests", str(batch), "--cuda-graph-max-bs-decode", str(batch), "--context-length", "4096",
         "--random-seed", "0", "--decode-log-interval", "1"]
+    if pair.hybrid:
+        from ddtree_bench.plan import mamba_cache_size
+
+        args += ["--max-mamba-cache-size", str(mamba_cache_size(batch))]
+    return args
 
 
 @pytest.fixture(scope="module")
-def servers(sglang_servers, pair):
+def servers(sglang_servers, pair, plan):
     backend = os.environ.get("DDTREE_GPU_BACKEND", "triton")
-    base = common(pair, backend)
+    base = common(pair, backend, plan.batch)
     draft = ["--speculative-draft-model-path", str(pair.drafter)]
-    configs = select_configs({"plain": base, **{f"ddtree-{b}": base + ddtree(b) + draft for b in BUDGETS}})
-    started = sglang_servers(configs, env={"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"})
+    try:
+        configs = real_size_configs(plan, base, draft)
+    except ValueError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
+    if plan.one_ddtree_server:  # the DDTREE server sizes its pools from what plain leaves
+        started = sglang_servers({"plain": configs.pop("plain")}, env=env)
+        if configs:
+            started.update(sglang_servers(configs, env=env))
+    else:
+        started = sglang_servers(configs, env=env)
     failed = {n: s for n, s in started.items() if isinstance(s, Exception)}
     if failed:
         pytest.fail(f"servers did not start: {failed}")
@@ -73,20 +106,23 @@ def servers(sglang_servers, pair):
 
 
 @pytest.fixture(scope="module")
-def outputs(servers):
+def outputs(servers, plan):
     texts = prompts()
     # top-5: a first difference whose token is not among plain's top-2 (a three-way near-tie, or a bug) still gets
     # its gap measured instead of failing as unjudged
     out = {"plain": [servers["plain"].generate(text=t, sampling_params=GREEDY, return_logprob=True,
                                                top_logprobs_num=5) for t in texts]}
-    for b in BUDGETS:
-        if f"ddtree-{b}" not in servers:
+    for config in plan.configs:
+        if config not in servers:
             continue
-        s = servers[f"ddtree-{b}"]
-        out[f"ddtree-{b}/bs1"] = [s.generate(text=t, sampling_params=GREEDY) for t in texts]
-        batch = s.generate(text=texts, sampling_params=GREEDY)
-        assert isinstance(batch, list) and len(batch) == len(texts)
-        out[f"ddtree-{b}/bs16"] = batch
+        s = servers[config]
+        out[run_name(config, "bs1", plan)] = [s.generate(text=t, sampling_params=GREEDY) for t in texts]
+        together = []
+        for i in range(0, len(texts), plan.batch):
+            batch = s.generate(text=texts[i:i + plan.batch], sampling_params=GREEDY)
+            assert isinstance(batch, list) and len(batch) == len(texts[i:i + plan.batch])
+            together += batch
+        out[run_name(config, "batch", plan)] = together
     return out
 
 
@@ -127,10 +163,14 @@ def _gap_on_plain(plain, text: str, reference: list[int], pos: int, ref_token: i
 _JUDGED: dict = {}  # (prompt, position, plain token, candidate token) -> _gap_on_plain's answer, across configs
 
 
-@pytest.mark.parametrize("name", [f"ddtree-{b}/bs{n}" for b in BUDGETS for n in (1, 16)])
-def test_greedy_equals_plain_up_to_ties(servers, outputs, name, gpu_record):
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("config", REAL_SIZE_CONFIGS)
+def test_greedy_equals_plain_up_to_ties(pair, plan, servers, outputs, config, mode, gpu_record):
+    if config not in plan.configs:
+        pytest.skip(f"{config} is not run on {pair.mode}")
+    name = run_name(config, mode, plan)
     if name not in outputs:
-        pytest.skip(f"{name.split('/')[0]} not selected (DDTREE_GPU_CONFIGS)")
+        pytest.skip(f"{config} not selected (DDTREE_GPU_CONFIGS)")
     exact, ties, failures = compare(outputs["plain"], outputs[name], TIE_NATS)
     texts, still = prompts(), []
     for f in failures:
@@ -146,24 +186,53 @@ def test_greedy_equals_plain_up_to_ties(servers, outputs, name, gpu_record):
         (ties if f["logprob_gap"] is not None and f["logprob_gap"] <= TIE_NATS else still).append(f)
     failures = still
     gaps = [t["logprob_gap"] for t in ties] + [f.get("logprob_gap") for f in failures if isinstance(f, dict)]
-    gpu_record("real8b_greedy", config=name, backend=os.environ.get("DDTREE_GPU_BACKEND", "triton"),
+    gpu_record("real8b_greedy", pair=pair.mode, config=name, backend=os.environ.get("DDTREE_GPU_BACKEND", "triton"),
                prompts=len(outputs[name]), new_tokens=NEW_TOKENS, exact=exact, ties=ties, failures=failures,
                max_gap=max((g for g in gaps if g is not None), default=0.0), tau=tau_of(outputs[name]),
                tie_nats=TIE_NATS)
     assert not failures, f"{name}: differences from plain that are not ties within {TIE_NATS} nats: {failures}"
 
 
-def test_no_kv_leak_after_mixed_and_aborted_requests(servers, gpu_record):
-    if "ddtree-64" not in servers:
-        pytest.skip("ddtree-64 not selected (DDTREE_GPU_CONFIGS)")
-    server = servers["ddtree-64"]
+def test_no_kv_leak_after_mixed_and_aborted_requests(pair, plan, servers, gpu_record):
+    if plan.leak_config not in servers:
+        pytest.skip(f"{plan.leak_config} not selected (DDTREE_GPU_CONFIGS)")
+    server = servers[plan.leak_config]
     texts = prompts()
     idle_tokens, idle_reqs = used_tokens(server)
     assert idle_reqs == 0
     tokens, reqs, kinds = mixed_and_aborted_load(server, lambda i: {"text": texts[i % len(texts)]})
-    gpu_record("real8b_kv_leak", config="ddtree-64", idle_tokens=idle_tokens, after_tokens=tokens, after_reqs=reqs,
-               leaked=tokens - idle_tokens, kinds=kinds)
+    gpu_record("real8b_kv_leak", pair=pair.mode, config=plan.leak_config, idle_tokens=idle_tokens,
+               after_tokens=tokens, after_reqs=reqs, leaked=tokens - idle_tokens, kinds=kinds)
     assert reqs == 0, f"{reqs} requests still running 60 s after the load ended"
     assert tokens == idle_tokens, f"KV leak: {tokens - idle_tokens} tokens still in use after the load"
     assert kinds.get("aborted", 0) > 0, f"no request was really aborted: {kinds}"
     assert server.proc.poll() is None, "the server died (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE raises on leaks)"
+
+
+@pytest.mark.parametrize("config", [c for c in REAL_SIZE_CONFIGS if c.endswith("-oracle")])
+def test_oracle_rechecks_every_round_against_a_chain_verify(pair, plan, servers, outputs, config, gpu_record):
+    """--speculative-ddtree-oracle (a hybrid target): every round's accepted path is verified again as a chain from
+    the pre-round state and the round commits what that chain verify accepts; the server logs how many greedy
+    request-rounds the tree verify's accepted drafts or bonus differed. Checked as in test_ddtree_hybrid.py: the
+    oracle ran on enough rounds and differed on few (bf16 near-ties explain a few; a wrong tree path would differ on
+    most rounds that accept one); its outputs against the fast server of the same budget are recorded."""
+    import re
+
+    from sglang_ddtree.sglang.modes import ORACLE_LOG
+
+    if config not in plan.configs:
+        pytest.skip(f"{config} is not run on {pair.mode}")
+    if config not in servers:
+        pytest.skip(f"{config} not selected (DDTREE_GPU_CONFIGS)")
+    assert ORACLE_FLAG in servers[config].args
+    found = re.findall(r"DDTREE oracle: (\d+) of (\d+) greedy request-rounds differ", servers[config].log_text())
+    assert found, f"{config}: no oracle line in the server log"
+    differ, checked = (int(x) for x in found[-1])
+    fast = config.removesuffix("-oracle")
+    same = {mode: sum(a["output_ids"] == b["output_ids"] for a, b in zip(outputs[run_name(config, mode, plan)],
+                                                                        outputs[run_name(fast, mode, plan)]))
+            for mode in MODES if run_name(fast, mode, plan) in outputs}
+    gpu_record("real8b_oracle", pair=pair.mode, config=config, differ=differ, checked=checked,
+               outputs_equal_to_fast=same, prompts=PROMPTS)
+    assert checked >= ORACLE_LOG, (checked, differ)
+    assert differ <= max(2, checked // 20), f"{config}: {differ} of {checked} request-rounds differ from the chain"
