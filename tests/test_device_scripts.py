@@ -847,7 +847,7 @@ FAKE_PYTHON = '''#!{python}
 import json, os, sys
 log = {log!r}
 script = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
-widen = "sglang_ddtree.widen_hybrid" in sys.argv
+widen = bool({{"sglang_ddtree.widen_hybrid", "sglang_ddtree.widen"}} & set(sys.argv))  # never a real widening
 names = ("DDTREE_GPU_MODELS", "DDTREE_GPU_BACKEND", "DDTREE_GPU_CONFIGS", "DDTREE_COMMIT")
 if script.endswith(("train_tiny_pair.py", "bench_budgets.py", "run_gpu_suite.py")) or widen:
     with open(log, "a") as fh:
@@ -971,3 +971,25 @@ def test_hybrid_sweep_and_lossless_steps_pass_the_right_arguments(tmp_path):
         ("27b-hybrid", "flashinfer", "ddtree-16")
     assert run("lossless", out, "abc1234", "triton", "8b-real").returncode == 2
     assert run("fly", out).returncode == 2 and run("restore").returncode == 2
+
+
+def test_real_size_sweep_step_sweeps_the_real_size_setup_unless_told_otherwise(tmp_path):
+    """real8b.sh sweep: bench_budgets.py on 8b-real (bench_budgets' own default is tiny,8b-dummy), after the widening;
+    setups named in the args replace it (argparse keeps the last --setups)."""
+    env, log = fake_python(tmp_path)
+    out = str(tmp_path / "out")
+
+    def run(*args):
+        return subprocess.run(["bash", str(DEVICE / "real8b.sh"), *args], cwd=REPO, env=env, capture_output=True,
+                              text=True)
+
+    assert run("sweep", out, "abc1234", "tri", "5", "--repeats", "2").returncode == 0
+    widen, sweep = calls(log)
+    assert widen["argv"][:2] == ["-m", "sglang_ddtree.widen"]
+    argv = sweep["argv"]
+    assert argv[0] == "benchmarks/bench_budgets.py" and argv[-2:] == ["--repeats", "2"]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--setups"] == ["8b-real"]
+    log.unlink()
+    assert run("sweep", out, "abc1234", "tri", "5", "--setups", "8b-real,8b-real-fi").returncode == 0
+    argv = calls(log)[-1]["argv"]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--setups"][-1] == "8b-real,8b-real-fi"

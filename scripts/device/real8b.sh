@@ -3,10 +3,10 @@
 # built into runs/8b-real by sglang_ddtree.widen on first use) swept and checked.
 #
 #   bash scripts/device/real8b.sh sweep OUT COMMIT NAME MINUTES [bench_budgets args...]
-#       the budget sweep (`--setups 8b-real` unless the args say otherwise; `--copy-setup 8b-real-fi=8b-real --set
-#       8b-real-fi.backend=flashinfer` adds flashinfer); resumable: a second call with the same NAME continues the
-#       same results file (kept in /tmp/real8b while the machine is warm); copies the JSONL, the sweep's log and a
-#       tarball of the server logs into OUT
+#       the budget sweep (`--setups 8b-real` unless the args name others: the last --setups wins; `--copy-setup
+#       8b-real-fi=8b-real --set 8b-real-fi.backend=flashinfer` adds flashinfer); resumable: a second call with the
+#       same NAME continues the same results file (kept in /tmp/real8b while the machine is warm); copies the JSONL,
+#       the sweep's log and a tarball of the server logs into OUT
 #   bash scripts/device/real8b.sh lossless OUT COMMIT BACKEND
 #       tests/gpu/test_real8b.py: greedy == plain up to ties at B 16/64/256, batch 1 and 16, and the KV-leak check
 #   bash scripts/device/real8b.sh profile OUT COMMIT NAME [profile_rounds args...]
@@ -34,7 +34,7 @@ sweep)
     python3 -m sglang_ddtree.widen --shape qwen3-8b --out runs/8b-real --if-missing || exit 1
     timeout $(( ${minutes%.*} * 60 + 90 )) python3 benchmarks/bench_budgets.py \
         --prompts-file runs/bench/humaneval_prompts.jsonl --out "$ws/sweep" --log-dir "$ws/logs" \
-        --commit "$commit" --max-minutes "$minutes" --interleave "$@" >> "$ws/run.log" 2>&1
+        --commit "$commit" --max-minutes "$minutes" --interleave --setups 8b-real "$@" >> "$ws/run.log" 2>&1
     rc=$?
     cp "$ws/sweep/bench_budgets.jsonl" "$out/sweep_${backend}.jsonl" 2>/dev/null
     cp "$ws/run.log" "$out/sweep_${backend}.log"
