@@ -162,9 +162,9 @@ def ensure_widened(setup: plan_mod.Setup, *, dry_run: bool) -> None:
     from sglang_ddtree.tiny import tiny_dir
 
     if setup.widen_shape in widen_hybrid.HYBRID_SHAPES:
-        big, mod, build = widen_hybrid.HYBRID_SHAPES[setup.widen_shape], "widen_hybrid", widen_hybrid.widen_hybrid_pair
+        module, big, build = widen_hybrid, widen_hybrid.HYBRID_SHAPES[setup.widen_shape], widen_hybrid.widen_hybrid_pair
     else:
-        big, mod, build = widen.SHAPES[setup.widen_shape], "widen", widen.widen_pair
+        module, big, build = widen, widen.SHAPES[setup.widen_shape], widen.widen_pair
     small = setup.path("widen_from") if setup.widen_from else tiny_dir()
     out = setup.path("target").parent
     if setup.path("drafter").parent != out:
@@ -175,8 +175,8 @@ def ensure_widened(setup: plan_mod.Setup, *, dry_run: bool) -> None:
         configs = small
         if setup.plan_configs and not (small / "target" / "config.json").is_file():
             configs = setup.path("plan_configs")  # the small pair is trained on the device: plan from its configs
-        (widen_hybrid if mod == "widen_hybrid" else widen).write_configs(configs, big, out)
-        print(f"{setup.name}: {out} holds no weights yet; a real run builds them (python -m sglang_ddtree.{mod} "
+        module.write_configs(configs, big, out)
+        print(f"{setup.name}: {out} holds no weights yet; a real run builds them (python -m {module.__name__} "
               f"--shape {big.name} --small {small} --out {out})")
         return
     if not all(has_weights(small / which) for which in ("target", "drafter")):

@@ -598,13 +598,19 @@ def check_room(out_dir: Path, need: int) -> dict:
     return info
 
 
+def small_configs(small_dir: Path) -> tuple[dict, dict | None]:
+    """The small pair's target config and its drafter's (None when small_dir has no drafter)."""
+    small_dir = Path(small_dir)
+    tcfg = json.loads((small_dir / "target" / "config.json").read_text())
+    dpath = small_dir / "drafter" / "config.json"
+    return tcfg, (json.loads(dpath.read_text()) if dpath.is_file() else None)
+
+
 def write_configs(small_dir: Path, big: HybridShape, out_dir: Path) -> None:
     """Only the two big config.json files of small_dir's widening (enough to plan a benchmark; no weights, so
     is_built stays False)."""
-    small_dir, out_dir = Path(small_dir), Path(out_dir)
-    tcfg = json.loads((small_dir / "target" / "config.json").read_text())
-    dpath = small_dir / "drafter" / "config.json"
-    dcfg = json.loads(dpath.read_text()) if dpath.is_file() else None
+    out_dir = Path(out_dir)
+    tcfg, dcfg = small_configs(small_dir)
     scales = hybrid_scales(tcfg, big, dcfg)
     configs = {"target": big_target_config(tcfg, big, scales, plan_hybrid(tcfg, big, dcfg))}
     if dcfg is not None:
@@ -672,9 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         if args.small is None:
             ap.error("--check needs --small.")
-        tcfg = json.loads((args.small / "target" / "config.json").read_text())
-        dpath = args.small / "drafter" / "config.json"
-        dcfg = json.loads(dpath.read_text()) if dpath.is_file() else None
+        tcfg, dcfg = small_configs(args.small)
         print(json.dumps(check_hybrid_pair(tcfg, big, dcfg), indent=1))
         return 0
     if args.small is None or args.out is None:
