@@ -377,6 +377,18 @@ def test_plan_fits_the_device_tool_limits(tmp_path):
     assert "--jit-cache .device-cache/jit/jit-cache.tar.xz" in last["command"]
 
 
+def test_plan_counts_travel_as_the_device_tool_does(tmp_path):
+    """A file travels as a 512-byte header and its content padded to 512-byte blocks, so many small files count
+    more than their sizes (a call at 63.7 MiB of plain sizes was refused as over 64 MiB)."""
+    plan_mod = load_script("plan")
+    (tmp_path / "d").mkdir()
+    for name, size in (("one", 1), ("block", 512), ("more", 513), ("empty", 0)):
+        (tmp_path / "d" / name).write_bytes(b"x" * size)
+    assert plan_mod.path_bytes(tmp_path / "d" / "one") == 1024
+    assert plan_mod.path_bytes(tmp_path / "d") == 1024 + 1024 + 1536 + 512
+    assert plan_mod.path_bytes(tmp_path / "none") == 0
+
+
 def test_plan_installs_split_parts_and_runs_other_work(tmp_path):
     """A chunk split by split_chunk.py is installed one part a call (the tracked tree plus a whole site-1 was
     over 64 MiB), but only parts of this pack (parts.json's chunk name and sha256); --work runs another command

@@ -33,17 +33,24 @@ MAX_TREE_MIB = 64.0
 JIT_CACHE = ".device-cache/jit/jit-cache.tar.xz"
 
 
+def travel_bytes(file: Path) -> int:
+    """A file as the device tool counts it against its 64 MiB: as in a tar archive, a 512-byte header and the content
+    padded to 512-byte blocks. Plain sizes undercount by ~0.3 MiB for this tree's ~700 files, which is what put calls
+    the plain count let through (63.7 MiB) over the tool's limit; this count matches what it took and refused."""
+    return 512 + -(-file.stat().st_size // 512) * 512
+
+
 def tree_bytes(repo: Path = REPO_ROOT) -> int:
     """What travels on every call: tracked files plus untracked files git does not ignore."""
     out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=repo, capture_output=True,
                          check=True).stdout.decode()
-    return sum((repo / p).stat().st_size for p in out.split("\0") if p and (repo / p).is_file())
+    return sum(travel_bytes(repo / p) for p in out.split("\0") if p and (repo / p).is_file())
 
 
 def path_bytes(path: Path) -> int:
     if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+        return travel_bytes(path)
+    return sum(travel_bytes(p) for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
 def install_units(chunk: dict, repo: Path = REPO_ROOT) -> list[str]:
