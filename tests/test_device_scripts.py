@@ -586,8 +586,8 @@ def test_model_pair_picks_the_hybrid_pairs(fake_sglang, monkeypatch, tmp_path):
 
 def test_real_size_plans_pick_each_pairs_servers(monkeypatch):
     """tests/gpu/serving_common.py's plans for the real-size module: the DDTREE configurations per pair (no `auto` on
-    a hybrid target, the in-server oracle there), DDTREE_GPU_CONFIGS narrowing them, and the 27B pair's one DDTREE
-    server next to plain."""
+    a hybrid target, the in-server oracle there), DDTREE_GPU_CONFIGS narrowing them, and the 27B pair's servers run
+    one at a time, plain first."""
     monkeypatch.syspath_prepend(str(REPO / "tests" / "gpu"))
     import serving_common as sc
 
@@ -606,13 +606,127 @@ def test_real_size_plans_pick_each_pairs_servers(monkeypatch):
     tiny = sc.real_size_configs(plans["tiny-hybrid"], base, draft)
     assert list(tiny) == ["plain", "ddtree-16", "ddtree-64", "ddtree-64-oracle"] and tiny["plain"] == base
     assert tiny["ddtree-64-oracle"] == base + sc.ddtree("64", "--speculative-ddtree-oracle") + draft
-    with pytest.raises(ValueError, match="select one"):
-        sc.real_size_configs(plans["27b-hybrid"], base, draft)
+    assert plans["27b-hybrid"].one_at_a_time and not plans["tiny-hybrid"].one_at_a_time
+    assert list(sc.real_size_configs(plans["27b-hybrid"], base, draft)) == ["plain", "ddtree-16", "ddtree-16-oracle"]
     monkeypatch.setenv("DDTREE_GPU_CONFIGS", "ddtree-16-oracle")
     assert list(sc.real_size_configs(plans["27b-hybrid"], base, draft)) == ["plain", "ddtree-16-oracle"]
     monkeypatch.setenv("DDTREE_GPU_CONFIGS", "ddtree-256")  # an 8b-real configuration, not a hybrid one
     with pytest.raises(ValueError, match="unknown configurations"):
         sc.real_size_configs(plans["tiny-hybrid"], base, draft)
+
+
+def _real_size_module(monkeypatch):
+    """tests/gpu/test_real8b.py loaded on the CPU (its `conftest` import answered by a stand-in)."""
+    import types
+
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "gpu"))
+    monkeypatch.syspath_prepend(str(REPO))
+    monkeypatch.setitem(sys.modules, "conftest", types.SimpleNamespace(REPO_ROOT=REPO))
+    spec = importlib.util.spec_from_file_location("real_size_module", REPO / "tests" / "gpu" / "test_real8b.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "real_size_module", mod)  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class _FakeServers:
+    """The sglang_servers factory's stand-in: servers that answer greedy requests with fixed ids and record which
+    servers were up whenever one answered."""
+
+    def __init__(self):
+        self.started: list[list[str]] = []  # names per start call
+        self.all: dict = {}
+        self.up_while_answering: list[tuple[str, ...]] = []
+
+    def __call__(self, configs, env=None):
+        import types
+
+        self.started.append(list(configs))
+        out = {}
+        for name, args in configs.items():
+            server = types.SimpleNamespace(name=name, args=list(args), alive=True)
+            server.proc = types.SimpleNamespace(poll=lambda s=server: None if s.alive else 0)
+            server.stop = lambda s=server: setattr(s, "alive", False)
+            server.generate = lambda s=server, **kw: self._answer(s, **kw)
+            self.all[name] = out[name] = server
+        return out
+
+    def up(self) -> tuple[str, ...]:
+        return tuple(n for n, s in self.all.items() if s.alive)
+
+    def _answer(self, server, text, sampling_params, **extra):
+        assert server.alive, f"{server.name} answered after it stopped"
+        self.up_while_answering.append(self.up())
+        one = {"output_ids": [3, 4, 5], "meta_info": {}}
+        return [dict(one) for _ in text] if isinstance(text, list) else one
+
+
+@pytest.mark.parametrize("pair_name", ["27b-hybrid", "tiny-hybrid"])
+def test_real_size_module_runs_the_27b_servers_one_at_a_time(monkeypatch, pair_name):
+    """The real-size lossless module on the 27B pair: plain first, then each DDTREE server alone, each stopped once
+    it has answered, the KV-leak load taken while its own server is up, and every server sized to have the GPU to
+    itself; the tiny hybrid's servers start together."""
+    import types
+
+    mod = _real_size_module(monkeypatch)
+    monkeypatch.delenv("DDTREE_GPU_CONFIGS", raising=False)
+    fake = _FakeServers()
+    leak_on = []
+
+    def used(server):
+        return (0, 0)
+
+    def load(server, prompt_of):
+        leak_on.append((server.name, fake.up()))
+        return 0, 0, {"ok": 160, "aborted": 40}
+
+    monkeypatch.setattr(mod, "used_tokens", used)
+    monkeypatch.setattr(mod, "mixed_and_aborted_load", load)
+    plan = mod.REAL_SIZE_PLANS[pair_name]
+    pair = types.SimpleNamespace(base_args=lambda: ["--model-path", "t"], drafter=Path("d"), hybrid=True)
+    texts = [f"def f{i}():" for i in range(6)]
+    served = mod.serve(fake, pair, plan, texts, "triton")
+    configs = ["plain", *plan.configs]
+    names = {f"{c}/bs{b}" for c in plan.configs for b in (1, plan.batch)} | {"plain"}
+    assert set(served.outputs) == names and all(len(v) == len(texts) for v in served.outputs.values())
+    if pair_name == "tiny-hybrid":
+        assert fake.started == [configs] and served.leak is None
+        assert all(s.alive for s in fake.all.values())  # the module's pool stops them at its end
+        return
+    assert fake.started == [[c] for c in configs]
+    assert set(fake.up_while_answering) == {(c,) for c in configs}  # never two servers up at once
+    assert leak_on == [(plan.leak_config, (plan.leak_config,))] and served.leak["alive"]
+    assert not any(s.alive for s in fake.all.values())
+    for server in fake.all.values():
+        args = server.args
+        assert args[args.index("--mem-fraction-static") + 1] == "0.92"
+        assert args[args.index("--max-total-tokens") + 1] == "8192"
+        assert args[args.index("--max-running-requests") + 1] == str(plan.batch)
+
+
+def test_real_size_module_stops_a_server_whose_answers_fail(monkeypatch):
+    """One at a time, a server that fails mid-way is stopped all the same, so a later module or rerun gets the GPU."""
+    import types
+
+    mod = _real_size_module(monkeypatch)
+    monkeypatch.delenv("DDTREE_GPU_CONFIGS", raising=False)
+    fake = _FakeServers()
+
+    def broken(server, **kw):
+        raise AssertionError("/generate answered 500")
+
+    real_call = fake.__call__
+
+    def start(configs, env=None):
+        out = real_call(configs, env)
+        for s in out.values():
+            s.generate = lambda s=s, **kw: broken(s, **kw)
+        return out
+
+    pair = types.SimpleNamespace(base_args=lambda: ["--model-path", "t"], drafter=Path("d"), hybrid=True)
+    with pytest.raises(AssertionError, match="500"):
+        mod.serve(start, pair, mod.REAL_SIZE_PLANS["27b-hybrid"], ["x"], "triton")
+    assert list(fake.all) == ["plain"] and not fake.all["plain"].alive
 
 
 def test_jit_cache_leaves_out_tvm_ffi_objects(tmp_path):
@@ -947,7 +1061,8 @@ def test_hybrid_train_returns_the_pair_in_parts_that_restore_rebuilds(tmp_path):
 def test_hybrid_sweep_and_lossless_steps_pass_the_right_arguments(tmp_path):
     """hybrid.sh sweep: bench_budgets.py on tiny-hybrid unless the args name other setups (27b-hybrid: widened first,
     --if-missing, and a refused widening stops the step before the sweep); lossless: the real-size module on the
-    pair, 27b-hybrid with one DDTREE configuration by default; unknown pairs and steps are refused."""
+    pair, 27b-hybrid with every configuration of its plan (the module runs them one at a time); unknown pairs and
+    steps are refused."""
     env, log = fake_python(tmp_path)
     script = ["bash", str(DEVICE / "hybrid.sh")]
     out = str(tmp_path / "out")
@@ -980,7 +1095,7 @@ def test_hybrid_sweep_and_lossless_steps_pass_the_right_arguments(tmp_path):
     assert tiny["argv"][tiny["argv"].index("--out") + 1] == f"{out}/lossless_tiny-hybrid_triton"
     assert "sglang_ddtree.widen_hybrid" in widen["argv"]
     assert (big["env"]["DDTREE_GPU_MODELS"], big["env"]["DDTREE_GPU_BACKEND"], big["env"]["DDTREE_GPU_CONFIGS"]) == \
-        ("27b-hybrid", "flashinfer", "ddtree-16")
+        ("27b-hybrid", "flashinfer", None)  # every configuration of its plan, one server at a time
     assert run("lossless", out, "abc1234", "triton", "8b-real").returncode == 2
     assert run("fly", out).returncode == 2 and run("restore").returncode == 2
 

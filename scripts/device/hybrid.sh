@@ -24,8 +24,8 @@
 #       into OUT
 #   bash scripts/device/hybrid.sh lossless OUT COMMIT BACKEND [PAIR]
 #       tests/gpu/test_real8b.py on PAIR (tiny-hybrid, the default, or 27b-hybrid): greedy == plain up to ties at
-#       B 16 / 64 and the in-server oracle (27b-hybrid: one DDTREE config next to plain, DDTREE_GPU_CONFIGS, default
-#       ddtree-16), and the KV-leak check; results in OUT/lossless_PAIR_BACKEND
+#       B 16 / 64 and the in-server oracle (27b-hybrid: B 16 and its oracle, the servers one at a time, plain first),
+#       and the KV-leak check; results in OUT/lossless_PAIR_BACKEND
 #   bash scripts/device/hybrid.sh widen OUT
 #       runs/27b-hybrid from models/tiny-hybrid (python -m sglang_ddtree.widen_hybrid --if-missing: 57.3 GB of bf16,
 #       refused before anything is written when the disk has no room; the device disk is 64 GiB); OUT/widen.log
@@ -52,7 +52,8 @@ restore() {  # PART_DIR...: the pair's archive parts (split_chunk.py layout) -> 
 
 widen_27b() {  # LOG: runs/27b-hybrid when missing (the disk checked first)
     mkdir -p "$(dirname "$BIG")"
-    # /dev/shm too: if the disk is short, runs/27b-hybrid may be a link to a RAM-backed folder (docs/gpu-suite.md §7)
+    # /dev/shm too: runs/27b-hybrid may be a link to a RAM-backed folder, which loads faster than the disk and leaves
+    # it to the site (docs/gpu-suite.md §7)
     df -h "$(dirname "$BIG")/" /dev/shm 2>/dev/null | tee -a "$1"
     local t0=$SECONDS rc=0
     python3 -m sglang_ddtree.widen_hybrid --shape qwen3.5-27b --small "$SMALL" --out "$BIG" --if-missing \
@@ -127,7 +128,6 @@ lossless)
     tiny-hybrid) ;;
     27b-hybrid)
         widen_27b "$out/widen.log" || exit $?
-        export DDTREE_GPU_CONFIGS=${DDTREE_GPU_CONFIGS:-ddtree-16}
         ;;
     *) echo "lossless: PAIR must be tiny-hybrid or 27b-hybrid, got $pair" >&2; exit 2 ;;
     esac
