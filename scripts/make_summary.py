@@ -438,6 +438,85 @@ def sglang_hybrid(srcs: list[Source], **_) -> dict:
                                        for t in timing for c, v in t["stage_split_bs1"].items()}}
 
 
+def _lossless_records(src: Source, pair: str) -> tuple[list[dict], list[dict]]:
+    """The real-size lossless module's greedy and oracle records of `pair` (gpu_suite.json of run_gpu_suite.py)."""
+    suite = src.json()  # one device call's gpu_suite.json, or a file of several runs
+    records = [r for r in suite.get("records") or _suite_run(src).get("records", []) if r.get("pair") == pair]
+    greedy = [r for r in records if r["kind"] == "real8b_greedy"]
+    if not greedy:
+        raise ValueError(f"{src.name}: no real8b_greedy records of pair {pair!r}")
+    return greedy, [r for r in records if r["kind"] == "real8b_oracle"]
+
+
+def _lossless_figures(prefix: str, greedy: list[dict], oracle: list[dict]) -> dict:
+    """<prefix>_lossless_up_to_ties (every run's first differences ties), the largest gap, the first differences
+    (ties), and the oracle's request-rounds differing of those checked."""
+    return {f"{prefix}_lossless_up_to_ties": all(not r["failures"] for r in greedy),
+            f"{prefix}_lossless_max_gap_nats": max(r["max_gap"] for r in greedy),
+            f"{prefix}_lossless_exact_of_prompts": {r["config"]: [r["exact"], r["prompts"]] for r in greedy},
+            f"{prefix}_oracle_disagreements": {r["config"]: [r["differ"], r["checked"]] for r in oracle}}
+
+
+def hybrid_real(srcs: list[Source], setup: str = "27b-hybrid", **_) -> dict:
+    """The hybrid pair at a real shape (the tiny hybrid widened to Qwen3.5-27B). Sources by option `role`: `sweep`
+    (tokens/s, tau and the round's stage split per method and batch size; the best DDTREE budget over DFLASH) and,
+    once there is one, `lossless` (the real-size module on the pair: greedy == plain up to ties, the oracle)."""
+    by_role = {s.opts.get("role"): s for s in srcs}
+    rows = {k: r for k, r in _sweep_rows(by_role["sweep"].path).items() if k[0] == setup}
+    if not rows:
+        raise ValueError(f"hybrid_real: no ok rows of setup {setup!r}")
+    tps: dict = {}
+    tau: dict = {}
+    stages: dict = {}
+    for (_, method, budget, bs), r in sorted(rows.items(), key=lambda kv: (kv[0][3], kv[0][1], kv[0][2] or 0)):
+        label = _method_label(method, budget)
+        tps.setdefault(str(bs), {})[label] = round(r["decode_tokens_per_s"], 1)
+        if r.get("tau") is not None:
+            tau.setdefault(str(bs), {})[label] = round(r["tau"], 3)
+        if r.get("stage_ms"):
+            stages.setdefault(str(bs), {})[label] = {k: round(v, 2) for k, v in r["stage_ms"].items()}
+    best = {bs: round(max(v for k, v in by.items() if k.startswith("ddtree-")) / by["dflash"], 4)
+            for bs, by in tps.items() if "dflash" in by and any(k.startswith("ddtree-") for k in by)}
+    lines = [json.loads(line) for line in by_role["sweep"].path.read_text().splitlines() if line.strip()]
+    runs = [r for r in lines if r.get("kind") == "run" and r["run_id"] in {row["run_id"] for row in rows.values()}]
+    out = {"hybrid_real_tokens_per_s": tps, "hybrid_real_tau": tau, "hybrid_real_stage_ms": stages,
+           "hybrid_real_ddtree_best_over_dflash": best,
+           "hybrid_real_source": {"file": by_role["sweep"].name, "gpu": sorted({r["gpu"] for r in runs}),
+                                  "repeats": sorted({r["options"]["repeats"] for r in runs})}}
+    if "lossless" in by_role:
+        out.update(_lossless_figures("hybrid_real", *_lossless_records(by_role["lossless"], setup)))
+    return out
+
+
+def hybrid_tiny(srcs: list[Source], setup: str = "tiny-hybrid", **_) -> dict:
+    """The trained tiny hybrid pair. Sources by option `role`: `training` (its training_log.json: held-out
+    perplexity and chain walk), `offline` (the offline decoders' baseline file: tau per method, outputs equal to
+    plain's), `sweep` (served tau per method at batch 1) and `lossless` (the real-size module on the pair)."""
+    by_role = {s.opts.get("role"): s for s in srcs}
+    log = by_role["training"].json()
+    out = {"hybrid_tiny_pair_params": {"target": log["target"]["params"], "drafter": log["drafter"]["params"]},
+           "hybrid_tiny_pair_heldout_ppl": round(log["target"]["heldout_ppl"], 2),
+           "hybrid_tiny_pair_chain_walk_heldout": round(log["acceptance"]["mean_accept_len_chain_walk"], 3)}
+    rows = {k: r for k, r in _sweep_rows(by_role["sweep"].path).items() if k[0] == setup and k[3] == 1}
+    out["hybrid_tiny_pair_tau"] = {_method_label(m, b): round(r["tau"], 3)
+                                   for (_, m, b, _), r in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][2] or 0))
+                                   if r.get("tau") is not None}
+    lines = [json.loads(line) for line in by_role["offline"].path.read_text().splitlines() if line.strip()]
+    outputs: dict = {}
+    for r in lines[1:]:
+        outputs.setdefault(r["method"], []).append(r)
+    plain = {r["prompt_id"]: r["output_ids"] for r in outputs.pop("plain")}
+    # tau as the offline decoders count it: committed tokens over rounds; ddtree_tb<B> labelled ddtree-<B>
+    out["hybrid_tiny_pair_tau_offline"] = {
+        m.replace("ddtree_tb", "ddtree-"): round(sum(sum(r["accept_lengths"]) for r in rs)
+                                                 / sum(len(r["accept_lengths"]) for r in rs), 3)
+        for m, rs in sorted(outputs.items())}
+    out["hybrid_tiny_pair_offline_equal_to_plain"] = all(r["output_ids"] == plain[r["prompt_id"]]
+                                                         for rs in outputs.values() for r in rs)
+    out.update(_lossless_figures("hybrid_tiny", *_lossless_records(by_role["lossless"], setup)))
+    return out
+
+
 def adaptive(srcs: list[Source], **_) -> dict:
     """`auto` offline on the tiny pair (scripts/adaptive_eval.py): projected tokens/s against the best fixed budget
     and the chain, and the calibration's tau MAE."""
@@ -764,7 +843,8 @@ def sglang_auto_ab(srcs: list[Source], **_) -> dict:
 READERS = {f.__name__: f for f in (
     sweep_table, tree_stages, tiny_pair, offline, gpu_suite, sglang_lossless, sglang_tiny_bs1, round_graphs,
     tree_overhead, best_budget, tp2, hybrid, sglang_hybrid, adaptive, sglang_auto, same_config_servers, pad_stages,
-    pad_stages_captures, sglang_tau_mae, sglang_tau_mae_starts, paired, sglang_auto_ab, real8b, planted_bugs, auto_knobs)}
+    pad_stages_captures, sglang_tau_mae, sglang_tau_mae_starts, paired, sglang_auto_ab, real8b, planted_bugs, auto_knobs,
+    hybrid_real, hybrid_tiny)}
 
 
 def load_table(path: Path = TABLE) -> list[dict]:

@@ -235,6 +235,41 @@ def test_real_size_auto_from_several_runs_merges_per_batch_size(tmp_path):
     assert list(out["real8b_auto_over_best_run_range"]) == ["1", "16", "64"]
 
 
+def test_hybrid_real_reads_the_best_budget_per_batch_size_and_lossless_only_when_measured(tmp_path):
+    """The real-shape hybrid figure: tokens/s and tau by batch size and method, the best DDTREE budget over DFLASH
+    per batch size, and the lossless / oracle keys only from a lossless source, read for its own pair."""
+    ms = _make_summary()
+
+    def row(method, budget, bs, tps):
+        return {"kind": "result", "status": "ok", "run_id": "r1", "setup": "27b-hybrid", "method": method,
+                "budget": budget, "batch_size": bs, "decode_tokens_per_s": tps, "tau": 5.0,
+                "stage_ms": {"verify": 20.0, "draft": 2.0}}
+
+    run = {"kind": "run", "run_id": "r1", "gpu": "GPU X", "options": {"repeats": 3}}
+    rows = [run, row("dflash", None, 1, 100.0), row("ddtree", 16, 1, 110.0), row("ddtree", 64, 1, 90.0),
+            row("dflash", None, 4, 300.0), row("ddtree", 16, 4, 270.0), {**row("dflash", None, 1, 1.0), "setup": "x"}]
+    (tmp_path / "sweep.jsonl").write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    table = [{"name": "hybrid_real", "reader": "hybrid_real", "sources": [{"file": "sweep.jsonl", "role": "sweep"}]}]
+    out = ms.build(table, results=tmp_path)
+    assert out["hybrid_real_ddtree_best_over_dflash"] == {"1": 1.1, "4": 0.9}
+    assert out["hybrid_real_tokens_per_s"]["1"] == {"ddtree-16": 110.0, "ddtree-64": 90.0, "dflash": 100.0}
+    assert out["hybrid_real_source"] == {"file": "sweep.jsonl", "gpu": ["GPU X"], "repeats": [3]}
+    assert not any("lossless" in k or "oracle" in k for k in out)
+    greedy = {"kind": "real8b_greedy", "config": "ddtree-16/bs1", "exact": 15, "prompts": 16, "max_gap": 0.03,
+              "failures": []}
+    records = [{**greedy, "pair": "27b-hybrid"}, {**greedy, "pair": "tiny-hybrid", "failures": ["x"]},
+               {"kind": "real8b_oracle", "pair": "27b-hybrid", "config": "ddtree-16-oracle", "differ": 1,
+                "checked": 300}]
+    (tmp_path / "suite.json").write_text(json.dumps({"records": records}))
+    table[0]["sources"].append({"file": "suite.json", "role": "lossless"})
+    out = ms.build(table, results=tmp_path)
+    assert out["hybrid_real_lossless_up_to_ties"] is True  # the tiny pair's failing record is not read
+    assert out["hybrid_real_oracle_disagreements"] == {"ddtree-16-oracle": [1, 300]}
+    records[0]["failures"] = [{"prompt": 3}]
+    (tmp_path / "suite.json").write_text(json.dumps({"records": records}))
+    assert ms.build(table, results=tmp_path)["hybrid_real_lossless_up_to_ties"] is False
+
+
 def test_every_committed_result_file_is_cited_by_the_results_readme():
     """benchmarks/results/README.md has one row per kept file or folder (results of record only)."""
     results = ROOT / "benchmarks" / "results"
