@@ -120,12 +120,8 @@ def real8b(srcs: list[Source], setup: str = "8b-real", setups: dict | None = Non
     for backend, name in setups.items():
         mine = {(m, b, bs): r for (st, m, b, bs), r in rows.items() if st == name}
         key = "real8b" if backend == "triton" else f"real8b_{backend}"
-        tps, tau, best, best_b, ratio_runs, auto_best = {}, {}, {}, {}, {}, {}
-        for (m, b, bs), r in sorted(mine.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1] or 0)):
-            label = m if b is None else str(b)
-            tps.setdefault(str(bs), {})[label] = round(r["decode_tokens_per_s"], 1)
-            if r.get("tau") is not None:
-                tau.setdefault(str(bs), {})[label] = round(r["tau"], 3)
+        best, best_b, ratio_runs, auto_best = {}, {}, {}, {}
+        tps, tau = _tokens_and_tau(mine, lambda m, b: m if b is None else str(b))
         for bs, rec in _best_fixed(rows, name).items():
             if rec.get("over_dflash") is None:
                 continue
@@ -165,8 +161,7 @@ def real8b(srcs: list[Source], setup: str = "8b-real", setups: dict | None = Non
     if "profile" in by_role:
         out["real8b_profile_bs1"] = _profile_summary(by_role["profile"].json())
     if "lossless" in by_role:
-        suite = by_role["lossless"].json()  # one device call's gpu_suite.json
-        recs = suite.get("records") or _suite_run(by_role["lossless"]).get("records", [])
+        recs = _suite_records(by_role["lossless"])
         greedy = [r for r in recs if r["kind"] == "real8b_greedy"]
         gaps = [t["logprob_gap"] for r in greedy for t in r["ties"] if t.get("logprob_gap") is not None]
         unjudged = {(f["prompt"], f["position"]) for r in greedy for f in r["failures"]}
@@ -181,6 +176,18 @@ def real8b(srcs: list[Source], setup: str = "8b-real", setups: dict | None = Non
         out["real8b_dflash_tau_over_tiny"] = {f"offline_{k}": v for k, v in d["widened_over_tiny"].items()}
     out["real8b_source"] = list(dict.fromkeys(s.name for s in srcs))
     return out
+
+
+def _tokens_and_tau(rows: dict, label) -> tuple[dict, dict]:
+    """({batch size: {label(method, budget): tokens/s}}, the same of tau) from {(method, budget, batch size): row},
+    batch sizes in numeric order."""
+    tps: dict = {}
+    tau: dict = {}
+    for (m, b, bs), r in sorted(rows.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1] or 0)):
+        tps.setdefault(str(bs), {})[label(m, b)] = round(r["decode_tokens_per_s"], 1)
+        if r.get("tau") is not None:
+            tau.setdefault(str(bs), {})[label(m, b)] = round(r["tau"], 3)
+    return tps, tau
 
 
 def _best_fixed(rows: dict, setup: str) -> dict:
@@ -287,6 +294,11 @@ def offline(srcs: list[Source], **_) -> dict:
 def _suite_run(src: Source) -> dict:
     """runs[i] of a committed GPU-suite file (one gpu_suite.json per device call), i = the source's `run`."""
     return src.json()["runs"][src.opts.get("run", 0)]
+
+
+def _suite_records(src: Source) -> list[dict]:
+    """The records of one device call's gpu_suite.json, or of runs[i] of a file of several runs."""
+    return src.json().get("records") or _suite_run(src).get("records", [])
 
 
 def gpu_suite(srcs: list[Source], **_) -> dict:
@@ -440,8 +452,7 @@ def sglang_hybrid(srcs: list[Source], **_) -> dict:
 
 def _lossless_records(src: Source, pair: str) -> tuple[list[dict], list[dict]]:
     """The real-size lossless module's greedy and oracle records of `pair` (gpu_suite.json of run_gpu_suite.py)."""
-    suite = src.json()  # one device call's gpu_suite.json, or a file of several runs
-    records = [r for r in suite.get("records") or _suite_run(src).get("records", []) if r.get("pair") == pair]
+    records = [r for r in _suite_records(src) if r.get("pair") == pair]
     greedy = [r for r in records if r["kind"] == "real8b_greedy"]
     if not greedy:
         raise ValueError(f"{src.name}: no real8b_greedy records of pair {pair!r}")
@@ -462,23 +473,20 @@ def hybrid_real(srcs: list[Source], setup: str = "27b-hybrid", **_) -> dict:
     (tokens/s, tau and the round's stage split per method and batch size; the best DDTREE budget over DFLASH) and,
     once there is one, `lossless` (the real-size module on the pair: greedy == plain up to ties, the oracle)."""
     by_role = {s.opts.get("role"): s for s in srcs}
-    rows = {k: r for k, r in _sweep_rows(by_role["sweep"].path).items() if k[0] == setup}
-    if not rows:
+    all_rows = _sweep_rows(by_role["sweep"].path)
+    mine = {(m, b, bs): r for (st, m, b, bs), r in all_rows.items() if st == setup}
+    if not mine:
         raise ValueError(f"hybrid_real: no ok rows of setup {setup!r}")
-    tps: dict = {}
-    tau: dict = {}
-    stages: dict = {}
-    for (_, method, budget, bs), r in sorted(rows.items(), key=lambda kv: (kv[0][3], kv[0][1], kv[0][2] or 0)):
-        label = _method_label(method, budget)
-        tps.setdefault(str(bs), {})[label] = round(r["decode_tokens_per_s"], 1)
-        if r.get("tau") is not None:
-            tau.setdefault(str(bs), {})[label] = round(r["tau"], 3)
+    tps, tau = _tokens_and_tau(mine, _method_label)
+    stages = {}
+    for (m, b, bs), r in sorted(mine.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1] or 0)):
         if r.get("stage_ms"):
-            stages.setdefault(str(bs), {})[label] = {k: round(v, 2) for k, v in r["stage_ms"].items()}
-    best = {bs: round(max(v for k, v in by.items() if k.startswith("ddtree-")) / by["dflash"], 4)
-            for bs, by in tps.items() if "dflash" in by and any(k.startswith("ddtree-") for k in by)}
-    lines = [json.loads(line) for line in by_role["sweep"].path.read_text().splitlines() if line.strip()]
-    runs = [r for r in lines if r.get("kind") == "run" and r["run_id"] in {row["run_id"] for row in rows.values()}]
+            stages.setdefault(str(bs), {})[_method_label(m, b)] = {k: round(v, 2) for k, v in r["stage_ms"].items()}
+    best = {bs: rec["over_dflash"] for bs, rec in _best_fixed(all_rows, setup).items()
+            if rec.get("over_dflash") is not None}
+    run_ids = {r["run_id"] for r in mine.values()}
+    runs = [r for r in map(json.loads, by_role["sweep"].path.read_text().splitlines())
+            if r.get("kind") == "run" and r["run_id"] in run_ids]
     out = {"hybrid_real_tokens_per_s": tps, "hybrid_real_tau": tau, "hybrid_real_stage_ms": stages,
            "hybrid_real_ddtree_best_over_dflash": best,
            "hybrid_real_source": {"file": by_role["sweep"].name, "gpu": sorted({r["gpu"] for r in runs}),
@@ -497,22 +505,19 @@ def hybrid_tiny(srcs: list[Source], setup: str = "tiny-hybrid", **_) -> dict:
     out = {"hybrid_tiny_pair_params": {"target": log["target"]["params"], "drafter": log["drafter"]["params"]},
            "hybrid_tiny_pair_heldout_ppl": round(log["target"]["heldout_ppl"], 2),
            "hybrid_tiny_pair_chain_walk_heldout": round(log["acceptance"]["mean_accept_len_chain_walk"], 3)}
-    rows = {k: r for k, r in _sweep_rows(by_role["sweep"].path).items() if k[0] == setup and k[3] == 1}
-    out["hybrid_tiny_pair_tau"] = {_method_label(m, b): round(r["tau"], 3)
-                                   for (_, m, b, _), r in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][2] or 0))
-                                   if r.get("tau") is not None}
-    lines = [json.loads(line) for line in by_role["offline"].path.read_text().splitlines() if line.strip()]
-    outputs: dict = {}
-    for r in lines[1:]:
-        outputs.setdefault(r["method"], []).append(r)
-    plain = {r["prompt_id"]: r["output_ids"] for r in outputs.pop("plain")}
-    # tau as the offline decoders count it: committed tokens over rounds; ddtree_tb<B> labelled ddtree-<B>
+    served = {(m, b, bs): r for (st, m, b, bs), r in _sweep_rows(by_role["sweep"].path).items() if st == setup}
+    out["hybrid_tiny_pair_tau"] = _tokens_and_tau(served, _method_label)[1].get("1", {})
+    sys.path.insert(0, str(ROOT))
+    from sglang_ddtree.baseline import parse_method, read_baseline
+    from sglang_ddtree.compare import method_stats
+
+    offline_run = read_baseline(by_role["offline"].path)
+    spec = [m for m in offline_run.methods if m != "plain"]
     out["hybrid_tiny_pair_tau_offline"] = {
-        m.replace("ddtree_tb", "ddtree-"): round(sum(sum(r["accept_lengths"]) for r in rs)
-                                                 / sum(len(r["accept_lengths"]) for r in rs), 3)
-        for m, rs in sorted(outputs.items())}
-    out["hybrid_tiny_pair_offline_equal_to_plain"] = all(r["output_ids"] == plain[r["prompt_id"]]
-                                                         for rs in outputs.values() for r in rs)
+        _method_label(*parse_method(m)): round(method_stats([r for r in offline_run.records if r.method == m])["tau"], 3)
+        for m in spec}
+    out["hybrid_tiny_pair_offline_equal_to_plain"] = all(
+        r.output_ids == offline_run.get(r.prompt_id, "plain").output_ids for r in offline_run.records)
     out.update(_lossless_figures("hybrid_tiny", *_lossless_records(by_role["lossless"], setup)))
     return out
 
