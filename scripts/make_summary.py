@@ -470,8 +470,8 @@ def _lossless_figures(prefix: str, greedy: list[dict], oracle: list[dict]) -> di
 
 def hybrid_real(srcs: list[Source], setup: str = "27b-hybrid", **_) -> dict:
     """The hybrid pair at a real shape (the tiny hybrid widened to Qwen3.5-27B). Sources by option `role`: `sweep`
-    (tokens/s, tau and the round's stage split per method and batch size; the best DDTREE budget over DFLASH) and,
-    once there is one, `lossless` (the real-size module on the pair: greedy == plain up to ties, the oracle)."""
+    (tokens/s, tau and the round's stage split per method and batch size; the best DDTREE budget over DFLASH, with
+    the min-max of its run-by-run ratios when the rows were repeated) and, once there is one, `lossless` (the real-size module on the pair: greedy == plain up to ties, the oracle)."""
     by_role = {s.opts.get("role"): s for s in srcs}
     all_rows = _sweep_rows(by_role["sweep"].path)
     mine = {(m, b, bs): r for (st, m, b, bs), r in all_rows.items() if st == setup}
@@ -482,13 +482,16 @@ def hybrid_real(srcs: list[Source], setup: str = "27b-hybrid", **_) -> dict:
     for (m, b, bs), r in sorted(mine.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1] or 0)):
         if r.get("stage_ms"):
             stages.setdefault(str(bs), {})[_method_label(m, b)] = {k: round(v, 2) for k, v in r["stage_ms"].items()}
-    best = {bs: rec["over_dflash"] for bs, rec in _best_fixed(all_rows, setup).items()
-            if rec.get("over_dflash") is not None}
+    best_recs = {bs: rec for bs, rec in _best_fixed(all_rows, setup).items() if rec.get("over_dflash") is not None}
+    best = {bs: rec["over_dflash"] for bs, rec in best_recs.items()}
     run_ids = {r["run_id"] for r in mine.values()}
     runs = [r for r in map(json.loads, by_role["sweep"].path.read_text().splitlines())
             if r.get("kind") == "run" and r["run_id"] in run_ids]
     out = {"hybrid_real_tokens_per_s": tps, "hybrid_real_tau": tau, "hybrid_real_stage_ms": stages,
            "hybrid_real_ddtree_best_over_dflash": best,
+           "hybrid_real_ddtree_best_over_dflash_run_range": {bs: rec["over_dflash_run_range"]
+                                                              for bs, rec in best_recs.items()
+                                                              if rec.get("over_dflash_run_range")},
            "hybrid_real_source": {"file": by_role["sweep"].name, "gpu": sorted({r["gpu"] for r in runs}),
                                   "repeats": sorted({r["options"]["repeats"] for r in runs})}}
     if "lossless" in by_role:

