@@ -47,13 +47,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ddtree_bench import plan as plan_mod  # noqa: E402
 from ddtree_bench.plan import apply_sets, copy_setups, csv_values  # noqa: E402
 from ddtree_bench.results import RESULTS_NAME, ResultsWriter, format_table, read_rows  # noqa: E402
-from ddtree_bench.sweep import Sweep, SweepOptions, gpu_facts, id_prompts, run_facts, text_prompts  # noqa: E402
+from ddtree_bench.sweep import (Sweep, SweepOptions, gpu_facts, id_prompts, prompt_group_count, run_facts,  # noqa: E402
+                                text_prompts)
 from ddtree_bench.server import SubprocessLauncher, format_cpu_list, parse_cpu_list, pin_process  # noqa: E402
 
 def build_prompts(setups: list[plan_mod.Setup], prompts_file: str | None, groups: int = 1) -> dict[str, list[dict]]:
     """Each setup's prompts: `groups` batches of its largest batch size, so that every prompt group a row measures
-    (Sweep: --prompt-groups, plus --repeats - 1 with --rotate-prompts) is a different set of prompts. Sized by the
-    largest batch alone, a sweep whose largest batch is 4 measured its second group on the first group's prompts."""
+    (sweep.prompt_group_count) is a different set of prompts. Sized by the largest batch alone, a sweep whose largest
+    batch is 4 measured its second group on the first group's prompts."""
     prompts = {}
     for s in setups:
         n = max(s.batch_sizes) * groups
@@ -208,9 +209,9 @@ def main(argv=None) -> int:
         plan = plan_mod.expand(chosen, mem_fraction=args.mem_fraction_static,
                                extra_args=tuple(shlex.split(args.extra_server_args)), mem_budget_gib=mem_budget)
         server_cpus = parse_cpu_list(args.server_cpus) if args.server_cpus else None
-        groups = args.prompt_groups + (args.repeats - 1 if args.rotate_prompts else 0)
         prompts = build_prompts([s for s in chosen if any(sv.setup.name == s.name for sv in plan.servers)],
-                                args.prompts_file, groups)
+                                args.prompts_file,
+                                prompt_group_count(args.prompt_groups, args.repeats, args.rotate_prompts))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -464,7 +464,7 @@ class Sweep:
         setup = server.setup
         run = _RowRun(handle, server, row, handle.client(), t_row=self.clock(),
                       ab_block=ab_block_of(setup.server_env) if server.method == "auto" else 0)
-        count = self.opt.prompt_groups + (self.opt.repeats - 1 if self.opt.rotate_prompts else 0)
+        count = prompt_group_count(self.opt.prompt_groups, self.opt.repeats, self.opt.rotate_prompts)
         groups = [prompt_group(self.prompts[setup.name], row.batch_size, g) for g in range(count)]
         try:
             warm_tokens = setup.warmup_tokens(server.method)
@@ -644,6 +644,12 @@ def last_auto_table(log_path: Path | None, max_bytes: int = 4_000_000) -> dict |
         except (ValueError, SyntaxError):
             return None
     return None
+
+
+def prompt_group_count(prompt_groups: int, repeats: int, rotate_prompts: bool) -> int:
+    """How many prompt groups a row's runs measure in all: `prompt_groups`, and with `rotate_prompts` one more for
+    each repeat after the first (run r measures groups r .. r + prompt_groups - 1)."""
+    return prompt_groups + (repeats - 1 if rotate_prompts else 0)
 
 
 def prompt_group(prompts: list, batch_size: int, g: int) -> list:

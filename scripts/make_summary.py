@@ -471,7 +471,8 @@ def _lossless_figures(prefix: str, greedy: list[dict], oracle: list[dict]) -> di
 def hybrid_real(srcs: list[Source], setup: str = "27b-hybrid", **_) -> dict:
     """The hybrid pair at a real shape (the tiny hybrid widened to Qwen3.5-27B). Sources by option `role`: `sweep`
     (tokens/s, tau and the round's stage split per method and batch size; the best DDTREE budget over DFLASH, with
-    the min-max of its run-by-run ratios when the rows were repeated) and, once there is one, `lossless` (the real-size module on the pair: greedy == plain up to ties, the oracle)."""
+    the min-max of its run-by-run ratios when the rows were repeated) and, once there is one, `lossless` (the
+    real-size module on the pair: greedy == plain up to ties, the oracle)."""
     by_role = {s.opts.get("role"): s for s in srcs}
     all_rows = _sweep_rows(by_role["sweep"].path)
     mine = {(m, b, bs): r for (st, m, b, bs), r in all_rows.items() if st == setup}
