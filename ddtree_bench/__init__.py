@@ -12,6 +12,7 @@ these run from a checkout (benchmarks/*.py and scripts/ put the repository root 
   trace.py       a torch profiler trace of a server, read per round stage (CLI)
   cost_model.py  projected tokens/s per budget from the step-time fit (sglang_ddtree/step_fit.py) (CLI)
   best_budget.py the measured best fixed budget per batch size of one setup of a sweep, ratios over DFLASH (CLI)
+  projection.py  DDTREE over DFLASH with a trained drafter: measured round costs x a published acceptance profile (CLI)
   plots.py       PNG plots of a results file (CLI)
   auto_sim.py    `auto`'s host policy fed simulated round times (tests, no GPU)
 

@@ -500,6 +500,30 @@ def hybrid_real(srcs: list[Source], setup: str = "27b-hybrid", **_) -> dict:
     return out
 
 
+def trained_drafter_projection(srcs: list[Source], prefix: str, setup: str, backend: str = "triton",
+                               profile: str | None = None, note: str | None = None, **_) -> dict:
+    """What DDTREE would give over DFLASH with a trained drafter (ddtree_bench/projection.py): one setup's and
+    backend's measured DDTREE / DFLASH round ms per batch size and budget (<prefix>_round_over_dflash), and per batch
+    size the budget with the highest projected tokens/s ratio, tau_tree(B) / tau_chain of a published profile over
+    that round ratio (<prefix>_projected_trained_drafter); the row's `note` says how the profile relates to the
+    setup's model."""
+    sys.path.insert(0, str(ROOT))
+    from ddtree_bench.projection import DEFAULT_PROFILE, project_sweep
+
+    result = project_sweep(srcs[0].path, profile or DEFAULT_PROFILE, setup)
+    group = next((g for g in result["groups"] if g["backend"] == backend), None)
+    if group is None:
+        raise ValueError(f"{srcs[0].name}: setup {setup!r} has no {backend} rows of DFLASH and DDTREE")
+    rounds = {bs: {str(x["budget"]): x["round_ratio"] for x in b["budgets"]} for bs, b in group["by_batch"].items()}
+    best = {bs: {"budget": b["best"]["budget"], "ratio": b["best"]["projected_ratio"]}
+            for bs, b in group["by_batch"].items() if b["best"]}
+    prof = result["profile"]
+    text = (f"PROJECTED: tau_tree(B) / tau_chain of profile {prof['name']} ({prof['model']}, chain tau "
+            f"{prof['chain_tau']:g}) over {setup}'s measured DDTREE / DFLASH round ms ({backend}, {srcs[0].name})")
+    return {f"{prefix}_round_over_dflash": rounds, f"{prefix}_projected_trained_drafter": best,
+            f"{prefix}_projected_trained_drafter_note": text + (f"; {note}" if note else "")}
+
+
 def hybrid_tiny(srcs: list[Source], setup: str = "tiny-hybrid", **_) -> dict:
     """The trained tiny hybrid pair. Sources by option `role`: `training` (its training_log.json: held-out
     perplexity and chain walk), `offline` (the offline decoders' baseline file: tau per method, outputs equal to
@@ -853,7 +877,7 @@ READERS = {f.__name__: f for f in (
     sweep_table, tree_stages, tiny_pair, offline, gpu_suite, sglang_lossless, sglang_tiny_bs1, round_graphs,
     tree_overhead, best_budget, tp2, hybrid, sglang_hybrid, adaptive, sglang_auto, same_config_servers, pad_stages,
     pad_stages_captures, sglang_tau_mae, sglang_tau_mae_starts, paired, sglang_auto_ab, real8b, planted_bugs, auto_knobs,
-    hybrid_real, hybrid_tiny)}
+    hybrid_real, hybrid_tiny, trained_drafter_projection)}
 
 
 def load_table(path: Path = TABLE) -> list[dict]:
