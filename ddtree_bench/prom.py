@@ -1,15 +1,12 @@
 """Prometheus text exposition: parse, diff two scrapes, and read the DDTREE series out of a diff.
 
-The DDTREE worker exports (sglang_ddtree/sglang/stats.py), all labelled with `budget`:
-  sglang:ddtree_stage_seconds{stage=between|draft|tree|verify|walk|commit}   histogram, one observation per round
-  sglang:ddtree_round_host_seconds   histogram, the host's time in the worker's round call (host_ms)
-  sglang:ddtree_stage_host_seconds_total{stage}, sglang:ddtree_stage_host_rounds_total   the host's time per stage
-                                                                     of the round call (host_stage_ms)
-  sglang:ddtree_rounds_total, sglang:ddtree_accepted_tokens_total    counters per request-round
-  sglang:ddtree_depth_reached_total{depth=d}                         request-rounds that accepted >= d draft tokens
-  sglang:ddtree_branch_accepted_total, sglang:ddtree_expected_accept_length_sum(_total)
-  sglang:ddtree_tree_nodes                                           histogram of draft nodes per tree
-  sglang:ddtree_ab_*_total{arm}   SGLANG_DDTREE_AUTO_AB servers: per arm (auto / fixed) rounds, tokens, seconds
+The DDTREE worker's series are read by the names the server registers them under (sglang_ddtree/metric_names.py,
+all labelled with `budget`): per batch round the stage times (STAGE_SECONDS: stage_ms), the host's time in the
+worker's round call (ROUND_HOST_SECONDS: host_ms) and per stage (STAGE_HOST_SECONDS over STAGE_HOST_ROUNDS:
+host_stage_ms); per request-round the counters ROUNDS, ACCEPTED_TOKENS (tau), DEPTH_REACHED (accept_rate_by_depth),
+BRANCH_ACCEPTED (branch_accept_rate), EXPECTED_TOKENS (expected_accept_length: the drafter's own expectation) and
+TREE_NODES (tree_nodes_mean); `auto`'s AUTO_ROUNDS and calibration errors; SGLANG_DDTREE_AUTO_AB's per-arm AB
+counters.
 A workload's share is the difference of two scrapes (before / after). The worker folds a round's numbers in a
 round or two later (no host sync), so the last one or two rounds of a workload can land in the next scrape:
 means (per-round stage times, per-depth rates) are unaffected, totals can be short by that much.
@@ -19,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from sglang_ddtree import metric_names as mn
 from sglang_ddtree.stages import AUTO_HOST_DETAIL, HOST_STAGES, SERVER_STAGES as STAGES
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
@@ -79,19 +77,14 @@ def _select(delta: dict[Sample, float], names: tuple[str, ...], **labels) -> lis
     return hits
 
 
-def _counter_names(base: str) -> tuple[str, str]:
-    # prometheus_client exposes a Counter named "x_total" as "x_total"; one named "x" as "x_total" too.
-    return (base, base + "_total") if not base.endswith("_total") else (base, base[: -len("_total")])
-
-
-def _total(delta, base: str, **labels) -> float:
-    return sum(v for _, v in _select(delta, _counter_names(base), **labels))
+def _total(delta, sample: str, **labels) -> float:
+    return sum(v for _, v in _select(delta, (sample,), **labels))
 
 
 def auto_rounds(delta: dict[Sample, float]) -> dict[str, int]:
     """`auto` servers: batch rounds per candidate budget in one workload's scrape difference."""
     out: dict[str, int] = {}
-    for d, value in _select(delta, ("sglang:ddtree_auto_rounds_total", "sglang:ddtree_auto_rounds")):
+    for d, value in _select(delta, (mn.AUTO_ROUNDS.name,)):
         if "candidate" in d and value > 0:
             out[d["candidate"]] = out.get(d["candidate"], 0) + int(round(value))
     return out
@@ -101,14 +94,14 @@ def auto_calibration(delta: dict[Sample, float]) -> dict | None:
     """`auto` servers: the calibration table's prediction errors in one workload's scrape difference (request-rounds
     scored, and the mean absolute error per request-round of the raw, the calibrated and, where exported, the gated
     predicted committed tokens); None when no round was scored."""
-    scored = _total(delta, "sglang:ddtree_auto_tau_scored_total")
+    scored = _total(delta, mn.AUTO_TAU_SCORED.name)
     if scored <= 0:
         return None
     out = {"scored_request_rounds": int(round(scored)),
-           **{f"tau_mae_{scores}": _total(delta, "sglang:ddtree_auto_tau_abs_error_total", scores=scores) / scored
+           **{f"tau_mae_{scores}": _total(delta, mn.AUTO_TAU_ABS_ERROR.name, scores=scores) / scored
               for scores in ("raw", "calibrated")}}
     # the gated predictor (auto.AutoConfig.calibration_gate), from servers that export it (newer ones)
-    gated = _select(delta, _counter_names("sglang:ddtree_auto_tau_abs_error_total"), scores="gated")
+    gated = _select(delta, (mn.AUTO_TAU_ABS_ERROR.name,), scores="gated")
     if gated:
         out["tau_mae_gated"] = sum(v for _, v in gated) / scored
     return out
@@ -123,7 +116,7 @@ def ab_arms(delta: dict[Sample, float]) -> dict | None:
     auto's tokens/s over fixed's}; None when neither arm has a round that counts."""
     out: dict = {}
     for arm in AB_ARMS:
-        sums = {field: _total(delta, f"sglang:ddtree_ab_{field}_total", arm=arm)
+        sums = {field: _total(delta, mn.AB[field].name, arm=arm)
                 for field in ("rounds", "request_rounds", "tokens", "seconds", "skipped_rounds", "host_rounds",
                               "host_seconds")}
         if sums["rounds"] <= 0 or sums["seconds"] <= 0:
@@ -138,10 +131,10 @@ def ab_arms(delta: dict[Sample, float]) -> dict | None:
         if sums["host_rounds"] > 0:
             arm_out["host_ms"] = 1e3 * sums["host_seconds"] / sums["host_rounds"]
             arm_out["host_stage_ms"] = {
-                stage: 1e3 * _total(delta, "sglang:ddtree_ab_host_stage_seconds_total", arm=arm, stage=stage)
+                stage: 1e3 * _total(delta, mn.AB_HOST_STAGE_SECONDS.name, arm=arm, stage=stage)
                 / sums["host_rounds"]
                 for stage in HOST_STAGES + AUTO_HOST_DETAIL
-                if _select(delta, _counter_names("sglang:ddtree_ab_host_stage_seconds_total"), arm=arm, stage=stage)}
+                if _select(delta, (mn.AB_HOST_STAGE_SECONDS.name,), arm=arm, stage=stage)}
         out[arm] = arm_out
     if not out:
         return None
@@ -155,7 +148,7 @@ def _ab_split(delta: dict[Sample, float], arm: str, sums: dict[str, float]) -> d
     narrower_rounds (a candidate other than the widest tree) with their tau and ms a round; widest_tokens_per_s and
     widest_tau over the other rounds (the widest tree's: for `auto`, its own cost at the fixed arm's choice). {} when
     the arm has neither (the fixed arm; a server before these series)."""
-    split = {field: _total(delta, f"sglang:ddtree_ab_{field}_total", arm=arm)
+    split = {field: _total(delta, mn.AB[field].name, arm=arm)
              for field in ("sampled_rounds", "sampled_seconds", "narrower_rounds", "narrower_seconds",
                            "narrower_tokens", "narrower_request_rounds")}
     if split["sampled_rounds"] <= 0 and split["narrower_rounds"] <= 0:
@@ -178,42 +171,47 @@ def _ab_split(delta: dict[Sample, float], arm: str, sums: dict[str, float]) -> d
 
 def ddtree_summary(delta: dict[Sample, float], budget: int | str | None = None) -> dict | None:
     """What one workload's scrape difference says about DDTREE rounds; None when there are no DDTREE series."""
-    labels = {"budget": str(budget)} if budget is not None else {}
+    labels = {mn.BUDGET: str(budget)} if budget is not None else {}
     stage_ms, stage_rounds = {}, {}
     for stage in STAGES:
-        total = _total(delta, "sglang:ddtree_stage_seconds_sum", stage=stage, **labels)
-        count = _total(delta, "sglang:ddtree_stage_seconds_count", stage=stage, **labels)
+        total = _total(delta, mn.STAGE_SECONDS.sum, stage=stage, **labels)
+        count = _total(delta, mn.STAGE_SECONDS.count, stage=stage, **labels)
         if count > 0:
             stage_ms[stage] = 1e3 * total / count
             stage_rounds[stage] = int(round(count))
-    rounds = _total(delta, "sglang:ddtree_rounds_total", **labels)
-    host_rounds = _total(delta, "sglang:ddtree_stage_host_rounds_total", **labels)
+    rounds = _total(delta, mn.ROUNDS.name, **labels)
+    host_rounds = _total(delta, mn.STAGE_HOST_ROUNDS.name, **labels)
     if not stage_ms and rounds <= 0 and host_rounds <= 0:
         return None
     out: dict = {"stage_ms": stage_ms, "stage_ms_sum": sum(stage_ms.values()) if stage_ms else None,
                  "batch_rounds": max(stage_rounds.values()) if stage_rounds else 0, "request_rounds": int(rounds)}
-    host_count = _total(delta, "sglang:ddtree_round_host_seconds_count", **labels)
+    host_count = _total(delta, mn.ROUND_HOST_SECONDS.count, **labels)
     if host_count > 0:
-        out["host_ms"] = 1e3 * _total(delta, "sglang:ddtree_round_host_seconds_sum", **labels) / host_count
+        out["host_ms"] = 1e3 * _total(delta, mn.ROUND_HOST_SECONDS.sum, **labels) / host_count
     if host_rounds > 0:
-        out["host_stage_ms"] = {stage: 1e3 * _total(delta, "sglang:ddtree_stage_host_seconds_total", stage=stage,
-                                                    **labels) / host_rounds
+        out["host_stage_ms"] = {stage: 1e3 * _total(delta, mn.STAGE_HOST_SECONDS.name, stage=stage, **labels)
+                                / host_rounds
                                 for stage in HOST_STAGES + AUTO_HOST_DETAIL
-                                if _select(delta, ("sglang:ddtree_stage_host_seconds_total",), stage=stage, **labels)}
+                                if _select(delta, (mn.STAGE_HOST_SECONDS.name,), stage=stage, **labels)}
     if rounds > 0:
-        accepted = _total(delta, "sglang:ddtree_accepted_tokens_total", **labels)
+        accepted = _total(delta, mn.ACCEPTED_TOKENS.name, **labels)
         out["tau"] = accepted / rounds
         depth = {}
-        for d, value in _select(delta, ("sglang:ddtree_depth_reached_total", "sglang:ddtree_depth_reached"),
-                                **labels):
+        for d, value in _select(delta, (mn.DEPTH_REACHED.name,), **labels):
             if "depth" in d:
                 depth[int(d["depth"])] = depth.get(int(d["depth"]), 0.0) + value
         out["accept_rate_by_depth"] = [depth.get(k, 0.0) / rounds for k in range(1, max(depth, default=0) + 1)]
         drafted = accepted - rounds  # accepted draft tokens (the bonus excluded)
-        branch = _total(delta, "sglang:ddtree_branch_accepted_total", **labels)
+        branch = _total(delta, mn.BRANCH_ACCEPTED.name, **labels)
         out["branch_accept_rate"] = branch / drafted if drafted > 0 else None
-        out["expected_accept_length"] = _total(delta, "sglang:ddtree_expected_accept_length_sum", **labels) / rounds
-        nodes_sum = _total(delta, "sglang:ddtree_tree_nodes_sum", **labels)
-        nodes_count = _total(delta, "sglang:ddtree_tree_nodes_count", **labels)
-        out["tree_nodes_mean"] = nodes_sum / nodes_count if nodes_count > 0 else None
+        # the drafter's expected committed tokens and the draft nodes verified, per request-round; None where the
+        # scrape has no such series (never a 0 that reads as a measurement)
+        out["expected_accept_length"] = _per_round(delta, mn.EXPECTED_TOKENS.name, rounds, labels)
+        out["tree_nodes_mean"] = _per_round(delta, mn.TREE_NODES.name, rounds, labels)
     return out
+
+
+def _per_round(delta: dict[Sample, float], sample: str, rounds: float, labels: dict) -> float | None:
+    if not _select(delta, (sample,), **labels):
+        return None
+    return _total(delta, sample, **labels) / rounds

@@ -22,10 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 FIXTURE = ROOT / "tests" / "fixtures" / "recorded_rounds_tiny.jsonl"
 
-KEEP = ("sglang:ddtree_rounds_total", "sglang:ddtree_accepted_tokens_total", "sglang:ddtree_depth_reached_total",
-        "sglang:ddtree_branch_accepted_total", "sglang:ddtree_tree_nodes_total", "sglang:ddtree_expected_tokens_total",
-        "sglang:ddtree_stage_seconds_sum", "sglang:ddtree_stage_seconds_count", "sglang:ddtree_stage_host_seconds_total",
-        "sglang:ddtree_stage_host_rounds_total", "sglang:ddtree_accept_length_total")
+def _keep() -> tuple[str, ...]:
+    """The sample names the example shows (metric_names: the server's own)."""
+    from sglang_ddtree import metric_names as mn
+
+    return (mn.ROUNDS.name, mn.ACCEPTED_TOKENS.name, mn.DEPTH_REACHED.name, mn.BRANCH_ACCEPTED.name,
+            mn.TREE_NODES.name, mn.EXPECTED_TOKENS.name, mn.STAGE_SECONDS.sum, mn.STAGE_SECONDS.count,
+            mn.STAGE_HOST_SECONDS.name, mn.STAGE_HOST_ROUNDS.name, mn.ACCEPT_LENGTH.name)
 
 
 def prometheus() -> str:
@@ -37,10 +40,11 @@ def prometheus() -> str:
         srv.feed(b)
     srv.flush()
     text = srv.exposition().decode()
+    keep = _keep()
     out = []
     for line in text.splitlines():
         name = line.split("{")[0].split(" ")[0]
-        if line.startswith("#") or name not in KEEP:
+        if line.startswith("#") or name not in keep:
             continue
         if ('depth="' in line and not any(f'depth="{d}"' in line for d in (1, 2, 3))) or \
                 ('tokens="' in line and not any(f'tokens="{d}"' in line for d in (1, 2, 3))):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from sglang_ddtree import metric_names as mn  # noqa: E402
 from sglang_ddtree.dashboard import (DASHBOARD_PATH, PrometheusServer, ReplayServer, replay_rounds,  # noqa: E402
                                      substitute)
 
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             targets = [srv.serve() for srv, _ in servers]
             with PrometheusServer(targets, Path(tmp) / "prometheus", scrape_interval="1s") as prom:
-                prom.wait_for("sglang:ddtree_rounds_total", lambda r: len(r) == 2)
+                prom.wait_for(mn.ROUNDS.name, lambda r: len(r) == 2)
                 start = time.time()
                 ticks = int(args.seconds * 4)
                 for k in range(ticks):

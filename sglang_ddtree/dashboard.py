@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from sglang_ddtree import metric_names as mn
+
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARD_PATH = REPO / "dashboards" / "sglang-ddtree.json"
 
@@ -44,9 +46,18 @@ _B = 'budget=~"$budget"'
 _R = "$__rate_interval"
 
 
-def _rate(name: str, by: str = "budget", extra: str = "") -> str:
-    sel = ",".join(x for x in (_B, extra) if x)
-    return f"sum by ({by}) (rate(sglang:ddtree_{name}{{{sel}}}[{_R}]))"
+def _rate(sample: str, by: str = "budget") -> str:
+    """The per-`by` rate of a sample (a metric_names name), narrowed to the budget variable."""
+    return f"sum by ({by}) (rate({sample}{{{_B}}}[{_R}]))"
+
+
+def _share(sample: str, by: str) -> str:
+    """A sample's increase over the dashboard's time range per (budget, `by`), over the budget's request-rounds."""
+    return (f"sum by (budget, {by}) (increase({sample}{{{_B}}}[$__range])) "
+            f"/ on (budget) group_left sum by (budget) (increase({mn.ROUNDS.name}{{{_B}}}[$__range]))")
+
+
+_TAU = f"{_rate(mn.ACCEPTED_TOKENS.name)} / {_rate(mn.ROUNDS.name)}"
 
 
 # Each panel: title, Grafana type, unit, description, targets [(PromQL, legend)], grid width, options.
@@ -56,62 +67,58 @@ PANELS: list[dict] = [
                     "is what the drafter's own scores predicted (1 + the sum of node probabilities): above tau, the "
                     "drafter is over-confident. SGLang's spec_accept_length is completion tokens / verify rounds over "
                     "its logging interval (one series per server).",
-     "targets": [(f"{_rate('accepted_tokens_total')} / {_rate('rounds_total')}", "tau budget={{budget}}"),
-                 (f"{_rate('expected_tokens_total')} / {_rate('rounds_total')}", "expected budget={{budget}}"),
-                 ("avg by (instance) (sglang:spec_accept_length)", "SGLang spec_accept_length {{instance}}")]},
+     "targets": [(_TAU, "tau budget={{budget}}"),
+                 (f"{_rate(mn.EXPECTED_TOKENS.name)} / {_rate(mn.ROUNDS.name)}", "expected budget={{budget}}"),
+                 (f"avg by (instance) ({mn.SGLANG_SPEC_ACCEPT_LENGTH})", "SGLang spec_accept_length {{instance}}")]},
     {"title": "Per-depth acceptance: P(a round accepts >= d draft tokens)", "type": "bargauge", "unit": "percentunit",
      "description": "depth_reached_total{depth=d} / rounds_total over the dashboard's time range. The curve's sum "
                     "over d is tau - 1.",
-     "targets": [(f"sum by (budget, depth) (increase(sglang:ddtree_depth_reached_total{{{_B}}}[$__range])) "
-                  f"/ on (budget) group_left sum by (budget) (increase(sglang:ddtree_rounds_total{{{_B}}}[$__range]))",
-                  "B={{budget}} d={{depth}}")],
+     "targets": [(_share(mn.DEPTH_REACHED.name, "depth"), "B={{budget}} d={{depth}}")],
      "instant": True, "max": 1},
     {"title": "Branch acceptance: accepted draft tokens off the drafter's top-1", "type": "timeseries",
      "unit": "percentunit",
      "description": "branch_accepted_total / accepted draft tokens (accepted tokens minus one bonus per round): the "
                     "share of accepted tokens that a chain (DFLASH) would not have proposed.",
-     "targets": [(f"{_rate('branch_accepted_total')} / ({_rate('accepted_tokens_total')} - {_rate('rounds_total')})",
-                  "budget={{budget}}")]},
+     "targets": [(f"{_rate(mn.BRANCH_ACCEPTED.name)} / ({_rate(mn.ACCEPTED_TOKENS.name)} - "
+                  f"{_rate(mn.ROUNDS.name)})", "budget={{budget}}")]},
     {"title": "Accept length: share of rounds committing n tokens", "type": "bargauge", "unit": "percentunit",
      "description": "accept_length_total{tokens=n} / rounds_total over the time range.",
-     "targets": [(f"sum by (budget, tokens) (increase(sglang:ddtree_accept_length_total{{{_B}}}[$__range])) "
-                  f"/ on (budget) group_left sum by (budget) (increase(sglang:ddtree_rounds_total{{{_B}}}[$__range]))",
-                  "B={{budget}} n={{tokens}}")],
+     "targets": [(_share(mn.ACCEPT_LENGTH.name, "tokens"), "B={{budget}} n={{tokens}}")],
      "instant": True, "max": 1},
     {"title": "auto: chosen budget (share of batch rounds)", "type": "timeseries", "unit": "percentunit",
      "description": "--speculative-ddtree-budget auto: which candidate each batch round verified ('chain' = the "
                     "drafter's top-1 chain). Empty on fixed-budget servers.",
-     "targets": [("sum by (candidate) (rate(sglang:ddtree_auto_rounds_total[$__rate_interval])) / ignoring "
-                  "(candidate) group_left sum (rate(sglang:ddtree_auto_rounds_total[$__rate_interval]))",
-                  "{{candidate}}")],
+     "targets": [(f"sum by (candidate) (rate({mn.AUTO_ROUNDS.name}[{_R}])) / ignoring (candidate) group_left "
+                  f"sum (rate({mn.AUTO_ROUNDS.name}[{_R}]))", "{{candidate}}")],
      "stack": True, "max": 1},
     {"title": "Draft nodes verified per round", "type": "timeseries", "unit": "none",
      "description": "tree_nodes_total / rounds_total: the tree size actually verified (below the budget when the "
                     "drafter's vocabulary or pruning cuts the tree; `auto`'s mix of candidates).",
-     "targets": [(f"{_rate('tree_nodes_total')} / {_rate('rounds_total')}", "budget={{budget}}")]},
+     "targets": [(f"{_rate(mn.TREE_NODES.name)} / {_rate(mn.ROUNDS.name)}", "budget={{budget}}")]},
     {"title": "Stage time per batch round (GPU, mean)", "type": "timeseries", "unit": "s",
      "description": "stage_seconds_sum / stage_seconds_count per stage (CUDA events): between (the GPU time from the "
                     "previous decode round), draft, tree, verify, walk, commit. Stacked: the GPU time per round.",
-     "targets": [(f"{_rate('stage_seconds_sum', 'stage')} / {_rate('stage_seconds_count', 'stage')}", "{{stage}}")],
+     "targets": [(f"{_rate(mn.STAGE_SECONDS.sum, 'stage')} / {_rate(mn.STAGE_SECONDS.count, 'stage')}",
+                  "{{stage}}")],
      "stack": True},
     {"title": "Stage time per batch round, p90", "type": "timeseries", "unit": "s",
      "description": "The 90th percentile of each stage's time per round from the stage_seconds histogram buckets.",
-     "targets": [(f"histogram_quantile(0.9, {_rate('stage_seconds_bucket', 'le, stage')})", "{{stage}} p90")]},
+     "targets": [(f"histogram_quantile(0.9, {_rate(mn.STAGE_SECONDS.bucket, 'le, stage')})", "{{stage}} p90")]},
     {"title": "Host time of the worker's round call", "type": "timeseries", "unit": "s",
      "description": "round_host_seconds (mean per batch round) against the host's time per stage "
                     "(stage_host_seconds_total / stage_host_rounds_total; choose = `auto`'s chooser). Above the GPU "
                     "time per round, the server is host-bound.",
-     "targets": [(f"{_rate('round_host_seconds_sum')} / {_rate('round_host_seconds_count')}",
+     "targets": [(f"{_rate(mn.ROUND_HOST_SECONDS.sum)} / {_rate(mn.ROUND_HOST_SECONDS.count)}",
                   "round call budget={{budget}}"),
-                 (f"{_rate('stage_host_seconds_total', 'stage')} / ignoring (stage) group_left "
-                  f"sum (rate(sglang:ddtree_stage_host_rounds_total{{{_B}}}[{_R}]))", "host {{stage}}")],
+                 (f"{_rate(mn.STAGE_HOST_SECONDS.name, 'stage')} / ignoring (stage) group_left "
+                  f"sum (rate({mn.STAGE_HOST_ROUNDS.name}{{{_B}}}[{_R}]))", "host {{stage}}")],
      "stack": False},
     {"title": "Committed tokens per second", "type": "timeseries", "unit": "short",
      "description": "rate(accepted_tokens_total): decode tokens committed by DDTREE rounds, per budget label.",
-     "targets": [(_rate("accepted_tokens_total"), "budget={{budget}}")]},
+     "targets": [(_rate(mn.ACCEPTED_TOKENS.name), "budget={{budget}}")]},
 ]
 
-BUDGET_VARIABLE_QUERY = "label_values(sglang:ddtree_rounds_total, budget)"
+BUDGET_VARIABLE_QUERY = f"label_values({mn.ROUNDS.name}, budget)"
 
 
 def build_dashboard() -> dict:
@@ -142,7 +149,7 @@ def build_dashboard() -> dict:
     return {
         "title": "SGLang DDTree speculative decoding",
         "uid": "sglang-ddtree",
-        "description": "sglang:ddtree_* series of a DDTREE server (--enable-metrics) and SGLang's spec gauges. "
+        "description": f"{mn.PREFIX}* series of a DDTREE server (--enable-metrics) and SGLang's spec gauges. "
                        "Metric reference: docs/metrics.md.",
         "tags": ["sglang", "ddtree", "speculative-decoding"],
         "editable": True, "graphTooltip": 1, "schemaVersion": 39, "version": 1,
@@ -214,13 +221,17 @@ def replay_rounds(baseline_path: str | os.PathLike, method: str) -> tuple[list[B
 
 
 def round_vector(records, depth_limit: int) -> list[float]:
-    """The host-side twin of stats.round_summary_vector for one batch round's records: request-rounds by accepted
-    draft tokens 0..L, then branches, draft nodes, expected tokens, requests."""
-    by_accepted = [0.0] * (depth_limit + 1)
+    """The host-side twin of stats.round_summary_vector for one batch round's records (metric_names.SummaryLayout):
+    request-rounds by accepted draft tokens 0..L, then branches, draft nodes, expected tokens, requests."""
+    layout = mn.SummaryLayout(depth_limit)
+    vec = [0.0] * layout.width
     for r in records:
-        by_accepted[min(r.accept_len - 1, depth_limit)] += 1
-    return by_accepted + [float(sum(sum(r.branch_taken) for r in records)), float(sum(r.tree_size for r in records)),
-                          float(sum(r.expected_accept for r in records)), float(len(records))]
+        vec[layout.by_accepted.start + min(r.accept_len - 1, depth_limit)] += 1
+    extra = {"branches": sum(sum(r.branch_taken) for r in records), "nodes": sum(r.tree_size for r in records),
+             "expected": sum(r.expected_accept for r in records), "requests": len(records)}
+    for field, value in extra.items():
+        vec[layout.index(field)] = float(value)
+    return vec
 
 
 class ReplayServer:
@@ -239,10 +250,10 @@ class ReplayServer:
         labels = ["model_name", "engine_type", "tp_rank", "pp_rank"]
         self._spec_labels = {"model_name": "tiny-pair", "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
         self.spec_accept_length = prometheus_client.Gauge(
-            "sglang:spec_accept_length", "The average acceptance length of speculative decoding.", labels,
+            mn.SGLANG_SPEC_ACCEPT_LENGTH, "The average acceptance length of speculative decoding.", labels,
             registry=self.registry).labels(**self._spec_labels)
         self.spec_accept_rate = prometheus_client.Gauge(
-            "sglang:spec_accept_rate", "The average acceptance rate of speculative decoding.", labels,
+            mn.SGLANG_SPEC_ACCEPT_RATE, "The average acceptance rate of speculative decoding.", labels,
             registry=self.registry).labels(**self._spec_labels)
         self.num_draft_tokens = num_draft_tokens
         self.log_interval = log_interval

@@ -14,6 +14,7 @@ import pytest
 from ddtree_bench import prom
 from ddtree_bench.measure import (HttpClient, RequestResult, acceptance_from_histogram, run_batch,
                                   summarize)
+from sglang_ddtree import metric_names as mn
 
 
 def req(i, c, decode_s, *, verify=None, hist=None, server=True, t0=0.0, ttft=0.05):
@@ -129,9 +130,8 @@ sglang:ddtree_accepted_tokens_total{budget="64"} 1300.0
 sglang:ddtree_depth_reached_total{budget="64",depth="1"} 450.0
 sglang:ddtree_depth_reached_total{budget="64",depth="2"} 100.0
 sglang:ddtree_branch_accepted_total{budget="64"} 60.0
-sglang:ddtree_expected_accept_length_sum_total{budget="64"} 500.0
-sglang:ddtree_tree_nodes_sum{budget="64"} 12800.0
-sglang:ddtree_tree_nodes_count{budget="64"} 200.0
+sglang:ddtree_expected_tokens_total{budget="64"} 550.0
+sglang:ddtree_tree_nodes_total{budget="64"} 12800.0
 sglang:num_running_reqs{engine_type="unified",model_name="m \\"x\\""} 3.0
 """
 
@@ -157,10 +157,24 @@ def test_ddtree_summary_of_a_workload():
     assert s["tau"] == pytest.approx(500 / 200)
     assert s["accept_rate_by_depth"] == pytest.approx([150 / 200, 100 / 200])
     assert s["branch_accept_rate"] == pytest.approx(60 / (500 - 200))
-    assert s["expected_accept_length"] == pytest.approx(500 / 200)
+    assert s["expected_accept_length"] == pytest.approx(550 / 200)
     assert s["tree_nodes_mean"] == pytest.approx(64.0)
     assert prom.ddtree_summary(delta, budget=16) is None  # another budget's series: none here
     assert prom.ddtree_summary(prom.diff(prom.parse(BEFORE), prom.parse(BEFORE))) is None
+    # a scrape without the drafter's expectation or the node counts: None, not a 0 that reads as measured
+    bare = {k: v for k, v in delta.items() if k[0] not in (mn.EXPECTED_TOKENS.name, mn.TREE_NODES.name)}
+    s = prom.ddtree_summary(bare, budget=64)
+    assert s["tau"] == pytest.approx(500 / 200)
+    assert s["expected_accept_length"] is None and s["tree_nodes_mean"] is None
+
+
+def test_the_scrape_fixtures_use_the_names_the_server_exports():
+    """BEFORE / AFTER stand for a server's /metrics: their DDTREE samples are ones the server registers
+    (metric_names), so that a renamed series fails here rather than reading as zeros in the sweep's rows."""
+    exported = {sample for metric in mn.ALL for sample in metric.samples}
+    for text in (BEFORE, AFTER):
+        names = {name for name, _ in prom.parse(text) if name.startswith(mn.PREFIX)}
+        assert names and names <= exported, names - exported
 
 
 def test_auto_calibration_of_a_workload():

@@ -4,6 +4,7 @@ import pytest
 
 prometheus_client = pytest.importorskip("prometheus_client")
 
+from sglang_ddtree.metric_names import SummaryLayout  # noqa: E402
 from sglang_ddtree.sglang.prometheus import PrometheusSeries  # noqa: E402
 
 
@@ -11,11 +12,22 @@ def value(registry, name, **labels):
     return registry.get_sample_value(name, {"budget": "8", **labels})
 
 
+def summary_vector(by_accepted, **fields) -> list[float]:
+    """A round summary vector (metric_names.SummaryLayout) of depth limit len(by_accepted) - 1; fields: its
+    SUMMARY_FIELDS by name (0 where left out)."""
+    layout = SummaryLayout(len(by_accepted) - 1)
+    vec = [0.0] * layout.width
+    vec[layout.by_accepted] = [float(c) for c in by_accepted]
+    for field, v in fields.items():
+        vec[layout.index(field)] = float(v)
+    return vec
+
+
 def test_round_vector_becomes_counters():
     registry = prometheus_client.CollectorRegistry()
     prom = PrometheusSeries(depth_limit=3, budget=8, registry=registry)
     # 4 request-rounds: accepted draft tokens 0, 2, 2, 3 -> by_accepted = [1, 0, 2, 1]
-    totals = [1, 0, 2, 1] + [2.0, 30.0, 9.5, 4.0]  # branches, tree nodes, expected sum, requests
+    totals = summary_vector([1, 0, 2, 1], branches=2, nodes=30, expected=9.5, requests=4)
     prom.observe(totals, rounds_seen=1, stage_ms=[{"draft": 1.0, "verify": 3.0, "host": 2.5}])
     assert value(registry, "sglang:ddtree_rounds_total") == 4
     assert value(registry, "sglang:ddtree_accepted_tokens_total") == 1 + 3 + 3 + 4
@@ -49,7 +61,9 @@ def test_round_summary_vector_counts_rounds_by_accepted_length():
     by_accepted = vec[: tree.depth_limit + 1]
     expect = torch.bincount(walk.accept_len, minlength=tree.depth_limit + 1).float()
     assert torch.equal(by_accepted, expect) and by_accepted.sum() == 6
-    assert vec[-1] == 6 and vec[-3] == tree.num_nodes.sum() - 6
+    layout = SummaryLayout(tree.depth_limit)
+    assert len(vec) == layout.width
+    assert vec[layout.index("requests")] == 6 and vec[layout.index("nodes")] == tree.num_nodes.sum() - 6
 
 
 def test_branch_counts_per_request_equal_the_round_records():
@@ -77,7 +91,7 @@ def test_branch_counts_per_request_equal_the_round_records():
     records = records_from_round(tree, walk)
     assert counts.dtype == torch.int32 and counts.tolist() == [sum(r.branch_taken) for r in records]
     assert int(counts.sum()) >= 4 and all(c <= r.accept_len - 1 for c, r in zip(counts.tolist(), records))
-    assert round_summary_vector(tree, walk)[tree.depth_limit + 1] == counts.sum()
+    assert round_summary_vector(tree, walk)[SummaryLayout(tree.depth_limit).index("branches")] == counts.sum()
 
 
 class _ClockEvent:
@@ -350,7 +364,7 @@ def test_ab_tallies_keep_the_arms_apart_and_count_only_rounds_that_follow_a_deco
     stats.enabled = True
     stats.prometheus = PrometheusSeries(depth_limit=depth, budget="auto", registry=registry)
     stats.ab.prometheus = stats.prometheus
-    stats.ring = [torch.zeros(depth + 1 + 4) for _ in range(stats.RING)]
+    stats.ring = [torch.zeros(SummaryLayout(depth).width) for _ in range(stats.RING)]
     clock = _ClockEvent.clock
     clock[0] = 0.0
 
@@ -367,7 +381,7 @@ def test_ab_tallies_keep_the_arms_apart_and_count_only_rounds_that_follow_a_deco
         by_accepted = [0.0] * (depth + 1)
         for a in accepted:
             by_accepted[a] += 1
-        summary = torch.tensor(by_accepted + [0.0, 10.0, 5.0, float(len(accepted))])
+        summary = torch.tensor(summary_vector(by_accepted, nodes=10, expected=5, requests=len(accepted)))
         stats.record_round(None, None, timer, batch_size=len(accepted), summary=summary)
         stats.finish_round(timer)
 
@@ -426,7 +440,7 @@ def test_ab_tallies_flush_by_their_own_cadence():
             calls.append((arm, dict(sums), dict(host_stage_s)))
 
     tallies = ABTallies(Prom(), depth_limit=2)
-    values = [1.0, 0.0, 1.0] + [0.0, 0.0, 0.0, 2.0]  # two request-rounds: 1 and 3 tokens
+    values = summary_vector([1, 0, 1], requests=2)  # two request-rounds: 1 and 3 tokens
     for _ in range(ABTallies.FLUSH_ROUNDS - 1):
         tallies.round_done(Timer(), values)
         tallies.host_done(Timer(), {"draft": 0.5, "after": 0.25})

@@ -4,9 +4,12 @@ launch instead of one small kernel per depth or step."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from sglang_ddtree.kernels.common import _pow2, tl, triton
+from sglang_ddtree.metric_names import SummaryLayout
 from sglang_ddtree.tree import DraftTree
 from sglang_ddtree.walk import WalkResult
 
@@ -93,8 +96,11 @@ if triton is not None:
     def _chain_accept_kernel(
         cand_ptr, choice_ptr, logp_ptr, prefix_ptr, accept_ptr, commit_ptr, bonus_ptr, out_ptr, new_len_ptr,
         branch_ptr, summary_ptr, bs, L: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr, BLOCKS: tl.constexpr,
+        AT_ACCEPTED: tl.constexpr, AT_BRANCHES: tl.constexpr, AT_NODES: tl.constexpr, AT_EXPECTED: tl.constexpr,
+        AT_REQUESTS: tl.constexpr,
     ):
-        """One program for the whole batch (the batch sums need no atomics): see chain_accept_triton."""
+        """One program for the whole batch (the batch sums need no atomics): see chain_accept_triton. AT_*: the
+        summary vector's entries (metric_names.SummaryLayout)."""
         cols = tl.arange(0, W)
         node_cols = cols < L + 1
         draft_cols = cols < L
@@ -129,11 +135,11 @@ if triton is not None:
             requests += live.to(tl.float32)
             counts += tl.sum((live[:, None] & at_accept).to(tl.float32), axis=0)
         n = tl.sum(requests, axis=0)
-        tl.store(summary_ptr + cols, counts, mask=node_cols)
-        tl.store(summary_ptr + L + 1, 0.0)  # branches: a chain has none
-        tl.store(summary_ptr + L + 2, n * L)  # draft nodes verified
-        tl.store(summary_ptr + L + 3, tl.sum(expected, axis=0))
-        tl.store(summary_ptr + L + 4, n)
+        tl.store(summary_ptr + AT_ACCEPTED + cols, counts, mask=node_cols)
+        tl.store(summary_ptr + AT_BRANCHES, 0.0)  # a chain has none
+        tl.store(summary_ptr + AT_NODES, n * L)  # draft nodes verified
+        tl.store(summary_ptr + AT_EXPECTED, tl.sum(expected, axis=0))
+        tl.store(summary_ptr + AT_REQUESTS, n)
 
 
 def tree_verify_mask_triton(tree: DraftTree, seq_lens: torch.Tensor, numel: int) -> torch.Tensor:
@@ -199,15 +205,24 @@ def chain_accept_triton(candidates: torch.Tensor, choices: torch.Tensor, logprob
     root, then the drafts), choices [bs, L+1] int64 (the target's token at each), logprobs [bs, L] float32 (the
     drafts' log-probs), prefix_lens [bs]. Writes out's accept_len / commit_lens (int32 [bs]), bonus (int64 [bs]),
     out_tokens (int64 [bs, L+1]: the accepted drafts, the bonus, zeros), new_seq_lens ([bs], prefix_lens' dtype),
-    branch_lens (int32 [bs], zeros) and summary (float32 [L+5], stats.round_summary_vector's layout)."""
+    branch_lens (int32 [bs], zeros) and summary (float32, metric_names.SummaryLayout's round summary vector)."""
     bs, width = candidates.shape
     rows, blocks = _chain_accept_blocks(bs)
     _chain_accept_kernel[(1,)](
         candidates.contiguous(), choices.to(torch.int64).contiguous(), logprobs.float().contiguous(),
         prefix_lens.contiguous(), out["accept_len"], out["commit_lens"], out["bonus"], out["out_tokens"],
         out["new_seq_lens"], out["branch_lens"], out["summary"], bs, L=width - 1, W=_pow2(width), ROWS=rows,
-        BLOCKS=blocks, num_warps=4,
+        BLOCKS=blocks, **_summary_at(width - 1), num_warps=4,
     )
+
+
+@functools.lru_cache(maxsize=None)
+def _summary_at(depth_limit: int) -> dict[str, int]:
+    """_chain_accept_kernel's AT_* arguments: where the round summary vector's entries sit."""
+    layout = SummaryLayout(depth_limit)
+    return {"AT_ACCEPTED": layout.by_accepted.start, "AT_BRANCHES": layout.index("branches"),
+            "AT_NODES": layout.index("nodes"), "AT_EXPECTED": layout.index("expected"),
+            "AT_REQUESTS": layout.index("requests")}
 
 
 def move_path_kv(data_ptrs: torch.Tensor, strides: torch.Tensor, max_stride: int, tgt: torch.Tensor,

@@ -16,6 +16,7 @@ import torch
 
 from sglang_ddtree import adaptive, kernels
 from sglang_ddtree.layout import retrieve_arrays
+from sglang_ddtree.metric_names import SummaryLayout
 from sglang_ddtree.sglang.auto import observed_candidates
 from sglang_ddtree.sglang.stats import branch_counts, round_summary_vector
 from sglang_ddtree.tree import (DraftTree, _key_with_tiebreak, blank_invalid, build_tree_from_topk,
@@ -341,7 +342,7 @@ def chain_outputs(bs: int, depth_limit: int, seq_len_dtype: torch.dtype, device)
             "out_tokens": torch.empty((bs, depth_limit + 1), dtype=torch.int64, device=device),
             "new_seq_lens": torch.empty(bs, dtype=seq_len_dtype, device=device),
             "branch_lens": torch.empty(bs, dtype=torch.int32, device=device),
-            "summary": torch.empty(depth_limit + 5, dtype=torch.float32, device=device)}
+            "summary": torch.empty(SummaryLayout(depth_limit).width, dtype=torch.float32, device=device)}
 
 
 def chain_accept(use_kernels: bool, candidates: torch.Tensor, choices: torch.Tensor, logprobs: torch.Tensor,

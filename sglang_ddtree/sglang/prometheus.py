@@ -1,6 +1,8 @@
 """The DDTREE server's Prometheus series (the scheduler process's; stats.DDTreeStats feeds them round by round).
 
-Metric names (all `sglang:ddtree_*`, label `budget`; counters are request-rounds unless said otherwise):
+The series' names, types, labels and help texts are defined in sglang_ddtree/metric_names.py (one table that the
+dashboard and the benchmark harness read too); what they count (counters are request-rounds unless said otherwise,
+label `budget` everywhere):
   rounds_total, accepted_tokens_total (incl. the bonus: tau = accepted_tokens_total / rounds_total),
   accept_length_total{tokens} (rounds that committed `tokens` tokens: the accept-length histogram),
   depth_reached_total{depth} (rounds that accepted >= depth draft tokens: per-depth acceptance =
@@ -29,28 +31,8 @@ other than the widest tree (ab_narrower_{rounds,seconds,tokens,request_rounds}_t
 
 from __future__ import annotations
 
+from sglang_ddtree import metric_names as mn
 from sglang_ddtree.stages import HOST_STAGES, SERVER_STAGES
-
-# SGLANG_DDTREE_AUTO_AB: what stats.ABTallies sums per arm, each published as sglang:ddtree_ab_<field>_total
-AB_FIELDS = {
-    "rounds": "SGLANG_DDTREE_AUTO_AB: batch rounds that count (tokens and GPU seconds).",
-    "request_rounds": "SGLANG_DDTREE_AUTO_AB: request-rounds of the rounds that count.",
-    "tokens": "SGLANG_DDTREE_AUTO_AB: tokens committed (accepted drafts + bonus) in the rounds that count.",
-    "seconds": "SGLANG_DDTREE_AUTO_AB: GPU-timeline seconds of the rounds that count, `between` included.",
-    "skipped_rounds": "SGLANG_DDTREE_AUTO_AB: batch rounds that do not count (after a prefill or idle batch, "
-                      "or with graph captures).",
-    "host_rounds": "SGLANG_DDTREE_AUTO_AB: batch rounds in ab_host_seconds_total.",
-    "host_seconds": "SGLANG_DDTREE_AUTO_AB: host seconds of the worker's round call, rounds that count.",
-    # The arm's rounds split (`auto`'s own cost against its choices): those that sampled, those of a candidate
-    # narrower than the widest tree (their tokens and request-rounds too: the rest are the widest tree's)
-    "sampled_rounds": "SGLANG_DDTREE_AUTO_AB: rounds that count and sampled `auto`'s expectations.",
-    "sampled_seconds": "SGLANG_DDTREE_AUTO_AB: GPU-timeline seconds of those sampled rounds.",
-    "narrower_rounds": "SGLANG_DDTREE_AUTO_AB: rounds that count and verified a candidate other than the widest "
-                       "tree.",
-    "narrower_seconds": "SGLANG_DDTREE_AUTO_AB: GPU-timeline seconds of those narrower rounds.",
-    "narrower_tokens": "SGLANG_DDTREE_AUTO_AB: tokens committed in those narrower rounds.",
-    "narrower_request_rounds": "SGLANG_DDTREE_AUTO_AB: request-rounds of those narrower rounds.",
-}
 
 
 def committed_tokens(by_accepted) -> float:
@@ -59,57 +41,60 @@ def committed_tokens(by_accepted) -> float:
     return sum((a + 1) * c for a, c in enumerate(by_accepted))
 
 
+def register(metric: mn.Metric, registry, **kwargs):
+    """The prometheus_client family of a metric_names definition, in `registry` (kwargs: e.g. a gauge's
+    multiprocess_mode)."""
+    import prometheus_client
+
+    if metric.kind == mn.HISTOGRAM:
+        kwargs["buckets"] = list(metric.buckets)
+    cls = {mn.COUNTER: prometheus_client.Counter, mn.HISTOGRAM: prometheus_client.Histogram,
+           mn.GAUGE: prometheus_client.Gauge}[metric.kind]
+    return cls(metric.name, metric.doc, metric.label_names, registry=registry, **kwargs)
+
+
 class PrometheusSeries:
     """Series are Counters (and per-round stage Histograms): a round's numbers are summed on the GPU and added
     with one call per series, so the host cost per round does not grow with the batch."""
 
     def __init__(self, depth_limit: int, budget: int | str, registry=None):
-        from prometheus_client import REGISTRY, Counter, Histogram  # here: SGLang sets the multiprocess dir first
+        from prometheus_client import REGISTRY  # here: SGLang sets the multiprocess dir first
 
         registry = registry or REGISTRY
-        labels = {"budget": str(budget)}
-        names = list(labels)
+        labels = {mn.BUDGET: str(budget)}
 
-        def counter(name, doc, extra=None):
-            return Counter(f"sglang:ddtree_{name}", doc, names + ([extra] if extra else []), registry=registry)
+        def family(metric):
+            return register(metric, registry)
 
-        self.rounds = counter("rounds_total", "Request-rounds verified.").labels(**labels)
-        self.accepted = counter("accepted_tokens_total", "Tokens committed (accepted draft tokens + bonus).") \
-            .labels(**labels)
-        per_length = counter("accept_length_total", "Request-rounds that committed `tokens` tokens.", "tokens")
+        self.rounds = family(mn.ROUNDS).labels(**labels)
+        self.accepted = family(mn.ACCEPTED_TOKENS).labels(**labels)
+        per_length = family(mn.ACCEPT_LENGTH)
         self.accept_length = [per_length.labels(**labels, tokens=str(n)) for n in range(1, depth_limit + 2)]
-        per_depth = counter("depth_reached_total", "Request-rounds that accepted at least `depth` draft tokens "
-                            "(per-depth acceptance = depth_reached_total / rounds_total).", "depth")
+        per_depth = family(mn.DEPTH_REACHED)
         self.depth_reached = [per_depth.labels(**labels, depth=str(d)) for d in range(1, depth_limit + 1)]
-        self.branch = counter("branch_accepted_total", "Accepted draft tokens that were not the drafter's top-1 "
-                              "at their depth.").labels(**labels)
-        self.expected = counter("expected_tokens_total", "Sum over request-rounds of the drafter's expected "
-                                "tokens per round (1 + sum of node probabilities).").labels(**labels)
-        self.tree_nodes = counter("tree_nodes_total", "Draft nodes verified (root excluded).").labels(**labels)
-        stage = Histogram("sglang:ddtree_stage_seconds", "Seconds per round by stage.", names + ["stage"],
-                          buckets=[1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1], registry=registry)
+        self.branch = family(mn.BRANCH_ACCEPTED).labels(**labels)
+        self.expected = family(mn.EXPECTED_TOKENS).labels(**labels)
+        self.tree_nodes = family(mn.TREE_NODES).labels(**labels)
+        stage = family(mn.STAGE_SECONDS)
         self.stage = {name: stage.labels(**labels, stage=name) for name in SERVER_STAGES}
-        self.host = Histogram("sglang:ddtree_round_host_seconds", "Host (CPU) seconds of the worker's round call: "
-                              "above the GPU seconds per round, the round is host-bound.", names,
-                              buckets=[1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1],
-                              registry=registry).labels(**labels)
+        self.host = family(mn.ROUND_HOST_SECONDS).labels(**labels)
         # Counters, not histograms: only the means are read, and the host stages are seven series a round
-        host_stage = counter("stage_host_seconds_total", "Host (CPU) seconds of the worker's round call by stage "
-                             "(choose = `auto`'s chooser; after = from the commit to the end of the call).", "stage")
+        host_stage = family(mn.STAGE_HOST_SECONDS)
         self.host_stage = {name: host_stage.labels(**labels, stage=name) for name in HOST_STAGES}
         self._host_stage = host_stage
-        self.host_stage_rounds = counter("stage_host_rounds_total", "Batch rounds in "
-                                         "sglang:ddtree_stage_host_seconds_total.").labels(**labels)
+        self.host_stage_rounds = family(mn.STAGE_HOST_ROUNDS).labels(**labels)
+        layout = mn.SummaryLayout(depth_limit)  # where observe finds its numbers, resolved once
+        self._by_accepted = layout.by_accepted
+        self._at = tuple(layout.index(field) for field in ("branches", "nodes", "expected", "requests"))
         self.depth_limit = depth_limit
-        self._auto = counter("auto_rounds_total", "`auto`: rounds (batches) that verified this candidate budget "
-                             "('chain' = the drafter's top-1 path).", "candidate")
+        self._auto = family(mn.AUTO_ROUNDS)
         self._auto_labels = labels
         self._auto_children: dict = {}
         self._auto_pending: dict = {}  # candidate -> rounds not yet in the counter (AUTO_ROUND_FLUSH)
         self._auto_unflushed = 0
         # `auto`'s calibration table (sglang_ddtree.sglang.auto.CalibrationMonitor): created at first use, so that
         # fixed-budget servers export no empty series
-        self._registry, self._names = registry, names
+        self._registry = registry
         self._tau_error = self._tau_scored = self._cal_ratio = self._cal_obs = None
         self._tau_children: dict = {}  # calibration_errors' series (_tau_child)
         self._cal_published: set[tuple[str, str, str]] = set()
@@ -118,16 +103,11 @@ class PrometheusSeries:
         self._ab_children: dict = {}
 
     def ab(self, arm: str, sums: dict[str, float], host_stage_s: dict[str, float]) -> None:
-        """SGLANG_DDTREE_AUTO_AB: one arm's sums since the last flush (AB_FIELDS; seconds in seconds)."""
+        """SGLANG_DDTREE_AUTO_AB: one arm's sums since the last flush (metric_names.AB_FIELDS; seconds in
+        seconds)."""
         if self._ab is None:  # created at first use: servers without the A/B export no such series
-            from prometheus_client import Counter
-
-            names, registry = self._names, self._registry
-            self._ab = {field: Counter(f"sglang:ddtree_ab_{field}_total", doc, names + ["arm"], registry=registry)
-                        for field, doc in AB_FIELDS.items()}
-            self._ab["host_stage"] = Counter("sglang:ddtree_ab_host_stage_seconds_total", "SGLANG_DDTREE_AUTO_AB: "
-                                             "the worker's host seconds by stage of the rounds that count.",
-                                             names + ["arm", "stage"], registry=registry)
+            self._ab = {field: register(metric, self._registry) for field, metric in mn.AB.items()}
+            self._ab["host_stage"] = register(mn.AB_HOST_STAGE_SECONDS, self._registry)
         for field, value in sums.items():
             if value:
                 self._ab_child(field, arm).inc(value)
@@ -176,25 +156,10 @@ class PrometheusSeries:
     def _calibration_series(self) -> None:
         if self._tau_error is not None:
             return
-        from prometheus_client import Counter, Gauge
-
-        names, registry = self._names, self._registry
-        self._tau_error = Counter("sglang:ddtree_auto_tau_abs_error_total", "`auto`, scored tree rounds: sum over "
-                                  "request-rounds of |predicted - committed tokens|, by the scores that predicted "
-                                  "(raw drafter scores, the calibration table's, or gated: raw until the table has "
-                                  "learnt calibration_gate request-rounds, the table's after), all before the "
-                                  "table learnt the round. MAE = this / ddtree_auto_tau_scored_total.",
-                                  names + ["scores"], registry=registry)
-        self._tau_scored = Counter("sglang:ddtree_auto_tau_scored_total", "`auto`: request-rounds whose prediction "
-                                   "error was scored (scored tree rounds).", names, registry=registry)
-        cell = names + ["depth", "path_class", "rank_class"]
-        self._cal_ratio = Gauge("sglang:ddtree_calibration_ratio", "`auto`'s calibration table: (accepted + m) / "
-                                "(predicted + m) of the draft nodes of a (depth, path class = off-top-1 ancestors, "
-                                "rank class = own rank > 0) cell, over its raw-probability buckets (1 = raw scores).",
-                                cell, registry=registry, multiprocess_mode="mostrecent")
-        self._cal_obs = Gauge("sglang:ddtree_calibration_observations", "`auto`'s calibration table: decayed count "
-                              "of the cell's observed draft nodes (0 after a reset: ddtree_calibration_reset).", cell,
-                              registry=registry, multiprocess_mode="mostrecent")
+        self._tau_error = register(mn.AUTO_TAU_ABS_ERROR, self._registry)
+        self._tau_scored = register(mn.AUTO_TAU_SCORED, self._registry)
+        self._cal_ratio = register(mn.CALIBRATION_RATIO, self._registry, multiprocess_mode="mostrecent")
+        self._cal_obs = register(mn.CALIBRATION_OBSERVATIONS, self._registry, multiprocess_mode="mostrecent")
 
     def calibration_errors(self, raw_abs: float, calibrated_abs: float, requests: float,
                            gated_abs: float | None = None) -> None:
@@ -239,7 +204,7 @@ class PrometheusSeries:
         per-round host block before, 3% after (results/auto_round_host_cpu*.json)."""
         children = self._cal_children.get(key)
         if children is None:
-            cell = dict(zip(("depth", "path_class", "rank_class"), key))
+            cell = dict(zip(mn.CALIBRATION_CELL, key))
             children = self._cal_children[key] = (self._cal_ratio.labels(**self._auto_labels, **cell),
                                                   self._cal_obs.labels(**self._auto_labels, **cell))
         return children
@@ -247,8 +212,8 @@ class PrometheusSeries:
     def observe(self, totals: list[float], rounds_seen: int, stage_ms: list[dict[str, float]]) -> None:
         """totals: summed round vectors (see DDTreeStats._queue_summary)."""
         n = self.depth_limit
-        by_accepted = totals[: n + 1]  # request-rounds by accepted draft tokens 0..n
-        branches, nodes, expected, requests = totals[n + 1: n + 5]
+        by_accepted = totals[self._by_accepted]  # request-rounds by accepted draft tokens 0..n
+        branches, nodes, expected, requests = (totals[i] for i in self._at)
         if requests:
             self.rounds.inc(requests)
             self.accepted.inc(committed_tokens(by_accepted))

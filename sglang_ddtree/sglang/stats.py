@@ -9,7 +9,7 @@ Its lines: a header {type, budget, depth_limit}, then one line per (round, batch
 sglang_ddtree/sglang_baseline.py turns them into a baseline file), the round record (metrics.RoundRecord) and the
 tree (tokens, parents, scores, ranks), the target's choices, the accepted path and the emitted tokens.
 
-The Prometheus series and their names: prometheus.py.
+The Prometheus series: prometheus.py; their names and the round summary vector's layout: metric_names.py.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import time
 import torch
 
 from sglang_ddtree import config
+from sglang_ddtree.metric_names import AB_FIELDS, SUMMARY_FIELDS, SummaryLayout
 from sglang_ddtree.metrics import JsonlWriter, records_from_round
-from sglang_ddtree.sglang.prometheus import AB_FIELDS, PrometheusSeries, committed_tokens
+from sglang_ddtree.sglang.prometheus import PrometheusSeries, committed_tokens
 from sglang_ddtree.stages import STAGES
 
 logger = logging.getLogger(__name__)
@@ -253,8 +254,9 @@ def branch_counts(tree, walk) -> torch.Tensor:
 
 def round_summary_vector(tree, walk, branch_lens: torch.Tensor | None = None,
                          rows: torch.Tensor | None = None) -> torch.Tensor:
-    """A round's numbers summed over the batch, on the tree's device, with no host sync (tests/gpu checks it):
-    request-rounds by accepted draft tokens 0..L, then branches, draft nodes, expected tokens, requests.
+    """A round's numbers summed over the batch, on the tree's device, with no host sync (tests/gpu checks it), in
+    metric_names.SummaryLayout: request-rounds by accepted draft tokens 0..L, then SUMMARY_FIELDS (branches, draft
+    nodes, expected tokens, requests).
     branch_lens: branch_counts(tree, walk) when the caller has it already. rows: the real requests (0-dim tensor)
     of a batch padded past them (graphs.GraphedStage); None: every request is real."""
     n = tree.depth_limit
@@ -275,8 +277,8 @@ def round_summary_vector(tree, walk, branch_lens: torch.Tensor | None = None,
     # not torch.bincount: on CUDA it reads the input's max back to size its output, a host sync every round
     by_accepted = torch.zeros(n + 1, dtype=torch.float32, device=walk.accept_len.device).scatter_add_(
         0, walk.accept_len.clamp(0, n), counted)
-    extra = torch.stack([branches.float(), nodes.float(), expected, requests])
-    return torch.cat([by_accepted, extra])
+    extra = {"branches": branches.float(), "nodes": nodes.float(), "expected": expected, "requests": requests}
+    return torch.cat([by_accepted, torch.stack([extra[field] for field in SUMMARY_FIELDS])])
 
 
 class ABTallies:
@@ -295,6 +297,8 @@ class ABTallies:
     def __init__(self, prometheus, depth_limit: int):
         self.prometheus = prometheus
         self.depth_limit = depth_limit
+        layout = SummaryLayout(depth_limit)
+        self._requests_at, self._by_accepted = layout.index("requests"), layout.by_accepted
         self.sums: dict[str, dict[str, float]] = {}
         self.host_stage: dict[str, dict[str, float]] = {}
         self._unflushed = 0
@@ -310,8 +314,7 @@ class ABTallies:
         """A completed round's summary vector (round_summary_vector) and timer."""
         sums = self._arm(timer.arm)
         if timer.ab_counted():
-            n = self.depth_limit
-            request_rounds, tokens = values[n + 4], committed_tokens(values[: n + 1])
+            request_rounds, tokens = values[self._requests_at], committed_tokens(values[self._by_accepted])
             seconds = sum(timer.elapsed_ms().values()) / 1e3
             sums["rounds"] += 1
             sums["request_rounds"] += request_rounds
@@ -385,7 +388,7 @@ class DDTreeStats:
         self.ab = ABTallies(self.prometheus, depth_limit)  # SGLANG_DDTREE_AUTO_AB: fed by rounds with an arm only
         # Profiler ranges per stage (a few microseconds of host time per round): for profiling runs only.
         self.profile_ranges = config.get("SGLANG_DDTREE_PROFILE_RANGES")
-        width = depth_limit + 1 + 4
+        width = SummaryLayout(depth_limit).width
         self.ring = [torch.empty(width, dtype=torch.float32, pin_memory=True) for _ in range(self.RING)] \
             if enable_metrics else []
 
