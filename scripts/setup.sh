@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent setup: a virtualenv in .venv with torch, this package (editable) and the offline/test extras, and
 # (as root, with apt-get) Debian's prometheus package for the dashboard test.
-# Uses an existing torch when the interpreter already has one (e.g. a CUDA build on a GPU machine);
-# otherwise installs torch 2.13.0 (the CPU build on the project's machines).
+# The venv is isolated from the system's site-packages: a torch installed there is not used. torch 2.13.0 is
+# installed into .venv unless .venv already has a torch (from an earlier run, or put there by hand); which build
+# (CPU or CUDA) comes is whatever pip's configured index serves. $PYTHON picks the interpreter (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -86,7 +86,9 @@ def _read_rows(path: Path) -> list[dict]:
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise ValueError(f"{path}: reading parquet needs pyarrow (pip install pyarrow), or convert it to JSONL.") from None
+            raise ValueError(f"{path}: reading parquet needs pyarrow, this package's `parquet` extra (pip install "
+                             "-e '.[parquet]' in a clone, or pip install pyarrow); or convert the file to JSONL."
+                             ) from None
         return pq.read_table(path).to_pylist()
     raise ValueError(f"{path}: unsupported prompt file type; allowed: .jsonl, .jsonl.gz, .json, .parquet.")
 

@@ -74,7 +74,8 @@ def test_matches_reference_format_baseline(run):
 
 
 def test_matches_the_wide_offline_baseline(run):
-    """The 40-prompt, all-budget file of the README's table: the prompts and methods it shares with the check."""
+    """The 40-prompt, all-budget offline baseline (the roadmap's offline tau figures): the prompts and methods it shares
+    with the check."""
     from sglang_ddtree.baseline import read_baseline
 
     wide = read_baseline(cc.WIDE_PATH)

@@ -89,6 +89,23 @@ def test_parquet(tmp_path):
     assert [p.id for p in load_prompts("gsm8k", tmp_path / "g.parquet")] == ["x", "y"]
 
 
+def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
+    """Without pyarrow a .parquet file is refused in one sentence naming the `parquet` extra, which pyproject.toml
+    declares with pyarrow in it."""
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # `import pyarrow...` raises ImportError
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    (tmp_path / "g.parquet").write_bytes(b"PAR1")
+    with pytest.raises(ValueError, match=r"needs pyarrow, this package's `parquet` extra \(pip install"):
+        load_prompts("gsm8k", tmp_path / "g.parquet")
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert any(dep.startswith("pyarrow") for dep in extras["parquet"])
+
+
 class _PlainTokenizer:
     chat_template = None
 

@@ -27,7 +27,8 @@ def add_offline_parser(sub) -> None:
     src.add_argument("--drafter", help="DFlash drafter folder (needed for dflash / ddtree)")
     src.add_argument("--tokenizer", help="tokenizer folder (default: the target folder, or the tiny tokenizer)")
     p.add_argument("--dataset", default="humaneval", help="humaneval, gsm8k, math500, mbpp, mt-bench, alpaca, jsonl, ...")
-    p.add_argument("--dataset-path", help="local .jsonl/.parquet file (required except for humaneval)")
+    p.add_argument("--dataset-path", help="local .jsonl/.json/.parquet file (required except for humaneval; "
+                                             ".parquet needs the parquet extra)")
     p.add_argument("--prompt-field", help="override the dataset's text field")
     p.add_argument("--id-field", help="override the dataset's id field")
     p.add_argument("--limit", type=positive_int, help="first N prompts (file order)")
