@@ -106,7 +106,7 @@ def make_piece(rel: str, source: str) -> Piece | None:
     def ends_cleanly(node: ast.stmt) -> bool:
         """Nothing but a comment after the statement on its last line, and no trailing blank before the newline."""
         line = lines[node.end_lineno - 1]
-        rest = line[node.end_col_offset:].strip()
+        rest = line.encode()[node.end_col_offset:].decode(errors="replace").strip()  # ast's offsets count bytes
         return (not rest or rest.startswith("#")) and bool(line) and not line[-1].isspace()
 
     cuts, ends, starts, tops = set(), set(), {0}, {0}
@@ -114,7 +114,7 @@ def make_piece(rel: str, source: str) -> Piece | None:
         if not isinstance(node, ast.stmt):
             continue
         first = _first_line(node)
-        if not lines[first - 1][:node.col_offset].strip():
+        if not lines[first - 1].encode()[:node.col_offset].strip():
             starts.add(offsets[first - 1])
         if ends_cleanly(node):
             ends.add(offsets[node.end_lineno])

@@ -114,6 +114,8 @@ def test_a_cut_needs_a_function_that_goes_on():
     lines = [piece.line_at(c - 1) for c in piece.cuts]
     assert lines == [4]  # after `y = x`: not after `return y` (the function ends there), not in the class body
     assert [piece.line_at(s) for s in piece.top_starts] == [0, 1, 3, 7]
+    wide = LP.make_piece("w.py", "def f():\n    s = 'éééé'  # four two-byte letters\n    return s\n")
+    assert [wide.line_at(c - 1) for c in wide.cuts] == [2]  # ast's column offsets count bytes, not letters
     assert LP.make_piece("old.py", "print 'py2'\n") is None
     assert LP.is_test_file("test/test_os.py") and LP.is_test_file("ctypes/test/x.py")
     assert LP.is_test_file("idlelib/idle_test/a.py") and not LP.is_test_file("unittest/case.py")
