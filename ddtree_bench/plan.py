@@ -30,6 +30,12 @@ GIB = 2**30
 METHODS = ("plain", "dflash", "ddtree", "auto")  # auto: DDTREE with --speculative-ddtree-budget auto (one server)
 ALL_BUDGETS = (16, 32, 64, 128, 256, 512, 1024)
 ALL_BATCH_SIZES = (1, 4, 16, 64)
+# Prompt kinds read from the long prompts file (ddtree_bench/long_prompts.py): `long`, prompts of prompt_tokens
+# tokens of code; `shared`, prompts that share one prefix of prompt_tokens tokens, each with a suffix of its own of at
+# most SHARED_SUFFIX_TOKENS (a radix cache's case).
+LONG_PROMPT_KINDS = ("long", "shared")
+PROMPT_KINDS = ("text", "ids") + LONG_PROMPT_KINDS
+SHARED_SUFFIX_TOKENS = 200
 CUDA_CONTEXT_GIB = 1.5  # CUDA context, cuBLAS/FlashInfer workspaces, allocator slack per server (measured: ~1.4 GB)
 ACTIVATION_MARGIN = 1.25
 
@@ -138,8 +144,10 @@ class Setup:
     target: str  # model folders, relative to the repository root or absolute
     drafter: str
     dummy: bool  # --load-format dummy --skip-tokenizer-init, token-id prompts
-    prompt_kind: str  # "text" (prompts file / HumanEval) or "ids" (seeded random token ids)
-    prompt_tokens: int  # "ids": exact prompt length; "text": upper bound, only for KV sizing
+    prompt_kind: str  # "text" (prompts file / HumanEval), "ids" (seeded random token ids), "long" or "shared"
+    # "ids": exact prompt length; "text": upper bound, only for KV sizing; "long": the long prompts' length (at most,
+    # and at most long_prompts.tolerance under it); "shared": the shared prefix's
+    prompt_tokens: int
     max_new_tokens: int
     warmup_new_tokens: int  # per (server, batch size) before the measured run: same batch shape, short
     context_length: int | None  # --context-length (None: the model's)
@@ -175,8 +183,9 @@ class Setup:
     def validate(self) -> None:
         if self.backend not in ("triton", "flashinfer"):
             raise ValueError(f"setup {self.name}: backend must be triton or flashinfer, got {self.backend!r}.")
-        if self.prompt_kind not in ("text", "ids"):
-            raise ValueError(f"setup {self.name}: prompt_kind must be 'text' or 'ids', got {self.prompt_kind!r}.")
+        if self.prompt_kind not in PROMPT_KINDS:
+            raise ValueError(f"setup {self.name}: prompt_kind must be one of {', '.join(PROMPT_KINDS)}, got "
+                             f"{self.prompt_kind!r}.")
         bad = [m for m in self.methods if m not in METHODS]
         if bad or not self.methods:
             raise ValueError(f"setup {self.name}: methods must be a non-empty subset of {METHODS}, got {self.methods}.")
@@ -194,6 +203,10 @@ class Setup:
         bad = [e for e in self.server_env if not e.partition("=")[0] or "=" not in e]
         if bad:
             raise ValueError(f"setup {self.name}: server_env entries must be KEY=VALUE, got {bad}.")
+
+    def prompt_bound(self) -> int:
+        """The most tokens one of its prompts holds (as far as the setup says: a text prompt's length is a bound)."""
+        return self.prompt_tokens + (SHARED_SUFFIX_TOKENS if self.prompt_kind == "shared" else 0)
 
     def warmup_tokens(self, method: str) -> int:
         """New tokens per request of a row's warm-up: `auto` at least AUTO_WARMUP_NEW_TOKENS, so that its
@@ -392,9 +405,28 @@ class MemoryEstimate:
 def kv_pool_tokens(setup: Setup, width: int, max_batch: int) -> int:
     """--max-total-tokens: every running request holds its prompt + output + the 2 * width slots a speculative
     round reserves (DFLASH's prepare_for_decode keeps committed + 2 * num_draft_tokens allocated), 20% slack."""
-    per_request = setup.prompt_tokens + setup.max_new_tokens + 2 * width + 32
+    per_request = setup.prompt_bound() + setup.max_new_tokens + 2 * width + 32
     tokens = math.ceil(max_batch * per_request * 1.2) + 2048
     return max(8192, -(-tokens // 1024) * 1024)
+
+
+def derive_context_length(setup: Setup, target: ModelShape, drafter: ModelShape) -> int | None:
+    """--context-length for a setup's servers: its own (None: the model's), raised where its longest prompt, its new
+    tokens and a round's reserve (twice the widest verify + 32, as the KV pool reserves) need more, rounded up to a
+    multiple of 1024 within the models' max_position_embeddings. Long prompts need more than the 4096 the real-size
+    setups pass; a need over the models' positions is refused before any server starts (SGLang refuses such
+    prompts, and the rotary tables end there)."""
+    width = max(verify_width(m, b, drafter.block_size or 16) for m in setup.methods
+                for b in (setup.budgets if m == "ddtree" else [None]))
+    need = setup.prompt_bound() + setup.max_new_tokens + 2 * width + 32
+    limit = min([target.max_positions] + [drafter.max_positions for m in setup.methods if m != "plain"])
+    if need > limit:
+        raise ValueError(f"setup {setup.name}: prompts of up to {setup.prompt_bound()} tokens, {setup.max_new_tokens} "
+                         f"new tokens and a verify of {width} need a context of {need} tokens, over the models' "
+                         f"{limit} positions (max_position_embeddings).")
+    if need <= (setup.context_length or limit):
+        return setup.context_length
+    return min(-(-need // 1024) * 1024, limit)
 
 
 # SGLang's mamba state slots per running request with the radix cache on (kv_cache_configurator.py:
@@ -568,6 +600,7 @@ def expand(setups: list[Setup], *, mem_fraction: float = 0.9, extra_args: tuple[
         target, drafter = setup.shapes()
         if drafter.block_size is None and any(m != "plain" for m in setup.methods):
             raise ValueError(f"setup {setup.name}: the drafter config has no block_size.")
+        setup = dataclasses.replace(setup, context_length=derive_context_length(setup, target, drafter))
         for method in setup.methods:
             # budgets in the order given: server order is wave priority (plan_waves), so a setup can keep the
             # budgets that must be measured together with `auto` and DFLASH in the first wave
@@ -633,7 +666,7 @@ def with_overrides(setup: Setup, **changes) -> Setup:
 TUPLE_FIELDS = {"methods": str, "budgets": int, "batch_sizes": int, "server_env": str, "server_args": str}
 SCALAR_FIELDS = {"max_new_tokens": int, "warmup_new_tokens": int, "prompt_tokens": int, "graph_token_cap": int,
                  "max_activation_gib": float, "context_length": int, "target": str, "drafter": str,
-                 "backend": str, "max_state_gib": float, "widen_from": str}
+                 "backend": str, "max_state_gib": float, "widen_from": str, "prompt_kind": str}
 NONE_FIELDS = ("context_length", "max_state_gib")  # fields that take none (context_length also `model` / empty)
 
 

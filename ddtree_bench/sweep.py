@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ddtree_bench import prom
 from ddtree_bench.measure import RATE_OUTLIER, acceptance_from_histogram, run_batch, summarize
-from ddtree_bench.plan import REPO_ROOT, Plan, Row, ServerPlan, plan_waves, sampling_params
+from ddtree_bench.plan import LONG_PROMPT_KINDS, REPO_ROOT, Plan, Row, ServerPlan, plan_waves, sampling_params
 from ddtree_bench.results import ResultsWriter, latest_results, read_rows, row_tau
 from ddtree_bench.server import Launcher, ServerHandle, ServerStartError, log_tail, wait_all_ready
 
@@ -168,6 +168,8 @@ class Sweep:
                         # rows did not say, and its `tiny-w` servers changed it
                         warmup_new_tokens=server.setup.warmup_tokens(row.method),
                         prompt_kind=server.setup.prompt_kind, acceptance_meaningful=server.setup.report_acceptance,
+                        **({"prompt_tokens": server.setup.prompt_tokens}
+                           if server.setup.prompt_kind in LONG_PROMPT_KINDS else {}),
                         server_args=server.args, **({"server_env": list(server.setup.server_env)}
                                                     if server.setup.server_env else {}))
         return {**base, **fields}

@@ -140,7 +140,8 @@ def test_the_command_line_sizes_the_prompts_by_the_groups_it_measures(tmp_path, 
     path.write_text("".join(json.dumps({"id": f"p{i}", "text": f"t{i}"}) + "\n" for i in range(8)))
     asked = []
     real = bench.build_prompts
-    monkeypatch.setattr(bench, "build_prompts", lambda setups, file, g=1: asked.append(g) or real(setups, file, g))
+    monkeypatch.setattr(bench, "build_prompts",
+                        lambda setups, file, g=1, long_file=None: asked.append(g) or real(setups, file, g, long_file))
     assert bench.main(["--dry-run", "--setups", "tiny", "--prompts-file", str(path), "--mem-budget-gib", "100",
                        *extra]) == 0
     assert asked == [groups]

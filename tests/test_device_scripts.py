@@ -630,17 +630,21 @@ def _real_size_module(monkeypatch):
 
 
 class _FakeServers:
-    """The sglang_servers factory's stand-in: servers that answer greedy requests with fixed ids and record which
-    servers were up whenever one answered."""
+    """The sglang_servers factory's stand-in: servers that answer greedy requests with fixed ids (three tokens in one
+    verify round; an oracle server logs 1 of 400 request-rounds differing) and record which servers were up whenever
+    one answered. `stop_at`: the start of that server raises KeyboardInterrupt, as the runner's deadline does."""
 
-    def __init__(self):
+    def __init__(self, stop_at: str | None = None):
         self.started: list[list[str]] = []  # names per start call
         self.all: dict = {}
         self.up_while_answering: list[tuple[str, ...]] = []
+        self.stop_at = stop_at
 
     def __call__(self, configs, env=None):
         import types
 
+        if self.stop_at in configs:
+            raise KeyboardInterrupt
         self.started.append(list(configs))
         out = {}
         for name, args in configs.items():
@@ -648,6 +652,7 @@ class _FakeServers:
             server.proc = types.SimpleNamespace(poll=lambda s=server: None if s.alive else 0)
             server.stop = lambda s=server: setattr(s, "alive", False)
             server.generate = lambda s=server, **kw: self._answer(s, **kw)
+            server.log_text = lambda: "DDTREE oracle: 1 of 400 greedy request-rounds differ from the tree verify's\n"
             self.all[name] = out[name] = server
         return out
 
@@ -657,8 +662,22 @@ class _FakeServers:
     def _answer(self, server, text, sampling_params, **extra):
         assert server.alive, f"{server.name} answered after it stopped"
         self.up_while_answering.append(self.up())
-        one = {"output_ids": [3, 4, 5], "meta_info": {}}
+        one = {"output_ids": [3, 4, 5], "meta_info": {"completion_tokens": 3, "spec_verify_ct": 1}}
         return [dict(one) for _ in text] if isinstance(text, list) else one
+
+
+def _no_leak(mod, monkeypatch, fake):
+    """The KV-leak load's stand-ins (an idle pool before and after, 40 of 200 requests aborted); returns the list of
+    (server, servers up) each load ran on."""
+    leak_on = []
+
+    def load(server, prompt_of):
+        leak_on.append((server.name, fake.up()))
+        return 0, 0, {"ok": 160, "aborted": 40}
+
+    monkeypatch.setattr(mod, "used_tokens", lambda server: (0, 0))
+    monkeypatch.setattr(mod, "mixed_and_aborted_load", load)
+    return leak_on
 
 
 @pytest.mark.parametrize("pair_name", ["27b-hybrid", "tiny-hybrid"])
@@ -671,26 +690,26 @@ def test_real_size_module_runs_the_27b_servers_one_at_a_time(monkeypatch, pair_n
     mod = _real_size_module(monkeypatch)
     monkeypatch.delenv("DDTREE_GPU_CONFIGS", raising=False)
     fake = _FakeServers()
-    leak_on = []
-
-    def used(server):
-        return (0, 0)
-
-    def load(server, prompt_of):
-        leak_on.append((server.name, fake.up()))
-        return 0, 0, {"ok": 160, "aborted": 40}
-
-    monkeypatch.setattr(mod, "used_tokens", used)
-    monkeypatch.setattr(mod, "mixed_and_aborted_load", load)
+    leak_on = _no_leak(mod, monkeypatch, fake)
     plan = mod.REAL_SIZE_PLANS[pair_name]
-    pair = types.SimpleNamespace(base_args=lambda: ["--model-path", "t"], drafter=Path("d"), hybrid=True)
+    pair = types.SimpleNamespace(base_args=lambda: ["--model-path", "t"], drafter=Path("d"), hybrid=True,
+                                 mode=pair_name)
     texts = [f"def f{i}():" for i in range(6)]
-    served = mod.serve(fake, pair, plan, texts, "triton")
+    records = []
+    served = mod.serve(fake, pair, plan, texts, "triton", lambda kind, **f: records.append({"kind": kind, **f}))
     configs = ["plain", *plan.configs]
     names = {f"{c}/bs{b}" for c in plan.configs for b in (1, plan.batch)} | {"plain"}
     assert set(served.outputs) == names and all(len(v) == len(texts) for v in served.outputs.values())
+    # every judgement recorded once, as its server answered, and passing on these stand-ins
+    oracles = [c for c in plan.configs if c.endswith("-oracle")]
+    assert [(r["kind"], r["config"]) for r in records if r["kind"] != "real8b_greedy"] == \
+        [("real8b_kv_leak", plan.leak_config)] + [("real8b_oracle", c) for c in oracles]
+    assert sorted(r["config"] for r in records if r["kind"] == "real8b_greedy") == sorted(names - {"plain"})
+    assert all(r["ok"] and r["pair"] == pair_name and "error" not in r for r in records), records
+    assert all(served.greedy[n]["exact"] == len(texts) and served.greedy[n]["tau"] == 3.0 for n in names - {"plain"})
+    assert served.leak["ok"] and all(served.oracle[c]["checked"] == 400 for c in oracles)
     if pair_name == "tiny-hybrid":
-        assert fake.started == [configs] and served.leak is None
+        assert fake.started == [configs] and leak_on == [(plan.leak_config, tuple(configs))]
         assert all(s.alive for s in fake.all.values())  # the module's pool stops them at its end
         return
     assert fake.started == [[c] for c in configs]
@@ -723,10 +742,112 @@ def test_real_size_module_stops_a_server_whose_answers_fail(monkeypatch):
             s.generate = lambda s=s, **kw: broken(s, **kw)
         return out
 
-    pair = types.SimpleNamespace(base_args=lambda: ["--model-path", "t"], drafter=Path("d"), hybrid=True)
+    pair = types.SimpleNamespace(base_args=lambda: ["--model-path", "t"], drafter=Path("d"), hybrid=True,
+                                 mode="27b-hybrid")
     with pytest.raises(AssertionError, match="500"):
-        mod.serve(start, pair, mod.REAL_SIZE_PLANS["27b-hybrid"], ["x"], "triton")
+        mod.serve(start, pair, mod.REAL_SIZE_PLANS["27b-hybrid"], ["x"], "triton", lambda kind, **f: None)
     assert list(fake.all) == ["plain"] and not fake.all["plain"].alive
+
+
+def test_real_size_module_records_each_server_as_it_answers(monkeypatch):
+    """The 27B pair one server at a time, the runner's deadline (KeyboardInterrupt) landing as the oracle server
+    starts: plain against DDTREE 16, at batch 1 and at its batch, and the KV-leak load are recorded already; a
+    difference judged a failure is recorded as one, and a judgement that raises is recorded with its error."""
+    import types
+
+    mod = _real_size_module(monkeypatch)
+    monkeypatch.delenv("DDTREE_GPU_CONFIGS", raising=False)
+    fake = _FakeServers(stop_at="ddtree-16-oracle")
+    _no_leak(mod, monkeypatch, fake)
+    real_answer = fake._answer
+
+    def answer(server, text, sampling_params, **extra):  # DDTREE 16 at its batch differs from plain at a token
+        out = real_answer(server, text, sampling_params, **extra)
+        if server.name == "ddtree-16" and isinstance(text, list):
+            out[0] = {**out[0], "output_ids": [3, 9, 5]}
+        if server.name == "plain":
+            out["meta_info"] = {**out["meta_info"], "output_top_logprobs": [None, [[-0.1, 4, ""], [-2.0, 9, ""]]]}
+        return out
+
+    fake._answer = answer
+    plan = mod.REAL_SIZE_PLANS["27b-hybrid"]
+    pair = types.SimpleNamespace(base_args=lambda: ["--model-path", "t"], drafter=Path("d"), hybrid=True,
+                                 mode="27b-hybrid")
+    records = []
+    with pytest.raises(KeyboardInterrupt):
+        mod.serve(fake, pair, plan, ["a", "b"], "triton", lambda kind, **f: records.append({"kind": kind, **f}))
+    got = {(r["kind"], r["config"]): r for r in records}
+    assert list(got) == [("real8b_greedy", "ddtree-16/bs1"), ("real8b_greedy", "ddtree-16/bs4"),
+                         ("real8b_kv_leak", "ddtree-16")]
+    assert got["real8b_greedy", "ddtree-16/bs1"]["ok"] and got["real8b_greedy", "ddtree-16/bs1"]["exact"] == 2
+    batch = got["real8b_greedy", "ddtree-16/bs4"]
+    assert not batch["ok"] and batch["exact"] == 1 and batch["max_gap"] == pytest.approx(1.9)
+    assert batch["failures"] == [{"prompt": 0, "position": 1, "plain": 4, "candidate": 9,
+                                  "logprob_gap": pytest.approx(1.9)}]
+    assert got["real8b_kv_leak", "ddtree-16"]["ok"] and not any(s.alive for s in fake.all.values())
+
+    monkeypatch.setattr(mod, "tau_of", lambda outputs: 1 / 0)  # a judgement that raises: recorded, serving goes on
+    records.clear()
+    served = mod.serve(_FakeServers(), pair, plan, ["a"], "triton", lambda kind, **f: records.append({"kind": kind,
+                                                                                                      **f}))
+    greedy = [r for r in records if r["kind"] == "real8b_greedy"]
+    assert len(greedy) == 4 and all(not r["ok"] and r["error"].startswith("ZeroDivisionError") for r in greedy)
+    assert served.leak["ok"] and served.oracle["ddtree-16-oracle"]["ok"]
+
+
+REAL_SIZE_UNDER_THE_RUNNER = '''
+import importlib.util, sys, time, types
+from pathlib import Path
+import pytest
+
+REPO = Path({repo!r})
+sys.path[:0] = [str(REPO / "tests" / "gpu"), str(REPO)]
+sys.modules["conftest"] = types.SimpleNamespace(REPO_ROOT=REPO)
+
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gpu_conftest = load("gpu_conftest", REPO / "tests" / "gpu" / "conftest.py")  # its record(): the gpu_record fixture
+real = load("real_size_module", REPO / "tests" / "gpu" / "test_real8b.py")
+real.used_tokens = lambda server: (0, 0)
+real.mixed_and_aborted_load = lambda server, prompt_of: (0, 0, {{"ok": 160, "aborted": 40}})
+
+
+def start(configs, env=None):
+    (name,) = configs
+    if name == "ddtree-16-oracle":
+        time.sleep(600)  # the oracle server takes longer to start than the call has left
+    server = types.SimpleNamespace(name=name, args=configs[name], log_text=lambda: "")
+    server.proc = types.SimpleNamespace(poll=lambda: None)
+    server.stop = lambda: None
+    one = {{"output_ids": [3, 4], "meta_info": {{"completion_tokens": 2, "spec_verify_ct": 1}}}}
+    server.generate = lambda text, sampling_params, **kw: [dict(one) for _ in text] if isinstance(text, list) else one
+    return {{name: server}}
+
+
+def test_lossless_27b():
+    pair = types.SimpleNamespace(base_args=lambda: ["--model-path", "t"], drafter=Path("d"), hybrid=True,
+                                 mode="27b-hybrid")
+    real.serve(start, pair, real.REAL_SIZE_PLANS["27b-hybrid"], ["a", "b"], "triton", gpu_conftest.record)
+'''
+
+
+def test_runner_keeps_the_records_written_before_its_deadline(tmp_path):
+    """The real-size module under the runner, its deadline landing while the third server starts: gpu_suite.json
+    holds the records of the servers that had answered (DDTREE 16 against plain, the KV-leak load), and the call
+    fails."""
+    proc, report, _ = run_runner(tmp_path, REAL_SIZE_UNDER_THE_RUNNER.format(repo=str(REPO)), "--deadline-s", "58",
+                                 "--allow-missing-gpu")
+    assert proc.returncode == 1 and report["ok"] is False and report["pytest_timed_out"] is True
+    kept = [(r["kind"], r.get("config"), r.get("ok")) for r in report["records"]]
+    assert kept == [("real8b_greedy", "ddtree-16/bs1", True), ("real8b_greedy", "ddtree-16/bs4", True),
+                    ("real8b_kv_leak", "ddtree-16", True)], proc.stdout[-3000:]
+    assert "RESULT: FAIL" in proc.stdout
 
 
 def test_jit_cache_leaves_out_tvm_ffi_objects(tmp_path):

@@ -25,13 +25,18 @@ or flashinfer).
 DDTREE_GPU_CONFIGS=ddtree-64,ddtree-auto,... starts only those DDTREE servers (plain always): all five 8B servers at
 once are sized for an H200; on an H100 select fewer. 27b-hybrid runs its servers one at a time, plain first, each
 stopped once it has answered (a 27B server fills most of an H100). Tests of servers not selected skip.
+
+Each check is judged and recorded (gpu_record: real8b_greedy, real8b_kv_leak, real8b_oracle, each with `ok`) as soon
+as its server has answered and plain's outputs are in, so a call cut by its deadline keeps the records of every server
+that had answered (the tests, which run once every server has answered, then assert what was judged).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -89,13 +94,16 @@ def common(pair, backend: str, plan) -> list[str]:
 
 @dataclass
 class Served:
-    """What the module's servers answered: the servers by name (a stopped one keeps its args and log), their greedy
-    outputs by run name (run_name), and, where the servers ran one at a time, the KV-leak load's numbers, taken while
-    its server was up."""
+    """What the module's servers answered and what was judged of it, as each server answered: the servers by name (a
+    stopped one keeps its args and log), their greedy outputs by run name (run_name), each DDTREE run's comparison with
+    plain by run name, the KV-leak load's numbers (taken while its server was up) and each oracle server's counts."""
 
-    servers: dict
-    outputs: dict
+    servers: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict)
+    greedy: dict = field(default_factory=dict)
     leak: dict | None = None
+    oracle: dict = field(default_factory=dict)
+    gaps: dict = field(default_factory=dict)  # (prompt, position, plain token, candidate token) -> _gap_on_plain's
 
 
 def _answers(name: str, server, plan, texts: list[str]) -> dict:
@@ -122,49 +130,94 @@ def _leak_load(server, texts: list[str]) -> dict:
             "kinds": kinds, "alive": server.proc.poll() is None}
 
 
-def serve(start, pair, plan, texts: list[str], backend: str) -> Served:
-    """Start the plan's servers with start({name: args}, env=...) (the sglang_servers factory) and collect what
-    they answer to texts; a plan of one server at a time starts plain first and stops each server once it has
+def _judged(kind: str, record, fields: dict, judge) -> dict:
+    """judge()'s fields (or the error it raised, ok False) added to `fields`, recorded as `kind` at once."""
+    try:
+        fields = {**fields, **judge()}
+    except Exception as exc:  # recorded and failed by its test, not by the fixture (the other checks still run)
+        fields = {**fields, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+    record(kind, **fields)
+    return fields
+
+
+def _judge_new_runs(served: Served, pair, texts: list[str], backend: str, record) -> None:
+    """Every run not yet compared with plain, once plain's outputs are in."""
+    if "plain" not in served.outputs:
+        return
+    for name in served.outputs:
+        if name != "plain" and name not in served.greedy:
+            served.greedy[name] = _judged("real8b_greedy", record, {"pair": pair.mode, "config": name,
+                                                                     "backend": backend},
+                                          lambda: _greedy_against_plain(served, name, texts))
+
+
+def _leak_numbers(server, texts: list[str]) -> dict:
+    got = _leak_load(server, texts)
+    ok = (got["idle_reqs"] == 0 and got["after_reqs"] == 0 and got["after_tokens"] == got["idle_tokens"]
+          and got["kinds"].get("aborted", 0) > 0 and got["alive"])
+    return {**got, "leaked": got["after_tokens"] - got["idle_tokens"], "ok": ok}
+
+
+def _oracle_numbers(served: Served, config: str, plan) -> dict:
+    """The oracle server's last count of request-rounds whose chain re-verify differed (its log), and how many of its
+    outputs equal the fast server's of the same budget (where that one has answered)."""
+    from sglang_ddtree.sglang.modes import ORACLE_LOG
+
+    found = re.findall(r"DDTREE oracle: (\d+) of (\d+) greedy request-rounds differ",
+                       served.servers[config].log_text())
+    differ, checked = (int(x) for x in found[-1]) if found else (None, None)
+    fast, outputs = config.removesuffix("-oracle"), served.outputs
+    same = {mode: sum(a["output_ids"] == b["output_ids"] for a, b in zip(outputs[run_name(config, mode, plan)],
+                                                                        outputs[run_name(fast, mode, plan)]))
+            for mode in MODES if run_name(fast, mode, plan) in outputs}
+    ok = bool(found) and checked >= ORACLE_LOG and differ <= max(2, checked // 20)
+    return {"differ": differ, "checked": checked, "outputs_equal_to_fast": same, "prompts": PROMPTS,
+            "ok": ok, **({} if found else {"error": "no oracle line in the server log"})}
+
+
+def serve(start, pair, plan, texts: list[str], backend: str, record) -> Served:
+    """Start the plan's servers with start({name: args}, env=...) (the sglang_servers factory), collect what they
+    answer to texts and judge it as each server answers, recording every judgement with record(kind, **fields) (the
+    gpu_record fixture); a plan of one server at a time starts plain first and stops each server once it has
     answered everything asked of it (the KV-leak load too), so that the next one gets the GPU."""
     base = common(pair, backend, plan)
     draft = ["--speculative-draft-model-path", str(pair.drafter)]
     configs = real_size_configs(plan, base, draft)
     env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
+    served = Served()
+
+    def answer(name, server):
+        served.outputs.update(_answers(name, server, plan, texts))
+        _judge_new_runs(served, pair, texts, backend, record)
+        if name == plan.leak_config:
+            served.leak = _judged("real8b_kv_leak", record, {"pair": pair.mode, "config": name},
+                                  lambda: _leak_numbers(server, texts))
+        if name.endswith("-oracle"):
+            served.oracle[name] = _judged("real8b_oracle", record, {"pair": pair.mode, "config": name},
+                                          lambda: _oracle_numbers(served, name, plan))
+
     if not plan.one_at_a_time:
-        started = start(configs, env=env)
-        outputs = {}
-        for name, server in started.items():
-            outputs.update(_answers(name, server, plan, texts))
-        return Served(started, outputs)
-    servers, outputs, leak = {}, {}, None
+        served.servers.update(start(configs, env=env))
+        for name, server in served.servers.items():
+            answer(name, server)
+        return served
     for name, args in configs.items():
         server = start({name: args}, env=env)[name]
-        servers[name] = server
+        served.servers[name] = server
         try:
-            outputs.update(_answers(name, server, plan, texts))
-            if name == plan.leak_config:
-                leak = _leak_load(server, texts)
+            answer(name, server)
         finally:
             server.stop()
-    return Served(servers, outputs, leak)
+    return served
 
 
 @pytest.fixture(scope="module")
-def served(sglang_servers, pair, plan):
+def served(sglang_servers, pair, plan, gpu_record):
     try:
-        return serve(sglang_servers, pair, plan, prompts(), os.environ.get("DDTREE_GPU_BACKEND", "triton"))
+        return serve(sglang_servers, pair, plan, prompts(), os.environ.get("DDTREE_GPU_BACKEND", "triton"),
+                     gpu_record)
     except ValueError as exc:  # a DDTREE_GPU_CONFIGS selection the plan does not know
         pytest.fail(str(exc), pytrace=False)
-
-
-@pytest.fixture(scope="module")
-def servers(served):
-    return served.servers
-
-
-@pytest.fixture(scope="module")
-def outputs(served):
-    return served.outputs
 
 
 def _logprobs_of(entries) -> dict[int, float]:
@@ -201,81 +254,75 @@ def _gap_on_plain(plain, text: str, reference: list[int], pos: int, ref_token: i
             "prefill_gap": gap(prefill), "prefill_token": int(once["output_ids"][0])}
 
 
-_JUDGED: dict = {}  # (prompt, position, plain token, candidate token) -> _gap_on_plain's answer, across configs
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("config", REAL_SIZE_CONFIGS)
-def test_greedy_equals_plain_up_to_ties(pair, plan, servers, outputs, config, mode, gpu_record):
-    if config not in plan.configs:
-        pytest.skip(f"{config} is not run on {pair.mode}")
-    name = run_name(config, mode, plan)
-    if name not in outputs:
-        pytest.skip(f"{config} not selected (DDTREE_GPU_CONFIGS)")
+def _greedy_against_plain(served: Served, name: str, texts: list[str]) -> dict:
+    """Run `name`'s outputs against plain's: exact, ties and failures (compare), a first difference outside plain's
+    top-5 judged on the plain server again while it runs (_gap_on_plain, each asked once across runs), the largest gap
+    at a difference, tau, and ok (no failure)."""
+    outputs, plain = served.outputs, served.servers["plain"]
     exact, ties, failures = compare(outputs["plain"], outputs[name], TIE_NATS)
-    texts, still = prompts(), []
+    still = []
     for f in failures:
         if not (isinstance(f, dict) and f["logprob_gap"] is None):
             still.append(f)
             continue
         key = (f["prompt"], f["position"], f["plain"], f["candidate"])
-        if servers["plain"].proc.poll() is not None:  # one server at a time: plain has stopped, judged by its top-5
+        if plain.proc.poll() is not None:  # one server at a time: plain has stopped, judged by its top-5
             still.append({**f, "not_judged": "the candidate is outside plain's top-5 and plain no longer runs"})
             continue
-        if key not in _JUDGED:
+        if key not in served.gaps:
             reference = outputs["plain"][f["prompt"]]["output_ids"]
-            _JUDGED[key] = _gap_on_plain(servers["plain"], texts[f["prompt"]], reference, f["position"], f["plain"],
-                                         f["candidate"])
-        f = {**f, **_JUDGED[key], "logprob_gap": _JUDGED[key]["decode_gap"]}
+            served.gaps[key] = _gap_on_plain(plain, texts[f["prompt"]], reference, f["position"], f["plain"],
+                                             f["candidate"])
+        f = {**f, **served.gaps[key], "logprob_gap": served.gaps[key]["decode_gap"]}
         (ties if f["logprob_gap"] is not None and f["logprob_gap"] <= TIE_NATS else still).append(f)
-    failures = still
-    gaps = [t["logprob_gap"] for t in ties] + [f.get("logprob_gap") for f in failures if isinstance(f, dict)]
-    gpu_record("real8b_greedy", pair=pair.mode, config=name, backend=os.environ.get("DDTREE_GPU_BACKEND", "triton"),
-               prompts=len(outputs[name]), new_tokens=NEW_TOKENS, exact=exact, ties=ties, failures=failures,
-               max_gap=max((g for g in gaps if g is not None), default=0.0), tau=tau_of(outputs[name]),
-               tie_nats=TIE_NATS)
-    assert not failures, f"{name}: differences from plain that are not ties within {TIE_NATS} nats: {failures}"
+    gaps = [t["logprob_gap"] for t in ties] + [f.get("logprob_gap") for f in still if isinstance(f, dict)]
+    return {"prompts": len(outputs[name]), "new_tokens": NEW_TOKENS, "exact": exact, "ties": ties, "failures": still,
+            "max_gap": max((g for g in gaps if g is not None), default=0.0), "tau": tau_of(outputs[name]),
+            "tie_nats": TIE_NATS, "ok": not still}
 
 
-def test_no_kv_leak_after_mixed_and_aborted_requests(pair, plan, servers, served, gpu_record):
-    if plan.leak_config not in servers:
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("config", REAL_SIZE_CONFIGS)
+def test_greedy_equals_plain_up_to_ties(pair, plan, served, config, mode):
+    if config not in plan.configs:
+        pytest.skip(f"{config} is not run on {pair.mode}")
+    name = run_name(config, mode, plan)
+    if name not in served.outputs:
+        pytest.skip(f"{config} not selected (DDTREE_GPU_CONFIGS)")
+    got = served.greedy[name]
+    assert "error" not in got, f"{name}: judging the outputs failed: {got['error']}"
+    assert not got["failures"], \
+        f"{name}: differences from plain that are not ties within {TIE_NATS} nats: {got['failures']}"
+
+
+def test_no_kv_leak_after_mixed_and_aborted_requests(pair, plan, served):
+    if plan.leak_config not in served.servers:
         pytest.skip(f"{plan.leak_config} not selected (DDTREE_GPU_CONFIGS)")
-    got = served.leak if served.leak is not None else _leak_load(servers[plan.leak_config], prompts())
-    gpu_record("real8b_kv_leak", pair=pair.mode, config=plan.leak_config, idle_tokens=got["idle_tokens"],
-               after_tokens=got["after_tokens"], after_reqs=got["after_reqs"],
-               leaked=got["after_tokens"] - got["idle_tokens"], kinds=got["kinds"])
+    got = served.leak
+    assert "error" not in got, f"the KV-leak load failed: {got['error']}"
     assert got["idle_reqs"] == 0
     assert got["after_reqs"] == 0, f"{got['after_reqs']} requests still running 60 s after the load ended"
-    assert got["after_tokens"] == got["idle_tokens"], \
-        f"KV leak: {got['after_tokens'] - got['idle_tokens']} tokens still in use after the load"
+    assert got["after_tokens"] == got["idle_tokens"], f"KV leak: {got['leaked']} tokens still in use after the load"
     assert got["kinds"].get("aborted", 0) > 0, f"no request was really aborted: {got['kinds']}"
     assert got["alive"], "the server died (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE raises on leaks)"
 
 
 @pytest.mark.parametrize("config", [c for c in REAL_SIZE_CONFIGS if c.endswith("-oracle")])
-def test_oracle_rechecks_every_round_against_a_chain_verify(pair, plan, servers, outputs, config, gpu_record):
+def test_oracle_rechecks_every_round_against_a_chain_verify(pair, plan, served, config):
     """--speculative-ddtree-oracle (a hybrid target): every round's accepted path is verified again as a chain from
     the pre-round state and the round commits what that chain verify accepts; the server logs how many greedy
     request-rounds the tree verify's accepted drafts or bonus differed. Checked as in test_ddtree_hybrid.py: the
     oracle ran on enough rounds and differed on few (bf16 near-ties explain a few; a wrong tree path would differ on
     most rounds that accept one); its outputs against the fast server of the same budget are recorded."""
-    import re
-
     from sglang_ddtree.sglang.modes import ORACLE_LOG
 
     if config not in plan.configs:
         pytest.skip(f"{config} is not run on {pair.mode}")
-    if config not in servers:
+    if config not in served.servers:
         pytest.skip(f"{config} not selected (DDTREE_GPU_CONFIGS)")
-    assert ORACLE_FLAG in servers[config].args
-    found = re.findall(r"DDTREE oracle: (\d+) of (\d+) greedy request-rounds differ", servers[config].log_text())
-    assert found, f"{config}: no oracle line in the server log"
-    differ, checked = (int(x) for x in found[-1])
-    fast = config.removesuffix("-oracle")
-    same = {mode: sum(a["output_ids"] == b["output_ids"] for a, b in zip(outputs[run_name(config, mode, plan)],
-                                                                        outputs[run_name(fast, mode, plan)]))
-            for mode in MODES if run_name(fast, mode, plan) in outputs}
-    gpu_record("real8b_oracle", pair=pair.mode, config=config, differ=differ, checked=checked,
-               outputs_equal_to_fast=same, prompts=PROMPTS)
+    assert ORACLE_FLAG in served.servers[config].args
+    got = served.oracle[config]
+    assert "error" not in got, f"{config}: {got['error']}"
+    differ, checked = got["differ"], got["checked"]
     assert checked >= ORACLE_LOG, (checked, differ)
     assert differ <= max(2, checked // 20), f"{config}: {differ} of {checked} request-rounds differ from the chain"
