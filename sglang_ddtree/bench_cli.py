@@ -1,10 +1,17 @@
 """`sglang-ddtree bench` (the SGLang budget sweep) and `sglang-ddtree summary` (regenerate summary.json).
 
 Both run a checkout's scripts and its benchmark harness (ddtree_bench/, next to this package, not shipped in the
-wheel); from an installed wheel they say so and exit 2."""
+wheel); from an installed wheel they say so and exit 2.
+
+The script runs in a child process named after the command (its --help and errors say `sglang-ddtree bench`, not
+the script's file name), in a process group of its own: Ctrl-C reaches it once, through this process, which then
+waits for it to stop (the sweep stops its servers and keeps the rows measured so far) and says in one line what was
+kept, with exit status 130.
+"""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +20,22 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH_SCRIPT = "benchmarks/bench_budgets.py"
 SUMMARY_SCRIPT = "scripts/make_summary.py"
 HARNESS = "ddtree_bench"
+
+# Runs a script as `python SCRIPT ARGS` would (as __main__, its own folder first on sys.path), with sys.argv[0] set
+# to the command's name, which argparse takes for its prog; Ctrl-C ends it with status 130 and no traceback (the
+# parent says what was kept).
+_RUN_AS = """\
+import importlib.util, os, sys
+path, sys.argv = sys.argv[1], sys.argv[2:]
+sys.path[0] = os.path.dirname(path)
+try:
+    spec = importlib.util.spec_from_file_location("__main__", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["__main__"] = module
+    spec.loader.exec_module(module)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
 
 
 def _missing(script: str) -> str | None:
@@ -38,18 +61,43 @@ def add_summary_parser(sub) -> None:
     p.set_defaults(func=_run_summary)
 
 
-def _run_script(command: str, script: str, argv: list[str]) -> int:
+def _run_script(command: str, script: str, argv: list[str], kept) -> int:
+    """Run `script` as `sglang-ddtree COMMAND`; on Ctrl-C, wait for it to stop and raise cli_args.Interrupted with
+    `kept()`, a sentence saying what the interrupted run kept."""
+    from sglang_ddtree.cli_args import Interrupted
+
     missing = _missing(script)
     if missing:
         print(f"error: {missing} is not in this installation; the {command} command runs from a clone of the "
               "repository.", file=sys.stderr)
         return 2
-    return subprocess.call([sys.executable, str(ROOT / script), *argv])
+    proc = subprocess.Popen([sys.executable, "-c", _RUN_AS, str(ROOT / script), f"sglang-ddtree {command}", *argv],
+                            process_group=0)
+    interrupted = False
+    while True:
+        try:
+            rc = proc.wait()
+            break
+        except KeyboardInterrupt:  # each Ctrl-C reaches the script once, as if it ran in the foreground
+            interrupted = True
+            proc.send_signal(signal.SIGINT)
+    if interrupted:
+        raise Interrupted(kept())
+    return rc
 
 
 def run_bench(argv: list[str]) -> int:
-    return _run_script("bench", BENCH_SCRIPT, argv)
+    return _run_script("bench", BENCH_SCRIPT, argv, lambda: (
+        "the rows measured before the stop stay in the sweep's results file (a rerun without --fresh resumes it)."))
 
 
 def _run_summary(args) -> int:
-    return _run_script("summary", SUMMARY_SCRIPT, ["--check"] if args.check else [])
+    path = ROOT / "benchmarks" / "results" / "summary.json"
+    before = path.read_bytes() if path.exists() else None
+
+    def kept() -> str:
+        now = path.read_bytes() if path.exists() else None
+        return (f"{path.relative_to(ROOT)} is unchanged." if now == before or args.check else
+                f"{path.relative_to(ROOT)} was being rewritten: run `sglang-ddtree summary` again.")
+
+    return _run_script("summary", SUMMARY_SCRIPT, ["--check"] if args.check else [], kept)

@@ -1,13 +1,15 @@
 """`sglang-ddtree` command line: demo | offline | compare | import-reference | from-server | bench | summary.
 
 Every input error is one line on stderr and exit status 2, found before any model loads (sglang_ddtree.cli_args).
+Ctrl-C stops any command with one line saying what was kept, and exit status 130.
 """
 
 from __future__ import annotations
 
 import sys
 
-from sglang_ddtree.cli_args import CliParser, budget_list, check_output_dir, device_name, fail, positive_int
+from sglang_ddtree.cli_args import (CliParser, Interrupted, budget_list, check_output_dir, device_name, fail,
+                                   positive_int)
 
 
 def _add_demo(sub) -> None:
@@ -22,17 +24,22 @@ def _add_demo(sub) -> None:
     p.add_argument("--repeats", type=positive_int, default=3,
                    help="timed repeats after the warm-up; the median and min-max are reported (default 3)")
     p.add_argument("--device", type=device_name, default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch CPU threads (default: OMP_NUM_THREADS when set, else 1: the tiny pair's matrices are "
+                        "too small to gain from more, and extra threads stall on shared cores)")
     p.add_argument("--out", default="runs/demo", help="output folder (baseline JSONL + summary JSON)")
     p.set_defaults(func=_run_demo)
 
 
 def _run_demo(args) -> int:
+    from sglang_ddtree.demo import model_args, run_demo
+    from sglang_ddtree.offline.cli_commands import model_paths
+
     try:
         check_output_dir(args.out)
+        model_paths(model_args(args))
     except ValueError as e:
         return fail(str(e))
-    from sglang_ddtree.demo import run_demo
-
     return run_demo(args)
 
 
@@ -59,6 +66,17 @@ def build_parser() -> CliParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except Interrupted as e:
+        print(f"interrupted: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        command = f" {argv[0]}" if argv and not argv[0].startswith("-") else ""
+        print(f"interrupted: sglang-ddtree{command} stopped before it finished.", file=sys.stderr)
+    return 130
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["bench"]:  # every argument (--help included) belongs to benchmarks/bench_budgets.py
         from sglang_ddtree.bench_cli import run_bench
 

@@ -3,16 +3,20 @@ found before any model loads.
 
 - `CliParser`: an ArgumentParser whose errors are one line (`prog: error: message (see prog --help)`), not the
   usage block followed by the message; subparsers inherit it.
-- argparse `type=` checks: `positive_int`, `budget_list`, `device_name`.
+- argparse `type=` checks: `positive_int`, `nonnegative_int`, `nonnegative_float`, `probability`, `budget_list`,
+  `device_name`.
 - output paths: `check_output_file` / `check_output_dir` try the write (a probe file in the nearest existing folder)
   without leaving anything behind; `made_dirs` creates an output folder and removes what it created when the run
   fails, so a failed run leaves no empty folders.
+- `Interrupted`: what a command stopped by Ctrl-C kept; `cli.main` prints it in one line and exits 130.
+- `set_cpu_threads`: torch's CPU threads for a run (--threads, else OMP_NUM_THREADS, else 1 for the tiny pair).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 import tempfile
@@ -32,6 +36,10 @@ def fail(message: str) -> int:
     return 2
 
 
+class Interrupted(Exception):
+    """A command stopped by Ctrl-C, with what it kept (one sentence); `cli.main` prints it and exits 130."""
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -39,6 +47,41 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+    return value
+
+
+def _number(text: str, expected: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    value = _number(text, "a number >= 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value:g}")
+    return value
+
+
+def probability(text: str) -> float:
+    """argparse type for --top-p: a number in (0, 1]."""
+    value = _number(text, "a number in (0, 1]")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value:g}")
     return value
 
 
@@ -153,3 +196,30 @@ def made_dirs(path: str | os.PathLike):
             for d in created:  # deepest first
                 with contextlib.suppress(OSError):
                     d.rmdir()
+
+
+def set_cpu_threads(threads: int | None, device: str, tiny: bool, environ=None) -> str | None:
+    """Set torch's intra-op CPU threads for a run on `device`; returns how many and why, for the run's first line
+    (None on a GPU unless `threads` was asked for: there the CPU threads hardly matter).
+
+    `threads` (--threads) wins. Else an OMP_NUM_THREADS the user set is kept (torch already follows it). Else the
+    tiny pair runs on 1 thread: its matrix products are too small to gain from more, and torch's threads wait on
+    each other at every op, which stalls whenever another process holds one of the cores. Other models keep
+    torch's default (one thread per core)."""
+    import torch
+
+    env = os.environ if environ is None else environ
+    if threads is not None:
+        torch.set_num_threads(threads)
+        why = "--threads"
+    elif torch.device(device).type != "cpu":
+        return None
+    elif env.get("OMP_NUM_THREADS", "").strip():
+        why = f"OMP_NUM_THREADS={env['OMP_NUM_THREADS'].strip()}"
+    elif tiny:
+        torch.set_num_threads(1)
+        why = "the tiny pair's default; --threads N for more"
+    else:
+        why = "torch's default; --threads N to change"
+    n = torch.get_num_threads()
+    return f"{n} CPU thread{'s' if n != 1 else ''} ({why})"

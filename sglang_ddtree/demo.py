@@ -6,11 +6,13 @@ interleaved (the method order rotates per prompt and repeat, so a change of mach
 Printed per method: tau (counted over emitted tokens only, see `emitted_round_tokens`), the median tokens/s over
 the repeats with its min-max, the ratio to plain decoding's median, and whether its tokens equal plain decoding's.
 Writes the last repeat's records (baseline JSONL) and a summary JSON under --out. Exit status 1 if a method is not
-lossless, 2 on a bad argument (checked before the models load).
+lossless, 2 on a bad argument (checked before the models load), 130 when interrupted. On a CPU it runs on one torch
+thread unless --threads or OMP_NUM_THREADS says otherwise (cli_args.set_cpu_threads).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -82,25 +84,41 @@ def format_table(summary: dict[str, dict], repeats: int) -> str:
     return "\n".join(lines)
 
 
-def run_demo(args) -> int:
-    """args: budgets (list of ints), prompts, max_new_tokens, repeats, device, out, already checked by the CLI."""
-    from sglang_ddtree.cli_args import made_dirs
+def model_args(args) -> argparse.Namespace:
+    """The offline loader's arguments (offline.cli_commands._load_models) for the demo: the committed tiny pair,
+    float32, SDPA attention, on --device."""
+    return argparse.Namespace(tiny=True, target=None, drafter=None, tokenizer=None, device=args.device,
+                              dtype="float32", attn="sdpa")
 
+
+def run_demo(args) -> int:
+    """args: budgets (list of ints), prompts, max_new_tokens, repeats, device, threads, out, already checked by the
+    CLI. Ctrl-C raises cli_args.Interrupted saying which outputs this run wrote (none before the last repeat ends)."""
+    from sglang_ddtree.cli_args import Interrupted, made_dirs
+
+    started = time.time()
     with made_dirs(args.out) as state:
-        rc = _run(args)
+        try:
+            rc = _run(args)
+        except KeyboardInterrupt:
+            out = Path(args.out)
+            written = [str(out / n) for n in ("baseline.jsonl", "summary.json")
+                       if (out / n).exists() and (out / n).stat().st_mtime >= started]
+            raise Interrupted(f"this demo run wrote {' and '.join(written)}." if written else
+                              "nothing was written (the demo writes its outputs once every repeat is done).") from None
         state["failed"] = rc not in (0, 1)  # 1 (not lossless) keeps its outputs for inspection
         return rc
 
 
 def _run(args) -> int:
-    import argparse
     import dataclasses
 
     import torch
 
     from sglang_ddtree.baseline import BaselineHeader, write_baseline
+    from sglang_ddtree.cli_args import set_cpu_threads
     from sglang_ddtree.datasets import encode_prompt, load_prompts
-    from sglang_ddtree.offline.cli_commands import _eos_ids, _load_models, _versions
+    from sglang_ddtree.offline.cli_commands import _eos_ids, _load_models, _versions, run_device
     from sglang_ddtree.offline.drafts import DFlashDraftSource
     from sglang_ddtree.offline.runner import PromptInput, RunSettings, decode_one
 
@@ -108,14 +126,14 @@ def _run(args) -> int:
     methods = demo_methods(args.budgets)
     prompts = load_prompts("humaneval", limit=args.prompts)
     t0 = time.perf_counter()
-    model_args = argparse.Namespace(tiny=True, target=None, drafter=None, tokenizer=None, device=args.device,
-                                    dtype="float32", attn="sdpa")
-    target, drafter, tokenizer, info = _load_models(model_args)
+    margs = model_args(args)
+    threads = set_cpu_threads(getattr(args, "threads", None), run_device(margs), tiny=True)
+    target, drafter, tokenizer, info = _load_models(margs)
     draft = DFlashDraftSource(drafter, target)
     inputs = [PromptInput(p.id, p.index, encode_prompt(tokenizer, p)) for p in prompts]
     settings = RunSettings(methods=methods, max_new_tokens=args.max_new_tokens, eos_token_ids=_eos_ids(tokenizer, target))
     device = info["device"]
-    threads = f", {torch.get_num_threads()} threads" if device == "cpu" else ""
+    threads = f", {threads}" if threads else ""
     print(f"demo: tiny pair on {device}{threads}; {len(inputs)} HumanEval prompts x {args.max_new_tokens} new tokens, "
           f"{len(methods)} methods, 1 warm-up + {args.repeats} timed repeat(s)", flush=True)
 
@@ -155,8 +173,9 @@ def _run(args) -> int:
     write_baseline(baseline_path, header, [rec for rec in sorted(
         (rec for m in methods for rec in runs[m][-1]), key=lambda rec: (rec.prompt_index, methods.index(rec.method)))])
     (out_dir / "summary.json").write_text(json.dumps(
-        {"settings": {"device": device, "prompts": len(inputs), "max_new_tokens": args.max_new_tokens,
-                      "repeats": args.repeats, "warmup_new_tokens": warm.max_new_tokens, "methods": methods},
+        {"settings": {"device": device, "cpu_threads": torch.get_num_threads(), "prompts": len(inputs),
+                      "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+                      "warmup_new_tokens": warm.max_new_tokens, "methods": methods},
          "methods": summary}, indent=1))
     print(f"wrote {baseline_path} (the last repeat's records) and {out_dir / 'summary.json'}")
     lossless = all(m["lossless"] for m in summary.values())

@@ -47,6 +47,30 @@ def _int(x: Any, where: str) -> int:
     return int(x)
 
 
+_EXPECTED = "the .pt file that the DDTree paper's benchmark wrote with torch.save"
+
+
+def _refuse_other_formats(path: str) -> None:
+    """After torch.load failed: raise ValueError saying what the file is when it cannot be a torch.save output
+    (those are zip archives, or pickles in torch's legacy format), so that --trust-pickle is suggested only for a
+    file that may be one."""
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
+        return
+    note = ""
+    if not head.strip():
+        what = "is empty"
+    elif head.lstrip()[:1] in (b"{", b"["):
+        what = "is JSON text, not a torch.save file"
+        note = " (a baseline JSONL needs no import: `sglang-ddtree compare` reads it as it is)"
+    elif b"\x00" not in head:
+        what = "is a text file, not a torch.save file"
+    else:
+        what = "is not a torch.save file (neither a zip archive nor a pickle)"
+    raise ValueError(f"{path} {what}; expected {_EXPECTED}{note}.")
+
+
 def load_reference_file(path: str | os.PathLike, *, trust_pickle: bool = False) -> dict:
     """torch.load the reference output. Default: weights_only=True with SimpleNamespace allowed (the reference
     stores per-method results as namespaces); trust_pickle=True loads arbitrary pickles: only for files you made."""
@@ -55,10 +79,13 @@ def load_reference_file(path: str | os.PathLike, *, trust_pickle: bool = False) 
     path = str(path)
     if not os.path.exists(path):
         raise ValueError(f"reference file {path!r} does not exist.")
+    if os.path.isdir(path):
+        raise ValueError(f"reference {path!r} is a folder; expected {_EXPECTED}.")
     if trust_pickle:
         try:
             data = torch.load(path, map_location="cpu", weights_only=False)
         except Exception as e:  # a file that is not a torch.save output fails anywhere in the unpickler
+            _refuse_other_formats(path)
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ValueError(f"{path}: not a file written by torch.save "
                              f"({type(e).__name__}: {first[:200].rstrip('.')}).") from None
@@ -67,6 +94,7 @@ def load_reference_file(path: str | os.PathLike, *, trust_pickle: bool = False) 
             with torch.serialization.safe_globals([types.SimpleNamespace]):
                 data = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # the unpickler's message is long; keep the first line
+            _refuse_other_formats(path)
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ValueError(
                 f"{path}: could not load with weights_only=True ({first[:200]}). If you made this file yourself, "

@@ -340,7 +340,7 @@ def convert(dump: DebugDump | str | os.PathLike, requests: list[ServerRequest], 
         dump = read_debug_dump(dump, rids=[r.rid for r in requests])
     if method is None:
         if dump.budget is None:
-            raise ValueError("the debug dump has no header with the budget; pass method='ddtree_tb<B>'.")
+            raise ValueError("the debug dump has no header with the budget; pass convert(method='ddtree_tb<B>').")
         method = method_name("ddtree", int(dump.budget))
     if header is None:
         header = server_header(budget=dump.budget, depth_limit=dump.depth_limit, requests=requests)
@@ -411,6 +411,11 @@ def cmd_from_server(args) -> int:
         check_output_file(args.out)
         requests = read_results(args.results)
         dump = read_debug_dump(args.debug, rids=[r.rid for r in requests])
+        if dump.budget is None:  # a server writes the header when its worker starts: not a whole server dump
+            with open(args.debug, encoding="utf-8") as f:
+                what = "is empty" if not f.read().strip() else "has no header line (the budget the server ran)"
+            raise ValueError(f"debug dump {args.debug!r} {what}: pass the whole file that a DDTREE server wrote "
+                             "with --speculative-ddtree-debug DUMP (it starts with a header line holding the budget).")
         match = read_baseline(args.match_prompts) if args.match_prompts else None
         for d in (args.target, args.drafter):
             if d is not None and not os.path.isdir(d):

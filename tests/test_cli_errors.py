@@ -149,6 +149,44 @@ def test_offline_bad_inputs(capsys, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("flag, value, says", [
+    ("--temperature", "-1", "expected a number >= 0, got -1"),
+    ("--temperature", "nan", "expected a number >= 0, got 'nan'"),
+    ("--temperature", "warm", "expected a number >= 0, got 'warm'"),
+    ("--top-p", "2", "expected a number in (0, 1], got 2"),
+    ("--top-p", "0", "expected a number in (0, 1], got 0"),
+    ("--top-k", "-5", "expected a whole number >= 0, got -5"),
+    ("--top-k", "0.5", "expected a whole number >= 0, got '0.5'"),
+])
+def test_offline_sampling_out_of_range_is_refused_while_parsing(capsys, tmp_path, flag, value, says):
+    """Refused by the argument parser: no model loads and no output file is created, so nothing blocks the
+    corrected rerun."""
+    out = tmp_path / "b.jsonl"
+    line = assert_refused(capsys, "offline", "--tiny", flag, value, "--out", out, says=says)
+    assert f"argument {flag}" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag", ["--target", "--drafter", "--tokenizer"])
+def test_offline_model_folder_that_is_a_file(capsys, tmp_path, flag):
+    readme = ROOT / "README.md"
+    line = assert_refused(capsys, "offline", "--tiny", flag, readme, "--out", tmp_path / "b.jsonl",
+                          says="is a file, not a folder")
+    assert "does not exist" not in line
+
+
+def test_offline_tiny_pair_missing_says_where_it_is_looked_for(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SGLANG_DDTREE_TINY_DIR", str(tmp_path / "nowhere"))
+    for argv in (["offline", "--tiny", "--out", tmp_path / "b.jsonl"], ["demo", "--out", tmp_path / "d"]):
+        assert_refused(capsys, *argv, says="run from the repository's root (it holds models/tiny)")
+    assert not (tmp_path / "b.jsonl").exists() and not (tmp_path / "d").exists()
+
+
+def test_offline_methods_needing_a_drafter_are_refused_before_loading(capsys, tmp_path):
+    assert_refused(capsys, "offline", "--target", ROOT / "models" / "tiny" / "target", "--methods", "plain,dflash",
+                   "--out", tmp_path / "b.jsonl", says="need a drafter")
+
+
 @pytest.fixture
 def garbage_pt(tmp_path) -> Path:
     p = tmp_path / "garbage.pt"
@@ -158,11 +196,58 @@ def garbage_pt(tmp_path) -> Path:
 
 @pytest.mark.parametrize("trust", [False, True])
 def test_garbage_reference_file(capsys, tmp_path, garbage_pt, trust):
+    """Neither a zip archive (torch.save's format) nor a pickle: said so, without suggesting --trust-pickle."""
     flag = ["--trust-pickle"] if trust else []
-    says = "not a file written by torch.save" if trust else "could not load with weights_only=True"
-    assert_refused(capsys, "compare", garbage_pt, garbage_pt, *flag, says=says)
-    assert_refused(capsys, "import-reference", garbage_pt, "--out", tmp_path / "x.jsonl", *flag, says=says)
+    says = "is not a torch.save file (neither a zip archive nor a pickle)"
+    for argv in (["compare", garbage_pt, garbage_pt, *flag],
+                 ["import-reference", garbage_pt, "--out", tmp_path / "x.jsonl", *flag]):
+        assert "--trust-pickle" not in assert_refused(capsys, *argv, says=says)
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_a_pickle_that_weights_only_refuses_suggests_trust_pickle(capsys, tmp_path):
+    """A real pickle with a class weights_only loading does not allow: --trust-pickle is the fix for a file you
+    made yourself."""
+    import pickle
+
+    p = tmp_path / "ref.pt"
+    p.write_bytes(pickle.dumps({"responses": [], "when": Path("x")}, protocol=2))
+    line = assert_refused(capsys, "import-reference", p, "--out", tmp_path / "x.jsonl",
+                          says="could not load with weights_only=True")
+    assert "retry with trust_pickle=True (--trust-pickle)" in line
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("folder", "is a folder; expected the .pt file"),
+    ("jsonl", "is JSON text, not a torch.save file; expected the .pt file"),
+    ("text", "is a text file, not a torch.save file"),
+    ("empty", "is empty; expected the .pt file"),
+])
+def test_import_reference_of_something_else_says_what_it_expected(capsys, tmp_path, kind, says):
+    ref = tmp_path / "ref"
+    if kind == "folder":
+        ref.mkdir()
+    else:
+        ref.write_text({"jsonl": '{"format": "sglang-ddtree-baseline"}\n', "text": "hello\n", "empty": ""}[kind])
+    for trust in ([], ["--trust-pickle"]):
+        line = assert_refused(capsys, "import-reference", ref, "--out", tmp_path / "x.jsonl", *trust, says=says)
+        assert "--trust-pickle" not in line
+    if kind == "jsonl":
+        assert "a baseline JSONL needs no import" in line
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+@pytest.mark.parametrize("dump_text, says", [
+    ("", "is empty"),
+    ('{"rid": "r1", "output_tokens_before": 1}\n', "has no header line"),
+])
+def test_from_server_dump_without_a_header_names_the_real_fix(capsys, tmp_path, dump_text, says):
+    dump, results, out = tmp_path / "dump.jsonl", tmp_path / "results.jsonl", tmp_path / "server.jsonl"
+    dump.write_text(dump_text)
+    results.write_text('{"output_ids": [1, 2], "meta_info": {"id": "r1", "spec_verify_ct": 0}}\n')
+    line = assert_refused(capsys, "from-server", "--debug", dump, "--results", results, "--out", out, says=says)
+    assert "--speculative-ddtree-debug" in line and "method=" not in line
+    assert not out.exists()
 
 
 def test_reference_file_with_garbage_values_names_the_field(capsys, tmp_path):
@@ -209,11 +294,16 @@ def test_help_on_every_subcommand(capsys, command):
 
 
 def test_bench_help_is_the_bench_scripts(capfd):
-    """`bench` hands its arguments to benchmarks/bench_budgets.py (a subprocess), --help included."""
+    """`bench` hands its arguments to benchmarks/bench_budgets.py (a subprocess), --help included, under the
+    command's name."""
     rc = cli.main(["bench", "--help"])
     out, err = capfd.readouterr()
     assert rc == 0, err
-    assert "usage: bench_budgets.py" in out and "--setups" in out and "unrecognized" not in err
+    assert out.startswith("usage: sglang-ddtree bench ") and "--setups" in out and "unrecognized" not in err
+    assert "bench_budgets.py [" not in out
+    rc = cli.main(["bench", "--frobnicate"])
+    out, err = capfd.readouterr()
+    assert rc == 2 and "sglang-ddtree bench: error: unrecognized arguments: --frobnicate" in err
 
 
 def test_top_level_errors_are_one_line(capsys):

@@ -61,7 +61,12 @@ def test_demo_runs_on_the_tiny_pair(tmp_path, capsys):
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "min-max of 2" in text and "CPU speeds do not predict GPU speeds" in text
+    import torch
+
+    n = torch.get_num_threads()
+    assert f"demo: tiny pair on cpu, {n} CPU thread" in text  # how many, and why, in the first line
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["cpu_threads"] == n
     assert list(summary["methods"]) == ["plain", "dflash", "ddtree_tb16"]
     from sglang_ddtree.baseline import read_baseline
 

@@ -5,6 +5,7 @@ Each `add_*_parser(sub)` registers its subparser with `func` set to the matching
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -12,7 +13,8 @@ import os
 import platform
 import sys
 
-from sglang_ddtree.cli_args import check_output_file, device_name, fail, positive_int
+from sglang_ddtree.cli_args import (Interrupted, check_output_file, device_name, fail, nonnegative_float,
+                                   nonnegative_int, positive_int, probability)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -45,12 +47,15 @@ def add_offline_parser(sub) -> None:
     p.add_argument("--budgets", default="16,32,64,128,256,512,1024",
                    help="DDTree budgets for method 'ddtree', comma separated, each in 1..1024")
     p.add_argument("--max-new-tokens", type=positive_int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=nonnegative_float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=nonnegative_int, default=0, help="sample from the k likeliest tokens (0 = all)")
+    p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass in (0, 1] (1 = off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens tokens")
     p.add_argument("--device", type=device_name, default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch CPU threads (default: OMP_NUM_THREADS when set, else 1 for --tiny, whose matrices are "
+                        "too small to gain from more, else torch's)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="target attention (custom tree masks)")
     p.add_argument("--record-trees", action="store_true", help="dump every round's tree (tokens, parents, scores)")
@@ -66,7 +71,7 @@ def add_offline_parser(sub) -> None:
                       help="batch size whose predicted round times (committed H200 sweep, 8B-shaped) drive the choice")
     auto.add_argument("--calibrate", action="store_true",
                       help="learn the node-score correction table online and use calibrated scores to choose")
-    auto.add_argument("--auto-max-gain", type=float, default=2.0,
+    auto.add_argument("--auto-max-gain", type=nonnegative_float, default=2.0,
                       help="drop budgets whose round costs more than this x the chain's at the batch size "
                            "(0 = keep all)")
     auto.add_argument("--auto-no-overhead", action="store_true",
@@ -76,8 +81,8 @@ def add_offline_parser(sub) -> None:
                       help="prior acceptance curve (baseline .jsonl, adaptive_eval JSON or {'chain': tau, '16': tau}): "
                            "keep the chain + budgets within --auto-window of the best projected rate at the batch size "
                            "(replaces --auto-max-gain)")
-    auto.add_argument("--auto-window", type=float, default=0.05, help="tolerance of the candidate window")
-    p.add_argument("--out", required=True, help="baseline JSONL (appended to / resumed when it exists)")
+    auto.add_argument("--auto-window", type=nonnegative_float, default=0.05, help="tolerance of the candidate window")
+    p.add_argument("--out", required=True, help="baseline JSONL (appended to / resumed when it has records)")
     p.add_argument("--no-resume", action="store_true", help="overwrite --out instead of resuming it")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_offline)
@@ -100,14 +105,16 @@ def _eos_ids(tokenizer, target) -> list[int]:
     return sorted(ids)
 
 
-def _load_models(args):
-    """(target, drafter or None, tokenizer, header model info)."""
+def run_device(args) -> str:
+    """--device, else cuda when torch sees a GPU, else cpu."""
     import torch
 
-    from sglang_ddtree.baseline import fingerprint_dir
+    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = _dtype(args.dtype)
+
+def model_paths(args) -> tuple[str, str | None, str]:
+    """(target, drafter or None, tokenizer) folders of --tiny / --target / --drafter / --tokenizer, each checked to be
+    an existing folder (ValueError otherwise). Loads nothing."""
     if args.tiny:
         from sglang_ddtree import tiny
 
@@ -119,8 +126,25 @@ def _load_models(args):
             raise ValueError("pass --target FOLDER (or --tiny for the committed tiny pair).")
         target_path, drafter_path, tok_path = args.target, args.drafter, args.tokenizer or args.target
     for what, path in (("target", target_path), ("tokenizer", tok_path), ("drafter", drafter_path)):
-        if path is not None and not os.path.isdir(path):
-            raise ValueError(f"{what} folder {path!r} does not exist (only local folders are supported).")
+        if path is None or os.path.isdir(path):
+            continue
+        if os.path.exists(path):
+            raise ValueError(f"{what} {path!r} is a file, not a folder: give the {what}'s folder (only local "
+                             "folders are supported).")
+        if args.tiny and not getattr(args, what):
+            raise ValueError(f"the tiny pair's {what} folder {path!r} does not exist: run from the repository's "
+                             "root (it holds models/tiny) or set SGLANG_DDTREE_TINY_DIR.")
+        raise ValueError(f"{what} folder {path!r} does not exist (only local folders are supported).")
+    return target_path, drafter_path, tok_path
+
+
+def _load_models(args):
+    """(target, drafter or None, tokenizer, header model info)."""
+    from sglang_ddtree.baseline import fingerprint_dir
+
+    device = run_device(args)
+    dtype = _dtype(args.dtype)
+    target_path, drafter_path, tok_path = model_paths(args)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tok_path, local_files_only=True)
@@ -167,11 +191,23 @@ def _versions() -> dict[str, str]:
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
 
 
+def _complete_records(path: str) -> int | None:
+    """How many complete records the baseline file at `path` holds (None: no file, or not a readable baseline)."""
+    from sglang_ddtree.baseline import read_baseline
+
+    if not os.path.exists(path):
+        return None
+    try:
+        return len(read_baseline(path, allow_partial_last_line=True).records)
+    except ValueError:
+        return None
+
+
 def cmd_offline(args) -> int:
     from sglang_ddtree.baseline import BaselineHeader, BaselineWriter
     from sglang_ddtree.datasets import encode_prompt, load_prompts
     from sglang_ddtree.offline.drafts import DFlashDraftSource
-    from sglang_ddtree.cli_args import parse_budgets
+    from sglang_ddtree.cli_args import parse_budgets, set_cpu_threads
     from sglang_ddtree.offline.runner import AutoSettings, PromptInput, RunSettings, expand_methods, run_offline
 
     try:
@@ -186,10 +222,14 @@ def cmd_offline(args) -> int:
         else:
             prompts = load_prompts(args.dataset, args.dataset_path, limit=args.limit, text_field=args.prompt_field,
                                    id_field=args.id_field)
-        target, drafter, tokenizer, info = _load_models(args)
+        _, drafter_path, _ = model_paths(args)
         needs_drafter = [m for m in methods if m != "plain"]
-        if needs_drafter and drafter is None:
+        if needs_drafter and drafter_path is None:
             raise ValueError(f"methods {needs_drafter} need a drafter: pass --drafter FOLDER (or --tiny).")
+        threads = set_cpu_threads(args.threads, run_device(args), tiny=args.tiny)
+        if threads:
+            print(f"offline: {run_device(args)}, {threads}", flush=True)
+        target, drafter, tokenizer, info = _load_models(args)
         hybrid_settings = _hybrid_settings(args, target, needs_drafter)
         auto_settings = None
         if "ddtree_auto" in methods:
@@ -230,13 +270,31 @@ def cmd_offline(args) -> int:
                **({"auto": dataclasses.asdict(auto_settings)} if auto_settings else {})},
     )
     draft = DFlashDraftSource(drafter, target) if drafter is not None else None
+    had = _complete_records(args.out)
     try:
-        writer = BaselineWriter(args.out, header, resume=not args.no_resume)
+        # a file with a header and no record (a run stopped before its first record) holds nothing to resume
+        writer = BaselineWriter(args.out, header, resume=not args.no_resume and had != 0)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    with writer:
-        taus = run_offline(target, draft, inputs, settings, writer, progress=not args.no_progress)
+    try:
+        with writer:
+            taus = run_offline(target, draft, inputs, settings, writer, progress=not args.no_progress)
+    except BaseException as e:
+        kept = _complete_records(args.out)
+        if kept == 0:  # only the header this run wrote: a rerun with other settings must not find it in the way
+            with contextlib.suppress(OSError):
+                os.remove(args.out)
+        if not isinstance(e, KeyboardInterrupt):
+            raise
+        if kept is None:
+            raise Interrupted(f"{args.out} is left as it is (it does not read back as a baseline file).") from None
+        if not kept:
+            raise Interrupted("no record was complete, so no output file was kept.") from None
+        new = kept if args.no_resume else kept - (had or 0)
+        again = "the same command without --no-resume" if args.no_resume else "the same command"
+        raise Interrupted(f"{args.out} keeps {kept} complete record(s), {new} of them from this run; {again} "
+                          "resumes it.") from None
     for m, t in taus.items():
         if t["rounds"]:
             print(f"{m:<14} tau {t['tau']:.3f} over {t['rounds']} new rounds")

@@ -149,16 +149,16 @@ def run_offline(target, draft, prompts: Sequence[PromptInput], settings: RunSett
     totals = {m: [0, 0] for m in settings.methods}  # tokens, rounds
     bar = tqdm(todo, disable=not progress, unit="run", dynamic_ncols=True,
                desc=f"offline ({skipped} done before)" if skipped else "offline")
-    for p, m in bar:
-        bar.set_postfix_str(f"{p.id} {m}", refresh=False)
-        extra = {"policy": policy} if m == "ddtree_auto" else {}
-        rec = decode_one(target, draft, p, m, settings, **extra)
-        writer.write(rec)
-        totals[m][0] += sum(rec.accept_lengths)
-        totals[m][1] += len(rec.accept_lengths)
-        taus = {k: v[0] / v[1] for k, v in totals.items() if v[1] and parse_method(k)[0] != "plain"}
-        bar.set_postfix_str(f"{p.id} {m} " + " ".join(f"{k}:tau={t:.2f}" for k, t in taus.items()))
-    bar.close()
+    with bar:  # closed (its line ended) also when a decode raises or Ctrl-C stops the run
+        for p, m in bar:
+            bar.set_postfix_str(f"{p.id} {m}", refresh=False)
+            extra = {"policy": policy} if m == "ddtree_auto" else {}
+            rec = decode_one(target, draft, p, m, settings, **extra)
+            writer.write(rec)
+            totals[m][0] += sum(rec.accept_lengths)
+            totals[m][1] += len(rec.accept_lengths)
+            taus = {k: v[0] / v[1] for k, v in totals.items() if v[1] and parse_method(k)[0] != "plain"}
+            bar.set_postfix_str(f"{p.id} {m} " + " ".join(f"{k}:tau={t:.2f}" for k, t in taus.items()))
     out = {m: {"tau": v[0] / v[1] if v[1] else float("nan"), "rounds": v[1]} for m, v in totals.items()}
     if policy is not None and policy.calibrator is not None:
         out["ddtree_auto"]["calibration"] = policy.calibrator.export()
