@@ -73,6 +73,10 @@ VARIABLES = {v.name: v for v in (
     Variable("SGLANG_DDTREE_TEST_SCRIPT", None, _text,
              "A JSON file of scripted drafts (sglang/scripted.py): the drafter's top-K is replaced by a script that "
              "puts the target's own continuation at chosen ranks. A test-only mode (tests/gpu)."),
+    Variable("SGLANG_DDTREE_ALLOW_UNVERIFIED_SGLANG", "", _text,
+             "A comma-separated list of SGLang releases whose adapters exist but never ran on a GPU "
+             "(sglang/engine.py UNVERIFIED, e.g. 0.5.23): a server on one of them starts instead of being refused. "
+             "A measuring switch for a GPU session checking that release, not support."),
     Variable("SGLANG_DDTREE_DATA", None, _text,
              "A directory searched first for the benchmark datasets' files (datasets.py)."),
     Variable("SGLANG_DDTREE_TINY_DIR", None, _text,

@@ -205,7 +205,7 @@ def test_pinned_sglang_has_the_hybrid_tree_verify_the_worker_relies_on():
 
     import inspect
     handle = inspect.getsource(plugin._make_spec_class)
-    assert handle.index("_handle_dflash(server_args)") < handle.index("server_args.speculative_eagle_topk = 2")
+    assert handle.index("engine.handle_dflash(server_args)") < handle.index("server_args.speculative_eagle_topk = 2")
     assert "def get_config(" in (src / "srt/utils/hf_transformers/config.py").read_text()
     assert "from sglang.srt.utils.hf_transformers import *" in (src / "srt/utils/hf_transformers_utils.py").read_text()
     assert '"get_config",' in (src / "srt/utils/hf_transformers/__init__.py").read_text()

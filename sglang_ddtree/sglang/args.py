@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 from sglang_ddtree.tree import MAX_BUDGET
 
-SUPPORTED_SGLANG_VERSION = "0.5.17"
 SUPPORTED_ATTENTION_BACKENDS = ("triton", "flashinfer")
 # Default budget: the projected best at batch 1 on Qwen3-8B shapes (benchmarks/results/best_budget_projected.json;
 # the measured best per batch size at real size: benchmarks/results/best_budget.json); see
@@ -40,6 +39,14 @@ DEFAULT_AUTO_CANDIDATES = "chain,16,32,64,128"
 # With `auto` the largest candidate tree must hold the chain's verify width (the drafter block, 16): the KV
 # reserved per round and the verify graphs SGLang captures itself are the largest candidate's.
 MIN_AUTO_MAX_BUDGET = 15
+
+# Where the flag values live on a ServerArgs record: plain attributes named as FLAG_DEST's values (a dataclass record,
+# through its hooked __init__), or one dict under FLAGS_ATTR (a record whose __init__ cannot be hooked: an underscore
+# name is bookkeeping SGLang lets a record carry and pickles with it). The drafter's block size resolved at start-up
+# is kept next to them: BLOCK_DEST as an attribute, BLOCK_KEY in the dict (sglang.engine.store_drafter_block).
+FLAGS_ATTR = "_ddtree_flags"
+BLOCK_DEST = "speculative_ddtree_block_size"
+BLOCK_KEY = "block_size"
 
 FLAG_DEST = {
     "--speculative-ddtree-budget": "speculative_ddtree_budget",
@@ -181,21 +188,32 @@ def parse_options(budget=None, prune=None, debug=None, auto_candidates=None, ora
                          oracle=oracle)
 
 
+def flag_values(server_args) -> dict:
+    """The raw DDTREE flag values a ServerArgs record carries (see FLAGS_ATTR), None for the ones not given."""
+    carried = getattr(server_args, FLAGS_ATTR, None)
+    if isinstance(carried, dict):
+        return {dest: carried.get(dest) for dest in FLAG_DEST.values()}
+    return {dest: getattr(server_args, dest, None) for dest in FLAG_DEST.values()}
+
+
 def options_from(server_args) -> DDTreeOptions:
-    """The DDTREE options stored on a ServerArgs (plain attributes survive the pickle to scheduler processes)."""
-    return parse_options(*(getattr(server_args, dest, None) for dest in FLAG_DEST.values()))
+    """The DDTREE options stored on a ServerArgs (attributes or the FLAGS_ATTR dict, both pickled with the record to
+    the scheduler processes)."""
+    return parse_options(*flag_values(server_args).values())
 
 
 def default_max_running_requests(budget: int) -> int:
     return max(1, min(DFLASH_DEFAULT_MAX_RUNNING_REQUESTS, VERIFY_TOKENS_PER_STEP // (budget + 1)))
 
 
-def check_sglang_version(version: str) -> None:
-    if version != SUPPORTED_SGLANG_VERSION:
-        raise ValueError(
-            f"sglang-ddtree supports SGLang {SUPPORTED_SGLANG_VERSION} only, but SGLang {version} is installed; "
-            f"install it with: pip install sglang=={SUPPORTED_SGLANG_VERSION}"
-        )
+DRAFT_HEADS = {"selector": "DFlash2's candidate selector", "domino": "Domino's rollout head",
+               "lilicorr": "LiLiCorr's lattice head"}
+
+
+def draft_head_refusal(kind: str) -> str:
+    """The one-sentence refusal of a DFlash drafter whose head DDTREE's tree cannot use yet."""
+    return (f"DDTREE builds its tree from a plain DFlash head's top-K and cannot use this drafter's "
+            f"{DRAFT_HEADS[kind]} yet; use --speculative-algorithm DFLASH with it.")
 
 
 def check_static_config(*, attention_backends: tuple[str | None, ...], page_size: int | None,

@@ -12,6 +12,7 @@ import contextlib
 import torch
 
 from sglang_ddtree import config
+from sglang_ddtree.sglang import engine
 
 # Set in a scheduler process once a DDTreeWorker exists there; read by the hooks that run in that process.
 _ACTIVE_IN_PROCESS = False
@@ -50,7 +51,7 @@ def around_mask_policy(original, attn_backend, *args, **kwargs):
 
 # The conv update SGLang's gated-delta-net backend calls in a tree verify (a name it imports): large trees take
 # ours (sglang_ddtree/tree_conv.py: SGLang's unrolls over the verify tokens and compiled for minutes).
-TREE_CONV_TARGET = "sglang.srt.layers.attention.linear.gdn_backend.causal_conv1d_update"
+TREE_CONV_TARGET = engine.hook_target("causal_conv1d_update")
 # SGLANG_DDTREE_TREE_CONV as install_tree_conv_hook read it (at the worker's start)
 _TREE_CONV = "auto"
 
@@ -70,18 +71,16 @@ def install_tree_conv_hook() -> str:
     or runs through the hook. The backend looks the name up at call time, so patching it now takes effect.
     -> the SGLANG_DDTREE_TREE_CONV choice it read."""
     global _TREE_CONV
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
     _TREE_CONV = config.get("SGLANG_DDTREE_TREE_CONV")
-    HookRegistry.register(TREE_CONV_TARGET, around_tree_conv, HookType.AROUND)
-    HookRegistry.apply_hooks()  # applies the targets not patched yet: this one
+    engine.register_hook("causal_conv1d_update", around_tree_conv, "AROUND")
+    engine.apply_hooks()  # applies the targets not patched yet: this one
     return _TREE_CONV
 
 
 # The attention SGLang's Triton backend runs for a target verify (a name the backend imports when it is built):
 # with SGLANG_DDTREE_VERIFY_ATTENTION=ddtree, a tree verify at small batches takes ours
 # (kernels/verify_attention.py: the prefix split across programs).
-VERIFY_ATTENTION_TARGET = "sglang.kernels.ops.attention.extend_attention.extend_attention_fwd"
+VERIFY_ATTENTION_TARGET = engine.hook_target("extend_attention_fwd")
 # SGLANG_DDTREE_VERIFY_ATTENTION as install_verify_attention_hook read it (at the worker's start)
 _VERIFY_ATTENTION = "sglang"
 _SMS: dict = {}  # device index -> its SM count
@@ -93,10 +92,9 @@ def _verify_splits(q, k_pool, v_pool, o, qo_indptr, custom_mask, is_causal, widt
     but a uniform tree verify on a plain bf16/fp16 MHA pool, or a batch that already fills the SMs."""
     if _VERIFY_ATTENTION != "ddtree" or custom_mask is None or not is_causal or args:
         return 0
-    plain = {"logit_cap": 0.0, "sliding_window_size": -1, "sinks": None, "window_kv_offsets": None,
-             "xai_temperature_len": -1, "lse_extend": None, "skip_prefix": False, "skip_extend": False,
-             "skip_prefix_custom_mask": True, "page_size": 1, "score_mod": None, "aux_tensors": None}
-    if any(name not in plain or (value != plain[name] and not (name == "sliding_window_size" and value is None))
+    plain, hints = engine.EXTEND_ATTENTION_PLAIN, engine.EXTEND_ATTENTION_HINTS
+    if any(name not in hints and (name not in plain or (
+            value != plain[name] and not (name == "sliding_window_size" and value is None)))
            for name, value in kwargs.items()):
         return 0
     if k_scale != 1.0 or v_scale != 1.0 or k_pool.dtype != q.dtype or k_pool.dim() != 3 or v_pool.dim() != 3:
@@ -145,8 +143,6 @@ def install_verify_attention_hook() -> str:
     _VERIFY_ATTENTION = config.get("SGLANG_DDTREE_VERIFY_ATTENTION")
     if _VERIFY_ATTENTION != "ddtree":
         return _VERIFY_ATTENTION
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    HookRegistry.register(VERIFY_ATTENTION_TARGET, around_extend_attention, HookType.AROUND)
-    HookRegistry.apply_hooks()
+    engine.register_hook("extend_attention_fwd", around_extend_attention, "AROUND")
+    engine.apply_hooks()
     return _VERIFY_ATTENTION

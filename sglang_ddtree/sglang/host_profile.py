@@ -23,12 +23,13 @@ import time
 from pathlib import Path
 
 from sglang_ddtree import config
+from sglang_ddtree.sglang import engine
 
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_DDTREE_HOST_PROFILE"
 ROUNDS_ENV = "SGLANG_DDTREE_HOST_PROFILE_ROUNDS"
-TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+TARGET = engine.hook_target("Scheduler.run_batch")
 
 
 def parse_rounds(text: str | None) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from sglang_ddtree.adaptive import candidate_label
-from sglang_ddtree.sglang import ops
+from sglang_ddtree.sglang import engine, ops
 from sglang_ddtree.sglang.round_state import Round
 
 logger = logging.getLogger(__name__)
@@ -174,9 +174,7 @@ class Oracle:
         the commit then overwrites it from the accepted node's stored window), so the chain re-verify starts from a
         copy taken before the tree verify (a few KB per request and layer). The slots are resolved as the hybrid
         backend resolves them (virtual -> physical)."""
-        pool = worker.target_worker.model_runner.req_to_token_pool
-        slots = pool.translate_mamba_indices(pool.get_mamba_indices(batch.req_pool_indices[:bs]))
-        conv = pool.mamba_pool.mamba_cache.conv
+        conv, slots = engine.conv_states(worker.target_worker.model_runner, batch.req_pool_indices[:bs])
         return conv, slots, [c[:, slots].clone() for c in conv]
 
     @staticmethod

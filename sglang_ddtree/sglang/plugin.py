@@ -6,9 +6,11 @@ Entry point (pyproject `[project.entry-points."sglang.srt.plugins"] ddtree = ...
 What SGLang's plugin API reaches directly: the algorithm registry (`SpeculativeAlgorithm.register` with our
 `CustomSpecAlgo` subclass) and `HookRegistry` hooks. Hooks used, and why:
   - ServerArgs.add_cli_args (AFTER): add the --speculative-ddtree-* flags (sglang_ddtree.sglang.args) to the parser;
-  - ServerArgs.from_cli_args / ServerArgs.__init__ (AROUND): ServerArgs keeps only its dataclass fields, so the
-    flag values are carried into the instance as plain attributes before __post_init__ resolves the algorithm
-    (plain attributes survive the pickle to the scheduler processes);
+  - ServerArgs.from_cli_args / ServerArgs.__init__ (AROUND): ServerArgs keeps only its own fields, so the flag
+    values are carried into the instance as plain attributes before __post_init__ resolves the algorithm (a
+    dataclass record), or as one bookkeeping dict after it is built (a msgspec record, whose __init__ is not
+    hooked); both survive the pickle to the scheduler processes (sglang_ddtree.sglang.engine);
+  - Engine.__init__ (AROUND): Engine(speculative_ddtree_*=...) on a record class that takes no extra keywords;
   - dflash_utils.resolve_dflash_verify_mask_policy (AROUND): SGLang captures DFLASH-family verify graphs without a
     custom mask on triton/flashinfer; a tree needs the mask in the captured graph (`auto`'s chain candidate is
     captured without it: causal_verify_capture);
@@ -37,13 +39,13 @@ import logging
 from pathlib import Path
 
 from sglang_ddtree.sglang import args as ddtree_args
-from sglang_ddtree.sglang import host_profile
+from sglang_ddtree.sglang import engine, host_profile
 from sglang_ddtree.sglang.hooks import around_mask_policy, is_active
 
 logger = logging.getLogger(__name__)
 
 ALGORITHM = "DDTREE"
-SPEC_METRICS_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics"
+SPEC_METRICS_TARGET = engine.hook_target("TokenizerManager._calculate_spec_decoding_metrics")
 _PENDING_FLAGS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("ddtree_pending_flags", default=None)
 # ---------------------------------------------------------------------------------------------------------------
 # ServerArgs hooks
@@ -59,9 +61,12 @@ def _around_from_cli_args(original, *args, **kwargs):
     values = {dest: getattr(namespace, dest, None) for dest in ddtree_args.FLAG_DEST.values()}
     token = _PENDING_FLAGS.set(values)
     try:
-        return original(*args, **kwargs)
+        record = original(*args, **kwargs)
     finally:
         _PENDING_FLAGS.reset(token)
+    if not engine.has_flags(record):  # no hooked __init__ took them (a msgspec record): carried as bookkeeping
+        engine.attach_flags(record, values)
+    return record
 
 
 def _around_server_args_init(original, self, *args, **kwargs):
@@ -76,6 +81,8 @@ def _around_server_args_init(original, self, *args, **kwargs):
 def _after_validate_request(result, req, *args, **kwargs):
     if result is not None or not is_active():
         return result
+    if getattr(req, "return_logprob", False):  # an SGLang whose DFLASH check lets it through: refused here
+        return "DDTREE speculative decoding does not support return_logprob yet."
     params = getattr(req, "sampling_params", None)
     if any(getattr(params, key, None) for key in ("json_schema", "regex", "ebnf", "structural_tag")):
         return "DDTREE speculative decoding does not support structured output (json_schema/regex/ebnf) yet."
@@ -161,7 +168,7 @@ def _after_spec_metrics(result, manager, meta_info, recv_obj, i, *args, **kwargs
         histograms = getattr(recv_obj, "spec_correct_drafts_histogram", None)
         branch_histograms = getattr(recv_obj, "spec_cap_lens_histogram", None)
         if histograms and len(histograms) > i and histograms[i]:
-            depth_limit = int(getattr(server_args, "speculative_ddtree_block_size", None) or 16) - 1
+            depth_limit = engine.drafter_block(server_args) - 1
             branches = branch_histograms[i] if branch_histograms and len(branch_histograms) > i else None
             meta_info.update(ddtree_meta_info(histograms[i], depth_limit, branches))
     except Exception:  # a metrics bug must never fail a request
@@ -172,8 +179,7 @@ def _after_spec_metrics(result, manager, meta_info, recv_obj, i, *args, **kwargs
 # ---------------------------------------------------------------------------------------------------------------
 # Target model classes (scheduler processes)
 
-AUX_CAPTURE_TARGET = ("sglang.srt.model_executor.model_runner_components.attention_backend_setup."
-                      "configure_aux_hidden_state_capture")
+AUX_CAPTURE_TARGET = engine.hook_target("configure_aux_hidden_state_capture")
 
 
 def _capture_through_body(self, layer_ids):
@@ -217,9 +223,8 @@ def _before_aux_capture(*args, **kwargs):
     registry by then; an SGLang without it gets nothing, quietly."""
     if not kwargs.get("dflash_use_aux_hidden_state"):
         return None
-    try:
-        from sglang.srt.models.qwen3_5_text import Qwen3_5ForCausalLM
-    except Exception:  # noqa: BLE001 - no such model class in this SGLang: nothing to give
+    Qwen3_5ForCausalLM = engine.qwen3_5_text_class()
+    if Qwen3_5ForCausalLM is None:  # no such model class in this SGLang: nothing to give
         return None
     if add_dflash_capture(Qwen3_5ForCausalLM):
         logger.info("sglang-ddtree: gave %s.%s set_dflash_layers_to_capture (through its body, layer ids + 1)",
@@ -233,30 +238,43 @@ def _before_aux_capture(*args, **kwargs):
 
 def _validate(server_args) -> None:
     """Runs once in the launcher process, before handle_server_args: refuse what DDTREE cannot serve."""
-    import sglang
-    from sglang.srt.arg_groups.overrides import attention_backends_of, resolved_view
-
-    ddtree_args.check_sglang_version(sglang.__version__)
+    engine.check_release()  # the SGLang release: supported, or unverified and allowed for measuring
     options = ddtree_args.options_from(server_args)  # flag values: raises ValueError with the flag name
-    view = resolved_view(server_args)
+    view = engine.static_view(server_args)
     ddtree_args.check_static_config(
-        attention_backends=tuple(attention_backends_of(view)),
+        attention_backends=engine.attention_backends(view),
         page_size=getattr(view, "page_size", None),
         draft_model_path=server_args.speculative_draft_model_path,
         dp_attention=bool(getattr(view, "enable_dp_attention", False)),
         auto=options.auto,
         tp_size=int(getattr(view, "tp_size", None) or getattr(server_args, "tp_size", 1) or 1),
     )
+    head = _draft_head(server_args)
+    if head is not None:
+        raise ValueError(ddtree_args.draft_head_refusal(head))
+
+
+def _draft_head(server_args) -> str | None:
+    """engine.draft_head_kind of the drafter's config, or None when it cannot be read here (DFLASH's own handler
+    reads it next and reports a path it cannot read; the worker checks the loaded drafter again)."""
+    path = getattr(server_args, "speculative_draft_model_path", None)
+    if not path:
+        return None
+    try:
+        hf_config = engine.read_hf_config(path, bool(getattr(server_args, "trust_remote_code", False)),
+                                          getattr(server_args, "speculative_draft_model_revision", None))
+    except Exception as e:  # noqa: BLE001 - any failure only means "unknown"
+        logger.warning("DDTREE: could not read the drafter config to check its head (%s)", e)
+        return None
+    return engine.draft_head_kind(hf_config)
 
 
 def _target_recurrence(server_args) -> str | None:
     """ddtree_args.target_recurrence of the target's config, or None when the config cannot be read here (the
     worker then refuses a hybrid target with a message saying so)."""
     try:
-        from sglang.srt.utils.hf_transformers_utils import get_config
-
-        hf_config = get_config(server_args.model_path, trust_remote_code=bool(server_args.trust_remote_code),
-                               revision=getattr(server_args, "revision", None))
+        hf_config = engine.read_hf_config(server_args.model_path, bool(server_args.trust_remote_code),
+                                          getattr(server_args, "revision", None))
     except Exception as e:  # noqa: BLE001 - any failure only means "unknown"; the worker checks again
         logger.warning("DDTREE: could not read the target config to check for recurrent layers (%s)", e)
         return None
@@ -270,9 +288,7 @@ def _worker_factory(server_args):
 
 
 def _make_spec_class():
-    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
-
-    class DDTreeSpecAlgo(CustomSpecAlgo):
+    class DDTreeSpecAlgo(engine.spec_algo_base()):
         """DDTREE behaves as the DFlash family (drafter loading, aux hidden capture, KV sizing, draft graphs) but
         verifies B+1 tree nodes per request: server_args.speculative_num_draft_tokens = B+1 (verify width, KV
         reservation), while the drafter runner keeps its block of 16."""
@@ -294,26 +310,22 @@ def _make_spec_class():
 
         def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens=True,
                               needs_confidence_relay=False):
-            from sglang.srt.managers.overlap_utils import FutureMap
-
-            return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
+            return engine.future_map(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
 
         def get_num_tokens_per_req_for_target_verify(self, num_draft_tokens: int, is_draft_worker: bool) -> int:
             if is_draft_worker:
-                from sglang.srt.runtime_context import get_server_args
-
-                return int(getattr(get_server_args(), "speculative_ddtree_block_size", num_draft_tokens))
+                return engine.drafter_block(engine.launcher_server_args(), default=num_draft_tokens)
             return num_draft_tokens
 
         def handle_server_args(self, server_args) -> None:
-            from sglang.srt.arg_groups.speculative_hook import _handle_dflash
-
+            # server_args: the record (a release whose handlers write it) or the stand-in whose field writes SGLang
+            # declares after the call (a release whose handlers declare): assignments below suit both
             options = ddtree_args.options_from(server_args)
-            if server_args.max_running_requests is None:
+            if engine.resolved(server_args, "max_running_requests") is None:
                 server_args.max_running_requests = ddtree_args.default_max_running_requests(options.budget)
-            _handle_dflash(server_args)  # drafter block size, draft backend, DFlash checks
-            block_size = int(server_args.speculative_num_draft_tokens)
-            object.__setattr__(server_args, "speculative_ddtree_block_size", block_size)
+            engine.handle_dflash(server_args)  # drafter block size, draft backend, DFlash checks
+            block_size = int(engine.resolved(server_args, "speculative_num_draft_tokens"))
+            engine.store_drafter_block(server_args, block_size)
             # The verify width: every captured target-verify graph, KV reservation and mask buffer follows it.
             server_args.speculative_num_draft_tokens = options.budget + 1
             recurrence = _target_recurrence(server_args)
@@ -348,41 +360,31 @@ def _around_set_internal_state(original, scheduler, recv_req, *args, **kwargs):
     values = dict(getattr(recv_req, "server_args", None) or {})
     if CALIBRATION_RESET_KEY not in values:
         return original(scheduler, recv_req, *args, **kwargs)
-    from sglang.srt.managers.io_struct import SetInternalStateReqOutput
-
     wanted = bool(values.pop(CALIBRATION_RESET_KEY))
     reset = getattr(getattr(scheduler, "draft_worker", None), "reset_calibration", None)
     ok = reset() if wanted and reset is not None else not wanted
     if not ok:
         logger.warning("%s: this server has no DDTREE auto calibration table to reset", CALIBRATION_RESET_KEY)
     if not values:
-        return SetInternalStateReqOutput(updated=ok)
+        return engine.set_internal_state_output(ok)
     recv_req.server_args = values
     out = original(scheduler, recv_req, *args, **kwargs)
-    return SetInternalStateReqOutput(updated=ok and out.updated)
+    return engine.set_internal_state_output(ok and out.updated)
 
 
 def register() -> None:
     """The `sglang.srt.plugins` entry point."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from sglang.srt.speculative.spec_registry import get_spec
-
-    if get_spec(ALGORITHM) is not None:
+    if engine.registered(ALGORITHM):
         return
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.add_cli_args", _after_add_cli_args, HookType.AFTER)
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.from_cli_args", _around_from_cli_args,
-                          HookType.AROUND)
-    HookRegistry.register("sglang.srt.server_args.ServerArgs.__init__", _around_server_args_init, HookType.AROUND)
-    HookRegistry.register("sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy",
-                          around_mask_policy, HookType.AROUND)
-    HookRegistry.register("sglang.srt.speculative.dflash_utils.validate_dflash_request", _after_validate_request,
-                          HookType.AFTER)
-    HookRegistry.register(SPEC_METRICS_TARGET, _after_spec_metrics, HookType.AFTER)
-    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.set_internal_state", _around_set_internal_state,
-                          HookType.AROUND)
-    HookRegistry.register(AUX_CAPTURE_TARGET, _before_aux_capture, HookType.BEFORE)
-    host_profile.install(HookRegistry, HookType)  # only with SGLANG_DDTREE_HOST_PROFILE set (a debugging aid)
-    SpeculativeAlgorithm.register(
-        ALGORITHM, supports_overlap=True, validate_server_args=_validate, spec_class=_make_spec_class()
-    )(_worker_factory)
+    engine.register_hook("ServerArgs.add_cli_args", _after_add_cli_args, "AFTER")
+    engine.register_hook("ServerArgs.from_cli_args", _around_from_cli_args, "AROUND")
+    engine.register_hook("ServerArgs.__init__", _around_server_args_init, "AROUND")
+    engine.register_hook("Engine.__init__", engine.around_engine_init, "AROUND")
+    engine.register_hook("resolve_dflash_verify_mask_policy", around_mask_policy, "AROUND")
+    engine.register_hook("validate_dflash_request", _after_validate_request, "AFTER")
+    engine.register_hook("TokenizerManager._calculate_spec_decoding_metrics", _after_spec_metrics, "AFTER")
+    engine.register_hook("Scheduler.set_internal_state", _around_set_internal_state, "AROUND")
+    engine.register_hook("configure_aux_hidden_state_capture", _before_aux_capture, "BEFORE")
+    # only with SGLANG_DDTREE_HOST_PROFILE set (a debugging aid)
+    host_profile.install(engine.load("HookRegistry"), engine.load("HookType"))
+    engine.register_algorithm(ALGORITHM, _validate, _make_spec_class(), _worker_factory)

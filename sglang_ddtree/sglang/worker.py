@@ -38,34 +38,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
 from functools import partial
 
 import torch
-
-from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
-from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
-from sglang.srt.distributed import get_tp_group
-from sglang.srt.managers.scheduler import GenerationBatchResult
-from sglang.srt.model_executor.cuda_graph_config import Backend
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
-from sglang.srt.runtime_context import get_exec
-from sglang.srt.speculative.dflash_info import DFlashVerifyInput
-from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
-from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
-from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
-from sglang.srt.speculative.draft_worker_common import (
-    build_block_pos_offsets,
-    make_draft_block_spec_info,
-    make_draft_input_v2,
-)
 
 from sglang_ddtree import config, kernels
 from sglang_ddtree.adaptive import CHAIN, candidate_label
 from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
-from sglang_ddtree.sglang import ops
+from sglang_ddtree.sglang import engine, ops
 from sglang_ddtree.sglang.auto_round import AutoRounds
 from sglang_ddtree.sglang.hooks import mark_active
 from sglang_ddtree.sglang.round_state import Round
@@ -76,32 +58,27 @@ from sglang_ddtree.walk import sample_choices
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class DDTreeVerifyInput(DFlashVerifyInput):
-    """DFLASH's verify input plus the tree links SGLang's hybrid backend reads when speculative_eagle_topk > 1."""
-
-    retrieve_next_token: torch.Tensor | None = None
-    retrieve_next_sibling: torch.Tensor | None = None
-
-
-class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
-    def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
-        super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
+class DDTreeWorker(WorkerSetup, engine.worker_base()):
+    # SGLang constructs the worker by keyword; `ps` only where its DFLASH worker still takes it (sglang.engine)
+    def __init__(self, server_args, gpu_id, nccl_port, target_worker, ps=None):
+        super().__init__(server_args, gpu_id, nccl_port, target_worker, ps=ps)
         self.options = ddtree_args.options_from(server_args)
         self.budget = self.options.budget
         self.num_nodes = self.budget + 1
-        if int(server_args.speculative_num_draft_tokens) != self.num_nodes:
+        width = engine.verify_width(server_args)
+        if width != self.num_nodes:
             raise ValueError(
-                f"DDTREE expected speculative_num_draft_tokens = budget + 1 = {self.num_nodes}, got "
-                f"{server_args.speculative_num_draft_tokens}; do not pass --speculative-num-draft-tokens with DDTREE."
+                f"DDTREE expected speculative_num_draft_tokens = budget + 1 = {self.num_nodes}, got {width}; do not "
+                f"pass --speculative-num-draft-tokens with DDTREE."
             )
         # DFlashWorkerV2 sized itself from speculative_num_draft_tokens (the verify width B+1); the drafter's own
         # block is the DFlash block (16). Everything draft-side and the result stride use the block.
-        self.block_size = int(getattr(server_args, "speculative_ddtree_block_size", 16))
+        self.block_size = engine.drafter_block(server_args)
+        engine.fit_drafter(self, self.block_size)  # the drafter's block back to it; heads and pools DDTREE refuses
         self.depth_limit = self.block_size - 1
         self.speculative_num_draft_tokens = self.block_size  # SGLang's accept-rate gauge: per-depth rate
-        self._block_pos_offsets = build_block_pos_offsets(length=self.block_size, device=self.device)
-        self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=self.block_size, device=self.device)
+        self._block_pos_offsets = engine.block_pos_offsets(self.block_size, self.device)
+        self._draft_block_spec_info = engine.block_spec_info(self.block_size, self.device)
         self.hybrid = False  # set by _check_models: a gated-delta-net hybrid target
         self._move_kv = None  # the commit's KV move (_kv_mover), chosen at the first round: the pool exists then
         self._bucket_cache = None  # (SGLang's decode graph runner, its sorted batch sizes, {bs: bucket}): _graph_bucket
@@ -116,7 +93,7 @@ class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
         # it. They run at SGLang's CUDA-graph batch sizes (the verify's own), padded, instead of one capture per
         # batch size met (as requests finish one by one, each capture a stall of the round). Off with decode CUDA
         # graphs off or with the torch path.
-        decode_graphs = get_exec().graph.cuda_graph_config.decode.backend != Backend.DISABLED
+        decode_graphs = engine.decode_graphs_on()
         self.round_graphs = self.use_kernels and decode_graphs
         self._pad = dict(bucket_of=self._graph_bucket) if self.round_graphs else {}  # every stage's padding options
         pad = self._pad
@@ -168,11 +145,12 @@ class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
     # ------------------------------------------------------------------------------------------------------------
     # The round
 
-    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None):
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
             self.stats.other_batch()
-            return super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier)
-        if getattr(batch, "return_logprob", False):
+            return self.dflash_forward(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
+                                       pp_proxy_tensors=pp_proxy_tensors)
+        if getattr(batch, "return_logprob", False):  # refused per request (plugin._after_validate_request)
             raise ValueError("DDTREE speculative decoding does not support return_logprob yet.")
         return self._round(batch, on_publish)
 
@@ -196,7 +174,7 @@ class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
 
     def _start(self, batch, on_publish) -> Round:
         if batch.spec_info is None:
-            batch.spec_info = DFlashDraftInputV2.create_idle_input(device=self.device)
+            batch.spec_info = engine.idle_draft_input(self.device)
         draft_input = batch.spec_info
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
         timer = self.stats.round_timer()
@@ -329,7 +307,7 @@ class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
         if (r.use_auto and self.round_graphs and r.bucket not in self.auto.captured_buckets
                 and self._graph_bucket(r.bs) is not None):
             self.auto.capture_bucket(self, r, r.choices.dtype)
-        result = GenerationBatchResult(
+        result = engine.batch_result(
             logits_output=r.logits_output,
             next_token_ids=r.out_tokens.reshape(-1),
             accept_lens=r.commit_lens,
@@ -337,7 +315,7 @@ class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
             # host with accept_lens, summed and histogrammed per request (plugin._after_spec_metrics renames it).
             cap_lens=r.branch_lens,
             can_run_cuda_graph=r.can_run_cuda_graph,
-            next_draft_input=make_draft_input_v2(bonus_tokens=r.bonus, new_seq_lens=r.new_seq_lens),
+            next_draft_input=engine.next_draft_input(r.bonus, r.new_seq_lens),
             speculative_num_draft_tokens=self.block_size,
             new_seq_lens=r.new_seq_lens,
         )
@@ -413,8 +391,8 @@ class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
         bs = len(batch.seq_lens)
         if batch.seq_lens_cpu is not None:
             bound = batch.seq_lens_cpu.to(torch.int64) + self.block_size
-        elif draft_input.reserved_seq_lens_cpu is not None:
-            bound = draft_input.reserved_seq_lens_cpu.to(torch.int64)
+        elif engine.reserved_lens_cpu(draft_input) is not None:
+            bound = engine.reserved_lens_cpu(draft_input).to(torch.int64)
         else:  # last resort, a blocking copy (DFLASH does the same)
             bound = batch.seq_lens.to("cpu", dtype=torch.int64)
         bound = bound[:bs]
@@ -431,37 +409,20 @@ class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
         positions_2d = self._draft_block_positions_buf[:bs]
         cache_loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
         if self._use_triton_prepare_block:  # DFLASH's one-launch block preparation
-            _prepare_dflash_draft_block_unchecked(
-                bonus_tokens=draft_input.bonus_tokens.view(-1), prefix_lens=prefix_lens.view(-1),
-                req_pool_indices=batch.req_pool_indices.view(-1),
-                req_to_token=self.model_runner.req_to_token_pool.req_to_token,
-                block_ids_out=block_ids, positions_out=positions_2d, cache_loc_out=cache_loc_2d,
-                mask_token_id=int(self._mask_token_id))
+            engine.prepare_draft_block(
+                draft_input.bonus_tokens.view(-1), prefix_lens.view(-1), batch.req_pool_indices.view(-1),
+                self.model_runner.req_to_token_pool.req_to_token, block_ids, positions_2d, cache_loc_2d,
+                int(self._mask_token_id))
         else:
             block_ids.fill_(int(self._mask_token_id))
             block_ids[:, 0].copy_(draft_input.bonus_tokens.view(-1))
             torch.add(prefix_lens.to(torch.int64).unsqueeze(1), self._block_pos_offsets, out=positions_2d)
             cache_loc_2d.copy_(self._slots(batch, prefix_lens, block, bs).view(bs, block))
 
-        target_model = self.target_worker.model_runner.model
-        input_embeds = target_model.get_input_embeddings()(block_ids).view(bs * block, -1)
-        forward_batch = ForwardBatch(
-            forward_mode=ForwardMode.TARGET_VERIFY,
-            batch_size=bs,
-            input_ids=block_ids.flatten(),
-            req_pool_indices=batch.req_pool_indices,
-            seq_lens=prefix_lens,
-            out_cache_loc=cache_loc_2d.reshape(-1),
-            seq_lens_sum=seq_lens_sum_bound,
-            seq_lens_cpu=seq_lens_cpu_bound.to(torch.int32),
-            positions=positions_2d.reshape(-1),
-            input_embeds=input_embeds,
-            spec_algorithm=self.model_runner.spec_algorithm,
-            spec_info=self._draft_block_spec_info,
-            capture_hidden_mode=CaptureHiddenMode.NULL,
-        )
-        with torch.inference_mode():
-            draft_out = self.draft_model_runner.forward(forward_batch)
+        input_embeds = engine.draft_embeddings(self, block_ids).view(bs * block, -1)
+        # SGLang's ForwardBatch, the iteration's KV plan and the drafter's parallel scope: sglang.engine.draft_forward
+        draft_out = engine.draft_forward(self, batch, block_ids, prefix_lens, cache_loc_2d, positions_2d,
+                                         seq_lens_cpu_bound.to(torch.int32), seq_lens_sum_bound, input_embeds)
         hidden = draft_out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE: the DFlash draft forward returned no hidden states.")
@@ -483,7 +444,7 @@ class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
         weight = shard["weight"][: shard["rows"]]
         if self.ps.tp_size == 1:
             return ops.draft_topk_logprobs(hidden, weight, k, vocab_start=shard["start"])
-        group = get_tp_group()
+        group = engine.tp_group()
 
         def all_gather(x):
             out = torch.empty((group.world_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
@@ -495,15 +456,8 @@ class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
 
     def _slots(self, batch, prefix_lens, count, bs):
         """KV slots of positions prefix .. prefix+count-1 of every request (reserved by DFLASH's prepare step)."""
-        return assign_extend_cache_locs_func(
-            req_pool_indices=batch.req_pool_indices,
-            req_to_token=self.model_runner.req_to_token_pool.req_to_token,
-            start_offset=prefix_lens,
-            end_offset=prefix_lens + count,
-            batch_size=bs,
-            draft_token_num=count,
-            device=self.device,
-        )
+        return engine.extend_slots(batch, self.model_runner.req_to_token_pool.req_to_token, prefix_lens, count, bs,
+                                   self.device)
 
     def _verify_slots(self, batch, prefix_lens, bs, width):
         return self._slots(batch, prefix_lens, width, bs).view(bs, width)
@@ -524,12 +478,11 @@ class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
 
     def _verify(self, batch, verify_ids, verify_positions, mask, node_cache_loc, seq_lens_cpu_bound,
                 seq_lens_sum_bound, width, causal=False, links=None):
-        verify_input = DDTreeVerifyInput(
+        verify_input = engine.verify_input(
+            self.target_worker.model_runner, batch, width, node_cache_loc, seq_lens_cpu_bound,
             draft_token=verify_ids,
             positions=verify_positions,
-            draft_token_num=width,
             custom_mask=mask,
-            capture_hidden_mode=CaptureHiddenMode.FULL,
             retrieve_next_token=None if links is None else links[0],
             retrieve_next_sibling=None if links is None else links[1],
         )
@@ -554,16 +507,17 @@ class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
         adjustments applied first, in place, as DFLASH applies them): argmax, or one sample per node with the
         request's parameters."""
         info = batch.sampling_info
+        # at TP >= 2 a release may leave the verify's logits vocabulary-sharded until asked (sglang.engine)
+        logits_output.next_token_logits = engine.full_vocab_logits(self, logits_output.next_token_logits)
         if info is not None:
-            apply_dflash_verify_logits_adjustments(next_token_logits=logits_output.next_token_logits,
-                                                   sampling_info=info, draft_token_num=width)
+            engine.apply_logit_adjustments(logits_output.next_token_logits, info, width)
         logits = logits_output.next_token_logits.view(bs, width, -1)
         if info is None or info.is_all_greedy:
             return logits.argmax(dim=-1)
         choice = sample_choices(logits, info.temperatures.view(-1), info.top_ks.view(-1).to(torch.int64),
                                 info.top_ps.view(-1))
         if self.ps.tp_size > 1:  # every rank must walk the same samples
-            get_tp_group().broadcast(choice, src=0)
+            engine.tp_group().broadcast(choice, src=0)
         return choice
 
     def _commit_recurrent_state(self, batch, walk, prefix_lens, bs):
@@ -574,7 +528,7 @@ class DDTreeWorker(WorkerSetup, DFlashWorkerV2):
             raise RuntimeError("DDTREE: the hybrid target's attention backend cannot commit verify states.")
         track = batch.mamba_track_indices is not None
         last, steps_to_track = ops.mamba_commit_steps(
-            walk.path, walk.accept_len, prefix_lens, get_exec().mamba.mamba_track_interval if track else None)
+            walk.path, walk.accept_len, prefix_lens, engine.mamba_track_interval() if track else None)
         runner = self.target_worker.model_runner
         backend = self._last_verify_backend or runner.attn_backend  # its metadata is the verify's that just ran
         backend.update_mamba_state_after_mtp_verify(

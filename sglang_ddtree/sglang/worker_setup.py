@@ -18,12 +18,9 @@ from functools import partial
 
 import torch
 
-from sglang.srt.configs.hybrid_arch import hybrid_gdn_config, mambaish_config
-from sglang.srt.model_executor.cuda_graph_config import Backend
-from sglang.srt.runtime_context import get_context, get_exec, get_spec
-
 from sglang_ddtree import config, kernels, tree_conv
 from sglang_ddtree.sglang import args as ddtree_args
+from sglang_ddtree.sglang import engine
 from sglang_ddtree.sglang.auto_ab import ABSchedule, auto_ab_block, auto_host_detail
 from sglang_ddtree.sglang.hooks import causal_verify_capture, install_tree_conv_hook, install_verify_attention_hook
 from sglang_ddtree.sglang.modes import MeasuringModes, Oracle, RoundModes
@@ -38,9 +35,10 @@ class WorkerSetup:
     def _check_models(self) -> None:
         target_cfg = self.model_runner.model_config
         draft_cfg = self.draft_model_runner.model_config
-        if mambaish_config(target_cfg) is not None:
+        recurrence = engine.recurrence(target_cfg)
+        if recurrence is not None:
             # SGLang's own detection, authoritative; the plugin's (from the config file) ran at startup
-            if hybrid_gdn_config(target_cfg) is None:
+            if recurrence != "gdn":
                 raise ValueError(ddtree_args.OTHER_RECURRENT_REFUSAL)
             # topk > 1 here means the plugin recognised the target and already applied check_hybrid_config
             if int(self.server_args.speculative_eagle_topk or 1) <= 1:
@@ -135,38 +133,14 @@ class WorkerSetup:
         """A target attention backend (own workspace) and, with decode graphs on, verify CUDA graphs for `width`
         tokens per request (causal: without the custom mask), built the way SGLang's adaptive EAGLE builds its
         per-step states."""
-        runner = self.target_worker.model_runner
-        original = get_spec().speculative_num_draft_tokens
-        get_context().override("ddtree_auto.capture", speculative_num_draft_tokens=width)
-        saved_backend, saved_workspace = runner.attn_backend, runner.init_new_workspace
-        try:
-            backend = runner._get_attention_backend(init_new_workspace=True)
-            graphs = None
-            if get_exec().graph.cuda_graph_config.decode.backend != Backend.DISABLED:
-                runner.attn_backend = backend  # the capture reads the mask policy from runner.attn_backend
-                with causal_verify_capture() if causal else contextlib.nullcontext():
-                    graphs = runner._decode_cuda_graph_runner_cls()(
-                        runner, attn_backend=backend, speculative_num_draft_tokens=width)
-        finally:
-            runner.attn_backend, runner.init_new_workspace = saved_backend, saved_workspace
-            get_context().override("ddtree_auto.restore", speculative_num_draft_tokens=original)
-        return backend, graphs
+        return engine.build_verify_state(self.target_worker.model_runner, width,
+                                         causal_verify_capture() if causal else contextlib.nullcontext())
 
     def _kv_mover(self):
         """The KV move of the commit: our kernel, which copies only the rows that move (kernels.move_path_kv), on
         the plain MHA pool SGLang's own all-rows copy serves; that copy (move_kv_cache) on any other pool."""
-        pool = self.target_worker.model_runner.token_to_kv_pool_allocator.get_kvcache()
-        try:
-            from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-        except ImportError:
-            MHATokenToKVPool = None
-        plain_mha = (MHATokenToKVPool is not None
-                     and type(pool).move_kv_cache is MHATokenToKVPool.move_kv_cache
-                     and type(pool)._move_kv_cache_impl is MHATokenToKVPool._move_kv_cache_impl
-                     and not getattr(pool, "use_hnd", False) and not getattr(pool, "use_native_move_kv_cache", False)
-                     and getattr(pool, "k_scale_buffer", None) is None and getattr(pool, "layer_num", 0) > 0
-                     and getattr(pool, "data_ptrs", None) is not None)
-        if not (self.use_kernels and plain_mha):
+        pool = engine.target_kv_pool(self.target_worker.model_runner)
+        if not (self.use_kernels and engine.plain_mha_pool(pool)):
             return pool.move_kv_cache
         ptrs, strides = pool.data_ptrs, pool.data_strides
         max_stride = int(strides.max())  # once, at the first round
