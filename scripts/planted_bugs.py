@@ -7,6 +7,11 @@ the differences a comparison classed as noise (0 expected: float32 exact decoder
 bad prompt and round each comparison names; for contrast, what the margin rule at 0.5 (compare's rule before it
 chose by what is compared) calls noise against our baseline. The clean decoder is run the same way and must pass.
 
+Bugs that only sampling shows (SAMPLED_BUGS) are run at T > 0 (`SAMPLED`): the check's prompts, each sampled
+`repeats` times (other prompt indices, so other random streams), decoded with seed 0 as the baseline; the clean
+decoder with seed 1 must pass against it and each bug with seed 1 must fail (compare's T > 0 tests of acceptance
+per depth and token frequencies; their p-values are recorded).
+
   python scripts/planted_bugs.py [--out FILE]
 """
 
@@ -20,6 +25,55 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 BUG_METHODS = ("ddtree_tb16", "ddtree_tb64")
+SAMPLED = {"method": "ddtree_tb16", "temperature": 0.6, "repeats": 12, "max_new_tokens": 64}
+
+
+def sampled_run(pair, seed: int, bug: str | None = None):
+    """The SAMPLED run of the tiny pair (a Baseline), optionally with a planted bug."""
+    import contextlib
+
+    from sglang_ddtree.baseline import Baseline
+    from sglang_ddtree.offline import correctness as cc
+    from sglang_ddtree.offline.planted_bugs import planted
+    from sglang_ddtree.offline.runner import PromptInput, RunSettings, decode_one
+
+    n, m = SAMPLED["max_new_tokens"], SAMPLED["method"]
+    prompts = [PromptInput(f"{p.id}#{r}", r * 1000 + p.index, p.token_ids)
+               for r in range(SAMPLED["repeats"]) for p in pair.prompts]
+    s = RunSettings(methods=[m], max_new_tokens=n, temperature=SAMPLED["temperature"], seed=seed,
+                    eos_token_ids=pair.eos)
+    with cc.one_thread(), (planted(bug) if bug else contextlib.nullcontext()):
+        records = [decode_one(pair.target, pair.draft, p, m, s) for p in prompts]
+    for r in records:
+        r.stage_ms, r.prefill_ms, r.total_ms = None, None, None
+    header = pair.header(n)
+    header.temperature, header.seed = SAMPLED["temperature"], seed
+    return Baseline(header, records)
+
+
+def evaluate_sampled(pair, bugs) -> dict:
+    """{"settings", "clean": {...}, "bugs": {name: {...}}} (see the module docstring)."""
+    from sglang_ddtree.compare import compare
+
+    base = sampled_run(pair, seed=0)
+
+    def one(bug):
+        rep = compare(base, sampled_run(pair, seed=1, bug=bug), n_boot=200)
+        r = rep["methods"][SAMPLED["method"]]
+        s = r.get("sampled") or {}
+        return {"passed": rep["passed"], "failures": rep["failures"][:4],
+                "divergence_counts": r.get("divergence_counts"),
+                "tau": {k: r["tau"][k] for k in ("baseline", "candidate", "diff_ci95")},
+                "alpha_per_test": s.get("alpha"), "not_judged": s.get("not_judged"),
+                "p": {name: t["p"] for name, t in (s.get("tests") or {}).items()}}
+
+    out = {"settings": {**SAMPLED, "prompts": SAMPLED["repeats"] * len(pair.prompts), "baseline_seed": 0,
+                        "candidate_seed": 1},
+           "clean": one(None), "bugs": {}}
+    for bug in bugs:
+        res = one(bug)
+        out["bugs"][bug] = {"caught": not res["passed"], **res}
+    return out
 
 
 def evaluate(pair=None, bugs=None) -> dict:
@@ -27,7 +81,7 @@ def evaluate(pair=None, bugs=None) -> dict:
     from sglang_ddtree.baseline import read_baseline
     from sglang_ddtree.compare import Thresholds
     from sglang_ddtree.offline import correctness as cc
-    from sglang_ddtree.offline.planted_bugs import BUGS
+    from sglang_ddtree.offline.planted_bugs import BUGS, SAMPLED_BUGS
 
     pair = pair or cc.TinyPair()
     baselines = {"ours": read_baseline(cc.OURS_PATH), "reference": cc.load_reference_baseline()}
@@ -52,12 +106,18 @@ def evaluate(pair=None, bugs=None) -> dict:
            "max_new_tokens": cc.CHECK.max_new_tokens}
     clean = one(None)
     out["clean"] = {"passed": all(v["passed"] for v in clean.values()), "comparisons": clean}
-    for bug in bugs or BUGS:
+    for bug in (b for b in bugs or BUGS if b in BUGS):
         per = one(bug)
         out["bugs"][bug] = {"caught": all(not v["passed"] for v in per.values()),
                             "called_noise": sum(v["called_noise"] for v in per.values()), "comparisons": per}
-    out["total"] = len(out["bugs"])
-    out["caught"] = sum(1 for v in out["bugs"].values() if v["caught"])
+    sampled_bugs = [b for b in bugs or SAMPLED_BUGS if b in SAMPLED_BUGS]
+    if sampled_bugs:
+        out["sampled"] = evaluate_sampled(pair, sampled_bugs)
+        out["clean"]["passed"] = out["clean"]["passed"] and out["sampled"]["clean"]["passed"]
+    caught = [v["caught"] for v in out["bugs"].values()] + [v["caught"] for v in out.get("sampled", {}).get(
+        "bugs", {}).values()]
+    out["total"] = len(caught)
+    out["caught"] = sum(caught)
     out["called_noise"] = sum(v["called_noise"] for v in out["bugs"].values())
     return out
 

@@ -6,15 +6,21 @@ Per method, over the prompts both files have:
     Both runs saw the same prefix, so a genuine float tie shows a tiny margin; a large margin means the target was
     sure of its token and the other run disagreed anyway: a bug. The larger of the recorded margins is compared
     with `noise_margin` (a bug unless every recorded margin is below it). Sampled runs (T > 0) are not expected to
-    match token for token; their divergences are reported as 'sampled' and never fail by themselves;
+    match token for token; their divergences are reported as 'sampled' and never fail by themselves: instead the
+    candidate's acceptance per depth and per-position token frequencies are tested against the baseline's
+    (compare_sampled: a permutation test over prompts; its false-alarm rate over the whole comparison is at most
+    `sampled_alpha`);
   * tau (mean tokens per round) per method, the difference and a 95% confidence interval from a paired bootstrap
-    over prompts (see `paired_bootstrap_tau`);
+    over prompts (see `paired_bootstrap_tau`). A speculative method fails when the whole interval lies below
+    -max_tau_drop (default 0: any drop the interval confirms); at T > 0 the acceptance test judges tau instead,
+    unless max_tau_drop is given;
   * acceptance-length histograms, per-depth acceptance and branch acceptance side by side (metrics.aggregate);
   * for files with tree dumps, the first round whose tree differs (only rounds whose root lies before the first
     output divergence, so both trees hang from the same context), what differs (tokens, parents, scores) and
     whether the difference is a near-tie at the budget cut (noise) or not (bug).
 The verdict fails on: any bug divergence, a bug tree difference, a round whose accept length differs although both
-trees are identical (T = 0), prompt mismatches, and the optional --min-match-rate / --max-tau-drop thresholds.
+trees are identical (T = 0), prompt mismatches, a tau drop confirmed by its interval, a significant difference of
+the sampled distributions (T > 0) and the optional --min-match-rate threshold.
 
 Prompts are paired by the sha256 of their token ids when both files record it for every record of a method (so a
 reference file whose prompts are called "0", "1", ... pairs with ours called "HumanEval/0", ...), else by name.
@@ -46,6 +52,7 @@ from sglang_ddtree.baseline import (
     REFERENCE_EXTRA_ROUND_KEY, Baseline, BaselineHeader, MethodRecord, comparability_warnings, method_sort_key,
     parse_method, round_tree_hashes, validate_tree_dump,
 )
+from sglang_ddtree.compare_sampled import sampled_tests
 from sglang_ddtree.metrics import RoundRecord, aggregate
 
 MAX_LISTED = 10  # divergences / tree differences listed per method (all are counted)
@@ -58,20 +65,25 @@ EXACT_SOURCES = ("offline", "import:ddtree-reference")  # decoders whose T=0 out
 @dataclass
 class Thresholds:
     min_match_rate: float | None = None  # fail when the exact-match rate is below
-    max_tau_drop: float | None = None  # fail when tau(baseline) - tau(candidate) exceeds (speculative methods)
+    # tolerated tau drop (speculative methods): fail when the 95% interval of tau(candidate) - tau(baseline) lies
+    # entirely below -max_tau_drop; None: 0 for greedy runs, and at T > 0 the acceptance test judges tau instead
+    max_tau_drop: float | None = None
     noise_margin: float = 0.25  # top-2 log-prob gap below which a first divergence may be a tie (tie rules only)
     score_tol: float = 0.05  # log-prob tolerance for tree scores (near-tie at the budget cut, score drift)
     check_trees: bool = True
     rule: str = "auto"  # auto | exact | float32-tie | margin (see the module docstring)
     exact_tol: float = 1e-3  # exact rule: largest |difference| of a recorded margin or tree score that is not a bug
+    sampled_alpha: float = 0.01  # T > 0: false-alarm rate of the distribution tests over the whole comparison (0: off)
 
     def validate(self) -> None:
         if self.min_match_rate is not None and not 0 <= self.min_match_rate <= 1:
             raise ValueError(f"min_match_rate must be in [0, 1], got {self.min_match_rate}.")
-        if self.max_tau_drop is not None and self.max_tau_drop < 0:
+        if self.max_tau_drop is not None and not self.max_tau_drop >= 0:
             raise ValueError(f"max_tau_drop must be >= 0, got {self.max_tau_drop}.")
         if self.noise_margin < 0 or self.score_tol < 0 or self.exact_tol < 0:
             raise ValueError("noise_margin, score_tol and exact_tol must be >= 0.")
+        if not 0 <= self.sampled_alpha < 1:
+            raise ValueError(f"sampled_alpha must be in [0, 1), got {self.sampled_alpha}.")
         if self.rule not in RULES:
             raise ValueError(f"rule must be one of {', '.join(RULES)}, got {self.rule!r}.")
 
@@ -411,7 +423,9 @@ def _score_drift(base: dict[str, list], cand: dict[str, list], tol: float) -> di
 
 
 def compare_method(base: Baseline, cand: Baseline, method: str, th: Thresholds, *, sampled: bool,
-                   n_boot: int, seed: int, rule: dict[str, Any] | None = None) -> dict[str, Any]:
+                   n_boot: int, seed: int, rule: dict[str, Any] | None = None,
+                   sampled_alpha: float | None = None) -> dict[str, Any]:
+    """One method's comparison; `sampled_alpha`: level of each of its T > 0 distribution tests (None: none run)."""
     rule = rule or choose_rule(base.header, cand.header, th.rule)
     exact = rule["name"] == "exact" and not sampled
     paired = pair_records(base, cand, method)
@@ -573,15 +587,42 @@ def compare_method(base: Baseline, cand: Baseline, method: str, th: Thresholds, 
     if th.min_match_rate is not None and n and res["match_rate"] < th.min_match_rate:
         fail.append(f"match rate {res['match_rate']:.3f} < {th.min_match_rate}")
     tau = res["tau"]
-    if th.max_tau_drop is not None and kind != "plain" and n and math.isfinite(tau["diff"]):
-        if -tau["diff"] > th.max_tau_drop:
-            fail.append(f"tau drop {-tau['diff']:.3f} > {th.max_tau_drop} "
-                        f"({tau['baseline']:.3f} -> {tau['candidate']:.3f})")
+    tolerated = th.max_tau_drop if th.max_tau_drop is not None else (None if sampled else 0.0)
+    res["tau_rule"] = tau_rule(tau, tolerated, kind)
+    if res["tau_rule"]["failed"]:
+        fail.append(res["tau_rule"]["reason"])
+    if sampled_alpha is not None:
+        res["sampled"] = sampled_tests(pairs, speculative=kind != "plain", alpha=sampled_alpha, seed=seed)
+        fail += res["sampled"]["failures"]
     if first_bugs and fail:
         fb = first_bugs[0]
         fail.insert(0, f"first bug: prompt {fb['prompt_id']} round {fb['round']}: {fb['what']}")
     res["passed"] = not fail
     return res
+
+
+def tau_rule(tau: dict[str, Any], tolerated: float | None, kind: str) -> dict[str, Any]:
+    """{"failed", "reason"}: a speculative method fails when the whole 95% interval of tau(candidate) -
+    tau(baseline) lies below -tolerated (the data show a drop larger than the tolerated one); None: not applied."""
+    if tolerated is None or kind == "plain":
+        return {"failed": False, "reason": None}
+    ci = tau.get("diff_ci95")
+    if not ci or not math.isfinite(tau["diff"]):
+        return {"failed": False, "reason": "no interval (fewer than two prompts with rounds): the tau drop is not "
+                                           "judged"}
+    drop = f"tau drop {-tau['diff']:.3f} ({tau['baseline']:.3f} -> {tau['candidate']:.3f}, 95% interval of the " \
+           f"difference [{ci[0]:+.3f}, {ci[1]:+.3f}])"
+    if ci[1] < -tolerated:
+        return {"failed": True, "reason": f"{drop}: the interval lies below " + (
+            "zero" if tolerated == 0 else f"-{tolerated:g} (--max-tau-drop)")}
+    return {"failed": False, "reason": None}
+
+
+def sampling_mismatch(a: BaselineHeader, b: BaselineHeader) -> str | None:
+    """Why two sampled files cannot draw from the same distribution by design (different settings), or None."""
+    diffs = [f"{name} {getattr(a, name)!r} vs {getattr(b, name)!r}" for name in ("temperature", "top_k", "top_p")
+             if getattr(a, name) is not None and getattr(b, name) is not None and getattr(a, name) != getattr(b, name)]
+    return ", ".join(diffs) or None
 
 
 def compare(base: Baseline, cand: Baseline, *, methods: list[str] | None = None, thresholds: Thresholds | None = None,
@@ -597,7 +638,8 @@ def compare(base: Baseline, cand: Baseline, *, methods: list[str] | None = None,
     sampled = base.header.temperature > 0 or cand.header.temperature > 0
     rule = choose_rule(base.header, cand.header, th.rule)
     if sampled:
-        rule = {**rule, "why": rule["why"] + " (sampled run: token-level differences are reported, not judged)"}
+        rule = {**rule, "why": rule["why"] + " (sampled run: token-level differences are reported; the "
+                                             "distributions are tested instead)"}
     report: dict[str, Any] = {
         "baseline": {"path": base.path, "source": base.header.source, "temperature": base.header.temperature,
                      "dtype": base.header.dtype, "device": base.header.device, "methods": base.methods},
@@ -610,16 +652,35 @@ def compare(base: Baseline, cand: Baseline, *, methods: list[str] | None = None,
         "methods": {},
         "failures": [],
     }
-    if not chosen:
-        report["failures"].append("the files have no method in common")
+    general = report["file_failures"] = []  # problems of the files as a whole, listed before the methods' problems
+    for side, b in (("baseline", base), ("candidate", cand)):
+        if not b.records:
+            general.append(f"the {side} file{' ' + str(b.path) if b.path else ''} has no records (a header line "
+                           f"only)")
+    if not chosen and not general:
+        general.append(f"the files have no method in common (baseline: {', '.join(base.methods)}; candidate: "
+                       f"{', '.join(cand.methods)})")
+    comparable = [m for m in chosen if m in base.methods and m in cand.methods]
+    alpha = None
+    report["sampled_judgement"] = None
+    if sampled:
+        mismatch = sampling_mismatch(base.header, cand.header)
+        if min(base.header.temperature, cand.header.temperature) <= 0 or mismatch:
+            general.append("the files sample with different settings (" + (mismatch or "one is greedy") +
+                           "): their distributions differ by design, so the sampled run cannot be judged")
+        elif th.sampled_alpha > 0 and comparable:
+            # Bonferroni: every method's tests share the comparison's false-alarm rate
+            n_tests = sum(1 if parse_method(m)[0] == "plain" else 2 for m in comparable)
+            alpha = th.sampled_alpha / n_tests
+            report["sampled_judgement"] = {"alpha": th.sampled_alpha, "tests": n_tests, "alpha_per_test": alpha}
     for m in chosen:
-        if m not in base.methods or m not in cand.methods:
+        if m not in comparable:
             where = "baseline" if m not in base.methods else "candidate"
             report["methods"][m] = {"method": m, "passed": False, "failures": [f"method {m} is not in the {where}"]}
         else:
             report["methods"][m] = compare_method(base, cand, m, th, sampled=sampled, n_boot=n_boot, seed=seed,
-                                                  rule=rule)
-        report["failures"] += [f"{m}: {f}" for f in report["methods"][m]["failures"]]
+                                                  rule=rule, sampled_alpha=alpha)
+    report["failures"] = general + [f"{m}: {f}" for m, r in report["methods"].items() for f in r["failures"]]
     exact = sum(r.get("exact_match", 0) for r in report["methods"].values())
     total = sum(r.get("prompts", 0) - len(r.get("prompt_mismatches", [])) for r in report["methods"].values())
     report["overall"] = {"exact_match": exact, "pairs": total, "match_rate": exact / total if total else None}

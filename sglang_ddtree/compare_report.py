@@ -18,6 +18,28 @@ def _ci(c) -> str:
     return "-" if not c else f"[{c[0]:+.3f}, {c[1]:+.3f}]"
 
 
+def _sampled_lines(s: dict[str, Any] | None) -> list[str]:
+    if not s:
+        return []
+    if s["not_judged"]:
+        return [f"  sampled distributions not judged: {s['not_judged']}"]
+    out = []
+    t = s["tests"].get("acceptance_by_depth")
+    if t:
+        m = t["most_different"]
+        out.append(f"  sampled acceptance by depth: p = {t['p']:.3g} (level {s['alpha']:.2g}); largest difference at "
+                   f"depth {m['depth']}: base {_f(m['baseline'])} cand {_f(m['candidate'])} (z {m['z']:+.2f})")
+    t = s["tests"].get("token_frequencies")
+    if t:
+        m = t["most_different"]
+        where = "" if m is None else (f"; largest difference at position {m['position']}: "
+                                      f"{'end of output' if m['token'] is None else 'token ' + str(m['token'])} "
+                                      f"base {m['baseline_count']} cand {m['candidate_count']} times")
+        out.append(f"  sampled token frequencies over {t['positions']} positions: p = {t['p']:.3g} "
+                   f"(level {s['alpha']:.2g}){where}")
+    return out
+
+
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"baseline : {report['baseline']['path']} ({report['baseline']['source']}, "
              f"T={report['baseline']['temperature']}, {report['baseline']['dtype']} on {report['baseline']['device']})",
@@ -30,6 +52,11 @@ def format_report(report: dict[str, Any]) -> str:
                         if rule["name"] in ("float32-tie", "margin") else ""))
     for w in report["warnings"]:
         lines.append(f"warning: {w}")
+    sj = report.get("sampled_judgement")
+    if sj:
+        lines.append(f"sampled  : acceptance by depth and token frequencies tested against the baseline's "
+                     f"(permutation tests over prompts; false-alarm rate {sj['alpha']:g} over the comparison, "
+                     f"{sj['alpha_per_test']:.2g} per test)")
     matched = sorted({r.get("matched_by") for r in report["methods"].values() if r.get("matched_by")})
     if matched:
         lines.append(f"prompts paired by {' / '.join(matched)}")
@@ -56,7 +83,7 @@ def format_report(report: dict[str, Any]) -> str:
     for m, r in report["methods"].items():
         ex = r.get("reference_extra_final_rounds") or {}
         if "tau" not in r or (r["passed"] and not r["divergences"] and not r["first_tree_difference"]
-                              and parse_method(m)[0] == "plain" and not any(ex.values())):
+                              and parse_method(m)[0] == "plain" and not any(ex.values()) and not r.get("sampled")):
             continue
         lines += ["", f"== {m}"]
         if r.get("first_bug"):
@@ -107,8 +134,14 @@ def format_report(report: dict[str, Any]) -> str:
                 lines.append(left + right)
             lines.append(f"  branch acceptance: base {_f(sb.get('branch_accept_rate'))} cand "
                          f"{_f(sc.get('branch_accept_rate'))}")
+        if (r.get("tau_rule") or {}).get("reason") and not r["tau_rule"]["failed"]:
+            lines.append(f"  tau: {r['tau_rule']['reason']}")
+        lines += _sampled_lines(r.get("sampled"))
         for f in r["failures"]:
             lines.append(f"  FAIL: {f}")
+    if report.get("file_failures"):
+        lines.append("")
+        lines += [f"FAIL: {f}" for f in report["file_failures"]]
     lines.append("")
     o = report["overall"]
     lines.append(f"overall: {o['exact_match']}/{o['pairs']} exact matches; "

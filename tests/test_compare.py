@@ -1,5 +1,7 @@
 """The comparator: identical files pass; planted bugs (a corrupted tree, a changed token, a walk that accepts a
-different length on the same tree) fail with the right round/position; near-ties and sampled runs don't fail."""
+different length on the same tree, a lossless walk that accepts one token fewer) fail with the right round/position
+or on tau; near-ties and sampled runs' token differences don't fail; bad input files are named in one sentence.
+Sampled runs' distributions: tests/test_compare_sampled.py."""
 
 from __future__ import annotations
 
@@ -243,3 +245,64 @@ def test_reference_import_compares_with_itself(tmp_path):
 def test_report_text_has_a_table_and_histograms(reference_file):
     text = format_report(compare(read_baseline(reference_file), read_baseline(reference_file)))
     assert "ddtree_tb16" in text and "P(reach)" in text and "overall: 9/9 exact matches; PASS" in text
+
+
+def test_a_walk_that_stops_one_node_short_fails_on_tau_alone(reference_file, tmp_path):
+    """Planted bug walk_one_short: the output is the target's (lossless) but every round accepts one token fewer.
+    With the margin rule and no trees nothing token- or round-level is judged a bug; the tau interval is."""
+    from sglang_ddtree.offline.planted_bugs import planted
+
+    base = read_baseline(reference_file)
+    with one_thread(), planted("walk_one_short"):
+        target = random_target(seed=2)
+        settings = RunSettings(methods=METHODS, max_new_tokens=30, record_trees=True)
+        records = [decode_one(target, OracleDraft(target, noise=0.5, seed=1), PromptInput(f"p{i}", i, p.token_ids), m,
+                              settings)
+                   for i, p in enumerate(PromptInput(f"p{i}", i, [3 + i, 9, 27 + i, 4, 17]) for i in range(3))
+                   for m in METHODS]
+    cand = tmp_path / "short.jsonl"
+    write_baseline(cand, base.header, records)
+    args = (reference_file, cand, "--rule", "margin", "--no-trees", "--json", tmp_path / "r.json")
+    assert _run_cli(*args) == 1
+    m = json.loads((tmp_path / "r.json").read_text())["methods"]["ddtree_tb16"]
+    assert m["match_rate"] == 1.0 and m["tau"]["diff_ci95"][1] < 0
+    assert m["failures"] == [next(f for f in m["failures"] if f.startswith("tau drop") and "below zero" in f)]
+    # the documented way to tolerate it: a tau drop up to the given size (inf: any) passes
+    assert _run_cli(*args, "--max-tau-drop", "inf") == 0
+    assert _run_cli(*args, "--max-tau-drop", f"{-m['tau']['diff_ci95'][0] + 0.01:.3f}") == 0
+    assert _run_cli(*args, "--max-tau-drop", "-1") == 2
+
+
+def _main(capsys, *argv) -> tuple[int, str, str]:
+    from sglang_ddtree import cli
+
+    rc = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("command", ["compare", "compare-zlab"])
+def test_a_folder_for_an_input_file_is_one_sentence(reference_file, tmp_path, capsys, command):
+    first = FIXTURES / "reference_small.pt"
+    if command == "compare-zlab":  # its first input is a z-lab summary
+        first = tmp_path / "summary.json"
+        first.write_text(json.dumps({"tau": 3.0, "histogram": [0.0, 0.5, 0.5], "samples": 3}))
+    for argv in ((tmp_path, reference_file), (first, tmp_path)):
+        rc, out, err = _main(capsys, command, *argv)
+        assert rc == 2 and out == "" and "Traceback" not in err, err
+        assert err.strip().splitlines() == [err.strip()] and f"{str(tmp_path)!r} is a folder; pass a file" in err
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(bytes(range(256)))
+    rc, _, err = _main(capsys, command, binary, reference_file)
+    assert rc == 2 and "is not a text file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_header_only_file_names_its_problem(reference_file, tmp_path, capsys):
+    header_only = tmp_path / "header_only.jsonl"
+    header_only.write_text(reference_file.read_text().splitlines()[0] + "\n")
+    rc, out, _ = _main(capsys, "compare", reference_file, header_only)
+    assert rc == 1
+    assert f"FAIL: the candidate file {header_only} has no records (a header line only)" in out
+    assert out.strip().endswith("FAIL (1 problem(s))")
+    rc, _, err = _main(capsys, "compare-zlab", FIXTURES / "reference_small.pt", header_only)
+    assert rc == 2

@@ -313,7 +313,13 @@ def add_compare_parser(sub) -> None:
     p.add_argument("--method", action="append", dest="methods",
                    help="method to compare (repeatable or comma list); default: all methods in both files")
     p.add_argument("--min-match-rate", type=float, default=None, help="fail below this exact-match rate")
-    p.add_argument("--max-tau-drop", type=float, default=None, help="fail when tau drops by more than this")
+    p.add_argument("--max-tau-drop", type=float, default=None,
+                   help="tolerated tau drop: a speculative method fails when the 95%% interval of tau(candidate) - "
+                        "tau(baseline) lies entirely below -this (default 0 for greedy runs; at T > 0 the acceptance "
+                        "test judges tau unless this is given; 'inf' turns the check off)")
+    p.add_argument("--sampled-alpha", type=float, default=0.01,
+                   help="T > 0: false-alarm rate of the tests of acceptance per depth and token frequencies, over "
+                        "the whole comparison (default 0.01; 0 turns them off)")
     p.add_argument("--rule", choices=("auto", "exact", "float32-tie", "margin"), default="auto",
                    help="what counts as noise (auto: exact when both files are exact decoders in the same dtype, "
                         "every difference a bug; float32-tie when one side is float32 and the other not; else "
@@ -332,14 +338,29 @@ def add_compare_parser(sub) -> None:
     p.set_defaults(func=cmd_compare)
 
 
-def load_any(path: str, trust_pickle: bool = False):
+def input_file(path: str, what: str) -> str:
+    """`path` when it names a file; a folder is refused in one sentence (reading it would raise mid-parse)."""
+    if os.path.isdir(path):
+        raise ValueError(f"{what} {path!r} is a folder; pass a file.")
+    return path
+
+
+def _unreadable(e: OSError) -> int:
+    return fail(f"could not read {e.filename!r} ({e.strerror or type(e).__name__}).")
+
+
+def load_any(path: str, trust_pickle: bool = False, what: str = "input"):
     """A baseline JSONL, or the paper's torch.save output (imported on the fly)."""
     from sglang_ddtree.baseline import read_baseline
     from sglang_ddtree.reference_import import import_reference
 
+    input_file(path, what)
     if path.endswith((".pt", ".pth", ".bin")):
         return import_reference(path, trust_pickle=trust_pickle)
-    return read_baseline(path)
+    try:
+        return read_baseline(path)
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} {path!r} is not a text file (a baseline file is UTF-8 JSON lines).") from None
 
 
 def cmd_compare(args) -> int:
@@ -350,17 +371,19 @@ def cmd_compare(args) -> int:
     try:
         if args.json_out:
             check_output_file(args.json_out, "--json")
-        base = load_any(args.baseline, args.trust_pickle)
-        cand = load_any(args.candidate, args.trust_pickle)
+        base = load_any(args.baseline, args.trust_pickle, "baseline")
+        cand = load_any(args.candidate, args.trust_pickle, "candidate")
         methods = None
         if args.methods:
             methods = [m.strip() for arg in args.methods for m in arg.split(",") if m.strip()]
         th = Thresholds(min_match_rate=args.min_match_rate, max_tau_drop=args.max_tau_drop,
                         noise_margin=args.noise_margin, score_tol=args.score_tol, check_trees=not args.no_trees,
-                        rule=args.rule, exact_tol=args.exact_tol)
+                        rule=args.rule, exact_tol=args.exact_tol, sampled_alpha=args.sampled_alpha)
         report = compare(base, cand, methods=methods, thresholds=th, n_boot=args.bootstrap, seed=args.seed)
     except ValueError as e:
         return fail(str(e))
+    except OSError as e:
+        return _unreadable(e)
     print(format_report(report))
     if args.json_out:
         try:
@@ -445,12 +468,16 @@ def add_zlab_parser(sub) -> None:
 
 def cmd_compare_zlab(args) -> int:
     """Exit 0: consistent; 1: not consistent; 2: bad input."""
-    from sglang_ddtree.baseline import read_baseline
     from sglang_ddtree.zlab import compare_with_zlab, format_zlab_report, read_zlab_summary
 
     try:
-        summary = read_zlab_summary(args.summary, dataset=args.dataset, samples=args.samples)
-        ours = read_baseline(args.ours)
+        try:
+            summary = read_zlab_summary(input_file(args.summary, "summary"), dataset=args.dataset,
+                                        samples=args.samples)
+        except UnicodeDecodeError:
+            raise ValueError(f"summary {args.summary!r} is not a text file (z-lab's printed summary or its JSON "
+                             f"form).") from None
+        ours = load_any(args.ours, what="baseline")
         records = [r for r in ours.records if r.method == args.method]
         if not records:
             raise ValueError(f"{args.ours} has no record of method {args.method!r}; it has {ours.methods}.")
@@ -459,8 +486,9 @@ def cmd_compare_zlab(args) -> int:
                              f"{ours.header.dataset!r}.")
         rep = compare_with_zlab(summary, records, n_boot=args.bootstrap, seed=args.seed)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(str(e))
+    except OSError as e:
+        return _unreadable(e)
     print(format_zlab_report(rep))
     if args.json_out:
         os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)

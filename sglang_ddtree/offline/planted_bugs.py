@@ -11,9 +11,18 @@ Each bug is switched on by the context manager `planted(name)`, which patches on
   deep_position    draft nodes at depth 15 or more (the deepest with block size 16) are verified one position
                    too far (start + depth + 1): only rounds whose walk reaches depth 15 see it;
   kv_commit_wrong  the KV commit keeps the K/V of the wrong node for the last accepted draft node (the node
-                   verified right after it), while the output tokens are right.
+                   verified right after it), while the output tokens are right;
+  walk_one_short   the greedy walk stops one node before the end of the path the target agrees with: the last
+                   agreed draft token is emitted as the bonus, so the output is right (lossless) but every round
+                   that accepted a draft token accepts one fewer: only tau shows it (and, between exact decoders,
+                   the rounds' accept lengths).
 
-`BUGS` lists them in this order.
+`BUGS` lists them in this order; all of them show at T = 0. `SAMPLED_BUGS` show only in sampled runs (T > 0):
+
+  shared_noise     the sampled walk draws one exponential-race noise vector and uses it at every tree node
+                   instead of an independent draw per node: each node's own sample still follows the target, but
+                   the samples along a path are coupled, so which tokens follow which (and how deep the walk gets)
+                   no longer follows the target.
 """
 
 from __future__ import annotations
@@ -22,7 +31,8 @@ import contextlib
 
 import torch
 
-BUGS = ("sibling_mask", "walk_plus_one", "deep_position", "kv_commit_wrong")
+BUGS = ("sibling_mask", "walk_plus_one", "deep_position", "kv_commit_wrong", "walk_one_short")
+SAMPLED_BUGS = ("shared_noise",)
 
 
 def _sibling_mask(orig):
@@ -73,6 +83,41 @@ def _walk_plus_one(orig):
     return greedy_walk
 
 
+def _walk_one_short(orig):
+    from sglang_ddtree.walk import WalkResult
+
+    def greedy_walk(tree, target_logits, **kw):
+        w = orig(tree, target_logits, **kw)
+        path, acc = w.path.clone(), w.accept_len.clone()
+        out, bonus = w.out_tokens.clone(), w.bonus.clone()
+        for b in range(path.shape[0]):
+            a = int(acc[b])
+            if a == 0:
+                continue
+            bonus[b] = out[b, a - 1]  # the target's choice at the new last node: the dropped node's token
+            out[b, a] = -1
+            path[b, a] = -1
+            acc[b] = a - 1
+        return WalkResult(path=path, accept_len=acc, bonus=bonus, out_tokens=out, target_choice=w.target_choice)
+
+    return greedy_walk
+
+
+def _shared_noise(orig):
+    from sglang_ddtree.walk import sample_choices, walk_choices
+
+    def sampled_walk(tree, target_logits, temperature, top_k=0, top_p=1.0, generator=None, **kw):
+        gen = generator if generator is not None else torch.default_generator
+        state = gen.get_state()
+        choices = []
+        for i in range(target_logits.shape[1]):
+            gen.set_state(state)  # every node starts from the same generator state: the same noise vector
+            choices.append(sample_choices(target_logits[:, i:i + 1], temperature, top_k, top_p, gen)[:, 0])
+        return walk_choices(tree, torch.stack(choices, dim=1))
+
+    return sampled_walk
+
+
 DEEP_DEPTH = 15
 
 
@@ -98,16 +143,20 @@ def _kv_commit_wrong(orig):
 
 @contextlib.contextmanager
 def planted(name: str):
-    """Switch bug `name` (one of BUGS) on for the duration of the block."""
+    """Switch bug `name` (one of BUGS or SAMPLED_BUGS) on for the duration of the block."""
     from sglang_ddtree.offline import decoders
     from sglang_ddtree.offline.target import TargetState
 
-    if name not in BUGS:
-        raise ValueError(f"unknown planted bug {name!r}; allowed: {', '.join(BUGS)}.")
+    if name not in BUGS + SAMPLED_BUGS:
+        raise ValueError(f"unknown planted bug {name!r}; allowed: {', '.join(BUGS + SAMPLED_BUGS)}.")
     if name == "sibling_mask":
         owner, attr, make = decoders, "ancestor_mask", _sibling_mask
     elif name == "walk_plus_one":
         owner, attr, make = decoders, "greedy_walk", _walk_plus_one
+    elif name == "walk_one_short":
+        owner, attr, make = decoders, "greedy_walk", _walk_one_short
+    elif name == "shared_noise":
+        owner, attr, make = decoders, "sampled_walk", _shared_noise
     elif name == "deep_position":
         owner, attr, make = TargetState, "tree", _deep_position
     else:
