@@ -18,9 +18,11 @@ CASES = textwrap.dedent(
     from tests.test_verify_attention import verify_inputs
 
     # (bs, width, heads, kv heads, head dim, splits, causal): one query block and two (130 rows), GQA groups 1-4,
-    # a non-power-of-two head dim, more splits than prefix blocks, empty prefixes, a one-token verify
+    # a non-power-of-two head dim, more splits than prefix blocks, empty prefixes, a one-token verify; splits 1:
+    # the whole-prefix kernel (a tree, a chain, two query blocks)
     for case in [(1, 5, 4, 2, 16, 3, False), (2, 17, 4, 1, 32, 1, False), (3, 65, 2, 2, 16, 4, False),
-                 (2, 130, 2, 1, 16, 2, False), (2, 9, 4, 4, 24, 16, True), (1, 1, 2, 1, 16, 2, False)]:
+                 (2, 130, 2, 1, 16, 2, False), (2, 9, 4, 4, 24, 16, True), (1, 1, 2, 1, 16, 2, False),
+                 (3, 16, 4, 2, 16, 1, True), (2, 40, 2, 1, 16, 1, False)]:
         bs, width, heads, kv_heads, dim, splits, causal = case
         d = verify_inputs(bs, width, heads, kv_heads, dim, causal, seed=sum(case))
         out = torch.full_like(d["q"], float("nan"))
@@ -94,7 +96,11 @@ def test_splits_pay_below_half_the_program_slots_and_leave_fuller_batches_to_sgl
     assert plan_splits(4, 32, 65, 132) == 0  # 128 programs: SGLang's kernel keeps the call
     assert plan_splits(1, 32, 129, 132) == 2  # three 64-row blocks a head
     assert plan_splits(2, 32, 129, 132) == 0
-    assert plan_splits(16, 32, 17, 132) == 0
+    # past half the slots: the whole-prefix kernel for verifies of at most 32 tokens (SGLang's programs are 128
+    # rows), SGLang's kernel for wider ones
+    assert plan_splits(16, 32, 17, 132) == 1 and plan_splits(64, 32, 16, 132) == 1
+    assert plan_splits(16, 32, 32, 132) == 1 and plan_splits(16, 32, 33, 132) == 0
+    assert plan_splits(64, 32, 65, 132) == 0
 
 
 def test_hook_takes_only_plain_tree_verifies(monkeypatch):

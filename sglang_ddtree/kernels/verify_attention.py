@@ -1,4 +1,5 @@
-"""The tree verify's attention at small batch: the shared prefix split across programs, then one merge.
+"""The tree verify's attention: at small batch the shared prefix split across programs, then one merge; at
+large batch, for narrow verifies, one small program per (request, head) instead of SGLang's 128-row one.
 
 Why: SGLang's Triton extend attention runs one program per (request, head, 128 query rows) and walks the whole
 prefix KV in it, one block after another. At batch 1 that is 32 programs on 132 SMs for an 8B target, and a
@@ -8,14 +9,17 @@ Here each (request, head) splits its prefix into `splits` chunks and the tree bl
 under the tree mask) is one more part; all parts run side by side and write their softmax partials (running max,
 sum and unnormalised output, float32), which a second kernel merges. Both kernels take only tensor shapes from
 the host, so the pair is captured in the verify's CUDA graphs like SGLang's kernel.
+Once a batch fills the SMs there is nothing to split, but a verify of 16 or 17 tokens still runs SGLang's 128-row
+programs at 1/8 or 1/4 occupancy of their matrix work; the whole-prefix kernel runs the same (request, head) as one
+16- or 32-row program over the prefix and then the tree block, and writes the normalised output itself.
 
 Inputs are SGLang's target-verify layout (what its extend_attention_fwd reads): q [bs*W, H, D], the verify's own
 k / v [bs*W, H_kv, D], the KV pool [slots, H_kv, D] addressed through kv_indptr / kv_indices (the prefix only),
 and the custom mask: per request, W rows of (prefix + W) booleans from mask_indptr[b], the last W columns the
 tree's (the prefix columns are all visible and not read).
 
-Used only where SGLang's kernel leaves most SMs idle (sglang_ddtree/sglang/hooks.py decides, with
-plan_splits); the result equals exact attention up to float32 summation order and the bf16 rounding of the
+Used where SGLang's kernel leaves most SMs idle or runs mostly empty query rows (sglang_ddtree/sglang/hooks.py
+decides, with plan_splits); the result equals exact attention up to float32 summation order and the bf16 rounding of the
 probabilities before the value product, as SGLang's does.
 """
 
@@ -28,19 +32,25 @@ from sglang_ddtree.kernels.common import _pow2, tl, triton
 BLOCK_N = 64  # prefix / tree keys per loop step
 MAX_SPLITS = 4
 MERGE_ROWS = 16  # query rows a merge program takes
+WIDE_BATCH_MAX_WIDTH = 32  # verify widths whose programs are a quarter of SGLang's 128 rows or less (plan_splits)
 
 
 def plan_splits(bs: int, heads: int, width: int, sms: int) -> int:
-    """How many chunks the prefix of each (request, head) is cut into; 0 leaves the call to SGLang's kernel.
-    Measured on an H200 at Qwen3-8B heads (benchmarks/bench_verify_attention.py, prefixes of 400 and 1500
-    tokens): one extra part pays while the programs SGLang's kernel would run (bs x heads x query blocks) fill at
-    most half the SMs' program slots (one 128-row program an SM, two 64-row, four smaller); 2-4 chunks beat more
-    (every part's float32 partials are written and merged), and past half the slots SGLang's kernel was as fast
-    or faster (batch 4, 65 tokens: 40 us against our 48)."""
+    """How many chunks the prefix of each (request, head) is cut into: 0 leaves the call to SGLang's kernel, 1 is
+    the whole-prefix kernel (no partials, no merge), 2-4 the split kernel. Measured on an H200 at Qwen3-8B heads
+    (benchmarks/bench_verify_attention.py, prefixes of 400 and 1500 tokens): one extra part pays while the programs
+    SGLang's kernel would run (bs x heads x query blocks) fill at most half the SMs' program slots (one 128-row
+    program an SM, two 64-row, four smaller); 2-4 chunks beat more (every part's float32 partials are written and
+    merged), and past half the slots SGLang's kernel was as fast or faster at 65 tokens (batch 4: 40 us against our
+    48), where both run 128-row programs. A verify of at most 32 tokens is another case: SGLang's Hopper kernel
+    still runs 128 query rows a program, so a 16-token verify does 8x the matrix work it needs; ours runs 16- or
+    32-row programs, so past half the slots it takes the whole-prefix kernel (WIDE_BATCH_MAX_WIDTH)."""
     block_m = _block_m(width)
     slots = sms * (1 if block_m >= 128 else 2 if block_m == 64 else 4)
     fit = slots // (bs * heads * _m_blocks(width))
-    return 0 if fit < 2 else max(2, min(MAX_SPLITS, fit - 1))
+    if fit >= 2:
+        return max(2, min(MAX_SPLITS, fit - 1))
+    return 1 if width <= WIDE_BATCH_MAX_WIDTH else 0
 
 
 def _block_m(width: int) -> int:
@@ -54,6 +64,62 @@ def _m_blocks(width: int) -> int:
 
 
 if triton is not None:
+
+    @triton.jit
+    def _prefix_steps(q, m_i, l_i, acc, lo, hi, kv_start, kv_indices, K_pool, V_pool, kp_st, kp_sh, vp_st, vp_sh,
+                      kvh, offs_d, d_ok, scale_log2, BLOCK_N: tl.constexpr):
+        """The online softmax over prefix keys lo..hi-1 of one request (all visible to every row)."""
+        offs_n = tl.arange(0, BLOCK_N)
+        start = lo
+        while start < hi:  # (a while loop: Triton's interpreter cannot range() over loaded bounds)
+            cols = start + offs_n
+            col_ok = cols < hi
+            loc = tl.load(kv_indices + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
+            k = tl.load(K_pool + loc[None, :] * kp_st + kvh * kp_sh + offs_d[:, None],
+                        mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+            s = tl.dot(q, k) * scale_log2
+            s = tl.where(col_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the step has at least one key
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V_pool + loc[:, None] * vp_st + kvh * vp_sh + offs_d[None, :],
+                        mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+            start += BLOCK_N
+        return m_i, l_i, acc
+
+    @triton.jit
+    def _tree_steps(q, m_i, l_i, acc, b, rows, row_ok, prefix, W, K_new, V_new, Mask, mask_indptr, kn_st, kn_sh,
+                    vn_st, vn_sh, kvh, offs_d, d_ok, scale_log2, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
+        """The online softmax over the verify's own W keys under the tree mask (causal: a chain)."""
+        offs_n = tl.arange(0, BLOCK_N)
+        mask_row = tl.load(mask_indptr + b) + rows.to(tl.int64) * (prefix + W) + prefix
+        start = 0
+        while start < W:
+            cols = start + offs_n
+            col_ok = cols < W
+            k = tl.load(K_new + (b * W + cols)[None, :] * kn_st + kvh * kn_sh + offs_d[:, None],
+                        mask=col_ok[None, :] & d_ok[:, None], other=0.0)
+            s = tl.dot(q, k) * scale_log2
+            if CAUSAL:
+                seen = (cols[None, :] <= rows[:, None]) & col_ok[None, :]
+            else:
+                seen = tl.load(Mask + mask_row[:, None] + cols[None, :],
+                               mask=row_ok[:, None] & col_ok[None, :], other=0) != 0
+            s = tl.where(seen, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet stays empty
+            alpha = tl.exp2(m_i - m_ref)
+            p = tl.exp2(s - m_ref[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V_new + (b * W + cols)[:, None] * vn_st + kvh * vn_sh + offs_d[None, :],
+                        mask=col_ok[:, None] & d_ok[None, :], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+            start += BLOCK_N
+        return m_i, l_i, acc
 
     @triton.jit
     def _verify_parts_kernel(Q, K_new, V_new, K_pool, V_pool, kv_indptr, kv_indices, Mask, mask_indptr,
@@ -71,7 +137,6 @@ if triton is not None:
         row_ok = rows < W
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < D
-        offs_n = tl.arange(0, BLOCK_N)
         q = tl.load(Q + (b * W + rows)[:, None] * q_st + h * q_sh + offs_d[None, :],
                     mask=row_ok[:, None] & d_ok[None, :], other=0.0)
         kv_start = tl.load(kv_indptr + b)
@@ -83,49 +148,12 @@ if triton is not None:
             chunk = tl.cdiv(tl.cdiv(prefix, SPLITS), BLOCK_N) * BLOCK_N
             lo = part * chunk
             hi = tl.minimum(lo + chunk, prefix)
-            start = lo
-            while start < hi:  # (a while loop: Triton's interpreter cannot range() over loaded bounds)
-                cols = start + offs_n
-                col_ok = cols < hi
-                loc = tl.load(kv_indices + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
-                k = tl.load(K_pool + loc[None, :] * kp_st + kvh * kp_sh + offs_d[:, None],
-                            mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-                s = tl.dot(q, k) * scale_log2
-                s = tl.where(col_ok[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the step has at least one key
-                alpha = tl.exp2(m_i - m_new)
-                p = tl.exp2(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                v = tl.load(V_pool + loc[:, None] * vp_st + kvh * vp_sh + offs_d[None, :],
-                            mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-                m_i = m_new
-                start += BLOCK_N
+            m_i, l_i, acc = _prefix_steps(q, m_i, l_i, acc, lo, hi, kv_start, kv_indices, K_pool, V_pool, kp_st,
+                                          kp_sh, vp_st, vp_sh, kvh, offs_d, d_ok, scale_log2, BLOCK_N)
         else:
-            mask_row = tl.load(mask_indptr + b) + rows.to(tl.int64) * (prefix + W) + prefix
-            start = 0
-            while start < W:
-                cols = start + offs_n
-                col_ok = cols < W
-                k = tl.load(K_new + (b * W + cols)[None, :] * kn_st + kvh * kn_sh + offs_d[:, None],
-                            mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-                s = tl.dot(q, k) * scale_log2
-                if CAUSAL:
-                    seen = (cols[None, :] <= rows[:, None]) & col_ok[None, :]
-                else:
-                    seen = tl.load(Mask + mask_row[:, None] + cols[None, :],
-                                   mask=row_ok[:, None] & col_ok[None, :], other=0) != 0
-                s = tl.where(seen, s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet stays empty
-                alpha = tl.exp2(m_i - m_ref)
-                p = tl.exp2(s - m_ref[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                v = tl.load(V_new + (b * W + cols)[:, None] * vn_st + kvh * vn_sh + offs_d[None, :],
-                            mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-                m_i = m_new
-                start += BLOCK_N
+            m_i, l_i, acc = _tree_steps(q, m_i, l_i, acc, b, rows, row_ok, prefix, W, K_new, V_new, Mask,
+                                        mask_indptr, kn_st, kn_sh, vn_st, vn_sh, kvh, offs_d, d_ok, scale_log2,
+                                        CAUSAL, BLOCK_N)
         # the real rows only; an empty part (a prefix shorter than its chunk) leaves its outputs unwritten but for
         # the running max, which tells the merge to skip it
         slot = ((b * H + h) * (SPLITS + 1) + part) * (M_BLOCKS * BLOCK_M) + rows
@@ -133,6 +161,35 @@ if triton is not None:
         tl.store(Sum + slot, l_i, mask=row_ok)
         filled = row_ok & (m_i > float("-inf"))
         tl.store(Acc + slot[:, None] * BLOCK_D + offs_d[None, :], acc, mask=filled[:, None])
+
+    @triton.jit
+    def _verify_whole_kernel(Q, K_new, V_new, K_pool, V_pool, kv_indptr, kv_indices, Mask, mask_indptr, O,
+                             scale_log2, q_st, q_sh, kn_st, kn_sh, vn_st, vn_sh, kp_st, kp_sh, vp_st, vp_sh, o_st,
+                             o_sh, W, H: tl.constexpr, GROUP: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr,
+                             BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """One (request, head, query block) whole: the prefix, then the tree block, the output normalised in O's
+        dtype (no partials, no merge): for batches whose programs already fill the SMs."""
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        kvh = h // GROUP
+        rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < W
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        q = tl.load(Q + (b * W + rows)[:, None] * q_st + h * q_sh + offs_d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        kv_start = tl.load(kv_indptr + b)
+        prefix = tl.load(kv_indptr + b + 1) - kv_start
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        m_i, l_i, acc = _prefix_steps(q, m_i, l_i, acc, 0, prefix, kv_start, kv_indices, K_pool, V_pool, kp_st, kp_sh,
+                                      vp_st, vp_sh, kvh, offs_d, d_ok, scale_log2, BLOCK_N)
+        m_i, l_i, acc = _tree_steps(q, m_i, l_i, acc, b, rows, row_ok, prefix, W, K_new, V_new, Mask, mask_indptr,
+                                    kn_st, kn_sh, vn_st, vn_sh, kvh, offs_d, d_ok, scale_log2, CAUSAL, BLOCK_N)
+        out = acc / tl.where(row_ok, l_i, 1.0)[:, None]  # every real row sees its tree root: l_i > 0
+        tl.store(O + (b * W + rows)[:, None] * o_st + h * o_sh + offs_d[None, :], out.to(O.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
 
     @triton.jit
     def _verify_merge_kernel(Acc, Max, Sum, O, o_st, o_sh, W, PARTS, ROWS_PAD, H: tl.constexpr, D: tl.constexpr,
@@ -175,30 +232,38 @@ def tree_verify_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
                           width: int, sm_scale: float, splits: int, block_m: int | None = None) -> torch.Tensor:
     """Attention of a verify of `width` tokens per request (q [bs*width, H, D]) over each request's prefix in
     the pool and its own tokens under the tree mask (mask None: causal, a chain), written into out
-    [bs*width, H, D]. splits >= 1: plan_splits; block_m: query rows a program (default _block_m). Returns out."""
+    [bs*width, H, D]. splits: plan_splits (1: the whole-prefix kernel, >= 2: that many prefix chunks and a merge);
+    block_m: query rows a program (default _block_m). Returns out."""
     tokens, heads, dim = q.shape
     bs = tokens // width
     group = heads // k_new.shape[1]
     block_m = block_m or _block_m(width)
     m_blocks = -(-width // block_m)
     block_d = _pow2(dim)
+    warps = 8 if block_m >= 128 else 4
+    scale_log2 = sm_scale * 1.4426950408889634  # exp2 below: e^x = 2^(x log2 e)
+    causal = mask is None
+    strides = (q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+               k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1))
+    if splits == 1:
+        _verify_whole_kernel[(bs, heads, m_blocks)](
+            q, k_new, v_new, k_pool, v_pool, kv_indptr, kv_indices, mask if not causal else kv_indptr, mask_indptr,
+            out, scale_log2, *strides, out.stride(0), out.stride(1), width, H=heads, GROUP=group, CAUSAL=causal,
+            D=dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, num_warps=warps, num_stages=2)
+        return out
     parts = splits + 1
     rows = bs * heads * parts * m_blocks * block_m
     acc = torch.empty((rows, block_d), dtype=torch.float32, device=q.device)
     run_max = torch.empty(rows, dtype=torch.float32, device=q.device)
     run_sum = torch.empty(rows, dtype=torch.float32, device=q.device)
-    warps = 8 if block_m >= 128 else 4
-    scale_log2 = sm_scale * 1.4426950408889634  # exp2 below: e^x = 2^(x log2 e)
-    causal = mask is None
     _verify_parts_kernel[(bs, heads, parts * m_blocks)](
         q, k_new, v_new, k_pool, v_pool, kv_indptr, kv_indices, mask if not causal else kv_indptr, mask_indptr,
-        acc, run_max, run_sum, scale_log2,
-        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
-        k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
+        acc, run_max, run_sum, scale_log2, *strides,
         width, splits, m_blocks, H=heads, GROUP=group, CAUSAL=causal, D=dim, BLOCK_D=block_d,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, num_warps=warps, num_stages=2)
     _verify_merge_kernel[(bs, heads, -(-width // MERGE_ROWS))](
-        acc, run_max, run_sum, out, out.stride(0), out.stride(1), width, parts, m_blocks * block_m, H=heads, D=dim, BLOCK_D=block_d, BLOCK_R=MERGE_ROWS, num_warps=4)
+        acc, run_max, run_sum, out, out.stride(0), out.stride(1), width, parts, m_blocks * block_m, H=heads, D=dim,
+        BLOCK_D=block_d, BLOCK_R=MERGE_ROWS, num_warps=4)
     return out
 
 

@@ -105,7 +105,8 @@ def time_us(fn, layers=36, replays=20):
 
 
 @pytest.mark.parametrize("bs,width,prefix", [(1, 17, 400), (1, 65, 400), (1, 129, 400), (1, 65, 2000),
-                                             (4, 65, 400), (8, 65, 400)])
+                                             (4, 65, 400), (8, 65, 400), (16, 16, 400), (64, 16, 400),
+                                             (16, 17, 2000)])
 def test_split_prefix_attention_time_against_sglangs(bs, width, prefix, gpu_record):
     """Per call inside a CUDA graph (the host removed, the kernels' own latency kept). Recorded for the closing
     note; asserted only where the plan gives ours the call."""
