@@ -118,12 +118,16 @@ def round_ratio(tree: dict, chain: dict) -> dict:
     return out
 
 
-def project_rows(rows: list[dict], profile: dict, server_args: dict[str, list] | None = None) -> list[dict]:
+def project_rows(rows: list[dict], profile: dict, server_args: dict[str, list] | None = None,
+                 chain_from: dict[str, str] | None = None) -> list[dict]:
     """One group per (setup, backend) that has DFLASH and DDTREE rows at a common batch size, each {"setup",
     "backend", "by_batch": {batch size (str): {"dflash_step_ms", "dflash_tau", "budgets": [per budget: round
     ratio fields, measured_tokens_per_s_ratio, tau_gain, projected_ratio, projected_run_range], "best": {"budget",
-    "projected_ratio"} or None}}}, in (setup, backend) order."""
+    "projected_ratio"} or None}}}, in (setup, backend) order. chain_from {arm setup: base setup}: an arm (a
+    --copy-setup of the same pair with another server switch) that measured no DFLASH of its own is paired with its
+    base's DFLASH rows of the same run."""
     server_args = server_args or {}
+    chain_from = chain_from or {}
     chain_tau = float(profile["chain_tau"])
     groups: dict[tuple[str, str], dict[int, dict]] = {}
     for r in rows:
@@ -138,8 +142,9 @@ def project_rows(rows: list[dict], profile: dict, server_args: dict[str, list] |
     out = []
     for (setup, backend), by_bs in sorted(groups.items()):
         by_batch = {}
+        base = groups.get((chain_from.get(setup), backend), {})
         for bs, slot in sorted(by_bs.items()):
-            chain = slot.get("dflash")
+            chain = slot.get("dflash") or base.get(bs, {}).get("dflash")
             if chain is None or not slot["ddtree"]:
                 continue
             recs = []
@@ -171,15 +176,21 @@ def project_rows(rows: list[dict], profile: dict, server_args: dict[str, list] |
     return out
 
 
-def project_sweep(sweep: str | Path, profile: str | dict = DEFAULT_PROFILE, setup: str | None = None) -> dict:
-    """The projection of a sweep file's latest ok rows (one setup, or every setup that has both methods)."""
+def project_sweep(sweep: str | Path, profile: str | dict = DEFAULT_PROFILE, setup: str | None = None,
+                  chain_from: dict[str, str] | None = None) -> dict:
+    """The projection of a sweep file's latest ok rows (one setup, or every setup that has both methods; an arm in
+    chain_from with its base's DFLASH rows)."""
     lines = read_rows(sweep)
     if not lines:
         raise ValueError(f"{sweep}: no such file or no rows in it.")
     profile = load_profile(profile) if isinstance(profile, str) else profile
-    rows = ok_results(lines, setup)
+    rows = ok_results(lines, None)
+    wanted = {setup, (chain_from or {}).get(setup)} if setup else None
+    rows = [r for r in rows if wanted is None or r.get("setup") in wanted]
     server_args = {x["server"]: x.get("args") for x in lines if x.get("kind") == "server" and x.get("server")}
-    groups = project_rows(rows, profile, server_args)
+    groups = project_rows(rows, profile, server_args, chain_from)
+    if setup:
+        groups = [g for g in groups if g["setup"] == setup]
     if not groups:
         which = f"setup {setup!r}" if setup else "any setup"
         raise ValueError(f"{sweep}: {which} has no DFLASH and DDTREE rows at a common batch size.")
@@ -236,10 +247,20 @@ def main(argv=None) -> int:
                     help=f"acceptance profile in {PROFILES_FILE.relative_to(PROFILES_FILE.parents[2])} "
                          f"(default {DEFAULT_PROFILE})")
     ap.add_argument("--setup", help="only this setup's rows (default: every setup with DFLASH and DDTREE rows)")
+    ap.add_argument("--chain-from", action="append", default=[], metavar="ARM=BASE",
+                    help="pair setup ARM's DDTREE rows with setup BASE's DFLASH rows (an arm of a --copy-setup A/B "
+                         "that ran no DFLASH of its own)")
     ap.add_argument("--json", action="store_true", help="print the projection as JSON instead of the table")
     args = ap.parse_args(argv)
+    chain_from = {}
+    for item in args.chain_from:
+        arm, sep, base = item.partition("=")
+        if not sep or not arm or not base:
+            print(f"error: --chain-from takes ARM=BASE, got {item!r}", file=sys.stderr)
+            return 2
+        chain_from[arm] = base
     try:
-        result = project_sweep(args.sweep, args.profile, args.setup)
+        result = project_sweep(args.sweep, args.profile, args.setup, chain_from)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -501,16 +501,18 @@ def hybrid_real(srcs: list[Source], setup: str = "27b-hybrid", **_) -> dict:
 
 
 def trained_drafter_projection(srcs: list[Source], prefix: str, setup: str, backend: str = "triton",
-                               profile: str | None = None, note: str | None = None, **_) -> dict:
+                               profile: str | None = None, note: str | None = None, chain_from: str | None = None,
+                               **_) -> dict:
     """What DDTREE would give over DFLASH with a trained drafter (ddtree_bench/projection.py): one setup's and
     backend's measured DDTREE / DFLASH round ms per batch size and budget (<prefix>_round_over_dflash), and per batch
     size the budget with the highest projected tokens/s ratio, tau_tree(B) / tau_chain of a published profile over
     that round ratio (<prefix>_projected_trained_drafter); the row's `note` says how the profile relates to the
-    setup's model."""
+    setup's model. chain_from: the setup whose DFLASH rows an arm without its own is paired with (the same run)."""
     sys.path.insert(0, str(ROOT))
     from ddtree_bench.projection import DEFAULT_PROFILE, project_sweep
 
-    result = project_sweep(srcs[0].path, profile or DEFAULT_PROFILE, setup)
+    result = project_sweep(srcs[0].path, profile or DEFAULT_PROFILE, setup,
+                           {setup: chain_from} if chain_from else None)
     group = next((g for g in result["groups"] if g["backend"] == backend), None)
     if group is None:
         raise ValueError(f"{srcs[0].name}: setup {setup!r} has no {backend} rows of DFLASH and DDTREE")

@@ -155,3 +155,14 @@ def test_cli_prints_a_table_or_json_and_refuses_bad_input_in_one_line(tmp_path, 
         assert pj.main(argv) == 2
         err = capsys.readouterr().err
         assert msg in err and err.count("\n") == 1
+
+
+def test_an_arm_without_dflash_rows_is_paired_with_its_base_setup_only_when_asked():
+    rows = [_row("dflash", None, 1, 10.0, setup="base"), _row("ddtree", 16, 1, 11.0, setup="base"),
+            _row("ddtree", 16, 1, 10.5, setup="arm"), _row("ddtree", 16, 4, 12.0, setup="arm")]
+    assert [g["setup"] for g in pj.project_rows(rows, TOY)] == ["base"]  # the arm has no DFLASH of its own
+    groups = {g["setup"]: g for g in pj.project_rows(rows, TOY, chain_from={"arm": "base"})}
+    arm = groups["arm"]["by_batch"]
+    assert set(arm) == {"1"}  # batch 4: the base has no DFLASH row there either
+    assert arm["1"]["budgets"][0]["round_ratio"] == pytest.approx(1.05)
+    assert groups["base"]["by_batch"]["1"]["budgets"][0]["round_ratio"] == pytest.approx(1.1)
