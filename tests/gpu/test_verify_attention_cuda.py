@@ -48,7 +48,7 @@ def reference(d, width):
                                            width, SCALE)
 
 
-@pytest.mark.parametrize("bs,width", [(1, 17), (1, 65), (1, 129), (4, 65), (2, 257)])
+@pytest.mark.parametrize("bs,width", [(1, 17), (1, 65), (1, 129), (4, 65), (2, 257), (16, 16), (64, 17)])
 def test_split_prefix_attention_is_as_exact_as_sglangs(bs, width):
     pytest.importorskip("sglang")
     d = inputs(bs, width, seed=bs * 1000 + width)
