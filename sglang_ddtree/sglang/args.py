@@ -8,7 +8,7 @@
   --speculative-ddtree-auto-calibration on|off
                                     with `auto`: the calibration table that learns the drafter's over-confidence
                                     and reports its predictions next to the raw scores' (Prometheus); it feeds no
-                                    decision. off: no scored walk is built or run. Default on
+                                    decision. off: no scored walk is built or run. Default off
   --speculative-ddtree-prune P      drop nodes whose prefix probability is below P (default: off)
   --speculative-ddtree-debug PATH   per-round JSONL dumps (tree, target choices, accepted path, timings);
                                     synchronises every round: for debugging, not for serving
@@ -26,10 +26,14 @@ from dataclasses import dataclass
 from sglang_ddtree.tree import MAX_BUDGET
 
 SUPPORTED_ATTENTION_BACKENDS = ("triton", "flashinfer")
-# Default budget: the projected best at batch 1 on Qwen3-8B shapes (benchmarks/results/best_budget_projected.json;
-# the measured best per batch size at real size: benchmarks/results/best_budget.json); see
-# docs/sglang-ddtree-roadmap.md, "Knobs".
-DEFAULT_BUDGET = 32
+# Default budget: 15 nodes, so the verify is 16 tokens a request, DFLASH's own width: GEMM tiles and attention
+# programs come in multiples of 16 rows, and one more token (B=16) cost 9-10% of a round at batch 16 and 64 on the
+# real-size pair (benchmarks/results/sweep_8b-real-widths_h200_2026-12-07_cfd3ed3.jsonl). With a trained drafter's
+# acceptance (the DDTree paper's Qwen3-8B profile, ddtree_bench/projection.py) B=15 projects x1.02 / 1.02 / 0.99 /
+# 1.00 of DFLASH at batch 1 / 4 / 16 / 64: the best fixed budget at 16 and 64, behind B=63 at batch 1 (x1.09) and
+# B=32 at batch 4 (x1.11), both of which lose 23-58% to DFLASH at batch 16 and 64. A safe default; `auto` or a sweep
+# of one's own pair does better at small batches.
+DEFAULT_BUDGET = 15
 # Without an explicit --max-running-requests, keep batch x (budget + 1) verify tokens per step near this, so the
 # static CUDA-graph buffers (logits, masks) sized by max_bs x (B + 1) stay reasonable at large budgets.
 VERIFY_TOKENS_PER_STEP = 8192

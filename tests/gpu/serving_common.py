@@ -75,7 +75,7 @@ class RealSizePlan:
 
 
 REAL_SIZE_PLANS = {
-    "8b-real": RealSizePlan(("ddtree-16", "ddtree-64", "ddtree-256", "ddtree-auto"), 16, "ddtree-64"),
+    "8b-real": RealSizePlan(("ddtree-15", "ddtree-64", "ddtree-256", "ddtree-auto"), 16, "ddtree-64"),
     # no `auto` (refused on hybrid targets); the oracle re-verifies every accepted path as a chain
     "tiny-hybrid": RealSizePlan(("ddtree-16", "ddtree-64", "ddtree-64-oracle"), 16, "ddtree-64"),
     # 27B: weights and drafter 57 GB a server, the GDN state 147 MiB per request and verify node: alone on an H100,
