@@ -59,9 +59,10 @@ VARIABLES = {v.name: v for v in (
     Variable("SGLANG_DDTREE_VERIFY_ATTENTION", "sglang", _choice("SGLANG_DDTREE_VERIFY_ATTENTION", "ddtree", "sglang"),
              "Triton attention backend, dense targets: which kernel a tree verify's attention runs. sglang (the "
              "default): SGLang's extend kernel; ddtree: kernels/verify_attention.py where SGLang's kernel would "
-             "leave SMs idle (small batches). A measuring switch: in the server at real size (H100, batch 1, "
-             "B=64) ours accepted less than SGLang's on the same prompts (tau 5.14 against 5.91) and one of two "
-             "outputs differed, so it stays off until its server path is found exact."),
+             "leave SMs idle (small batches: the prefix split) or run mostly empty query rows (verifies of at "
+             "most 32 tokens at larger batches: the whole-prefix kernel). A measuring switch: lossless up to bf16 "
+             "ties at real size and a B=15 round at 1.01-1.02x DFLASH's at batch 1-4 (H200), but its tau over 16 "
+             "prompts is below SGLang's kernel's and the larger-batch path is not timed on a GPU yet."),
     Variable("SGLANG_DDTREE_PROFILE_RANGES", False, _switch("SGLANG_DDTREE_PROFILE_RANGES"),
              "1: each round stage is wrapped in a `ddtree:<stage>` profiler range (a measuring mode: "
              "benchmarks/profile_rounds.py reads them from a torch profiler trace)."),
