@@ -782,6 +782,9 @@ def test_real_size_module_records_each_server_as_it_answers(monkeypatch):
     assert got["real8b_greedy", "ddtree-16/bs1"]["ok"] and got["real8b_greedy", "ddtree-16/bs1"]["exact"] == 2
     batch = got["real8b_greedy", "ddtree-16/bs4"]
     assert not batch["ok"] and batch["exact"] == 1 and batch["max_gap"] == pytest.approx(1.9)
+    # tau per prompt and over the prompts decoded as plain decodes them (prompt 1 only here)
+    assert batch["exact_prompts"] == [1] and len(batch["tau_by_prompt"]) == 2
+    assert batch["tau_exact_prompts"] == pytest.approx(batch["tau_by_prompt"][1], abs=1e-4)
     assert batch["failures"] == [{"prompt": 0, "position": 1, "plain": 4, "candidate": 9,
                                   "logprob_gap": pytest.approx(1.9)}]
     assert got["real8b_kv_leak", "ddtree-16"]["ok"] and not any(s.alive for s in fake.all.values())

@@ -276,8 +276,13 @@ def _greedy_against_plain(served: Served, name: str, texts: list[str]) -> dict:
         f = {**f, **served.gaps[key], "logprob_gap": served.gaps[key]["decode_gap"]}
         (ties if f["logprob_gap"] is not None and f["logprob_gap"] <= TIE_NATS else still).append(f)
     gaps = [t["logprob_gap"] for t in ties] + [f.get("logprob_gap") for f in still if isinstance(f, dict)]
+    # tau per prompt, and over the prompts decoded exactly as plain decodes them: two runs (e.g. two attention
+    # kernels) are compared on the same texts there, where a tie moves the rest of a text and its acceptance
+    same = [i for i, (a, b) in enumerate(zip(outputs["plain"], outputs[name])) if a["output_ids"] == b["output_ids"]]
     return {"prompts": len(outputs[name]), "new_tokens": NEW_TOKENS, "exact": exact, "ties": ties, "failures": still,
             "max_gap": max((g for g in gaps if g is not None), default=0.0), "tau": tau_of(outputs[name]),
+            "tau_by_prompt": [round(tau_of([o]), 4) for o in outputs[name]], "exact_prompts": same,
+            "tau_exact_prompts": tau_of([outputs[name][i] for i in same]) if same else None,
             "tie_nats": TIE_NATS, "ok": not still}
 
 
