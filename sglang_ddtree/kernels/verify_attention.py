@@ -66,6 +66,20 @@ def _m_blocks(width: int) -> int:
 if triton is not None:
 
     @triton.jit
+    def _query_block(Q, kv_indptr, b, h, mb, q_st, q_sh, W, GROUP: tl.constexpr, D: tl.constexpr,
+                     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+        """Query block mb of request b, head h: its rows and queries, its KV head, and the request's prefix."""
+        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < W
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        q = tl.load(Q + (b * W + rows)[:, None] * q_st + h * q_sh + offs_d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        kv_start = tl.load(kv_indptr + b)
+        prefix = tl.load(kv_indptr + b + 1) - kv_start
+        return q, rows, row_ok, offs_d, d_ok, h // GROUP, kv_start, prefix
+
+    @triton.jit
     def _prefix_steps(q, m_i, l_i, acc, lo, hi, kv_start, kv_indices, K_pool, V_pool, kp_st, kp_sh, vp_st, vp_sh,
                       kvh, offs_d, d_ok, scale_log2, BLOCK_N: tl.constexpr):
         """The online softmax over prefix keys lo..hi-1 of one request (all visible to every row)."""
@@ -131,16 +145,8 @@ if triton is not None:
         b = tl.program_id(0)
         h = tl.program_id(1)
         part = tl.program_id(2) // M_BLOCKS
-        mb = tl.program_id(2) % M_BLOCKS
-        kvh = h // GROUP
-        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < W
-        offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d < D
-        q = tl.load(Q + (b * W + rows)[:, None] * q_st + h * q_sh + offs_d[None, :],
-                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        kv_start = tl.load(kv_indptr + b)
-        prefix = tl.load(kv_indptr + b + 1) - kv_start
+        q, rows, row_ok, offs_d, d_ok, kvh, kv_start, prefix = _query_block(
+            Q, kv_indptr, b, h, tl.program_id(2) % M_BLOCKS, q_st, q_sh, W, GROUP, D, BLOCK_D, BLOCK_M)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -171,15 +177,8 @@ if triton is not None:
         dtype (no partials, no merge): for batches whose programs already fill the SMs."""
         b = tl.program_id(0)
         h = tl.program_id(1)
-        kvh = h // GROUP
-        rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < W
-        offs_d = tl.arange(0, BLOCK_D)
-        d_ok = offs_d < D
-        q = tl.load(Q + (b * W + rows)[:, None] * q_st + h * q_sh + offs_d[None, :],
-                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-        kv_start = tl.load(kv_indptr + b)
-        prefix = tl.load(kv_indptr + b + 1) - kv_start
+        q, rows, row_ok, offs_d, d_ok, kvh, kv_start, prefix = _query_block(
+            Q, kv_indptr, b, h, tl.program_id(2), q_st, q_sh, W, GROUP, D, BLOCK_D, BLOCK_M)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
