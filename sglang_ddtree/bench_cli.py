@@ -74,15 +74,28 @@ def _run_script(command: str, script: str, argv: list[str], kept) -> int:
     proc = subprocess.Popen([sys.executable, "-c", _RUN_AS, str(ROOT / script), f"sglang-ddtree {command}", *argv],
                             process_group=0)
     interrupted = False
-    while True:
-        try:
-            rc = proc.wait()
-            break
-        except KeyboardInterrupt:  # each Ctrl-C reaches the script once, as if it ran in the foreground
-            interrupted = True
-            proc.send_signal(signal.SIGINT)
+    ended_by = []  # SIGTERM / SIGHUP to this process: passed on to the script (its own group: it stops its servers)
+
+    def pass_on(signum, _frame):
+        ended_by.append(signum)
+        proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while True:
+            try:
+                rc = proc.wait()
+                break
+            except KeyboardInterrupt:  # each Ctrl-C reaches the script once, as if it ran in the foreground
+                interrupted = True
+                proc.send_signal(signal.SIGINT)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if interrupted:
         raise Interrupted(kept())
+    if ended_by:
+        return 128 + ended_by[0]
     return rc
 
 

@@ -271,3 +271,41 @@ def test_summary_check_says_it_is_current(capsys, tmp_path, monkeypatch):
     assert ms.main(["--check"]) == 1
     out, err = capsys.readouterr()
     assert not out and "summary.json is stale" in err
+
+
+FAKE_SWEEP_TERM = """\
+import argparse, pathlib, signal, sys, time
+ap = argparse.ArgumentParser()
+ap.add_argument("--marker")
+args = ap.parse_args()
+
+def stop(signum, frame):
+    pathlib.Path(args.marker).write_text(f"stopped by {signum}")
+    sys.exit(128 + signum)
+
+signal.signal(signal.SIGTERM, stop)
+pathlib.Path(args.marker).write_text("running")
+time.sleep(120)
+"""
+
+
+def test_sigterm_to_bench_reaches_the_sweep_and_is_waited_for(tmp_path):
+    """A SIGTERM (or SIGHUP) to `sglang-ddtree bench` is passed on to the sweep's own process group, so its servers
+    are stopped rather than left running; the CLI then exits 128 + the signal."""
+    root = tmp_path / "checkout"
+    (root / "benchmarks").mkdir(parents=True)
+    (root / "ddtree_bench").mkdir()
+    (root / "benchmarks" / "bench_budgets.py").write_text(FAKE_SWEEP_TERM)
+    marker = tmp_path / "marker"
+    code = ("import sys; from pathlib import Path; import sglang_ddtree.bench_cli as b; from sglang_ddtree import cli; "
+            f"b.ROOT = Path({str(root)!r}); sys.exit(cli.main(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, "bench", "--marker", str(marker)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not marker.exists():
+        time.sleep(0.05)
+    time.sleep(0.3)  # the CLI's handlers are in place once the script runs
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert marker.read_text() == f"stopped by {int(signal.SIGTERM)}"
+    assert proc.returncode == 128 + signal.SIGTERM

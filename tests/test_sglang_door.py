@@ -228,6 +228,21 @@ def test_release_gate_starts_supported_refuses_others_in_one_sentence():
     engine.check_release("0.5.23", allow=" 0.5.21 , 0.5.23")
 
 
+def test_release_gate_without_a_version_module_reads_the_distribution_or_refuses_in_one_sentence(monkeypatch):
+    from importlib import metadata
+
+    monkeypatch.setattr(engine, "try_load", lambda name: None)  # a source checkout: no generated _version.py
+    monkeypatch.setattr(metadata, "version", lambda name: "0.5.17")
+    engine.check_release(allow="")
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", missing)
+    with pytest.raises(ValueError, match="SGLang of unknown version is installed"):
+        engine.check_release(allow="")
+
+
 def test_release_gate_reads_the_switch_when_called_not_at_import(monkeypatch):
     monkeypatch.delenv(engine.ALLOW_ENV, raising=False)
     with pytest.raises(ValueError):
@@ -412,7 +427,7 @@ print("RESULT " + json.dumps(out))
 '''
 
 
-def test_site() -> Path:
+def _msgspec_site() -> Path:
     """A directory of the pure test dependencies SGLang's argument modules import that this environment may lack
     (msgspec), installed once from PyPI into .cache/."""
     site = ROOT / ".cache" / "sglang-test-site"
@@ -438,7 +453,7 @@ def test_server_arguments_resolve_with_each_release(release, tmp_path):
     script = tmp_path / "resolve.py"
     script.write_text(RESOLVE)
     env = {**os.environ, "OMP_NUM_THREADS": "1", engine.ALLOW_ENV: release}
-    proc = subprocess.run([sys.executable, str(script), str(ROOT), str(src), str(test_site())], capture_output=True,
+    proc = subprocess.run([sys.executable, str(script), str(ROOT), str(src), str(_msgspec_site())], capture_output=True,
                           text=True, timeout=600, env=env, cwd=tmp_path)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]

@@ -262,7 +262,14 @@ def check_release(version: str | None = None, allow: str | None = None) -> None:
     """Refuse an SGLang release DDTREE does not start on, in one sentence (ValueError). allow: ALLOW_ENV's value,
     read here (at start-up) when not given."""
     if version is None:
-        version = load("__version__")
+        version = try_load("__version__")
+    if version is None:  # a source checkout without the generated _version.py: the installed distribution's
+        from importlib import metadata
+
+        try:
+            version = metadata.version("sglang")
+        except metadata.PackageNotFoundError:
+            version = "of unknown version"
     if version in SUPPORTED:
         return
     if allow is None:

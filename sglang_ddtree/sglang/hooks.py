@@ -88,8 +88,9 @@ _SMS: dict = {}  # device index -> its SM count
 
 def _verify_splits(q, k_pool, v_pool, o, qo_indptr, custom_mask, is_causal, width, k_scale, v_scale,
                    args, kwargs, sms: int) -> int:
-    """How many prefix chunks our kernel cuts this extend-attention call into; 0 to leave it to SGLang's: anything
-    but a uniform tree verify on a plain bf16/fp16 MHA pool, or a batch that already fills the SMs."""
+    """How many prefix chunks our kernel cuts this extend-attention call into (verify_attention.plan_splits; 1: the
+    whole-prefix kernel); 0 to leave it to SGLang's: anything but a uniform tree verify on a plain bf16/fp16 MHA pool,
+    or a verify wider than 32 tokens at a batch that already fills the SMs."""
     if _VERIFY_ATTENTION != "ddtree" or custom_mask is None or not is_causal or args:
         return 0
     plain, hints = engine.EXTEND_ATTENTION_PLAIN, engine.EXTEND_ATTENTION_HINTS

@@ -185,8 +185,10 @@ def test_server_run_equals_the_offline_decoder(pair, prompts, server_run, offlin
     conv = server_baseline(pair, prompts, dump, answers, mode)
     server = conv.baseline
     method = f"ddtree_tb{BUDGET}"
+    # the tau rule off: a bf16 server against the float32 decoder is judged round by round below, and a text that a
+    # tie moved accepts what it accepts (compare's default fails any confirmed tau drop)
     report = compare(offline_baseline, server, methods=[method],
-                     thresholds=Thresholds(noise_margin=NOISE_MARGIN, score_tol=SCORE_TOL))
+                     thresholds=Thresholds(noise_margin=NOISE_MARGIN, score_tol=SCORE_TOL, max_tau_drop=math.inf))
     m = report["methods"][method]
 
     per_prompt, unexplained, rounds_compared, deep_rounds, drift = [], [], 0, 0, 0.0
