@@ -52,8 +52,8 @@ from _common import (  # noqa: E402
 )
 
 MIB = 1 << 20
-# A call carries the working tree (~30 MB, ~17 MB of it the tiny pair's weights) + one chunk within 64 MiB: at 32 MiB the
-# locked set (~64 MB of xz) packs as two chunks of ~34 and ~30 MB, each one install call with room to spare.
+# A call carries the working tree (~30 MB, ~17 MB of it the tiny pair's weights) + one chunk within 64 MiB: at
+# 32 MiB the locked set (~64 MB of xz) packs as two chunks of ~34 and ~30 MB, each one install call with room to spare.
 DEFAULT_MAX_CHUNK_MIB = 32.0
 XZ_PRESET = 9  # decoder needs 65 MiB of memory: fine there
 END_OF_ARCHIVE = b"\0" * (2 * tarfile.BLOCKSIZE)
