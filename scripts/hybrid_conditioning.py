@@ -27,6 +27,8 @@ sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 from fixtures.hybrid_models import sglang_hybrid_target  # noqa: E402
 from serving_common import ID_PROMPTS  # noqa: E402
 
+from sglang_ddtree.results_file import read_text  # noqa: E402
+
 
 def gaps(model, prompt, output) -> list[float]:
     ids = torch.tensor([list(prompt) + list(output)])
@@ -63,7 +65,7 @@ def main(argv=None) -> int:
             [gaps(exact, p, o) for p, o in zip(ID_PROMPTS, outputs)])
         print(f"experts per token {experts}: {report['variants'][f'experts_per_token_{experts}']}", flush=True)
         if experts == 2 and args.gpu_suite is not None:
-            run = json.loads(args.gpu_suite.read_text())["runs"][args.gpu_run]
+            run = json.loads(read_text(args.gpu_suite))["runs"][args.gpu_run]  # the committed file is .json.xz
             gpu = next(r for r in run["records"] if r["kind"] == "hybrid_fp32_greedy")["outputs"]
             report["gpu_fp32_greedy_top2_model"] = {"source": f"{args.gpu_suite.name} runs[{args.gpu_run}]",
                                                    **summarize([gaps(exact, p, o) for p, o in zip(ID_PROMPTS, gpu)])}

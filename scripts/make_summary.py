@@ -17,7 +17,8 @@ under benchmarks/results/ and add:
   base = "dflash"                       # the method every ratio is taken over
   sources = ["sweep_real8b_2026-12-03_abc1234.jsonl"]
 
-then run this script and commit summary.json. A figure that no reader computes yet needs a reader: a function
+then run this script and commit summary.json. A source over 100 KB is committed xz-compressed (NAME.jsonl.xz) and
+still named NAME.jsonl here: sources are read through sglang_ddtree.results_file, which finds the .xz copy. A figure that no reader computes yet needs a reader: a function
 `name(srcs, **options) -> dict` registered in READERS, where `srcs` are the row's Source objects (path, name,
 per-file options) and the options are the row's other keys.
 """
@@ -31,6 +32,9 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from sglang_ddtree.results_file import read_text, stored_path  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 TABLE = Path(__file__).resolve().with_name("summary_sources.toml")
 
@@ -42,7 +46,7 @@ class Source:
         self.name, self.path, self.opts = name, path, opts or {}
 
     def json(self):
-        return json.loads(self.path.read_text())
+        return json.loads(read_text(self.path))
 
 
 def source(entry, results: Path | None = None) -> Source:
@@ -51,7 +55,7 @@ def source(entry, results: Path | None = None) -> Source:
     opts = dict(entry) if isinstance(entry, dict) else {"file": entry}
     name = opts.pop("file")
     path = ROOT / name.removeprefix("repo:") if name.startswith("repo:") else results / name
-    return Source(name, path, opts)
+    return Source(name, stored_path(path), opts)
 
 
 def _row(rows, **match):
@@ -65,7 +69,7 @@ def _sweep_rows(path: Path | str) -> dict:
     """{(setup, method, budget, batch size): row} of a sweep JSONL's ok rows (resumed runs append: the last wins)."""
     path = RESULTS / path if isinstance(path, str) else path
     rows = {}
-    for line in path.read_text().splitlines():
+    for line in read_text(path).splitlines():
         r = json.loads(line)
         if r.get("status") == "ok":
             rows[(r["setup"], r["method"], r.get("budget"), r["batch_size"])] = r
@@ -486,7 +490,7 @@ def hybrid_real(srcs: list[Source], setup: str = "27b-hybrid", **_) -> dict:
     best_recs = {bs: rec for bs, rec in _best_fixed(all_rows, setup).items() if rec.get("over_dflash") is not None}
     best = {bs: rec["over_dflash"] for bs, rec in best_recs.items()}
     run_ids = {r["run_id"] for r in mine.values()}
-    runs = [r for r in map(json.loads, by_role["sweep"].path.read_text().splitlines())
+    runs = [r for r in map(json.loads, read_text(by_role["sweep"].path).splitlines())
             if r.get("kind") == "run" and r["run_id"] in run_ids]
     out = {"hybrid_real_tokens_per_s": tps, "hybrid_real_tau": tau, "hybrid_real_stage_ms": stages,
            "hybrid_real_ddtree_best_over_dflash": best,
@@ -583,7 +587,7 @@ def _decode_graphs(row: dict) -> bool:
 def _copy_bases(path: Path) -> dict[str, str]:
     """{NEW: BASE} of the sweep's `--copy-setup NEW=BASE` arguments (its run records' argv)."""
     bases = {}
-    for line in path.read_text().splitlines():
+    for line in read_text(path).splitlines():
         r = json.loads(line)
         argv = (r.get("argv") or []) if r.get("kind") == "run" else []
         for flag, value in zip(argv, argv[1:]):

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from sglang_ddtree.results_file import read_text, stored_path
+
 FORMAT_NAME = "sglang-ddtree-baseline"
 FORMAT_VERSION = 1
 
@@ -305,12 +307,13 @@ class Baseline:
 
 def read_baseline(path: str | os.PathLike, *, allow_partial_last_line: bool = False) -> Baseline:
     """Read and validate a baseline file. A half-written last line (a run killed mid-write) is an error unless
-    `allow_partial_last_line`, which the resuming writer uses."""
+    `allow_partial_last_line`, which the resuming writer uses. An xz-compressed file (`X.jsonl.xz`, as large committed
+    baselines are stored) is read as it is, and `X.jsonl` finds `X.jsonl.xz` when only that exists."""
     path = str(path)
-    if not os.path.exists(path):
+    stored = stored_path(path)
+    if not stored.exists():
         raise ValueError(f"baseline file {path!r} does not exist.")
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
+    lines = read_text(stored).split("\n")
     while lines and not lines[-1].strip():
         lines.pop()
     if not lines:

@@ -9,23 +9,58 @@ Line kinds (field `kind`):
 A row is done when its latest result line is `ok` (or `failed`, unless the sweep is told to retry failures) with
 the signature the current plan gives it; `skipped` rows are re-decided by every run; `interrupted` (deadline or
 signal mid-row) is never done. Readers take the latest line per key.
+
+Committed result files over 100 KB are stored xz-compressed (`NAME.jsonl.xz`: they travel with every GPU call,
+docs/gpu-suite.md section 5). Every reader of a result file goes through `stored_path` / `open_text`, so a caller may
+name a file either way: `X.jsonl` finds `X.jsonl.xz` when only that is there, and a `.xz` name is decompressed.
 """
 
 from __future__ import annotations
 
 import json
+import lzma
 from pathlib import Path
+from typing import TextIO
+
+XZ_SUFFIX = ".xz"
+
+
+def stored_path(path: str | Path) -> Path:
+    """Where `path` is stored: itself when it exists, else its xz-compressed copy `<path>.xz` when that exists, else
+    `path` unchanged (so a caller's own "does not exist" check still names what it asked for)."""
+    path = Path(path)
+    if path.exists() or path.suffix == XZ_SUFFIX:
+        return path
+    packed = path.with_name(path.name + XZ_SUFFIX)
+    return packed if packed.exists() else path
+
+
+def open_text(path: str | Path) -> TextIO:
+    """The text of a result file (UTF-8), read through xz when it is stored as `.xz` (see stored_path)."""
+    path = stored_path(path)
+    if path.suffix == XZ_SUFFIX:
+        return lzma.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def read_text(path: str | Path) -> str:
+    """The whole text of a result file (see open_text); a damaged or cut `.xz` file raises ValueError."""
+    try:
+        with open_text(path) as fh:
+            return fh.read()
+    except (lzma.LZMAError, EOFError):
+        raise ValueError(f"{path}: not a complete xz file.") from None
 
 
 def read_rows(path: str | Path, *, strict: bool = False) -> list[dict]:
     """Every JSON object of the file, in order. A line that is not JSON can only be a write torn by a kill (the
     writer starts every line on a fresh one): it is skipped, or with strict=True raises ValueError with its number.
     A line that is JSON but not a row object always raises."""
-    path = Path(path)
+    path = stored_path(path)
     if not path.exists():
         return []
     rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:

@@ -357,18 +357,39 @@ def test_gpu_suite_is_collected_and_skipped_here(tmp_path):
         assert case.find("error") is None and case.find("failure") is None
 
 
+def _sized(path, size: int) -> None:
+    """A file of `size` bytes that takes no disk (sparse): the plan only counts sizes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.truncate(size)
+
+
 def test_plan_fits_the_device_tool_limits(tmp_path):
+    """Chunks share an install call while they fit next to the tree; the last call runs the work and keeps only
+    the units that still fit beside the work's carried paths."""
     plan_mod = load_script("plan")
     manifest = {"chunks": [{"name": f"site-{i}", "carry": f".device-cache/site-{i}"} for i in (1, 2, 3)]}
+    for i, mib in ((1, 30), (2, 20), (3, 5)):
+        _sized(tmp_path / ".device-cache" / f"site-{i}" / f"site-{i}.tar.xz", mib * 2**20)
     calls = plan_mod.plan(manifest, ["tests/gpu/test_server_smoke.py"], ["b1=python3 -c 'print(1)'"], 540, True,
                           repo=tmp_path, base_bytes=20 * 2**20)
-    assert [c["carry"] for c in calls] == [[".device-cache/site-1"], [".device-cache/site-2"],
-                                           [".device-cache/site-3"]]
-    assert "run_gpu_suite.py" in calls[-1]["command"] and "source scripts/device/env.sh" in calls[-1]["command"]
+    assert [c["carry"] for c in calls] == [[".device-cache/site-1"], [".device-cache/site-2", ".device-cache/site-3"]]
+    assert calls[0]["command"] == "bash scripts/device/install_chunk.sh .device-cache/site-1"
+    assert calls[-1]["command"].startswith("bash scripts/device/install_chunk.sh .device-cache/site-2 "
+                                           ".device-cache/site-3 && source scripts/device/env.sh && ")
+    assert "run_gpu_suite.py" in calls[-1]["command"]
     assert "--bench 'b1=python3 -c '\"'\"'print(1)'\"'\"''" in calls[-1]["command"]  # shell-quoted intact
     assert all(not c["problems"] and len(c["command"]) <= 2000 for c in calls)
+    assert [c["mib"] for c in calls] == [50.0, 45.0]
     big = plan_mod.plan(manifest, ["tests/gpu"], [], 540, True, repo=tmp_path, base_bytes=65 * 2**20)
-    assert all("MiB travel" in c["problems"][0] for c in big)
+    assert len(big) == 3 and all("MiB travel" in c["problems"][0] for c in big)
+    # The work's carried paths (25 MiB) do not fit beside site-2 + site-3: site-2 gets a call of its own.
+    _sized(tmp_path / "runs" / "bench" / "prompts.jsonl", 25 * 2**20)
+    calls = plan_mod.plan(manifest, [], [], 540, False, repo=tmp_path, base_bytes=20 * 2**20, work="true",
+                          extra_carry=["runs/bench"])
+    assert [c["carry"] for c in calls] == [[".device-cache/site-1"], [".device-cache/site-2"],
+                                           [".device-cache/site-3", "runs/bench"]]
+    assert all(not c["problems"] for c in calls)
     # With a JIT cache present, the last call carries it and restores it.
     (tmp_path / ".device-cache" / "jit").mkdir(parents=True)
     (tmp_path / ".device-cache" / "jit" / "jit-cache.tar.xz").write_bytes(b"x")
@@ -390,25 +411,27 @@ def test_plan_counts_travel_as_the_device_tool_does(tmp_path):
 
 
 def test_plan_installs_split_parts_and_runs_other_work(tmp_path):
-    """A chunk split by split_chunk.py is installed one part a call (the tracked tree plus a whole site-1 was
-    over 64 MiB), but only parts of this pack (parts.json's chunk name and sha256); --work runs another command
-    (a steps.sh step) in the last call, with extra carried paths; a carried path this checkout lacks and an
-    oversized call are problems, the latter with the split that would fit."""
+    """A chunk too large for a call next to the tree is installed from the parts split_chunk.py made, but only parts
+    of this pack (parts.json's chunk name and sha256), as many a call as fit; a chunk that fits goes whole even when
+    parts of it exist; --work runs another command (a steps.sh step) in the last call, with extra carried paths; a
+    carried path this checkout lacks and an oversized call are problems, the latter with the split that would fit."""
     plan_mod = load_script("plan")
     split_chunk = load_script("split_chunk")
     cache = tmp_path / ".device-cache"
-    for name, size in (("site-1", 3000), ("site-2", 1000)):
+    for name, size in (("site-1", 3000), ("site-2", 300)):
         (cache / name).mkdir(parents=True)
         (cache / name / f"{name}.tar.xz").write_bytes(bytes(range(256)) * (size // 256) + b"x" * (size % 256))
     manifest = {"chunks": [{"name": n, "carry": f".device-cache/{n}",
                             "sha256": hashlib.sha256((cache / n / f"{n}.tar.xz").read_bytes()).hexdigest()}
                            for n in ("site-1", "site-2")]}
-    split_chunk.split(cache / "site-1", 1200)  # three parts
+    # three parts: 3072, 3072 and 2560 bytes of travel (with parts.json); the whole chunk 3584, site-2 1024
+    split_chunk.split(cache / "site-1", 1200)
     (cache / "site-2-part1").mkdir()  # a part of another pack: not this chunk's sha256, left alone
     (cache / "site-2-part1" / "parts.json").write_text(json.dumps({"chunk": "site-2", "parts": 1, "sha256": "0"}))
     (tmp_path / "runs" / "bench").mkdir(parents=True)
     work = "bash scripts/device/steps.sh tiny-ab $OUT abc1234"
-    calls = plan_mod.plan(manifest, [], [], 540, False, repo=tmp_path, base_bytes=0, work=work,
+    room_for_a_part = 64 * 2**20 - 3500  # a part fits beside this tree, two parts or the whole chunk do not
+    calls = plan_mod.plan(manifest, [], [], 540, False, repo=tmp_path, base_bytes=room_for_a_part, work=work,
                           extra_carry=["runs/bench"])
     assert [c["carry"][0] for c in calls] == [".device-cache/site-1-part1", ".device-cache/site-1-part2",
                                               ".device-cache/site-1-part3", ".device-cache/site-2"]
@@ -416,11 +439,19 @@ def test_plan_installs_split_parts_and_runs_other_work(tmp_path):
     assert calls[-1]["command"] == ("bash scripts/device/install_chunk.sh .device-cache/site-2 && "
                                     f"source scripts/device/env.sh && {work}")
     assert all(not c["problems"] for c in calls)
-    lacking = plan_mod.plan(manifest, [], [], 540, False, repo=tmp_path, base_bytes=0, work=work,
+    # split so that the last part is small (2048 bytes of travel): it shares its call with site-2
+    split_chunk.split(cache / "site-1", 1400)
+    shared = plan_mod.plan(manifest, [], [], 540, False, repo=tmp_path, base_bytes=room_for_a_part, work="true")
+    assert [c["carry"] for c in shared] == [[".device-cache/site-1-part1"], [".device-cache/site-1-part2"],
+                                            [".device-cache/site-1-part3", ".device-cache/site-2"]]
+    assert shared[-1]["command"] == ("bash scripts/device/install_chunk.sh .device-cache/site-1-part3 "
+                                     ".device-cache/site-2 && source scripts/device/env.sh && true")
+    lacking = plan_mod.plan(manifest, [], [], 540, False, repo=tmp_path, base_bytes=room_for_a_part, work=work,
                             extra_carry=["runs/elsewhere"])
     assert lacking[-1]["problems"] == ["not in this checkout: runs/elsewhere"]
-    big = plan_mod.plan(manifest, [], [], 540, False, repo=tmp_path, base_bytes=50 * 2**20, work="true")
-    assert not big[0]["problems"]
+    whole = plan_mod.plan(manifest, [], [], 540, False, repo=tmp_path, base_bytes=50 * 2**20, work="true")
+    assert [c["carry"] for c in whole] == [[".device-cache/site-1", ".device-cache/site-2"]]
+    assert not whole[0]["problems"]
     tight = plan_mod.plan({"chunks": manifest["chunks"][1:]}, [], [], 540, False, repo=tmp_path,
                           base_bytes=64 * 2**20 - 500, work="true")
     assert "the working tree alone is too large" in tight[0]["problems"][0]

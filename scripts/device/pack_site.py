@@ -2,7 +2,7 @@
 """Pack the locked wheels as an already-installed site dir, in .tar.xz chunks small enough to carry.
 
   python scripts/device/pack_site.py                 # .wheels/ -> .device-cache/site-N/site-N.tar.xz + manifest
-  python scripts/device/pack_site.py --max-chunk-mib 30
+  python scripts/device/pack_site.py --max-chunk-mib 30   # smaller chunks (more calls)
 
 Why a site dir and not the wheels: the device then only decompresses (no pip, no zip, no RECORD/script
 rewriting), and xz packs the files 10-30% smaller than the wheels' deflate. The numbers of both are in the
@@ -52,7 +52,9 @@ from _common import (  # noqa: E402
 )
 
 MIB = 1 << 20
-DEFAULT_MAX_CHUNK_MIB = 38.0  # the repo (~20 MB of weights) + one chunk must stay under the 64 MiB per call
+# A call carries the working tree (~30 MB, ~17 MB of it the tiny pair's weights) + one chunk within 64 MiB: at
+# 32 MiB the locked set (~64 MB of xz) packs as two chunks of ~34 and ~30 MB, each one install call with room to spare.
+DEFAULT_MAX_CHUNK_MIB = 32.0
 XZ_PRESET = 9  # decoder needs 65 MiB of memory: fine there
 END_OF_ARCHIVE = b"\0" * (2 * tarfile.BLOCKSIZE)
 # Where pip --target puts console scripts (shebang = this machine's python) and data files (man pages):

@@ -8,11 +8,12 @@ MiB).
   python scripts/device/plan.py --work 'bash scripts/device/steps.sh tiny-ab $OUT abc1234' --carry runs/bench
   python scripts/device/plan.py --json                  # the same as JSON: [{"command", "carry", "mib"}, ...]
 
-The last chunk's install shares a call with the work (one call fewer, while /tmp is still warm); earlier chunks get
-a call each. A chunk split by split_chunk.py (folders <chunk>-part1, -part2, ... whose parts.json names the
-manifest's chunk and sha256) is installed one part a call instead, the last part sharing the work's call when it
-is the last chunk's (the tracked tree, ~47 MB, leaves ~17 MB a call for a part). Run them back to
-back: the machine is given back 30 s after a call ends.
+Install calls are as few as fit: a call carries the working tree (~30 MB: the results over 100 KB are stored
+xz-compressed) plus whole chunks (pack_site.py's default of 32 MiB a chunk makes the two chunks fit one call each),
+consecutive chunks sharing a call when they fit together; the last one's install shares a call with the work (one
+call fewer, while /tmp is still warm). A chunk too large for a call with the tree is installed from its parts when
+split_chunk.py made them (folders <chunk>-part1, -part2, ... whose parts.json names the manifest's chunk and sha256),
+else the plan says how to split it. Run the calls back to back: the machine is given back 30 s after a call ends.
 """
 
 from __future__ import annotations
@@ -53,9 +54,12 @@ def path_bytes(path: Path) -> int:
     return sum(travel_bytes(p) for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
-def install_units(chunk: dict, repo: Path = REPO_ROOT) -> list[str]:
-    """What installs a chunk, one call each: its split parts (split_chunk.py's <carry>-partN folders, when their
-    parts.json names this chunk and its sha256, so a part of an older pack is never used), else the chunk itself."""
+def install_units(chunk: dict, repo: Path = REPO_ROOT, room: float = float("inf")) -> list[str]:
+    """What installs a chunk: the chunk itself when it fits a call (`room`: the bytes a call has next to the
+    working tree), else its split parts (split_chunk.py's <carry>-partN folders, when their parts.json names this
+    chunk and its sha256, so a part of an older pack is never used), else the chunk (reported as too large)."""
+    if path_bytes(repo / chunk["carry"]) <= room:
+        return [chunk["carry"]]
     parts = []
     for folder in sorted(repo.glob(chunk["carry"] + "-part*")):
         meta_path = folder / "parts.json"
@@ -70,18 +74,41 @@ def install_units(chunk: dict, repo: Path = REPO_ROOT) -> list[str]:
     return [chunk["carry"]]
 
 
+def group_units(units: list[str], sizes: dict[str, int], room: int, extra: list[str], extra_bytes: int
+                ) -> list[list[str]]:
+    """Install units in order, as few calls as fit: consecutive units share a call while their bytes stay within
+    `room` and its carry within MAX_CARRY paths (taking them in order is optimal for calls that must keep that
+    order). The last call also carries `extra` (the work's paths): it keeps the longest tail of its units that
+    fits next to them, and the units before that tail get a call of their own."""
+    groups: list[list[str]] = []
+    for u in units:
+        if groups and sum(sizes[x] for x in groups[-1]) + sizes[u] <= room and len(groups[-1]) < MAX_CARRY:
+            groups[-1].append(u)
+        else:
+            groups.append([u])
+    last = groups[-1]
+    for keep in range(len(last), 0, -1):
+        tail = last[len(last) - keep:]
+        if sum(sizes[x] for x in tail) + extra_bytes <= room and keep + len(extra) <= MAX_CARRY:
+            break
+    if keep < len(last):
+        groups[-1:] = [last[:len(last) - keep], last[len(last) - keep:]]
+    return groups
+
+
 def plan(manifest: dict, tests: list[str], benches: list[str], deadline_s: int, return_jit: bool,
          repo: Path = REPO_ROOT, base_bytes: int | None = None, work: str | None = None,
          extra_carry: list[str] | None = None) -> list[dict]:
-    """The calls: an install call per chunk (or per part of a split chunk), the last one with the work: the GPU suite
-    over `tests` (with `benches`), or `work`, a shell command run after `source scripts/device/env.sh`."""
+    """The calls: the chunks' install units (a chunk, or the parts of one too large for a call) as few a call as
+    fit, the last call with the work: the GPU suite over `tests` (with `benches`), or `work`, a shell command run
+    after `source scripts/device/env.sh`."""
     base = tree_bytes(repo) if base_bytes is None else base_bytes
+    limit = MAX_TREE_MIB * 2**20
     chunks = manifest["chunks"]
     if not chunks:
         raise ValueError("the manifest lists no chunks; run scripts/device/pack_site.py first.")
-    units = [unit for c in chunks for unit in install_units(c, repo)]
-    calls = [{"command": f"bash scripts/device/install_chunk.sh {u}", "carry": [u]} for u in units[:-1]]
-    carry = [units[-1]]
+    units = [unit for c in chunks for unit in install_units(c, repo, limit - base)]
+    sizes = {u: path_bytes(repo / u) for u in units}
     if work is None:
         suite = ["python3", "scripts/device/run_gpu_suite.py", *tests, "--deadline-s", str(deadline_s)]
         if (repo / JIT_CACHE).exists():
@@ -91,15 +118,17 @@ def plan(manifest: dict, tests: list[str], benches: list[str], deadline_s: int, 
         for b in benches:
             suite += ["--bench", b]
         work = shlex.join(suite)
+    extra = []
     if (repo / JIT_CACHE).exists():  # the suite restores it; steps.sh steps unpack it (unpack_jit_cache)
-        carry.append(str(Path(JIT_CACHE).parent))
-    carry += list(extra_carry or [])
-    calls.append({"command": f"bash scripts/device/install_chunk.sh {units[-1]} && source scripts/device/env.sh && "
-                             f"{work}",
-                  "carry": carry})
+        extra.append(str(Path(JIT_CACHE).parent))
+    extra += list(extra_carry or [])
+    groups = group_units(units, sizes, int(limit - base), extra, sum(path_bytes(repo / p) for p in extra))
+    calls = [{"command": "bash scripts/device/install_chunk.sh " + " ".join(g), "carry": list(g)} for g in groups]
+    calls[-1]["command"] += f" && source scripts/device/env.sh && {work}"
+    calls[-1]["carry"] += extra
     for call in calls:
-        sizes = [path_bytes(repo / p) for p in call["carry"]]  # the install unit first, then the rest
-        call["mib"] = round((base + sum(sizes)) / 2**20, 2)
+        sizes_here = [path_bytes(repo / p) for p in call["carry"]]
+        call["mib"] = round((base + sum(sizes_here)) / 2**20, 2)
         problems = []
         if len(call["command"]) > MAX_COMMAND:
             problems.append(f"command is {len(call['command'])} characters (limit {MAX_COMMAND})")
@@ -109,8 +138,8 @@ def plan(manifest: dict, tests: list[str], benches: list[str], deadline_s: int, 
         if missing:  # the device tool removes a carried path this checkout lacks (a new checkout has no runs/bench:
             # bench_budgets.py --write-prompts runs/bench/humaneval_prompts.jsonl)
             problems.append(f"not in this checkout: {', '.join(missing)}")
-        if base + sum(sizes) > MAX_TREE_MIB * 2**20:
-            room = MAX_TREE_MIB * 2**20 - base - sum(sizes[1:])
+        if base + sum(sizes_here) > limit:
+            room = limit - base - sum(sizes_here[1:])
             hint = (f"split it: python3 scripts/device/split_chunk.py {call['carry'][0]} --part-mb "
                     f"{max(1, int(room / 1e6) - 1)}" if room > 2e6 else "the working tree alone is too large")
             problems.append(f"{call['mib']} MiB travel (limit {MAX_TREE_MIB}); {hint}")

@@ -2,8 +2,8 @@
 
     python3 scripts/device/split_chunk.py .device-cache/site-1 --part-mb 20
 
-Why: a call carries at most 64 MiB with the working tree; the tracked tree (~28 MB) plus site-1
-(~40 MB) is over it. Writes .device-cache/site-1-part1/, -part2/, ... next to the chunk's folder, each with one
+Why: a call carries at most 64 MiB with the working tree; a chunk that does not fit next to the tree (one packed
+with a larger --max-chunk-mib than pack_site.py's default, or after the tree grew) travels in parts. Writes .device-cache/site-1-part1/, -part2/, ... next to the chunk's folder, each with one
 `<name>.tar.xz.part-<i>-of-<n>`, the set's manifest.json and parts.json (chunk name, part count, the whole chunk's
 sha256). On the device, `bash scripts/device/install_chunk.sh .device-cache/site-1-partK` in one call per part (back
 to back): each part is kept under the site dir, and the call that brings the last one joins them, checks the

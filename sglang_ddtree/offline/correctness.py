@@ -8,7 +8,7 @@ compare it, with `sglang_ddtree.compare`, against
     (`torch.save` of per-prompt SimpleNamespaces, `save_tree_traces` round trees, the reference loop's extra final
     round, prompts named by index), written by `export_reference_style` from a longer run of our decoder (that
     extra round is the round our decoder runs next); it tests the import path, not the paper's code;
-  * `benchmarks/results/baselines/offline_humaneval_t0.jsonl` (40 prompts x 128 tokens, all budgets): the prompts
+  * `benchmarks/results/baselines/offline_humaneval_t0.jsonl.xz` (40 prompts x 128 tokens, all budgets): the prompts
     and methods the check shares with it.
 The prompts are the HumanEval prompts of that 40-prompt file with the most full-depth (16-token) rounds, so that a
 bug that only trees of depth 15 reach (e.g. a wrong position for the deepest nodes) changes what is recorded.
@@ -26,7 +26,7 @@ from pathlib import Path
 BASELINE_DIR = Path(__file__).resolve().parent.parent.parent / "benchmarks" / "results" / "baselines"
 OURS_PATH = BASELINE_DIR / "ci_tiny_t0.jsonl"
 REFERENCE_PATH = BASELINE_DIR / "ci_tiny_t0_reference.pt"
-WIDE_PATH = BASELINE_DIR / "offline_humaneval_t0.jsonl"
+WIDE_PATH = BASELINE_DIR / "offline_humaneval_t0.jsonl.xz"
 
 
 @dataclass(frozen=True)
