@@ -113,8 +113,10 @@ def test_the_best_budget_is_the_highest_projection_and_an_unsupported_budget_is_
 def _step_ms(path: Path, setup: str) -> dict[tuple[str, int | None, str], float]:
     """{(method, budget, batch size): step_ms} of a sweep file's ok triton result rows of one setup, read here
     without the projection module (the last row of a key wins, as a resumed sweep's do)."""
+    from sglang_ddtree.results_file import read_text
+
     out = {}
-    for line in path.read_text().splitlines():
+    for line in read_text(path).splitlines():
         row = json.loads(line)
         if row.get("kind") == "result" and row.get("status") == "ok" and row.get("setup") == setup:
             out[(row["method"], row["budget"], str(row["batch_size"]))] = row["step_ms"]
