@@ -17,6 +17,7 @@ import torch
 from sglang_ddtree import cli
 from sglang_ddtree.baseline import MethodRecord, read_baseline
 from sglang_ddtree.cli_args import set_cpu_threads
+from tests.test_cli_errors import run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,15 +27,6 @@ def keep_threads():
     old = torch.get_num_threads()
     yield
     torch.set_num_threads(old)
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    try:
-        rc = cli.main([str(a) for a in argv])
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def last_line(err: str) -> str:
@@ -227,13 +219,13 @@ except KeyboardInterrupt:
 """
 
 
-def test_ctrl_c_reaches_the_bench_sweep_once_and_is_waited_for(tmp_path):
-    """`sglang-ddtree bench` runs the sweep in a process group of its own; SIGINT to the CLI is passed on to it, the
-    CLI waits for it to finish stopping, then says in one line what was kept."""
+def bench_with_fake_sweep(tmp_path, script: str):
+    """`sglang-ddtree bench --marker FILE` in a subprocess whose checkout holds `script` as the sweep; returns once
+    the script has written its marker (it runs), with the process and the marker's path."""
     root = tmp_path / "checkout"
     (root / "benchmarks").mkdir(parents=True)
     (root / "ddtree_bench").mkdir()
-    (root / "benchmarks" / "bench_budgets.py").write_text(FAKE_SWEEP)
+    (root / "benchmarks" / "bench_budgets.py").write_text(script)
     marker = tmp_path / "marker"
     code = ("import sys; from pathlib import Path; import sglang_ddtree.bench_cli as b; from sglang_ddtree import cli; "
             f"b.ROOT = Path({str(root)!r}); sys.exit(cli.main(sys.argv[1:]))")
@@ -242,6 +234,13 @@ def test_ctrl_c_reaches_the_bench_sweep_once_and_is_waited_for(tmp_path):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not marker.exists():
         time.sleep(0.05)
+    return proc, marker
+
+
+def test_ctrl_c_reaches_the_bench_sweep_once_and_is_waited_for(tmp_path):
+    """`sglang-ddtree bench` runs the sweep in a process group of its own; SIGINT to the CLI is passed on to it, the
+    CLI waits for it to finish stopping, then says in one line what was kept."""
+    proc, marker = bench_with_fake_sweep(tmp_path, FAKE_SWEEP)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -292,18 +291,7 @@ time.sleep(120)
 def test_sigterm_to_bench_reaches_the_sweep_and_is_waited_for(tmp_path):
     """A SIGTERM (or SIGHUP) to `sglang-ddtree bench` is passed on to the sweep's own process group, so its servers
     are stopped rather than left running; the CLI then exits 128 + the signal."""
-    root = tmp_path / "checkout"
-    (root / "benchmarks").mkdir(parents=True)
-    (root / "ddtree_bench").mkdir()
-    (root / "benchmarks" / "bench_budgets.py").write_text(FAKE_SWEEP_TERM)
-    marker = tmp_path / "marker"
-    code = ("import sys; from pathlib import Path; import sglang_ddtree.bench_cli as b; from sglang_ddtree import cli; "
-            f"b.ROOT = Path({str(root)!r}); sys.exit(cli.main(sys.argv[1:]))")
-    proc = subprocess.Popen([sys.executable, "-c", code, "bench", "--marker", str(marker)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not marker.exists():
-        time.sleep(0.05)
+    proc, marker = bench_with_fake_sweep(tmp_path, FAKE_SWEEP_TERM)
     time.sleep(0.3)  # the CLI's handlers are in place once the script runs
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
