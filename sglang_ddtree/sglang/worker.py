@@ -389,10 +389,11 @@ class DDTreeWorker(WorkerSetup, engine.worker_base()):
         """Host-side upper bound of the committed lengths (the host copy lags by one round of at most `block_size`
         tokens). Sizes kernel metadata and the mask without reading the device lengths."""
         bs = len(batch.seq_lens)
+        reserved = engine.reserved_lens_cpu(draft_input)
         if batch.seq_lens_cpu is not None:
             bound = batch.seq_lens_cpu.to(torch.int64) + self.block_size
-        elif engine.reserved_lens_cpu(draft_input) is not None:
-            bound = engine.reserved_lens_cpu(draft_input).to(torch.int64)
+        elif reserved is not None:
+            bound = reserved.to(torch.int64)
         else:  # last resort, a blocking copy (DFLASH does the same)
             bound = batch.seq_lens.to("cpu", dtype=torch.int64)
         bound = bound[:bs]
