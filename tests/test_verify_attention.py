@@ -17,17 +17,21 @@ CASES = textwrap.dedent(
     from sglang_ddtree.kernels.verify_attention import tree_verify_attention, tree_verify_attention_reference
     from tests.test_verify_attention import verify_inputs
 
-    # (bs, width, heads, kv heads, head dim, splits, causal): one query block and two (130 rows), GQA groups 1-4,
-    # a non-power-of-two head dim, more splits than prefix blocks, empty prefixes, a one-token verify; splits 1:
-    # the whole-prefix kernel (a tree, a chain, two query blocks)
-    for case in [(1, 5, 4, 2, 16, 3, False), (2, 17, 4, 1, 32, 1, False), (3, 65, 2, 2, 16, 4, False),
-                 (2, 130, 2, 1, 16, 2, False), (2, 9, 4, 4, 24, 16, True), (1, 1, 2, 1, 16, 2, False),
-                 (3, 16, 4, 2, 16, 1, True), (2, 40, 2, 1, 16, 1, False)]:
-        bs, width, heads, kv_heads, dim, splits, causal = case
-        d = verify_inputs(bs, width, heads, kv_heads, dim, causal, seed=sum(case))
+    # (bs, width, heads, kv heads, head dim, splits, causal, heads a program): one query block and two (130 rows),
+    # GQA groups 1-4, a non-power-of-two head dim, more splits than prefix blocks, empty prefixes, a one-token
+    # verify; splits 1: the whole-prefix kernel (a tree, a chain, two query blocks); heads a program None: the
+    # default (the whole kernel packs a group's heads, 2-4 of them here), 1 or 2 forced
+    for case in [(1, 5, 4, 2, 16, 3, False, None), (2, 17, 4, 1, 32, 1, False, None),
+                 (3, 65, 2, 2, 16, 4, False, None), (2, 130, 2, 1, 16, 2, False, None),
+                 (2, 9, 4, 4, 24, 16, True, None), (1, 1, 2, 1, 16, 2, False, None),
+                 (3, 16, 4, 2, 16, 1, True, None), (2, 40, 2, 1, 16, 1, False, None),
+                 (2, 16, 8, 2, 16, 1, False, 1), (2, 16, 8, 2, 16, 1, False, 2), (2, 7, 4, 1, 16, 2, False, 2),
+                 (2, 130, 4, 1, 16, 1, False, None)]:
+        bs, width, heads, kv_heads, dim, splits, causal, hpb = case
+        d = verify_inputs(bs, width, heads, kv_heads, dim, causal, seed=sum(case[:7]))
         out = torch.full_like(d["q"], float("nan"))
         tree_verify_attention(d["q"], d["k"], d["v"], out, d["k_pool"], d["v_pool"], d["kv_indptr"],
-                              d["kv_indices"], d["mask"], d["mask_indptr"], width, 0.3, splits)
+                              d["kv_indices"], d["mask"], d["mask_indptr"], width, 0.3, splits, heads_per_block=hpb)
         ref = tree_verify_attention_reference(d["q"], d["k"], d["v"], d["k_pool"], d["v_pool"], d["kv_indptr"],
                                               d["kv_indices"], d["mask"], d["mask_indptr"], width, 0.3)
         err = (out - ref).abs().max().item()
@@ -86,7 +90,7 @@ def test_split_prefix_attention_equals_exact_attention():
 
 def test_splits_pay_below_half_the_program_slots_and_leave_fuller_batches_to_sglang():
     """The plan the H200 measurements chose (plan_splits' docstring), at Qwen3-8B's 32 query heads."""
-    from sglang_ddtree.kernels.verify_attention import MAX_SPLITS, plan_splits
+    from sglang_ddtree.kernels.verify_attention import MAX_SPLITS, _heads_per_block, plan_splits
 
     assert plan_splits(1, 32, 17, 132) == MAX_SPLITS == 4  # 32 programs of 32 rows in 528 slots
     assert plan_splits(4, 32, 17, 132) == 3
@@ -101,6 +105,10 @@ def test_splits_pay_below_half_the_program_slots_and_leave_fuller_batches_to_sgl
     assert plan_splits(16, 32, 17, 132) == 1 and plan_splits(64, 32, 16, 132) == 1
     assert plan_splits(16, 32, 32, 132) == 1 and plan_splits(16, 32, 33, 132) == 0
     assert plan_splits(64, 32, 65, 132) == 0
+    # the whole-prefix kernel packs a KV group's heads into programs of up to 128 rows; the split kernel does not
+    assert _heads_per_block(16, 4, 1, 16) == 4 and _heads_per_block(17, 4, 1, 32) == 4
+    assert _heads_per_block(65, 4, 1, 128) == 1 and _heads_per_block(16, 6, 1, 16) == 2
+    assert _heads_per_block(16, 4, 2, 16) == 1
 
 
 def test_hook_takes_only_plain_tree_verifies(monkeypatch):

@@ -10,8 +10,10 @@ under the tree mask) is one more part; all parts run side by side and write thei
 sum and unnormalised output, float32), which a second kernel merges. Both kernels take only tensor shapes from
 the host, so the pair is captured in the verify's CUDA graphs like SGLang's kernel.
 Once a batch fills the SMs there is nothing to split, but a verify of 16 or 17 tokens still runs SGLang's 128-row
-programs at 1/8 or 1/4 occupancy of their matrix work; the whole-prefix kernel runs the same (request, head) as one
-16- or 32-row program over the prefix and then the tree block, and writes the normalised output itself.
+programs at 1/8 or 1/4 occupancy of their matrix work, one program a query head, each reading its KV head's whole
+prefix. The whole-prefix kernel runs one program a (request, KV head): the group's query heads packed as rows (4
+heads x 16 rows for a 16-token verify at Qwen3-8B's 32/8 heads), so every prefix block is read once for the group,
+then the tree block, and it writes the normalised output itself.
 
 Inputs are SGLang's target-verify layout (what its extend_attention_fwd reads): q [bs*W, H, D], the verify's own
 k / v [bs*W, H_kv, D], the KV pool [slots, H_kv, D] addressed through kv_indptr / kv_indices (the prefix only),
@@ -63,21 +65,39 @@ def _m_blocks(width: int) -> int:
     return -(-width // _block_m(width))
 
 
+def _heads_per_block(width: int, group: int, splits: int, block_w: int) -> int:
+    """Query heads of one KV group a program takes. The whole-prefix kernel packs the group's heads into one
+    program of up to 128 rows (4 heads x 16 rows for a 16-token verify at Qwen3-8B's 32/8 heads), so each prefix
+    block is read once for the group instead of once a head, and its matrix products run 64 rows instead of 16.
+    The split kernel keeps one head a program: at the batches it serves, programs are what is short."""
+    if splits != 1:
+        return 1
+    fit = max(1, 128 // block_w)
+    hpb = 1
+    while hpb * 2 <= min(group, fit) and group % (hpb * 2) == 0:
+        hpb *= 2
+    return hpb
+
+
 if triton is not None:
 
     @triton.jit
-    def _query_block(Q, kv_indptr, b, h, mb, q_st, q_sh, W, GROUP: tl.constexpr, D: tl.constexpr,
-                     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
-        """Query block mb of request b, head h: its rows and queries, its KV head, and the request's prefix."""
-        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    def _query_block(Q, kv_indptr, b, hb, mb, q_st, q_sh, W, GROUP: tl.constexpr, D: tl.constexpr,
+                     BLOCK_D: tl.constexpr, HPB: tl.constexpr, BLOCK_W: tl.constexpr):
+        """Query block mb of request b, head block hb: HPB heads of one KV group, BLOCK_W verify rows of each
+        (program row r is head hb*HPB + r // BLOCK_W, verify row mb*BLOCK_W + r % BLOCK_W), their queries, the
+        group's KV head and the request's prefix."""
+        r = tl.arange(0, HPB * BLOCK_W)
+        rows = mb * BLOCK_W + r % BLOCK_W
+        heads = hb * HPB + r // BLOCK_W
         row_ok = rows < W
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < D
-        q = tl.load(Q + (b * W + rows)[:, None] * q_st + h * q_sh + offs_d[None, :],
+        q = tl.load(Q + (b * W + rows)[:, None] * q_st + heads[:, None] * q_sh + offs_d[None, :],
                     mask=row_ok[:, None] & d_ok[None, :], other=0.0)
         kv_start = tl.load(kv_indptr + b)
         prefix = tl.load(kv_indptr + b + 1) - kv_start
-        return q, rows, row_ok, offs_d, d_ok, h // GROUP, kv_start, prefix
+        return q, rows, heads, row_ok, offs_d, d_ok, (hb * HPB) // GROUP, kv_start, prefix
 
     @triton.jit
     def _prefix_steps(q, m_i, l_i, acc, lo, hi, kv_start, kv_indices, K_pool, V_pool, kp_st, kp_sh, vp_st, vp_sh,
@@ -140,16 +160,17 @@ if triton is not None:
                              Acc, Max, Sum, scale_log2,
                              q_st, q_sh, kn_st, kn_sh, vn_st, vn_sh, kp_st, kp_sh, vp_st, vp_sh,
                              W, SPLITS, M_BLOCKS, H: tl.constexpr, GROUP: tl.constexpr, CAUSAL: tl.constexpr,
-                             D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        """One part of one (request, head, query block): a prefix chunk (part < SPLITS) or the tree block."""
+                             D: tl.constexpr, BLOCK_D: tl.constexpr, HPB: tl.constexpr, BLOCK_W: tl.constexpr,
+                             BLOCK_N: tl.constexpr):
+        """One part of one (request, head block, query block): a prefix chunk (part < SPLITS) or the tree block."""
         b = tl.program_id(0)
-        h = tl.program_id(1)
         part = tl.program_id(2) // M_BLOCKS
-        q, rows, row_ok, offs_d, d_ok, kvh, kv_start, prefix = _query_block(
-            Q, kv_indptr, b, h, tl.program_id(2) % M_BLOCKS, q_st, q_sh, W, GROUP, D, BLOCK_D, BLOCK_M)
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        q, rows, heads, row_ok, offs_d, d_ok, kvh, kv_start, prefix = _query_block(
+            Q, kv_indptr, b, tl.program_id(1), tl.program_id(2) % M_BLOCKS, q_st, q_sh, W, GROUP, D, BLOCK_D, HPB,
+            BLOCK_W)
+        m_i = tl.full([HPB * BLOCK_W], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([HPB * BLOCK_W], dtype=tl.float32)
+        acc = tl.zeros([HPB * BLOCK_W, BLOCK_D], dtype=tl.float32)
         if part < SPLITS:
             chunk = tl.cdiv(tl.cdiv(prefix, SPLITS), BLOCK_N) * BLOCK_N
             lo = part * chunk
@@ -162,7 +183,7 @@ if triton is not None:
                                         CAUSAL, BLOCK_N)
         # the real rows only; an empty part (a prefix shorter than its chunk) leaves its outputs unwritten but for
         # the running max, which tells the merge to skip it
-        slot = ((b * H + h) * (SPLITS + 1) + part) * (M_BLOCKS * BLOCK_M) + rows
+        slot = ((b * H + heads) * (SPLITS + 1) + part) * (M_BLOCKS * BLOCK_W) + rows
         tl.store(Max + slot, m_i, mask=row_ok)
         tl.store(Sum + slot, l_i, mask=row_ok)
         filled = row_ok & (m_i > float("-inf"))
@@ -171,24 +192,23 @@ if triton is not None:
     @triton.jit
     def _verify_whole_kernel(Q, K_new, V_new, K_pool, V_pool, kv_indptr, kv_indices, Mask, mask_indptr, O,
                              scale_log2, q_st, q_sh, kn_st, kn_sh, vn_st, vn_sh, kp_st, kp_sh, vp_st, vp_sh, o_st,
-                             o_sh, W, H: tl.constexpr, GROUP: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr,
-                             BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-        """One (request, head, query block) whole: the prefix, then the tree block, the output normalised in O's
-        dtype (no partials, no merge): for batches whose programs already fill the SMs."""
+                             o_sh, W, GROUP: tl.constexpr, CAUSAL: tl.constexpr, D: tl.constexpr,
+                             BLOCK_D: tl.constexpr, HPB: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr):
+        """One (request, head block, query block) whole: the prefix, then the tree block, the output normalised in
+        O's dtype (no partials, no merge): for batches whose programs already fill the SMs."""
         b = tl.program_id(0)
-        h = tl.program_id(1)
-        q, rows, row_ok, offs_d, d_ok, kvh, kv_start, prefix = _query_block(
-            Q, kv_indptr, b, h, tl.program_id(2), q_st, q_sh, W, GROUP, D, BLOCK_D, BLOCK_M)
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        q, rows, heads, row_ok, offs_d, d_ok, kvh, kv_start, prefix = _query_block(
+            Q, kv_indptr, b, tl.program_id(1), tl.program_id(2), q_st, q_sh, W, GROUP, D, BLOCK_D, HPB, BLOCK_W)
+        m_i = tl.full([HPB * BLOCK_W], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([HPB * BLOCK_W], dtype=tl.float32)
+        acc = tl.zeros([HPB * BLOCK_W, BLOCK_D], dtype=tl.float32)
         m_i, l_i, acc = _prefix_steps(q, m_i, l_i, acc, 0, prefix, kv_start, kv_indices, K_pool, V_pool, kp_st, kp_sh,
                                       vp_st, vp_sh, kvh, offs_d, d_ok, scale_log2, BLOCK_N)
         m_i, l_i, acc = _tree_steps(q, m_i, l_i, acc, b, rows, row_ok, prefix, W, K_new, V_new, Mask, mask_indptr,
                                     kn_st, kn_sh, vn_st, vn_sh, kvh, offs_d, d_ok, scale_log2, CAUSAL, BLOCK_N)
         out = acc / tl.where(row_ok, l_i, 1.0)[:, None]  # every real row sees its tree root: l_i > 0
-        tl.store(O + (b * W + rows)[:, None] * o_st + h * o_sh + offs_d[None, :], out.to(O.dtype.element_ty),
-                 mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(O + (b * W + rows)[:, None] * o_st + heads[:, None] * o_sh + offs_d[None, :],
+                 out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
     @triton.jit
     def _verify_merge_kernel(Acc, Max, Sum, O, o_st, o_sh, W, PARTS, ROWS_PAD, H: tl.constexpr, D: tl.constexpr,
@@ -228,40 +248,44 @@ if triton is not None:
 def tree_verify_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, out: torch.Tensor,
                           k_pool: torch.Tensor, v_pool: torch.Tensor, kv_indptr: torch.Tensor,
                           kv_indices: torch.Tensor, mask: torch.Tensor | None, mask_indptr: torch.Tensor,
-                          width: int, sm_scale: float, splits: int, block_m: int | None = None) -> torch.Tensor:
+                          width: int, sm_scale: float, splits: int, block_m: int | None = None,
+                          heads_per_block: int | None = None) -> torch.Tensor:
     """Attention of a verify of `width` tokens per request (q [bs*width, H, D]) over each request's prefix in
     the pool and its own tokens under the tree mask (mask None: causal, a chain), written into out
     [bs*width, H, D]. splits: plan_splits (1: the whole-prefix kernel, >= 2: that many prefix chunks and a merge);
-    block_m: query rows a program (default _block_m). Returns out."""
+    block_m: verify rows of one head a program (default _block_m); heads_per_block: query heads of one KV group
+    a program (default _heads_per_block). Returns out."""
     tokens, heads, dim = q.shape
     bs = tokens // width
     group = heads // k_new.shape[1]
-    block_m = block_m or _block_m(width)
-    m_blocks = -(-width // block_m)
+    block_w = block_m or _block_m(width)
+    hpb = heads_per_block or _heads_per_block(width, group, splits, block_w)
+    if group % hpb:
+        raise ValueError(f"heads_per_block {hpb} does not divide the GQA group {group}")
+    m_blocks = -(-width // block_w)
     block_d = _pow2(dim)
-    warps = 8 if block_m >= 128 else 4
+    warps = 8 if hpb * block_w >= 128 else 4
     scale_log2 = sm_scale * 1.4426950408889634  # exp2 below: e^x = 2^(x log2 e)
     causal = mask is None
     strides = (q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
                k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1))
+    tiling = dict(GROUP=group, CAUSAL=causal, D=dim, BLOCK_D=block_d, HPB=hpb, BLOCK_W=block_w, BLOCK_N=BLOCK_N,
+                  num_warps=warps, num_stages=2)
     if splits == 1:
-        _verify_whole_kernel[(bs, heads, m_blocks)](
+        _verify_whole_kernel[(bs, heads // hpb, m_blocks)](
             q, k_new, v_new, k_pool, v_pool, kv_indptr, kv_indices, mask if not causal else kv_indptr, mask_indptr,
-            out, scale_log2, *strides, out.stride(0), out.stride(1), width, H=heads, GROUP=group, CAUSAL=causal,
-            D=dim, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=BLOCK_N, num_warps=warps, num_stages=2)
+            out, scale_log2, *strides, out.stride(0), out.stride(1), width, **tiling)
         return out
     parts = splits + 1
-    rows = bs * heads * parts * m_blocks * block_m
+    rows = bs * heads * parts * m_blocks * block_w
     acc = torch.empty((rows, block_d), dtype=torch.float32, device=q.device)
     run_max = torch.empty(rows, dtype=torch.float32, device=q.device)
     run_sum = torch.empty(rows, dtype=torch.float32, device=q.device)
-    _verify_parts_kernel[(bs, heads, parts * m_blocks)](
+    _verify_parts_kernel[(bs, heads // hpb, parts * m_blocks)](
         q, k_new, v_new, k_pool, v_pool, kv_indptr, kv_indices, mask if not causal else kv_indptr, mask_indptr,
-        acc, run_max, run_sum, scale_log2, *strides,
-        width, splits, m_blocks, H=heads, GROUP=group, CAUSAL=causal, D=dim, BLOCK_D=block_d,
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, num_warps=warps, num_stages=2)
+        acc, run_max, run_sum, scale_log2, *strides, width, splits, m_blocks, H=heads, **tiling)
     _verify_merge_kernel[(bs, heads, -(-width // MERGE_ROWS))](
-        acc, run_max, run_sum, out, out.stride(0), out.stride(1), width, parts, m_blocks * block_m, H=heads, D=dim,
+        acc, run_max, run_sum, out, out.stride(0), out.stride(1), width, parts, m_blocks * block_w, H=heads, D=dim,
         BLOCK_D=block_d, BLOCK_R=MERGE_ROWS, num_warps=4)
     return out
 
