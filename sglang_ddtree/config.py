@@ -56,13 +56,12 @@ VARIABLES = {v.name: v for v in (
              "Hybrid targets: which conv kernel a tree verify runs. auto: sglang_ddtree/tree_conv.py above 65 verify "
              "tokens (SGLang's unrolls over the tokens and compiles for minutes there), SGLang's up to 65; "
              "ddtree / sglang: always ours / always SGLang's."),
-    Variable("SGLANG_DDTREE_VERIFY_ATTENTION", "sglang", _choice("SGLANG_DDTREE_VERIFY_ATTENTION", "ddtree", "sglang"),
-             "Triton attention backend, dense targets: which kernel a tree verify's attention runs. sglang (the "
-             "default): SGLang's extend kernel; ddtree: kernels/verify_attention.py where SGLang's kernel would "
-             "leave SMs idle (small batches: the prefix split) or run mostly empty query rows (verifies of at "
-             "most 32 tokens at larger batches: the whole-prefix kernel). A measuring switch: lossless up to bf16 "
-             "ties at real size and a B=15 round at 1.01-1.02x DFLASH's at batch 1-4 (H200), but its tau over 16 "
-             "prompts is below SGLang's kernel's and the larger-batch path is not timed on a GPU yet."),
+    Variable("SGLANG_DDTREE_VERIFY_ATTENTION", "ddtree", _choice("SGLANG_DDTREE_VERIFY_ATTENTION", "ddtree", "sglang"),
+             "Triton attention backend, dense targets: which kernel a tree verify's attention runs. ddtree (the "
+             "default): kernels/verify_attention.py wherever its plan is faster than SGLang's extend kernel (the "
+             "prefix split across programs at small batches, one program a request and KV group for verifies of "
+             "at most 64 tokens at larger ones), SGLang's elsewhere; sglang: SGLang's extend kernel for every "
+             "verify, to measure ours against it or to rule it out when debugging a divergence."),
     Variable("SGLANG_DDTREE_PROFILE_RANGES", False, _switch("SGLANG_DDTREE_PROFILE_RANGES"),
              "1: each round stage is wrapped in a `ddtree:<stage>` profiler range (a measuring mode: "
              "benchmarks/profile_rounds.py reads them from a torch profiler trace)."),

@@ -88,23 +88,25 @@ def test_split_prefix_attention_equals_exact_attention():
     run_in_interpreter(CASES, "VERIFY-ATTENTION-OK", timeout=900)
 
 
-def test_splits_pay_below_half_the_program_slots_and_leave_fuller_batches_to_sglang():
-    """The plan the H200 measurements chose (plan_splits' docstring), at Qwen3-8B's 32 query heads."""
+def test_plan_splits_small_batches_packs_narrow_verifies_and_leaves_wide_full_batches_to_sglang():
+    """The plan the H200 and H100 measurements chose (plan_splits' docstring), at Qwen3-8B's 32 query heads."""
     from sglang_ddtree.kernels.verify_attention import MAX_SPLITS, _heads_per_block, plan_splits
 
     assert plan_splits(1, 32, 17, 132) == MAX_SPLITS == 4  # 32 programs of 32 rows in 528 slots
     assert plan_splits(4, 32, 17, 132) == 3
-    assert plan_splits(4, 32, 33, 132) == 2  # 128 programs of 64 rows in 264 slots: at least 2 chunks
+    assert plan_splits(4, 32, 33, 132) == 1  # 128 programs of 64 rows in 264 slots: two fits, the whole kernel
     assert plan_splits(1, 32, 65, 132) == 3  # 32 programs of 128 rows, one an SM
     assert plan_splits(2, 32, 65, 132) == 2
     assert plan_splits(4, 32, 65, 132) == 0  # 128 programs: SGLang's kernel keeps the call
     assert plan_splits(1, 32, 129, 132) == 2  # three 64-row blocks a head
     assert plan_splits(2, 32, 129, 132) == 0
-    # past half the slots: the whole-prefix kernel for verifies of at most 32 tokens (SGLang's programs are 128
-    # rows), SGLang's kernel for wider ones
+    # below three fits: the whole-prefix kernel for verifies of at most 64 tokens, SGLang's kernel for wider ones
+    # (split in two at exactly two fits)
     assert plan_splits(16, 32, 17, 132) == 1 and plan_splits(64, 32, 16, 132) == 1
-    assert plan_splits(16, 32, 32, 132) == 1 and plan_splits(16, 32, 33, 132) == 0
-    assert plan_splits(64, 32, 65, 132) == 0
+    assert plan_splits(16, 32, 32, 132) == 1 and plan_splits(16, 32, 64, 132) == 1
+    assert plan_splits(4, 32, 64, 132) == 1  # two fits of 64-row programs: the whole kernel beat the split one
+    assert plan_splits(4, 32, 16, 132) == 3  # four fits: split
+    assert plan_splits(16, 32, 65, 132) == 0 and plan_splits(64, 32, 65, 132) == 0
     # the whole-prefix kernel packs a KV group's heads into programs of up to 128 rows; the split kernel does not
     assert _heads_per_block(16, 4, 1, 16) == 4 and _heads_per_block(17, 4, 1, 32) == 4
     assert _heads_per_block(65, 4, 1, 128) == 1 and _heads_per_block(16, 6, 1, 16) == 2
@@ -131,13 +133,16 @@ def test_hook_takes_only_plain_tree_verifies(monkeypatch):
     assert splits(k_scale=0.5) == 0 and splits(pool=d["k_pool"].float()) == 0
     assert splits(sliding_window_size=128) == 0 and splits(sinks=torch.zeros(1)) == 0
     assert splits(logit_cap=30.0) == 0 and splits(page_size=16) == 0 and splits(future_option=1) == 0
+    wide = verify_inputs(1, 17, 4, 1, 256, causal=False, seed=2, dtype=torch.bfloat16)  # heads past MAX_HEAD_DIM
+    assert hooks._verify_splits(wide["q"], wide["k_pool"], wide["v_pool"], wide["q"], qo_indptr, wide["mask"], True,
+                                17, 1.0, 1.0, (), {}, sms=132) == 0
     monkeypatch.setattr(hooks, "_VERIFY_ATTENTION", "sglang")
     assert splits() == 0
 
 
 def test_the_hook_is_installed_only_when_asked_for(monkeypatch):
-    """SGLANG_DDTREE_VERIFY_ATTENTION unset (sglang, the default): the worker registers nothing, so SGLang's
-    extend kernel runs with no wrapper around it; ddtree: the wrapper is registered on SGLang's kernel."""
+    """SGLANG_DDTREE_VERIFY_ATTENTION unset (ddtree, the default): the wrapper is registered on SGLang's kernel;
+    sglang: the worker registers nothing, so SGLang's extend kernel runs with no wrapper around it."""
     import sys
     import types
 
@@ -152,8 +157,8 @@ def test_the_hook_is_installed_only_when_asked_for(monkeypatch):
         monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", fake)
     monkeypatch.setattr(hooks, "_VERIFY_ATTENTION", hooks._VERIFY_ATTENTION)
-    monkeypatch.delenv("SGLANG_DDTREE_VERIFY_ATTENTION", raising=False)
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_ATTENTION", "sglang")
     assert hooks.install_verify_attention_hook() == "sglang" and registered == []
-    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_ATTENTION", "ddtree")
+    monkeypatch.delenv("SGLANG_DDTREE_VERIFY_ATTENTION", raising=False)
     assert hooks.install_verify_attention_hook() == "ddtree"
     assert registered == [(hooks.VERIFY_ATTENTION_TARGET, hooks.around_extend_attention, "around")]

@@ -20,9 +20,9 @@ k / v [bs*W, H_kv, D], the KV pool [slots, H_kv, D] addressed through kv_indptr 
 and the custom mask: per request, W rows of (prefix + W) booleans from mask_indptr[b], the last W columns the
 tree's (the prefix columns are all visible and not read).
 
-Used where SGLang's kernel leaves most SMs idle or runs mostly empty query rows (sglang_ddtree/sglang/hooks.py
-decides, with plan_splits); the result equals exact attention up to float32 summation order and the bf16 rounding of the
-probabilities before the value product, as SGLang's does.
+Used for every plain tree verify of a dense target on the Triton backend where plan_splits says ours is faster
+(sglang_ddtree/sglang/hooks.py decides); the result equals exact attention up to float32 summation order and the bf16
+rounding of the probabilities before the value product, as SGLang's does.
 """
 
 from __future__ import annotations
@@ -34,23 +34,29 @@ from sglang_ddtree.kernels.common import _pow2, tl, triton
 BLOCK_N = 64  # prefix / tree keys per loop step
 MAX_SPLITS = 4
 MERGE_ROWS = 16  # query rows a merge program takes
-WIDE_BATCH_MAX_WIDTH = 32  # verify widths whose programs are a quarter of SGLang's 128 rows or less (plan_splits)
+WIDE_BATCH_MAX_WIDTH = 64  # verify widths the whole-prefix kernel takes once the SMs are full (plan_splits)
+MAX_HEAD_DIM = 128  # head sizes measured on a GPU (Qwen3-8B's 128); larger ones stay with SGLang's kernel
 
 
 def plan_splits(bs: int, heads: int, width: int, sms: int) -> int:
     """How many chunks the prefix of each (request, head) is cut into: 0 leaves the call to SGLang's kernel, 1 is
-    the whole-prefix kernel (no partials, no merge), 2-4 the split kernel. Measured on an H200 at Qwen3-8B heads
-    (benchmarks/bench_verify_attention.py, prefixes of 400 and 1500 tokens): one extra part pays while the programs
-    SGLang's kernel would run (bs x heads x query blocks) fill at most half the SMs' program slots (one 128-row
-    program an SM, two 64-row, four smaller); 2-4 chunks beat more (every part's float32 partials are written and
-    merged), and past half the slots SGLang's kernel was as fast or faster at 65 tokens (batch 4: 40 us against our
-    48), where both run 128-row programs. A verify of at most 32 tokens is another case: SGLang's Hopper kernel
-    still runs 128 query rows a program, so a 16-token verify does 8x the matrix work it needs; ours runs 16- or
-    32-row programs, so past half the slots it takes the whole-prefix kernel (WIDE_BATCH_MAX_WIDTH)."""
+    the whole-prefix kernel (no partials, no merge), 2-4 the split kernel. `fit` is how many times the programs
+    SGLang's kernel would run (bs x heads x query blocks) fit the SMs' program slots (one 128-row program an SM, two
+    64-row, four smaller). Measured one layer at a time in CUDA graphs at Qwen3-8B heads (H200 and H100,
+    benchmarks/bench_verify_attention.py and tests/gpu/test_verify_attention_cuda.py, prefixes of 400-2000 tokens):
+    - fit >= 3: split the prefix, 2-4 chunks (more lose: every part's float32 partials are written and merged).
+      Batch 1, 16 tokens: 12.9 us against SGLang's 33.5 and the whole kernel's 23.6 (H100).
+    - otherwise, verifies of at most 64 tokens: the whole-prefix kernel, a KV group's heads packed into one program.
+      Batch 4, 64 tokens: 28.7 us against the split kernel's 33.5 and SGLang's 34.7; batch 16, 16 tokens: 33.6
+      against SGLang's 127.2; batch 64, 16 tokens, 2000-token prefixes: 287 against 2173 (SGLang's kernel runs 128
+      query rows a program, one head each, so a 16-token verify does 8x the matrix work it needs and reads each KV
+      head's prefix once a query head).
+    - wider verifies at fit 2: split in two (batch 1, 129 tokens: 41.6 us against SGLang's 45.4); at fit < 2
+      SGLang's kernel (batch 4, 65 tokens: 40.0 against the whole kernel's 41.6, batch 8: 79.4 against 86.9)."""
     block_m = _block_m(width)
     slots = sms * (1 if block_m >= 128 else 2 if block_m == 64 else 4)
     fit = slots // (bs * heads * _m_blocks(width))
-    if fit >= 2:
+    if fit >= 3 or (fit == 2 and width > WIDE_BATCH_MAX_WIDTH):
         return max(2, min(MAX_SPLITS, fit - 1))
     return 1 if width <= WIDE_BATCH_MAX_WIDTH else 0
 

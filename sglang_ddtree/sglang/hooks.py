@@ -78,11 +78,11 @@ def install_tree_conv_hook() -> str:
 
 
 # The attention SGLang's Triton backend runs for a target verify (a name the backend imports when it is built):
-# with SGLANG_DDTREE_VERIFY_ATTENTION=ddtree, a tree verify at small batches takes ours
-# (kernels/verify_attention.py: the prefix split across programs).
+# a tree verify takes ours (kernels/verify_attention.py) where its plan is faster; SGLANG_DDTREE_VERIFY_ATTENTION=sglang
+# leaves every call to SGLang's kernel.
 VERIFY_ATTENTION_TARGET = engine.hook_target("extend_attention_fwd")
 # SGLANG_DDTREE_VERIFY_ATTENTION as install_verify_attention_hook read it (at the worker's start)
-_VERIFY_ATTENTION = "sglang"
+_VERIFY_ATTENTION = "sglang"  # until then nothing is hooked
 _SMS: dict = {}  # device index -> its SM count
 
 
@@ -90,7 +90,7 @@ def _verify_splits(q, k_pool, v_pool, o, qo_indptr, custom_mask, is_causal, widt
                    args, kwargs, sms: int) -> int:
     """How many prefix chunks our kernel cuts this extend-attention call into (verify_attention.plan_splits; 1: the
     whole-prefix kernel); 0 to leave it to SGLang's: anything but a uniform tree verify on a plain bf16/fp16 MHA pool,
-    or a verify wider than 32 tokens at a batch that already fills the SMs."""
+    with heads larger than verify_attention.MAX_HEAD_DIM, or a verify where the plan finds SGLang's kernel as fast."""
     if _VERIFY_ATTENTION != "ddtree" or custom_mask is None or not is_causal or args:
         return 0
     plain, hints = engine.EXTEND_ATTENTION_PLAIN, engine.EXTEND_ATTENTION_HINTS
@@ -105,6 +105,9 @@ def _verify_splits(q, k_pool, v_pool, o, qo_indptr, custom_mask, is_causal, widt
         return 0
     from sglang_ddtree.kernels import verify_attention
 
+    if q.shape[-1] > verify_attention.MAX_HEAD_DIM:
+        return 0
+
     return verify_attention.plan_splits(bs, q.shape[1], width, sms)
 
 
@@ -118,8 +121,8 @@ def _sm_count(device: torch.device) -> int:
 def around_extend_attention(original, q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
                             kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale=1.0,
                             v_scale=1.0, sm_scale=None, *args, **kwargs):
-    """SGLang's extend_attention_fwd (the same parameters, so the same call) or, for a tree verify at a batch
-    that leaves SMs idle, kernels/verify_attention.py into the same output."""
+    """SGLang's extend_attention_fwd (the same parameters, so the same call) or, for a tree verify that
+    _verify_splits gives ours, kernels/verify_attention.py into the same output."""
     q = q_extend
     splits = q.is_cuda and _verify_splits(q, k_buffer, v_buffer, o_extend, qo_indptr, custom_mask, is_causal,
                                           max_len_extend, k_scale, v_scale, args, kwargs, _sm_count(q.device))
@@ -135,8 +138,8 @@ def around_extend_attention(original, q_extend, k_extend, v_extend, o_extend, k_
 
 
 def install_verify_attention_hook() -> str:
-    """Put around_extend_attention on SGLang's Triton extend attention when SGLANG_DDTREE_VERIFY_ATTENTION is
-    `ddtree`; with `sglang` (the default) nothing is installed, so every call goes straight to SGLang's kernel.
+    """Put around_extend_attention on SGLang's Triton extend attention unless SGLANG_DDTREE_VERIFY_ATTENTION is
+    `sglang`: then nothing is installed, so every call goes straight to SGLang's kernel.
     DDTreeWorker calls it in its scheduler process before the target's attention backends are built (they import
     the function then); only calls with a verify's custom mask take ours, so the drafter's and the prefills' keep
     SGLang's. -> the SGLANG_DDTREE_VERIFY_ATTENTION choice it read."""

@@ -63,8 +63,9 @@ class WorkerSetup:
             attention = install_verify_attention_hook()
             if self.ps.tp_rank == 0:
                 logger.info("DDTREE: tree verify attention on the Triton backend: %s (SGLANG_DDTREE_VERIFY_ATTENTION)",
-                            "sglang-ddtree's kernels (split prefix at small batches, whole prefix for narrow "
-                            "verifies)" if attention == "ddtree" else "SGLang's extend kernel")
+                            "sglang-ddtree's kernels where faster (split prefix at small batches, one program a "
+                            "request and KV group for verifies of up to 64 tokens)" if attention == "ddtree"
+                            else "SGLang's extend kernel")
         if int(draft_cfg.hidden_size) != int(target_cfg.hidden_size):
             raise ValueError(
                 f"DDTREE drafter hidden size {draft_cfg.hidden_size} does not match the target's "
