@@ -243,6 +243,37 @@ def test_env_sh_sets_paths_and_caches(tmp_path):
     assert list((tmp_path / "site").glob("sglang_ddtree-*.dist-info"))
 
 
+def test_queue_runs_a_plan_detached_and_collects_what_it_wrote(tmp_path):
+    """queue.sh start returns at once; collect waits for the plan, reports every step's exit status (a failed step
+    does not stop the next) and packs the results folder into $OUT without server-log tarballs."""
+    import tarfile
+
+    plan = tmp_path / "plan.sh"
+    plan.write_text('step first bash -c "sleep 1; echo $C > $R/first.txt"\n'
+                    "step broken false\n"
+                    'step last bash -c "mkdir -p $R/sweep && echo x > $R/sweep/logs_x.tar.xz && echo y > $R/sweep/y.jsonl"\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(QUEUE_DIR=str(tmp_path / "q"), OUT=str(out), DDTREE_SITE=str(tmp_path / "site"),
+               DDTREE_JIT_ROOT=str(tmp_path / "jit"))
+    started = subprocess.run(["bash", str(DEVICE / "queue.sh"), "start", str(plan), "abc1234"], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0 and "queue started" in started.stdout
+    collected = subprocess.run(["bash", str(DEVICE / "queue.sh"), "collect", "60"], env=env, capture_output=True,
+                               text=True, timeout=120)
+    assert collected.returncode == 0, collected.stderr
+    assert "still running" not in collected.stdout
+    for line in ("== first exit 0", "== broken exit 1", "== last exit 0", "queue: done"):
+        assert line in collected.stdout, collected.stdout
+    with tarfile.open(out / "results.tar.xz") as tar:
+        names = set(tar.getnames())
+        assert tar.extractfile("results/first.txt").read().decode().strip() == "abc1234"
+    assert "results/sweep/y.jsonl" in names and "results/sweep/logs_x.tar.xz" not in names
+    with tarfile.open(out / "logs.tar") as tar:
+        assert tar.getnames() == ["results/sweep/logs_x.tar.xz"]
+
+
 # -------------------------------------------------------------------------------------------------- runner
 
 
