@@ -108,9 +108,9 @@ def test_plan_splits_small_batches_packs_narrow_verifies_and_leaves_wide_full_ba
     assert plan_splits(4, 32, 16, 132) == 3  # four fits: split
     assert plan_splits(16, 32, 65, 132) == 0 and plan_splits(64, 32, 65, 132) == 0
     # the whole-prefix kernel packs a KV group's heads into programs of up to 128 rows; the split kernel does not
-    assert _heads_per_block(16, 4, 1, 16) == 4 and _heads_per_block(17, 4, 1, 32) == 4
-    assert _heads_per_block(65, 4, 1, 128) == 1 and _heads_per_block(16, 6, 1, 16) == 2
-    assert _heads_per_block(16, 4, 2, 16) == 1
+    assert _heads_per_block(4, 1, 16) == 4 and _heads_per_block(4, 1, 32) == 4  # 16 / 17-32 tokens
+    assert _heads_per_block(4, 1, 64) == 2 and _heads_per_block(4, 1, 128) == 1  # 33-64 / 65-128 tokens
+    assert _heads_per_block(6, 1, 16) == 2 and _heads_per_block(4, 2, 16) == 1  # a group of 6; the split kernel
 
 
 def test_hook_takes_only_plain_tree_verifies(monkeypatch):

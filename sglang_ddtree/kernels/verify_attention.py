@@ -71,7 +71,7 @@ def _m_blocks(width: int) -> int:
     return -(-width // _block_m(width))
 
 
-def _heads_per_block(width: int, group: int, splits: int, block_w: int) -> int:
+def _heads_per_block(group: int, splits: int, block_w: int) -> int:
     """Query heads of one KV group a program takes. The whole-prefix kernel packs the group's heads into one
     program of up to 128 rows (4 heads x 16 rows for a 16-token verify at Qwen3-8B's 32/8 heads), so each prefix
     block is read once for the group instead of once a head, and its matrix products run 64 rows instead of 16.
@@ -265,7 +265,7 @@ def tree_verify_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Ten
     bs = tokens // width
     group = heads // k_new.shape[1]
     block_w = block_m or _block_m(width)
-    hpb = heads_per_block or _heads_per_block(width, group, splits, block_w)
+    hpb = heads_per_block or _heads_per_block(group, splits, block_w)
     if group % hpb:
         raise ValueError(f"heads_per_block {hpb} does not divide the GQA group {group}")
     m_blocks = -(-width // block_w)
