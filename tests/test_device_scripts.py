@@ -785,6 +785,45 @@ def test_real_size_module_runs_the_27b_servers_one_at_a_time(monkeypatch, pair_n
         assert args[args.index("--max-running-requests") + 1] == str(plan.batch)
 
 
+def test_real_size_module_sizes_its_servers_for_long_prompts(monkeypatch):
+    """DDTREE_GPU_PROMPTS=long:8192: batch 4, the context and KV pool those prompts need (prompt + new tokens + twice
+    the widest verify + 32, the pool for the batch with 20% to spare), every record naming the prompt set; 32K
+    prompts run one server at a time; a malformed choice is refused."""
+    import types
+
+    mod = _real_size_module(monkeypatch)
+    monkeypatch.delenv("DDTREE_GPU_CONFIGS", raising=False)
+    monkeypatch.setenv("DDTREE_GPU_PROMPTS", "long:8192")
+    choice = mod.prompt_choice()
+    assert choice == ("long", 8192)
+    base = mod.REAL_SIZE_PLANS["8b-real"]
+    plan = mod.prompt_plan(base, choice)
+    assert (plan.batch, plan.one_at_a_time, plan.configs) == (4, False, base.configs)
+    assert mod.prompt_plan(base, ("long", 32768)).one_at_a_time and mod.prompt_plan(base, None) is base
+    assert mod.widest_verify(plan) == 257  # ddtree-256
+    need = 8192 + mod.NEW_TOKENS + 2 * 257 + 32
+    assert mod.long_context(8192, plan) == (-(-need // 1024) * 1024, -(-int(4 * need * 1.2) // 1024) * 1024)
+    fake = _FakeServers()
+    _no_leak(mod, monkeypatch, fake)
+    pair = types.SimpleNamespace(base_args=lambda: ["--model-path", "t"], drafter=Path("d"), hybrid=False,
+                                 mode="8b-real")
+    records = []
+    mod.serve(fake, pair, plan, ["a", "b"], "triton", lambda kind, **f: records.append({"kind": kind, **f}), choice)
+    context, pool = mod.long_context(8192, plan)
+    for server in fake.all.values():
+        args = server.args
+        assert args[args.index("--context-length") + 1] == str(context) == "9216"
+        assert args[args.index("--max-total-tokens") + 1] == str(pool)
+        assert args[args.index("--max-running-requests") + 1] == "4"
+    assert records and all(r["prompt_set"] == "long:8192" for r in records)
+    for bad in ("long", "long:8k", "short:2048"):
+        monkeypatch.setenv("DDTREE_GPU_PROMPTS", bad)
+        with pytest.raises(ValueError, match="DDTREE_GPU_PROMPTS"):
+            mod.prompt_choice()
+    monkeypatch.setenv("DDTREE_GPU_PROMPTS", "humaneval")
+    assert mod.prompt_choice() is None and mod.prompt_set_name(None) == "humaneval"
+
+
 def test_real_size_module_stops_a_server_whose_answers_fail(monkeypatch):
     """One at a time, a server that fails mid-way is stopped all the same, so a later module or rerun gets the GPU."""
     import types

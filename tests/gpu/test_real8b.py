@@ -22,6 +22,11 @@ or flashinfer).
   - the KV pool is back to idle after 200 mixed, sampled and aborted requests (B = 64; B = 16 for 27b-hybrid);
   - an oracle server's count of request-rounds whose chain re-verify differed from its tree verify.
 
+DDTREE_GPU_PROMPTS=long:8192 (or long:2048, long:32768, shared:8192) runs the same checks on 16 long prompts of
+runs/bench/long_prompts.jsonl (`benchmarks/bench_budgets.py --write-long-prompts`, carried with runs/bench) instead:
+batch 4, the servers' context length and KV pool raised to what those prompts need, and from 16K tokens one server at
+a time; every record names the prompt set.
+
 DDTREE_GPU_CONFIGS=ddtree-64,ddtree-auto,... starts only those DDTREE servers (plain always): all five 8B servers at
 once are sized for an H200; on an H100 select fewer. 27b-hybrid runs its servers one at a time, plain first, each
 stopped once it has answered (a 27B server fills most of an H100). Tests of servers not selected skip.
@@ -33,6 +38,7 @@ that had answered (the tests, which run once every server has answered, then ass
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -49,6 +55,8 @@ NEW_TOKENS = 128
 PROMPTS = 16
 GREEDY = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
 MODES = ("bs1", "batch")  # one request at a time; the pair's batch at once (recorded as bs<batch>)
+LONG_BATCH = 4  # the all-at-once batch with long prompts (DDTREE_GPU_PROMPTS)
+ONE_AT_A_TIME_FROM = 16384  # prompt tokens from which two 8B servers with their KV pools do not fit an H100
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +68,62 @@ def pair(model_pair):
 
 @pytest.fixture(scope="module")
 def plan(pair):
-    return REAL_SIZE_PLANS[pair.mode]
+    return prompt_plan(REAL_SIZE_PLANS[pair.mode], prompt_choice())
+
+
+def prompt_choice() -> tuple[str, int] | None:
+    """DDTREE_GPU_PROMPTS: None (HumanEval) or (prompt kind, tokens) for `long:TOKENS` / `shared:TOKENS`."""
+    value = os.environ.get("DDTREE_GPU_PROMPTS", "").strip()
+    if not value or value == "humaneval":
+        return None
+    kind, _, tokens = value.partition(":")
+    if kind not in ("long", "shared") or not tokens.isdigit():
+        raise ValueError(f"DDTREE_GPU_PROMPTS={value!r}: use humaneval, long:TOKENS or shared:TOKENS")
+    return kind, int(tokens)
+
+
+def prompt_set_name(choice: tuple[str, int] | None) -> str:
+    return "humaneval" if choice is None else f"{choice[0]}:{choice[1]}"
+
+
+def prompt_plan(plan, choice: tuple[str, int] | None):
+    """The pair's plan for the prompt set: long prompts run at batch LONG_BATCH, one server at a time from
+    ONE_AT_A_TIME_FROM tokens."""
+    if choice is None:
+        return plan
+    return dataclasses.replace(plan, batch=min(plan.batch, LONG_BATCH),
+                               one_at_a_time=plan.one_at_a_time or choice[1] >= ONE_AT_A_TIME_FROM)
+
+
+def widest_verify(plan) -> int:
+    """The widest verify (tokens a request) among the plan's configurations: B + 1, `auto` its default widest."""
+    from sglang_ddtree.adaptive import parse_candidates
+    from sglang_ddtree.sglang.args import DEFAULT_AUTO_CANDIDATES
+
+    budgets = [max(parse_candidates(DEFAULT_AUTO_CANDIDATES)) if b == "auto" else int(b)
+               for b in (c.removeprefix("ddtree-").partition("-")[0] for c in plan.configs)]
+    return max(budgets) + 1
+
+
+def long_context(prompt_tokens: int, plan) -> tuple[int, int]:
+    """(--context-length, --max-total-tokens) for prompts of up to prompt_tokens tokens: each request's prompt, its
+    new tokens and a round's reserve (twice the widest verify + 32, as bench_budgets.py's plan reserves), the context
+    rounded up to 1024, the pool the plan's batch of such requests with 20% to spare."""
+    need = prompt_tokens + NEW_TOKENS + 2 * widest_verify(plan) + 32
+    context = -(-need // 1024) * 1024
+    return context, max(24576, -(-int(plan.batch * need * 1.2) // 1024) * 1024)
 
 
 def run_name(config: str, mode: str, plan) -> str:
     return f"{config}/bs{1 if mode == 'bs1' else plan.batch}"
 
 
-def prompts() -> list[str]:
+def prompts(choice: tuple[str, int] | None = None) -> list[str]:
+    if choice is not None:
+        from ddtree_bench.long_prompts import read_long_prompts
+
+        rows = read_long_prompts(REPO_ROOT / "runs" / "bench" / "long_prompts.jsonl", *choice)
+        return [r["text"] for r in rows[:PROMPTS]]
     path = REPO_ROOT / "runs" / "bench" / "humaneval_prompts.jsonl"
     if path.is_file():
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -75,16 +131,22 @@ def prompts() -> list[str]:
     return (TEXT_PROMPTS + [p + "    " for p in TEXT_PROMPTS])[:PROMPTS]
 
 
-def common(pair, backend: str, plan) -> list[str]:
+def common(pair, backend: str, plan, choice: tuple[str, int] | None = None) -> list[str]:
     # Up to five 8B servers start together: a capped KV pool (--max-total-tokens) with a loose fraction, as the sweep
     # does. A server alone on the GPU (one at a time: the 27B) takes most of it, and a KV pool of what 16 prompts
     # need at the batch, so that its recurrent-state pool fits next to the weights. A hybrid target's mamba pool gets
     # explicit slots (ddtree_bench.plan.mamba_cache_size), or SGLang would size it from the memory free at its start.
     fraction, kv_tokens = ("0.92", "8192") if plan.one_at_a_time else ("0.88", "24576")
+    context = "4096"
+    if choice is not None:  # long prompts: the context and pool they need (a shared prefix's suffix: ~200 tokens)
+        from ddtree_bench.plan import SHARED_SUFFIX_TOKENS
+
+        tokens = choice[1] + (SHARED_SUFFIX_TOKENS if choice[0] == "shared" else 0)
+        context, kv_tokens = (str(n) for n in long_context(tokens, plan))
     args = pair.base_args() + [
         "--attention-backend", backend, "--mem-fraction-static", fraction, "--max-total-tokens", kv_tokens,
         "--max-running-requests", str(plan.batch), "--cuda-graph-max-bs-decode", str(plan.batch),
-        "--context-length", "4096", "--random-seed", "0", "--decode-log-interval", "1"]
+        "--context-length", context, "--random-seed", "0", "--decode-log-interval", "1"]
     if pair.hybrid:
         from ddtree_bench.plan import mamba_cache_size
 
@@ -128,6 +190,11 @@ def _leak_load(server, texts: list[str]) -> dict:
     tokens, reqs, kinds = mixed_and_aborted_load(server, lambda i: {"text": texts[i % len(texts)]})
     return {"idle_tokens": idle_tokens, "idle_reqs": idle_reqs, "after_tokens": tokens, "after_reqs": reqs,
             "kinds": kinds, "alive": server.proc.poll() is None}
+
+
+def _with_prompt_set(record, prompt_set: str):
+    """record(kind, **fields) with the prompt set (DDTREE_GPU_PROMPTS) named in every record."""
+    return lambda kind, **fields: record(kind, prompt_set=prompt_set, **fields)
 
 
 def _judged(kind: str, record, fields: dict, judge) -> dict:
@@ -175,12 +242,13 @@ def _oracle_numbers(served: Served, config: str, plan) -> dict:
             "ok": ok, **({} if found else {"error": "no oracle line in the server log"})}
 
 
-def serve(start, pair, plan, texts: list[str], backend: str, record) -> Served:
+def serve(start, pair, plan, texts: list[str], backend: str, record, choice: tuple[str, int] | None = None) -> Served:
     """Start the plan's servers with start({name: args}, env=...) (the sglang_servers factory), collect what they
     answer to texts and judge it as each server answers, recording every judgement with record(kind, **fields) (the
     gpu_record fixture); a plan of one server at a time starts plain first and stops each server once it has
     answered everything asked of it (the KV-leak load too), so that the next one gets the GPU."""
-    base = common(pair, backend, plan)
+    base = common(pair, backend, plan, choice)
+    record = _with_prompt_set(record, prompt_set_name(choice))
     draft = ["--speculative-draft-model-path", str(pair.drafter)]
     configs = real_size_configs(plan, base, draft)
     env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
@@ -214,9 +282,10 @@ def serve(start, pair, plan, texts: list[str], backend: str, record) -> Served:
 @pytest.fixture(scope="module")
 def served(sglang_servers, pair, plan, gpu_record):
     try:
-        return serve(sglang_servers, pair, plan, prompts(), os.environ.get("DDTREE_GPU_BACKEND", "triton"),
-                     gpu_record)
-    except ValueError as exc:  # a DDTREE_GPU_CONFIGS selection the plan does not know
+        choice = prompt_choice()
+        return serve(sglang_servers, pair, plan, prompts(choice), os.environ.get("DDTREE_GPU_BACKEND", "triton"),
+                     gpu_record, choice)
+    except ValueError as exc:  # a DDTREE_GPU_CONFIGS selection the plan does not know, a long prompt set missing
         pytest.fail(str(exc), pytrace=False)
 
 
