@@ -352,7 +352,17 @@ def _greedy_against_plain(served: Served, name: str, texts: list[str]) -> dict:
             "max_gap": max((g for g in gaps if g is not None), default=0.0), "tau": tau_of(outputs[name]),
             "tau_by_prompt": [round(tau_of([o]), 4) for o in outputs[name]], "exact_prompts": same,
             "tau_exact_prompts": tau_of([outputs[name][i] for i in same]) if same else None,
+            "cache": _cache_use(outputs[name]), "plain_cache": _cache_use(outputs["plain"]),
             "tie_nats": TIE_NATS, "ok": not still}
+
+
+def _cache_use(outputs) -> dict:
+    """The prompts' tokens and how many of them the radix cache served (SGLang's meta_info prompt_tokens and
+    cached_tokens; a shared prefix's hits), summed over a run's answers."""
+    metas = [o["meta_info"] for o in outputs]
+    prompt = sum(int(m.get("prompt_tokens") or 0) for m in metas)
+    cached = sum(int(m.get("cached_tokens") or 0) for m in metas)
+    return {"prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": round(cached / prompt, 4) if prompt else None}
 
 
 @pytest.mark.parametrize("mode", MODES)
