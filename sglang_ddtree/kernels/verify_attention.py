@@ -106,6 +106,19 @@ if triton is not None:
         return q, rows, heads, row_ok, offs_d, d_ok, (hb * HPB) // GROUP, kv_start, prefix
 
     @triton.jit
+    def _softmax_step(s, v, m_i, l_i, acc, MAY_BE_EMPTY: tl.constexpr):
+        """One block of keys into the running softmax: scores s (log2 units, -inf where unseen) and values v update
+        the running max m_i, sum l_i and unnormalised output acc. MAY_BE_EMPTY: a row may have seen no key yet (the
+        tree block before its root), so its max stays -inf and its reference is 0 instead of a NaN."""
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_ref = m_new
+        if MAY_BE_EMPTY:
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
+        return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+
+    @triton.jit
     def _prefix_steps(q, m_i, l_i, acc, lo, hi, kv_start, kv_indices, K_pool, V_pool, kp_st, kp_sh, vp_st, vp_sh,
                       kvh, offs_d, d_ok, scale_log2, BLOCK_N: tl.constexpr):
         """The online softmax over prefix keys lo..hi-1 of one request (all visible to every row)."""
@@ -117,16 +130,10 @@ if triton is not None:
             loc = tl.load(kv_indices + kv_start + cols, mask=col_ok, other=0).to(tl.int64)
             k = tl.load(K_pool + loc[None, :] * kp_st + kvh * kp_sh + offs_d[:, None],
                         mask=col_ok[None, :] & d_ok[:, None], other=0.0)
-            s = tl.dot(q, k) * scale_log2
-            s = tl.where(col_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the step has at least one key
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
+            s = tl.where(col_ok[None, :], tl.dot(q, k) * scale_log2, float("-inf"))
             v = tl.load(V_pool + loc[:, None] * vp_st + kvh * vp_sh + offs_d[None, :],
                         mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+            m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, False)  # every row sees a prefix key: no empty row
             start += BLOCK_N
         return m_i, l_i, acc
 
@@ -149,15 +156,9 @@ if triton is not None:
                 seen = tl.load(Mask + mask_row[:, None] + cols[None, :],
                                mask=row_ok[:, None] & col_ok[None, :], other=0) != 0
             s = tl.where(seen, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet stays empty
-            alpha = tl.exp2(m_i - m_ref)
-            p = tl.exp2(s - m_ref[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(V_new + (b * W + cols)[:, None] * vn_st + kvh * vn_sh + offs_d[None, :],
                         mask=col_ok[:, None] & d_ok[None, :], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+            m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, True)
             start += BLOCK_N
         return m_i, l_i, acc
 
