@@ -402,10 +402,15 @@ class MemoryEstimate:
         return self.resident_gib + self.activation_gib
 
 
+def request_tokens(prompt_tokens: int, new_tokens: int, width: int) -> int:
+    """KV slots one request may hold at its longest: its prompt, its output and the 2 * width slots a speculative
+    round reserves (DFLASH's prepare_for_decode keeps committed + 2 * num_draft_tokens allocated), + 32."""
+    return prompt_tokens + new_tokens + 2 * width + 32
+
+
 def kv_pool_tokens(setup: Setup, width: int, max_batch: int) -> int:
-    """--max-total-tokens: every running request holds its prompt + output + the 2 * width slots a speculative
-    round reserves (DFLASH's prepare_for_decode keeps committed + 2 * num_draft_tokens allocated), 20% slack."""
-    per_request = setup.prompt_bound() + setup.max_new_tokens + 2 * width + 32
+    """--max-total-tokens: every running request at its longest (request_tokens), 20% slack."""
+    per_request = request_tokens(setup.prompt_bound(), setup.max_new_tokens, width)
     tokens = math.ceil(max_batch * per_request * 1.2) + 2048
     return max(8192, -(-tokens // 1024) * 1024)
 
@@ -418,7 +423,7 @@ def derive_context_length(setup: Setup, target: ModelShape, drafter: ModelShape)
     prompts, and the rotary tables end there)."""
     width = max(verify_width(m, b, drafter.block_size or 16) for m in setup.methods
                 for b in (setup.budgets if m == "ddtree" else [None]))
-    need = setup.prompt_bound() + setup.max_new_tokens + 2 * width + 32
+    need = request_tokens(setup.prompt_bound(), setup.max_new_tokens, width)
     limit = min([target.max_positions] + [drafter.max_positions for m in setup.methods if m != "plain"])
     if need > limit:
         raise ValueError(f"setup {setup.name}: prompts of up to {setup.prompt_bound()} tokens, {setup.max_new_tokens} "

@@ -27,7 +27,7 @@ TIE_NATS = 0.25  # as the tiny pair's other modules (bf16 served, near-ties of p
 NEW_TOKENS = 256
 REQUESTS = 16
 PROMPT_TOKENS_BOUND = 48  # the module's prompts are short code openings (TEXT_PROMPTS and their variants)
-RESERVE = 2 * 16 + 32  # a speculative round's reserve a request (twice a 16-token verify, as SGLang keeps it)
+VERIFY_WIDTH = 16  # the default budget's verify (B=15), DFLASH's block
 GREEDY = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
 RETRACT_LINE = re.compile(r"(?:KV cache pool is full\. Retract requests|Testing retraction)\. #retracted_reqs: (\d+)")
 SPECULATIVE = ("ddtree-pressure", "ddtree-retract", "dflash-retract")
@@ -39,7 +39,9 @@ def prompts() -> list[str]:
 
 def pressure_pool_tokens() -> int:
     """About half of what REQUESTS requests need at their longest, in whole 256-token pages."""
-    need = REQUESTS * (PROMPT_TOKENS_BOUND + NEW_TOKENS + RESERVE)
+    from ddtree_bench.plan import request_tokens
+
+    need = REQUESTS * request_tokens(PROMPT_TOKENS_BOUND, NEW_TOKENS, VERIFY_WIDTH)
     return -(-(need // 2) // 256) * 256
 
 

@@ -67,8 +67,14 @@ def pair(model_pair):
 
 
 @pytest.fixture(scope="module")
-def plan(pair):
-    return prompt_plan(REAL_SIZE_PLANS[pair.mode], prompt_choice())
+def prompt_set():
+    """DDTREE_GPU_PROMPTS, read once for the module (prompt_choice)."""
+    return prompt_choice()
+
+
+@pytest.fixture(scope="module")
+def plan(pair, prompt_set):
+    return prompt_plan(REAL_SIZE_PLANS[pair.mode], prompt_set)
 
 
 def prompt_choice() -> tuple[str, int] | None:
@@ -106,10 +112,12 @@ def widest_verify(plan) -> int:
 
 
 def long_context(prompt_tokens: int, plan) -> tuple[int, int]:
-    """(--context-length, --max-total-tokens) for prompts of up to prompt_tokens tokens: each request's prompt, its
-    new tokens and a round's reserve (twice the widest verify + 32, as bench_budgets.py's plan reserves), the context
-    rounded up to 1024, the pool the plan's batch of such requests with 20% to spare."""
-    need = prompt_tokens + NEW_TOKENS + 2 * widest_verify(plan) + 32
+    """(--context-length, --max-total-tokens) for prompts of up to prompt_tokens tokens: a request at its longest
+    (ddtree_bench.plan.request_tokens, the widest verify's reserve), the context rounded up to 1024, the pool the
+    plan's batch of such requests with 20% to spare."""
+    from ddtree_bench.plan import request_tokens
+
+    need = request_tokens(prompt_tokens, NEW_TOKENS, widest_verify(plan))
     context = -(-need // 1024) * 1024
     return context, max(24576, -(-int(plan.batch * need * 1.2) // 1024) * 1024)
 
@@ -280,11 +288,10 @@ def serve(start, pair, plan, texts: list[str], backend: str, record, choice: tup
 
 
 @pytest.fixture(scope="module")
-def served(sglang_servers, pair, plan, gpu_record):
+def served(sglang_servers, pair, plan, prompt_set, gpu_record):
     try:
-        choice = prompt_choice()
-        return serve(sglang_servers, pair, plan, prompts(choice), os.environ.get("DDTREE_GPU_BACKEND", "triton"),
-                     gpu_record, choice)
+        return serve(sglang_servers, pair, plan, prompts(prompt_set), os.environ.get("DDTREE_GPU_BACKEND", "triton"),
+                     gpu_record, prompt_set)
     except ValueError as exc:  # a DDTREE_GPU_CONFIGS selection the plan does not know, a long prompt set missing
         pytest.fail(str(exc), pytrace=False)
 
