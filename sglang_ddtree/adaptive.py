@@ -48,11 +48,16 @@ import torch
 from sglang_ddtree.tree import DraftTree, _key_with_tiebreak, blank_invalid
 
 CHAIN = 0  # candidate "budget" meaning the drafter's top-1 chain of L nodes (the DFLASH chain), verified as is
+# candidate "budget" of a round without a draft (the server's `auto` only): the target's decode step verifies the last
+# committed token alone and commits its own next token, as plain decoding does; the drafter's context still takes
+# that token's hidden state, so the next drafted round drafts from where the text is
+PLAIN = -1
 DEFAULT_CANDIDATES = (CHAIN, 16, 32, 64, 128, 256)
 
 
-def parse_candidates(spec: str | Sequence) -> list[int]:
-    """'chain,16,32,64' (or a sequence of ints / 'chain') -> sorted unique list, CHAIN (0) first.
+def parse_candidates(spec: str | Sequence, allow_plain: bool = False) -> list[int]:
+    """'chain,16,32,64' (or a sequence of ints / 'chain'; with allow_plain also 'plain') -> sorted unique list,
+    PLAIN (-1) first when named, then CHAIN (0).
 
     The chain is always included: without it the choice could be slower than DFLASH.
     """
@@ -65,18 +70,31 @@ def parse_candidates(spec: str | Sequence) -> list[int]:
                 continue
             if x in ("chain", "dflash", "0"):
                 continue
-            try:
-                x = int(x)
-            except ValueError:
-                raise ValueError(f"candidate budgets must be integers or 'chain', got {x!r}.") from None
+            if x in ("plain", "none"):
+                x = PLAIN
+            else:
+                try:
+                    x = int(x)
+                except ValueError:
+                    raise ValueError(f"candidate budgets must be integers, 'chain' or 'plain', got {x!r}.") from None
+        if x == PLAIN and not isinstance(x, bool):
+            if not allow_plain:
+                raise ValueError("'plain' (a round without a draft) is a candidate of the server's auto only.")
+            out.add(PLAIN)
+            continue
         if isinstance(x, bool) or not isinstance(x, int) or x < 0 or x > 1024:
-            raise ValueError(f"candidate budgets must be in 1..1024 (or 'chain'), got {x!r}.")
+            raise ValueError(f"candidate budgets must be in 1..1024 (or 'chain', 'plain'), got {x!r}.")
         out.add(int(x))
     return sorted(out)
 
 
 def candidate_label(budget: int) -> str:
-    return "chain" if budget == CHAIN else str(budget)
+    return "chain" if budget == CHAIN else "plain" if budget == PLAIN else str(budget)
+
+
+def drafted(candidates: Sequence[int]) -> list[int]:
+    """The candidates whose rounds draft (all but PLAIN): the ones a tree stage computes expectations for."""
+    return [c for c in candidates if c != PLAIN]
 
 
 # ------------------------------------------------------------------------------------------ node quantities

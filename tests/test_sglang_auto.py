@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sglang_ddtree import adaptive
-from sglang_ddtree.adaptive import CHAIN
+from sglang_ddtree.adaptive import CHAIN, PLAIN
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import auto, ops
 from sglang_ddtree.sglang.auto import (AutoBudgetPolicy, AutoConfig, AutoFeedback, CalibrationMonitor,
@@ -450,6 +450,93 @@ def test_feedback_reads_completed_rounds_only():
     assert feedback.drain() == 1
     assert policy.buckets[4].round_ms[1].mean() == pytest.approx(1.0) and policy.buckets[4].measured[1] == 1
     assert policy.rounds_observed == 3
+
+
+# ------------------------------------------------------------------------------------------- rounds without a draft
+
+
+def test_plain_is_a_candidate_of_the_servers_auto_only():
+    opts = parse("--speculative-ddtree-budget", "auto", "--speculative-ddtree-auto-candidates", "plain,15")
+    assert opts.candidates == (PLAIN, CHAIN, 15) and opts.budget == 15
+    assert adaptive.candidate_label(PLAIN) == "plain" and adaptive.drafted(opts.candidates) == [CHAIN, 15]
+    with pytest.raises(ValueError, match="server's auto only"):
+        adaptive.parse_candidates("plain,16")  # the offline decoders' candidates
+    with pytest.raises(ValueError, match="at least 15"):
+        parse("--speculative-ddtree-budget", "auto", "--speculative-ddtree-auto-candidates", "plain,7")
+    with pytest.raises(ValueError, match="at least one tree"):
+        Policy([PLAIN, CHAIN])
+    assert observed_candidates([PLAIN, CHAIN, 7, 15], 0) == [True, False, False, False]
+    assert observed_candidates([PLAIN, CHAIN, 7, 15], 3) == [False, False, True, True]  # trees only
+
+
+def test_policy_runs_plain_rounds_where_speculation_costs_more_than_it_gains():
+    """A large batch: a plain round commits 1 token a request in 5 ms (0.2 a ms), the chain 2.0 in 14 ms (0.14),
+    the 15-tree 2.5 in 13 ms (0.19). The plain round is explored first (the narrowest verify), then every drafted
+    candidate, and the choice settles on it; its estimate is exactly one token, whatever a drafter expects."""
+    policy = Policy([PLAIN, CHAIN, 15], widths=[1, 16, 16], explore_rounds=2, probe_every=1000)
+    picks = run_policy(policy, 64, [1.0, 2.0, 2.5], [5.0, 14.0, 13.0], 40)
+    assert picks[:2] == [0, 0] and {1, 2} <= set(picks[:8])
+    assert picks[-20:] == [0] * 20
+    assert policy.est_tokens(0) == 1.0 and policy.export()["rounds_chosen"]["plain"] == picks.count(0)
+    # where a tree pays, the plain round is left after its exploration
+    picks = run_policy(Policy([PLAIN, CHAIN, 15], widths=[1, 16, 16], explore_rounds=2, probe_every=1000), 1,
+                       [1.0, 3.0, 4.0], [5.0, 6.0, 6.2], 40)
+    assert picks[:2] == [0, 0] and picks[-20:] == [2] * 20
+
+
+def test_plain_times_floor_no_drafted_candidate():
+    """A round without a draft is another code path: its time bounds no chain's or tree's (_cost_floor), and the
+    sampling back-off reads the chain's rate wherever the chain sits in the candidates."""
+    policy = Policy([PLAIN, CHAIN, 15, 31], widths=[1, 16, 16, 32], explore_rounds=2, probe_every=1000)
+    b = policy._bucket(4)
+    for _ in range(3):
+        b.timed(0, 2.0)
+    assert policy._cost_floor(b, 1) is None and policy._cost_floor(b, 2) is None
+    assert policy._cost_floor(b, 0) == pytest.approx(2.0 * (1 - policy.config.noise))
+    assert policy.sample_interval(4) == policy.config.sample_every  # the chain's rate is unknown yet
+
+
+def test_feedback_maps_the_drafted_candidates_entries_around_plain():
+    """The feedback vector holds the drafted candidates only ([expected, observed] of chain, 15, 31, then the
+    calibration's 3): a tree round's entries land on the policy's candidates past PLAIN; a plain round sends none."""
+    policy = Policy([PLAIN, CHAIN, 15, 31], widths=[1, 16, 16, 32])
+    feedback = AutoFeedback(policy, "cpu")
+    assert feedback.width == 2 * 3 + AutoFeedback.CALIBRATION
+    vector = torch.tensor([4.0, 6.0, 8.0, 0.0, 5.0, 7.0, 0.0, 0.0, 0.0])  # expected x3, observed x3, calibration
+    feedback.push(vector, FakeTimer({"verify": 3.0}), 2, 3, 2)  # the 31-tree, batch 2
+    feedback.push(None, FakeTimer({"verify": 1.0}), 2, 0, 2, sampled=False)  # a plain round: its time only
+    assert feedback.drain() == 2
+    assert policy.expected[0].mean() is None
+    assert [policy.expected[i].mean() for i in (1, 2, 3)] == pytest.approx([2.0, 3.0, 4.0])
+    assert policy.observed[1].mean() is None  # the chain is not observed by a tree round
+    assert [policy.observed[i].mean() for i in (2, 3)] == pytest.approx([2.5, 3.5])
+    assert policy.buckets[2].round_ms[0].mean() == pytest.approx(1.0)
+    assert policy.buckets[2].round_ms[3].mean() == pytest.approx(3.0)
+
+
+def test_a_forced_list_takes_its_candidates_in_turn():
+    """SGLANG_DDTREE_AUTO_FORCE=plain,15 (the GPU module's switch test): the decisions alternate, each held
+    hold_rounds rounds, so rounds without a draft and drafted ones follow each other all run long."""
+    policy = AutoBudgetPolicy([PLAIN, CHAIN, 15], widths=[1, 16, 16], config=auto.auto_config(
+        environ={"SGLANG_DDTREE_AUTO_FORCE": "plain,15"}))
+    picks = run_policy(policy, 1, [1.0, 3.0, 4.0], [1.0, 1.0, 1.0], 40)
+    hold = DEFAULTS.hold_rounds
+    assert picks == [(0 if (r // hold) % 2 == 0 else 2) for r in range(40)]
+    with pytest.raises(ValueError, match="must name auto candidates"):
+        AutoBudgetPolicy([CHAIN, 15], config=auto.auto_config(environ={"SGLANG_DDTREE_AUTO_FORCE": "plain,15"}))
+
+
+def test_plain_step_outputs_one_committed_token_and_no_draft():
+    choices = torch.tensor([[7], [3], [11]])
+    prefix = torch.tensor([10, 0, 5], dtype=torch.int64)
+    out = ops.chain_outputs(3, 15, torch.int64, "cpu")
+    for t in out.values():
+        t.fill_(-3)  # stale values of an earlier round in the reused buffers
+    ops.plain_step(choices, prefix, out)
+    assert out["accept_len"].tolist() == [0, 0, 0] and out["commit_lens"].tolist() == [1, 1, 1]
+    assert out["bonus"].tolist() == [7, 3, 11] and out["new_seq_lens"].tolist() == [11, 1, 6]
+    assert out["out_tokens"][:, 0].tolist() == [7, 3, 11] and not out["out_tokens"][:, 1:].any()
+    assert not out["branch_lens"].any() and not out["summary"].any()
 
 
 # ------------------------------------------------------------------------------------------------------ stages
@@ -1216,8 +1303,8 @@ def test_a_forced_candidate_runs_every_round_on_the_usual_sampling_schedule():
     SAMPLE_EVERY, SAMPLE_EVERY_IDLE = DEFAULTS.sample_every, DEFAULTS.sample_every_idle
     assert Policy([CHAIN, 16, 64]).force is None
     assert AutoBudgetPolicy([CHAIN, 16, 64], config=auto.auto_config(
-        environ={"SGLANG_DDTREE_AUTO_FORCE": "Chain"})).force == 0
-    assert Policy([CHAIN, 16, 64], force="64").force == 2
+        environ={"SGLANG_DDTREE_AUTO_FORCE": "Chain"})).force == [0]
+    assert Policy([CHAIN, 16, 64], force="64").force == [2]
     with pytest.raises(ValueError, match="SGLANG_DDTREE_AUTO_FORCE"):
         Policy([CHAIN, 16, 64], force="32")
 
@@ -1371,7 +1458,7 @@ def test_held_round_returns_what_choose_and_sampled_would(force):
         assert (x.rounds, x.tried, list(x.last_choices), x.others_in_run) == \
             (y.rounds, y.tried, list(y.last_choices), y.others_in_run)
     if force is not None:
-        assert set(c for c, _ in trace[id(a)]) == {a.force} == {2}
+        assert set(c for c, _ in trace[id(a)]) == set(a.force) == {2}
 
 
 def test_a_round_whose_host_time_stalled_is_cold():

@@ -4,7 +4,9 @@
                                     one of the candidate budgets below (sglang_ddtree.sglang.auto)
   --speculative-ddtree-auto-candidates LIST
                                     with `auto`: comma-separated budgets, `chain` (the drafter's top-1 path, i.e.
-                                    DFLASH) always included; default chain,16,32,64,128
+                                    DFLASH) always included, `plain` (a round without a draft: one target
+                                    decode step, for batches where speculation costs more than it gains; dense
+                                    targets); default chain,16,32,64,128
   --speculative-ddtree-auto-calibration on|off
                                     with `auto`: the calibration table that learns the drafter's over-confidence
                                     and reports its predictions next to the raw scores' (Prometheus); it feeds no
@@ -90,8 +92,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--speculative-ddtree-auto-candidates", dest=FLAG_DEST["--speculative-ddtree-auto-candidates"],
                        type=str, default=None,
                        help="With --speculative-ddtree-budget auto: the budgets a round chooses from, e.g. "
-                            f"chain,16,64 ('chain' = DFLASH's top-1 path, always included; default "
-                            f"{DEFAULT_AUTO_CANDIDATES}).")
+                            f"chain,16,64 ('chain' = DFLASH's top-1 path, always included; 'plain' = a round without a "
+                            f"draft, dense targets; default {DEFAULT_AUTO_CANDIDATES}).")
     group.add_argument("--speculative-ddtree-oracle", dest=FLAG_DEST["--speculative-ddtree-oracle"],
                        action="store_true", default=None,
                        help="Sequential oracle: verify each round's accepted path once more as a chain and commit "
@@ -140,7 +142,7 @@ def parse_auto_candidates(value) -> tuple[int, ...]:
     from sglang_ddtree.adaptive import parse_candidates
 
     try:
-        candidates = parse_candidates(DEFAULT_AUTO_CANDIDATES if value is None else value)
+        candidates = parse_candidates(DEFAULT_AUTO_CANDIDATES if value is None else value, allow_plain=True)
     except ValueError as e:
         raise ValueError(f"--speculative-ddtree-auto-candidates: {e}") from None
     if max(candidates) < MIN_AUTO_MAX_BUDGET:

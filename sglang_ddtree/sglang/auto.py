@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_ddtree.adaptive import CHAIN, candidate_label
+from sglang_ddtree.adaptive import CHAIN, PLAIN, candidate_label
 from sglang_ddtree.config import at_least, env_value, switch
 from sglang_ddtree.sglang.auto_ab import MEASURING_MODES
 from sglang_ddtree.sglang.stats import TableGauges
@@ -73,7 +73,8 @@ class AutoConfig:
     calibration_gate: int = 100  # the gated predictor is the raw one until the table learnt this many
     # -- operation and testing
     log_every: int = 2000  # SGLANG_DDTREE_AUTO_LOG_EVERY: rounds between chooser-table log lines (~0.3 ms each)
-    force: str | None = None  # SGLANG_DDTREE_AUTO_FORCE: every round verifies this candidate (testing, measuring)
+    force: str | None = None  # SGLANG_DDTREE_AUTO_FORCE: every round verifies this candidate (testing, measuring);
+    # a comma-separated list: the decisions take them in turn (each held hold_rounds: switches between them, tested)
     explore_all: bool = False  # SGLANG_DDTREE_AUTO_EXPLORE_ALL: explore every candidate, even hopeless (testing)
 
     def __post_init__(self):
@@ -108,7 +109,8 @@ def auto_config(calibration: bool = False, environ=None) -> AutoConfig:
                          f"docs/adaptive-budget.md, Knobs).")
     log_every = env_value(env, "SGLANG_DDTREE_AUTO_LOG_EVERY", at_least(1), "a positive integer (rounds)")
     return AutoConfig(calibration=bool(calibration), log_every=log_every or AutoConfig.log_every,
-                      force=env_value(env, "SGLANG_DDTREE_AUTO_FORCE", str.lower, "chain or a candidate budget"),
+                      force=env_value(env, "SGLANG_DDTREE_AUTO_FORCE", str.lower,
+                                      "chain, plain or a candidate budget, or a comma-separated list of them"),
                       explore_all=bool(env_value(env, "SGLANG_DDTREE_AUTO_EXPLORE_ALL", switch, "0 or 1")))
 
 
@@ -131,7 +133,8 @@ class _Decayed:
 class _Bucket:
     """A batch-size bucket's times and decision state; lists are per candidate index."""
 
-    def __init__(self, n: int, config: AutoConfig):
+    def __init__(self, n: int, config: AutoConfig, chain: int = 0):
+        self.chain = chain  # the chain's candidate index
         self.round_ms = [_Decayed() for _ in range(n)]  # decayed mean time: the rate's until `recent` holds 3
         self.recent = [collections.deque(maxlen=config.recent) for _ in range(n)]  # the last timed rounds' ms
         self.recent_at = [collections.deque(maxlen=config.recent) for _ in range(n)]  # ... their bucket rounds
@@ -144,7 +147,7 @@ class _Bucket:
         self.last_measured = [-1] * n  # the bucket round of its last time
         self.elsewhere: set = set()  # explored as another bucket's best (its stale probes need stale_hope)
         self.last_choices = collections.deque(maxlen=config.chain_run)
-        self.others_in_run = 0  # of last_choices, those not the chain (index 0)
+        self.others_in_run = 0  # of last_choices, those not the chain
         self.rounds = self.decisions = 0  # rounds chosen, and those that decided (not held)
         self.held = self.hold = 0  # the last decision, and the rounds it still holds
         self.best: int | None = None  # the last decision of the best (probes, exploration and waits aside)
@@ -153,10 +156,10 @@ class _Bucket:
         self.next_probe = config.probe_every
 
     def chose(self, i: int) -> None:
-        if len(self.last_choices) == self.last_choices.maxlen and self.last_choices[0] != 0:
+        if len(self.last_choices) == self.last_choices.maxlen and self.last_choices[0] != self.chain:
             self.others_in_run -= 1  # leaves the window
         self.last_choices.append(i)
-        self.others_in_run += i != 0
+        self.others_in_run += i != self.chain
 
     def expire(self, i: int, before: int) -> bool:
         """Drop candidate i's times taken before bucket round `before`; True if any went."""
@@ -185,20 +188,26 @@ class AutoBudgetPolicy:
     def __init__(self, candidates, widths=None, config: AutoConfig | None = None):
         self.config = config = config or AutoConfig()
         self.candidates = [int(c) for c in candidates]
-        if self.candidates != sorted(set(self.candidates)) or not self.candidates or self.candidates[0] != CHAIN:
-            raise ValueError(f"auto candidates must be sorted, distinct and start with the chain (0), got "
-                             f"{self.candidates}.")
-        if len(self.candidates) < 2:
+        if (self.candidates != sorted(set(self.candidates)) or CHAIN not in self.candidates
+                or self.candidates[0] < PLAIN):
+            raise ValueError(f"auto candidates must be sorted, distinct and hold the chain (0), besides trees and "
+                             f"optionally plain (-1), got {self.candidates}.")
+        if not any(c > 0 for c in self.candidates):
             raise ValueError("auto needs at least one tree budget besides the chain.")
         n = len(self.candidates)
-        self.widths = list(widths) if widths is not None else [16 if c == CHAIN else c + 1 for c in self.candidates]
+        self.chain = self.candidates.index(CHAIN)
+        # the candidates whose rounds draft, in order: the feedback vector's entries (AutoFeedback)
+        self.drafted = [i for i, c in enumerate(self.candidates) if c != PLAIN]
+        self.widths = list(widths) if widths is not None else [
+            1 if c == PLAIN else 16 if c == CHAIN else c + 1 for c in self.candidates]
         if len(self.widths) != n:
             raise ValueError(f"one verify width per candidate, got {self.widths} for {self.candidates}.")
         labels = [candidate_label(c) for c in self.candidates]
-        if config.force is not None and config.force not in labels:
-            raise ValueError(f"SGLANG_DDTREE_AUTO_FORCE must name one of the auto candidates {labels}, got "
+        forced = None if config.force is None else [x.strip() for x in config.force.split(",")]
+        if forced is not None and not all(x in labels for x in forced):
+            raise ValueError(f"SGLANG_DDTREE_AUTO_FORCE must name auto candidates among {labels}, got "
                              f"{config.force!r}.")
-        self.force = None if config.force is None else labels.index(config.force)
+        self.force = None if forced is None else [labels.index(x) for x in forced]
         self.keep = 0.5 ** (1.0 / config.half_life_rounds)
         self.expected = [_Decayed() for _ in range(n)]  # expected tokens per request
         self.observed = [_Decayed() for _ in range(n)]  # observed tokens per request, and next to them
@@ -218,7 +227,7 @@ class AutoBudgetPolicy:
     def _bucket(self, bucket: int) -> _Bucket:
         b = self.buckets.get(bucket)
         if b is None:
-            b = self.buckets[bucket] = _Bucket(len(self.candidates), self.config)
+            b = self.buckets[bucket] = _Bucket(len(self.candidates), self.config, self.chain)
         return b
 
     # ---------------------------------------------------------------------------------------------- estimates
@@ -241,9 +250,12 @@ class AutoBudgetPolicy:
 
     def _all_tokens(self) -> list[float | None]:
         """est_tokens of every candidate: a tree's is at least every narrower tree's (those are its first slots: per
-        round it commits at least as much)."""
+        round it commits at least as much); a round without a draft commits exactly one token a request."""
         out, best = [], None
         for i, c in enumerate(self.candidates):
+            if c == PLAIN:
+                out.append(1.0)
+                continue
             exp = self.expected[i].mean()
             own = None if exp is None else exp * self.ratio(i)
             if c == CHAIN or own is None:
@@ -271,7 +283,7 @@ class AutoBudgetPolicy:
         cost curve whichever tree's median came out lowest won otherwise. The chain keeps its own (it verifies
         causally: another cost curve)."""
         ms = [b.median[i] if len(b.recent[i]) >= 3 else b.round_ms[i].mean() for i in range(len(self.candidates))]
-        trees = [i for i, c in enumerate(self.candidates) if c != CHAIN and ms[i] and len(b.recent[i]) >= 3]
+        trees = [i for i, c in enumerate(self.candidates) if c > 0 and ms[i] and len(b.recent[i]) >= 3]
         if len(trees) < 2:
             return ms
         weights = [len(b.recent[i]) for i in trees]
@@ -291,19 +303,20 @@ class AutoBudgetPolicy:
         - otherwise: the dearest measured candidate of its kind (tree or chain) that verifies no more tokens, and,
           from two measured narrower trees, their secant extended to i's width (round time is convex in the verify
           width: flat while launch- or memory-bound, then linear), its slope taken less noise. The chain's round is
-          another code path (a causal verify, worker._chain_round): its times bound no tree's floor."""
+          another code path (a causal verify, worker._chain_round), and so is a round without a draft
+          (worker._plain_round): their times bound no tree's floor."""
         least = [self._bound_ms(b, j) for j in range(len(self.candidates))]
         noise = self.config.noise
         if least[i] is not None:
             return least[i] * (1.0 - noise)
-        chain = self.candidates[i] == CHAIN
+        kind = _kind(self.candidates[i])
         narrower = [least[j] for j in range(len(self.candidates)) if j != i and least[j] is not None
-                    and self.widths[j] <= self.widths[i] and (self.candidates[j] == CHAIN) == chain]
+                    and self.widths[j] <= self.widths[i] and _kind(self.candidates[j]) == kind]
         if not narrower:
             return None
         floor = max(narrower)
         trees = [(self.widths[j], least[j]) for j in range(len(self.candidates))
-                 if j != i and self.candidates[j] != CHAIN and self.widths[j] < self.widths[i] and least[j] is not None]
+                 if j != i and self.candidates[j] > 0 and self.widths[j] < self.widths[i] and least[j] is not None]
         if len(trees) >= 2:
             (w1, t1), (w2, t2) = min(trees), max(trees)
             if w2 > w1:
@@ -352,8 +365,9 @@ class AutoBudgetPolicy:
         if self.force is not None:  # held as a decision is, so the feedback is drained as often as `auto` drains it
             if b.rounds >= b.next_probe:  # the probe slot passes with nothing probed: holds grow as a settled one's
                 b.next_probe = b.rounds + cfg.probe_every
-            b.held, b.hold = self.force, self._hold_after(b, self.force)
-            return self._chosen(b, self.force)
+            forced = self.force[(b.decisions - 1) % len(self.force)]
+            b.held, b.hold = forced, self._hold_after(b, forced)
+            return self._chosen(b, forced)
         rates = self.rates(bucket)
         # Ties go to the wider candidate: a wider tree estimated at a narrower one's tokens commits at least as much
         known = [(r, i) for i, r in enumerate(rates) if r is not None and math.isfinite(r)]
@@ -389,7 +403,7 @@ class AutoBudgetPolicy:
         if choice is not None:  # exploration and probes: one round each, sampled (it refreshes the ratio)
             self.sampling, hold = True, 0
         else:
-            choice = best if best is not None else 0
+            choice = best if best is not None else self.chain
             hold = 0 if waiting else self._hold_after(b, choice)
         b.held, b.hold = choice, hold
         return self._chosen(b, choice)
@@ -461,10 +475,10 @@ class AutoBudgetPolicy:
         return self._cached(("interval", bucket), lambda: self._chain_lead_interval(b, bucket), self._version)
 
     def _chain_lead_interval(self, b: _Bucket, bucket: int) -> int:
-        chain_rate = self.rates(bucket)[0]
+        chain_rate = self.rates(bucket)[self.chain]
         if chain_rate is None:
             return self.config.sample_every
-        for i in range(1, len(self.candidates)):
+        for i in (i for i, c in enumerate(self.candidates) if c > 0):
             best_case = self._best_case_rate(b, i)
             if best_case is None or best_case >= (1.0 - self.config.close) * chain_rate:
                 return self.config.sample_every
@@ -473,8 +487,9 @@ class AutoBudgetPolicy:
     def observe(self, bucket: int, chosen: int, batch_size: int, round_ms: float | None,
                 expected_sum: list[float] | None, observed_sum: list[float | None]) -> None:
         """One completed round: its GPU ms (None when unknown), the batch's expected tokens per candidate (None on
-        a round that did not sample them) and the committed tokens of the candidates it observed (None = not
-        observed; used only next to the same round's expectation)."""
+        a round that did not sample them; a None entry for a candidate without expectations, PLAIN) and the
+        committed tokens of the candidates it observed (None = not observed; used only next to the same round's
+        expectation)."""
         if batch_size < 1:
             return
         self._version += 1
@@ -500,6 +515,8 @@ class AutoBudgetPolicy:
             self._last_sampled = self.rounds_observed
             keep_k = keep ** k
             for i, e in enumerate(expected_sum):
+                if e is None:
+                    continue
                 self.expected[i].add(e / batch_size, k, keep_k)
                 o = observed_sum[i]
                 if o is not None:  # decayed over the rounds since this candidate's last sample: fresh beats old
@@ -565,13 +582,18 @@ def _r(x):
     return None if x is None else round(float(x), 4)
 
 
+def _kind(candidate: int) -> str:
+    """Which code path a candidate's round runs: their times bound only their own kind's (_cost_floor)."""
+    return "plain" if candidate == PLAIN else "chain" if candidate == CHAIN else "tree"
+
+
 def observed_candidates(candidates: list[int], chosen: int) -> list[bool]:
     """Which candidates' committed tokens a round verifying candidates[chosen] observes exactly: the chain only
     itself; a tree every tree candidate up to its own budget (their trees are its first slots)."""
     c = candidates[chosen]
-    if c == CHAIN:
-        return [b == CHAIN for b in candidates]
-    return [b != CHAIN and b <= c for b in candidates]
+    if c <= CHAIN:  # the chain observes itself only; a round without a draft observes nothing else
+        return [b == c for b in candidates]
+    return [0 < b <= c for b in candidates]
 
 
 class CalibrationMonitor:
@@ -644,7 +666,7 @@ class AutoFeedback:
         self.policy = policy
         self.calibration = calibration
         self.ring_size = 4 * policy.config.hold_max  # rounds queued between two decisions, the lag, and room
-        self.width = 2 * len(policy.candidates) + self.CALIBRATION
+        self.width = 2 * len(policy.drafted) + self.CALIBRATION
         pin = torch.device(device).type == "cuda"
         # one pinned block, a row per slot (its rows are views: copied into without a sync, read with tolist)
         self.ring = torch.zeros((self.ring_size, self.width), dtype=torch.float32, pin_memory=pin)
@@ -672,7 +694,8 @@ class AutoFeedback:
         self.pending.append((event, slot, None if cold else timer, bucket, chosen, batch_size, young))
 
     def drain(self) -> int:
-        done, n = 0, len(self.policy.candidates)
+        policy = self.policy
+        done, n, m = 0, len(policy.candidates), len(policy.drafted)
         while self.pending:
             event, slot, timer, bucket, chosen, batch_size, young = self.pending[0]
             if (event is not None and not event.query()) or (timer is not None and not timer.done()):
@@ -682,13 +705,16 @@ class AutoFeedback:
             round_ms = sum(stages.values()) if stages else None
             done += 1
             if slot is None:  # an unsampled round: its time only
-                self.policy.observe(bucket, chosen, batch_size, round_ms, None, [None] * n)
+                policy.observe(bucket, chosen, batch_size, round_ms, None, [None] * n)
                 continue
-            values = slot.tolist()
-            seen = observed_candidates(self.policy.candidates, chosen)
-            observed = [values[n + i] if seen[i] else None for i in range(n)]
-            self.policy.observe(bucket, chosen, batch_size, round_ms, values[:n], observed)
+            values = slot.tolist()  # [expected, observed] per drafted candidate, then the calibration's errors
+            seen = observed_candidates(policy.candidates, chosen)
+            expected, observed = [None] * n, [None] * n
+            for k, i in enumerate(policy.drafted):
+                expected[i] = values[k]
+                observed[i] = values[m + k] if seen[i] else None
+            policy.observe(bucket, chosen, batch_size, round_ms, expected, observed)
             if self.calibration is not None:
-                self.calibration.errors(*values[2 * n: 2 * n + self.CALIBRATION], young=young)
+                self.calibration.errors(*values[2 * m: 2 * m + self.CALIBRATION], young=young)
         return done
 

@@ -18,7 +18,7 @@ from functools import partial
 import torch
 
 from sglang_ddtree import kernels
-from sglang_ddtree.adaptive import CHAIN, CalibratorConfig, ScoreCalibrator, candidate_label
+from sglang_ddtree.adaptive import CHAIN, PLAIN, CalibratorConfig, ScoreCalibrator, candidate_label, drafted
 from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.sglang import ops
 from sglang_ddtree.sglang.auto import (AutoBudgetPolicy, AutoFeedback, CalibrationMonitor, WalkSchedule,
@@ -36,7 +36,7 @@ class AutoRounds:
 
     candidates: tuple[int, ...]
     widths: list[int]
-    tree_stages: list[dict[bool, GraphedStage]]  # [candidate][sampled]
+    tree_stages: list[dict[bool, GraphedStage]]  # [candidate][sampled]; PLAIN (no draft): none
     walk_stages: list[dict[str, GraphedStage]]  # [candidate][WalkSchedule.VARIANTS entry]; the chain: no scored ones
     verify_states: dict | None  # (width, causal) -> (attention backend, verify graphs), built at the first round
     policy: AutoBudgetPolicy
@@ -58,7 +58,10 @@ class AutoRounds:
         speculative_num_draft_tokens = largest + 1) its own target attention backend and verify CUDA graphs
         (ensure_verify_states), swapped in around the verify (DDTreeWorker._verify)."""
         candidates = tuple(w.options.candidates)
-        widths = [w.block_size if c == CHAIN else c + 1 for c in candidates]
+        widths = [1 if c == PLAIN else w.block_size if c == CHAIN else c + 1 for c in candidates]
+        # the candidates whose rounds draft: a sampled tree stage computes their expectations, a sampled walk their
+        # observed tokens, in this order (auto.AutoFeedback maps them back to the policy's candidates)
+        staged = tuple(drafted(candidates))
         if max(widths) != w.num_nodes:
             raise ValueError(f"DDTREE auto: the largest verify width {max(widths)} must be the server's "
                              f"{w.num_nodes} (the drafter block is {w.block_size}).")
@@ -75,8 +78,12 @@ class AutoRounds:
         walks = WalkSchedule(config)
         calibrator = ScoreCalibrator(CalibratorConfig(depth_limit=w.depth_limit), device=w.device)
         for c in candidates:
+            if c == PLAIN:  # a round without a draft builds no tree and walks none (DDTreeWorker._plain_round)
+                tree_stages.append({})
+                walk_stages.append({})
+                continue
             tree_stages.append({sampled: GraphedStage(
-                partial(ops.auto_tree_stage, w.budget, c, candidates, w.options.prune, w.use_kernels, sampled),
+                partial(ops.auto_tree_stage, w.budget, c, staged, w.options.prune, w.use_kernels, sampled),
                 name=f"auto tree {candidate_label(c)}{' sampled' if sampled else ''}", enabled=w.round_graphs,
                 borrow=(0, 1), unpad=ops.unpad_tree_stage, rows_arg=w.round_graphs, **pad)
                 for sampled in (True, False)})
@@ -88,7 +95,7 @@ class AutoRounds:
             # The chain is not scored.
             walk_stages.append({variant: GraphedStage(
                 partial(ops.walk_commit_plan, w.block_size, w.use_kernels, w.stats.prometheus is not None,
-                        auto=(candidates, c) if variant in WalkSchedule.SAMPLED_TREE else None, top1_chain=c == CHAIN,
+                        auto=(staged, c) if variant in WalkSchedule.SAMPLED_TREE else None, top1_chain=c == CHAIN,
                         calibrator=calibrator if variant in WalkSchedule.SCORED else None),
                 name=f"auto walk {candidate_label(c)}{'' if variant == 'plain' else ' ' + variant}",
                 enabled=w.round_graphs, borrow=(0, 1, 2, 3, 4, 5), unpad=ops.unpad_commit_plan,
@@ -137,6 +144,8 @@ class AutoRounds:
             r.sampled = self.policy.sampled(self.rounds, bucket)
         else:
             r.chosen, r.sampled = held
+        if self.candidates[r.chosen] == PLAIN:  # nothing drafted: no expectations to compute
+            r.sampled = False
         timer.host_mark("choose")
 
     def tree(self, w, r: Round) -> None:
@@ -191,11 +200,12 @@ class AutoRounds:
     # One-time work
 
     def ensure_verify_states(self, w) -> bool:
-        """Keyed (width, causal): the chain verifies causally (no custom mask, as DFLASH does), trees with the
-        tree mask; the widest tree uses SGLang's own state. True when they were built now."""
+        """Keyed (width, causal): the chain verifies causally (no custom mask, as DFLASH does), and so does a round
+        without a draft (its one token), trees with the tree mask; the widest tree uses SGLang's own state. True
+        when they were built now."""
         if self.verify_states is not None:
             return False
-        keys = sorted({(width, c == CHAIN) for c, width in zip(self.candidates, self.widths)}
+        keys = sorted({(width, c <= CHAIN) for c, width in zip(self.candidates, self.widths)}
                       - {(w.num_nodes, False)})
         self.verify_states = {key: w._build_verify_state(*key) for key in keys}
         if w.ps.tp_rank == 0:
@@ -217,6 +227,8 @@ class AutoRounds:
         before = GraphedStage.total_captures
         heads = {k: w._draft_topk(r.draft_hidden, k) for k in {1, w.topk}}
         for i, candidate in enumerate(self.candidates):
+            if candidate == PLAIN:  # no stages: its verify graphs are SGLang's (ensure_verify_states)
+                continue
             width = self.widths[i]
             slots = w._verify_slots(batch, prefix_lens, bs, width)
             choices = torch.zeros((bs, width), dtype=choice_dtype, device=slots.device)

@@ -361,6 +361,22 @@ def chain_accept(use_kernels: bool, candidates: torch.Tensor, choices: torch.Ten
         out[name].copy_(value)
 
 
+def plain_step(choices: torch.Tensor, prefix_lens: torch.Tensor, out: dict[str, torch.Tensor]) -> None:
+    """`auto`'s round without a draft (the candidate `plain`): a plain decode step's results in the round's output
+    buffers (chain_outputs' names). choices [bs, 1]: the target's token after each request's last committed one.
+    Nothing was drafted: accept_len 0, one committed token (the bonus), no branches, and a zero stats summary (the
+    drafter's acceptance counts drafted rounds only)."""
+    token = choices[:, 0].to(torch.int64)
+    out["accept_len"].zero_()
+    out["commit_lens"].fill_(1)
+    out["bonus"].copy_(token)
+    out["out_tokens"].zero_()
+    out["out_tokens"][:, 0].copy_(token)
+    torch.add(prefix_lens, 1, out=out["new_seq_lens"])
+    out["branch_lens"].zero_()
+    out["summary"].zero_()
+
+
 def chain_accept_reference(candidates: torch.Tensor, choices: torch.Tensor, logprobs: torch.Tensor,
                            prefix_lens: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """chain_accept's results (CHAIN_OUTPUTS order) from the chain tree, its walk and walk_commit_plan's

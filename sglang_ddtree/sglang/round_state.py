@@ -30,6 +30,7 @@ class Round:
     sampled: bool = False  # the round computes every candidate's expected tokens
     top1_only: bool = False  # the round needs the drafter's top-1 only (an unsampled chain)
     lean: bool = False  # the round is the lean chain round (DDTreeWorker._chain_round)
+    plain: bool = False  # the round drafts nothing (DDTreeWorker._plain_round)
     # draft
     draft_hidden: torch.Tensor | None = None
     block_positions: torch.Tensor | None = None

@@ -25,7 +25,8 @@ CUDA-graph batch size, padded like the verify (sglang_ddtree.graphs): the draft 
 and positions, and the walk with the commit's slot arithmetic. Left eager: the verify mask (its size follows the
 context length), the target's choices (argmax or sampling), SGLang's KV move and the drafter-KV append.
 An `auto` chain round that samples nothing (most chain rounds) runs _chain_round instead: DFLASH's round on our
-top-1 head, the walk, commit arithmetic and stats summary in one kernel (ops.chain_accept).
+top-1 head, the walk, commit arithmetic and stats summary in one kernel (ops.chain_accept). An `auto` round without
+a draft (candidate `plain`) runs _plain_round: no draft pass, the target verifies the last committed token alone.
 Every round's outputs (tokens, lengths, branch counts) go to two buffer sets used in turn (_outputs).
 Hybrid targets (gated-delta-net layers, e.g. Qwen3-Next): the plugin sets speculative_eagle_topk = 2 so SGLang's
 hybrid backend runs its tree verify (each node's conv window and SSM state from its parent's, stored per node); the
@@ -43,7 +44,7 @@ from functools import partial
 import torch
 
 from sglang_ddtree import config, kernels
-from sglang_ddtree.adaptive import CHAIN, candidate_label
+from sglang_ddtree.adaptive import CHAIN, PLAIN, candidate_label
 from sglang_ddtree.graphs import GraphedStage
 from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
@@ -127,6 +128,10 @@ class DDTreeWorker(WorkerSetup, engine.worker_base()):
         # writes every round's tree).
         self.lean_chain = (self.auto is not None and not self.options.oracle and not self.hybrid
                            and self.stats.debug is None)
+        if self.auto is not None and PLAIN in self.auto.candidates and not self.lean_chain:
+            # the round without a draft commits as the lean chain round does (no tree walk to read)
+            raise ValueError("--speculative-ddtree-auto-candidates: 'plain' needs an attention-only target and no "
+                             "--speculative-ddtree-debug.")
         self._stalls = StallDetector()  # rounds that stalled on the host are cold (stats.StallDetector)
         self._output_sets = None  # _outputs: two sets of the round's output buffers, used in turn
         self._output_slot = 0
@@ -159,6 +164,9 @@ class DDTreeWorker(WorkerSetup, engine.worker_base()):
         r = self._start(batch, on_publish)
         if r.use_auto:
             self.auto.choose(self, r)
+            if self.auto.candidates[r.chosen] == PLAIN:  # no draft: one target decode step
+                self._plain_round(r)
+                return self._finish(r)
         r.top1_only = (r.use_auto and self.auto.candidates[r.chosen] == CHAIN and not r.sampled
                        and self.modes.scripted is None)
         r.lean = r.top1_only and self.lean_chain
@@ -290,10 +298,45 @@ class DDTreeWorker(WorkerSetup, engine.worker_base()):
         r.logits_output.hidden_states = None
         r.timer.mark("commit")
 
+    def _plain_round(self, r: Round) -> None:
+        """`auto`'s round without a draft: the target verifies each request's last committed token (the root)
+        alone, causally, at its own position and KV slot, and commits its own next token, as a plain decode step
+        does. The drafter's context still takes that token's target hidden state (the drafter KV append a commit
+        does), so the next drafted round drafts from where the text is. The round records no draft (its stats
+        summary is zeros: the drafter's acceptance counts drafted rounds only); SGLang counts its one token."""
+        batch, bs, prefix_lens = r.batch, r.bs, r.prefix_lens
+        r.plain = True
+        if self.stats.prometheus is not None:
+            self.stats.prometheus.auto_round(candidate_label(PLAIN))
+        roots = r.draft_input.bonus_tokens.view(-1).to(torch.int64)
+        slots = self._slots(batch, prefix_lens, 1, bs).view(bs, 1)
+        positions = prefix_lens.to(torch.int64)
+        r.logits_output, r.can_run_cuda_graph = self._verify(
+            batch, roots, positions, None, slots, r.seq_lens_cpu_bound, r.seq_lens_sum_bound, 1, causal=True)
+        r.timer.mark("verify", following="walk")
+        r.choices = self._target_choices(batch, r.logits_output, bs, 1)
+        out = self._outputs(bs, prefix_lens.dtype)
+        ops.plain_step(r.choices, prefix_lens, out)
+        r.timer.mark("walk")
+        r.commit_lens, r.new_seq_lens, r.out_tokens, r.bonus, r.branch_lens = (
+            out["commit_lens"], out["new_seq_lens"], out["out_tokens"], out["bonus"], out["branch_lens"])
+        r.summary = out["summary"]
+        if r.on_publish is not None:
+            r.on_publish(r.new_seq_lens)
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=r.logits_output.hidden_states.view(bs, -1),
+            cache_loc=slots.reshape(-1),
+            positions=positions,
+            cache_loc_2d=slots,
+            commit_lens=r.commit_lens,
+        )
+        r.logits_output.hidden_states = None
+        r.timer.mark("commit")
+
     def _finish(self, r: Round):
         """`auto`'s feedback, the round's stats, the one-time captures of a new batch-size bucket, the result."""
         stalled = self._stalls.stalled(r.timer.host_ms)  # once a round: every round's host time feeds the limit
-        if r.lean:
+        if r.lean or r.plain:
             self.auto.after_round(self, r, None, None, stalled)
         elif r.use_auto:
             self.auto.after_tree_round(self, r, stalled)
@@ -305,7 +348,7 @@ class DDTreeWorker(WorkerSetup, engine.worker_base()):
                                 seq_lens=r.prefix_lens, summary=r.summary, extra=self.modes.dump_extra(self, r))
         self.modes.dumped(self, r)
         if (r.use_auto and self.round_graphs and r.bucket not in self.auto.captured_buckets
-                and self._graph_bucket(r.bs) is not None):
+                and r.draft_hidden is not None and self._graph_bucket(r.bs) is not None):  # a drafted round's inputs
             self.auto.capture_bucket(self, r, r.choices.dtype)
         result = engine.batch_result(
             logits_output=r.logits_output,

@@ -59,6 +59,11 @@ def configs(pair):
         # (worker._chain_round), its sampled ones the general round
         "ddtree-auto-chain": (pair.base_args() + COMMON + triton + ddtree("auto") + draft + ["--enable-metrics"],
                               {"SGLANG_DDTREE_AUTO_FORCE": "chain"}),
+        # rounds without a draft (`plain`) and 16-tree rounds in turn, a few rounds each (SGLANG_DDTREE_AUTO_FORCE
+        # with a list): every drafted stretch starts from a drafter context that plain rounds extended
+        "ddtree-auto-plain": (pair.base_args() + COMMON + triton + ddtree("auto") + draft
+                              + ["--speculative-ddtree-auto-candidates", "plain,chain,16", "--enable-metrics"],
+                              {"SGLANG_DDTREE_AUTO_FORCE": "plain,16"}),
         # verify CUDA graphs only up to batch 4: batch 8 verifies eagerly, and so do the round's stages (unpadded)
         "ddtree-auto-past-graphs": (pair.base_args() + COMMON + triton + ddtree("auto") + draft
                                     + ["--cuda-graph-max-bs-decode", "4"], {}),
@@ -70,7 +75,7 @@ def configs(pair):
 
 
 DDTREE_NAMES = ["ddtree-16", "ddtree-64", "ddtree-256", "ddtree-1024", "ddtree-64-eager", "ddtree-64-flashinfer",
-                "ddtree-auto", "ddtree-auto-chain", "ddtree-auto-past-graphs", "ddtree-auto-ab"]
+                "ddtree-auto", "ddtree-auto-chain", "ddtree-auto-plain", "ddtree-auto-past-graphs", "ddtree-auto-ab"]
 AUTO_NAMES = ["ddtree-auto"]
 
 
@@ -228,6 +233,31 @@ def test_auto_lean_chain_rounds_ran_and_were_counted(servers, outputs, gpu_recor
                accepted=accepted, tokens_total=tokens_total)
     assert request_rounds >= 0.9 * verify_total, (request_rounds, verify_total)
     assert accepted >= 0.9 * tokens_total, (accepted, tokens_total)
+
+
+def test_auto_rounds_without_a_draft_keep_the_drafters_context(servers, outputs, gpu_record):
+    """The server held in turn on `plain` and the 16-tree ran both kinds of round (its outputs equal plain
+    decoding's: test_greedy_equals_plain[ddtree-auto-plain]), and its drafted rounds accept what the fixed 16-tree's
+    rounds accept: the drafter's context took the plain rounds' tokens (a context with holes would draft from the
+    wrong text and accept far less). Prometheus counts drafted request-rounds only (a plain round's summary is
+    zeros), so accepted / rounds there is the 16-tree rounds' tau; the fixed server's is SGLang's, over the same
+    prompts at batch 1."""
+    name = "ddtree-auto-plain"
+    need(servers, name, "ddtree-16")
+    server = servers[name]
+    rounds = _metric_values(server, "sglang:ddtree_auto_rounds_total")
+    by_candidate = {c: sum(v for labels, v in rounds.items() if f'candidate="{c}"' in labels) for c in ("plain", "16")}
+    request_rounds = sum(_metric_values(server, "sglang:ddtree_rounds_total").values())
+    accepted = sum(_metric_values(server, "sglang:ddtree_accepted_tokens_total").values())
+    drafted_tau = accepted / request_rounds if request_rounds else 0.0
+    fixed_tau = tau_of(outputs["ddtree-16"]["bs1"])
+    log = server.log_text()
+    gpu_record("ddtree_auto_plain", rounds=by_candidate, drafted_tau=round(drafted_tau, 4),
+               fixed_tau=round(fixed_tau, 4), verify_states=next(
+                   (l for l in log.splitlines() if "verify states built" in l), None))
+    assert by_candidate["plain"] >= 20 and by_candidate["16"] >= 20, by_candidate
+    assert 0.3 <= by_candidate["plain"] / (by_candidate["plain"] + by_candidate["16"]) <= 0.7, by_candidate
+    assert drafted_tau >= 0.85 * fixed_tau, (drafted_tau, fixed_tau)
 
 
 def test_auto_ab_runs_both_arms_and_tallies_them_apart(servers, outputs, gpu_record):
