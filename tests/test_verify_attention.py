@@ -130,6 +130,9 @@ def test_hook_takes_only_plain_tree_verifies(monkeypatch):
     monkeypatch.setattr(hooks, "_VERIFY_ATTENTION", "ddtree")
     assert splits() == 4 and splits(sliding_window_size=None, page_size=1, logit_cap=0.0) == 4
     assert splits(mask=None) == 0  # the drafter's and the prefills' calls
+    with hooks.causal_verify():  # the worker's causal verify (a chain, a round without a draft): ours, causal
+        assert splits(mask=None) == 4 and splits(mask=None, causal=False) == 0
+    assert splits(mask=None) == 0
     assert splits(causal=False) == 0
     assert splits(width=16) == 0  # not bs * width query rows
     assert splits(k_scale=0.5) == 0 and splits(pool=d["k_pool"].float()) == 0

@@ -27,9 +27,22 @@ def is_active() -> bool:
     return _ACTIVE_IN_PROCESS
 
 
-# Set while the worker captures the verify graphs of `auto`'s chain candidate: a chain is causal, so it verifies
-# the way DFLASH does, without a custom mask (cheaper attention at 8B shapes).
+# Set while the worker captures the verify graphs of a causal verify (`auto`'s chain candidate, its rounds without a
+# draft, the oracle's chain): a chain is causal, so it is captured the way DFLASH's verify is, without a custom mask.
 _CAUSAL_CAPTURE = False
+# Set while the worker runs or captures a causal verify: its extend-attention calls may take our kernel (causal
+# over the verify's own tokens), which the drafter's and the prefills' causal calls never do.
+_CAUSAL_VERIFY = False
+
+
+@contextlib.contextmanager
+def causal_verify():
+    global _CAUSAL_VERIFY
+    _CAUSAL_VERIFY = True
+    try:
+        yield
+    finally:
+        _CAUSAL_VERIFY = False
 
 
 @contextlib.contextmanager
@@ -37,7 +50,8 @@ def causal_verify_capture():
     global _CAUSAL_CAPTURE
     _CAUSAL_CAPTURE = True
     try:
-        yield
+        with causal_verify():
+            yield
     finally:
         _CAUSAL_CAPTURE = False
 
@@ -89,9 +103,10 @@ _SMS: dict = {}  # device index -> its SM count
 def _verify_splits(q, k_pool, v_pool, o, qo_indptr, custom_mask, is_causal, width, k_scale, v_scale,
                    args, kwargs, sms: int) -> int:
     """How many prefix chunks our kernel cuts this extend-attention call into (verify_attention.plan_splits; 1: the
-    whole-prefix kernel); 0 to leave it to SGLang's: anything but a uniform tree verify on a plain bf16/fp16 MHA pool,
-    with heads larger than verify_attention.MAX_HEAD_DIM, or a verify where the plan finds SGLang's kernel as fast."""
-    if _VERIFY_ATTENTION != "ddtree" or custom_mask is None or not is_causal or args:
+    whole-prefix kernel); 0 to leave it to SGLang's: anything but a uniform verify (a tree's, with its mask, or the
+    worker's causal one: causal_verify) on a plain bf16/fp16 MHA pool, with heads larger than
+    verify_attention.MAX_HEAD_DIM, or a verify where the plan finds SGLang's kernel as fast."""
+    if _VERIFY_ATTENTION != "ddtree" or not is_causal or args or (custom_mask is None and not _CAUSAL_VERIFY):
         return 0
     plain, hints = engine.EXTEND_ATTENTION_PLAIN, engine.EXTEND_ATTENTION_HINTS
     if any(name not in hints and (name not in plain or (
@@ -121,8 +136,8 @@ def _sm_count(device: torch.device) -> int:
 def around_extend_attention(original, q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
                             kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale=1.0,
                             v_scale=1.0, sm_scale=None, *args, **kwargs):
-    """SGLang's extend_attention_fwd (the same parameters, so the same call) or, for a tree verify that
-    _verify_splits gives ours, kernels/verify_attention.py into the same output."""
+    """SGLang's extend_attention_fwd (the same parameters, so the same call) or, for a verify that _verify_splits
+    gives ours, kernels/verify_attention.py into the same output (no custom mask: causal)."""
     q = q_extend
     splits = q.is_cuda and _verify_splits(q, k_buffer, v_buffer, o_extend, qo_indptr, custom_mask, is_causal,
                                           max_len_extend, k_scale, v_scale, args, kwargs, _sm_count(q.device))

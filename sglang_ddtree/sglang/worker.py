@@ -50,7 +50,7 @@ from sglang_ddtree.layout import ancestor_mask
 from sglang_ddtree.sglang import args as ddtree_args
 from sglang_ddtree.sglang import engine, ops
 from sglang_ddtree.sglang.auto_round import AutoRounds
-from sglang_ddtree.sglang.hooks import mark_active
+from sglang_ddtree.sglang.hooks import causal_verify, mark_active
 from sglang_ddtree.sglang.round_state import Round
 from sglang_ddtree.sglang.stats import DDTreeStats, StallDetector
 from sglang_ddtree.sglang.worker_setup import WorkerSetup
@@ -535,7 +535,7 @@ class DDTreeWorker(WorkerSetup, engine.worker_base()):
         batch.seq_lens_cpu = seq_lens_cpu_bound.to(saved[0].dtype if saved[0] is not None else torch.int64)
         batch.seq_lens_sum = seq_lens_sum_bound
         try:
-            with self._verify_state(width, causal) as runner:
+            with self._verify_state(width, causal) as runner, causal_verify() if causal else contextlib.nullcontext():
                 self._last_verify_backend = runner.attn_backend
                 forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
                 out = self.target_worker.forward_batch_generation(
