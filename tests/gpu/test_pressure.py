@@ -13,7 +13,7 @@ Servers (the module's model pair, the tiny pair by default; text prompts, so not
     speculative retraction from one of ours.
 Checks: every output of the 16 requests sent at once equals plain's up to a tie (TIE_NATS); each server retracted
 at least once (counted from its log); after the run and after 200 mixed, sampled and aborted requests on the
-pressured server, its pool is back to idle (no KV leak).
+pressured server, its pool is back to idle (no KV leak); a request that fills the whole context ends as plain's.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ VERIFY_WIDTH = 16  # the default budget's verify (B=15), DFLASH's block
 GREEDY = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
 RETRACT_LINE = re.compile(r"(?:KV cache pool is full\. Retract requests|Testing retraction)\. #retracted_reqs: (\d+)")
 SPECULATIVE = ("ddtree-pressure", "ddtree-retract", "dflash-retract")
+CONTEXT = 1024  # every server's --context-length
 
 
 def prompts() -> list[str]:
@@ -60,7 +61,7 @@ def with_flags(args: list[str], **flags) -> list[str]:
 def configs(pair) -> dict:
     triton = ["--attention-backend", "triton"]
     draft = ["--speculative-draft-model-path", str(pair.drafter)]
-    batch = dict(max_running_requests=REQUESTS, cuda_graph_max_bs_decode=REQUESTS, context_length=1024)
+    batch = dict(max_running_requests=REQUESTS, cuda_graph_max_bs_decode=REQUESTS, context_length=CONTEXT)
     base = with_flags(pair.base_args() + COMMON + triton, **batch)
     retract = {"SGLANG_TEST_RETRACT": "1"}
     return {
@@ -134,3 +135,25 @@ def test_pool_back_to_idle_after_retractions_and_aborts(servers, outputs, name, 
     assert reqs == 0 and tokens == idle_tokens, f"{name}: {tokens - idle_tokens} KV tokens leaked ({kinds})"
     assert kinds.get("aborted", 0) > 0, kinds
     assert server.proc.poll() is None, f"{name} died under the load"
+
+
+@pytest.mark.parametrize("name", ["ddtree-pressure", "dflash-retract"])
+def test_a_request_that_fills_the_context_ends_as_plain_decoding_ends_it(servers, outputs, name, gpu_record):
+    """A greedy request whose prompt plus max_new_tokens is exactly the context length (the most SGLang admits):
+    its last rounds verify nodes past the context's end (DDTREE reserves B + 1 slots a round, DFLASH its block), so
+    nothing may be written or read out of bounds there. The output equals plain's up to a tie, full length, and the
+    server still serves afterwards. DFLASH beside it tells a limit of SGLang's speculative path from one of ours."""
+    need(servers, name)
+    text = prompts()[0]
+    prompt_tokens = servers["plain"].generate(text=text, sampling_params={**GREEDY, "max_new_tokens": 1}
+                                              )["meta_info"]["prompt_tokens"]
+    params = {**GREEDY, "max_new_tokens": CONTEXT - prompt_tokens}
+    plain = servers["plain"].generate(text=text, sampling_params=params, return_logprob=True, top_logprobs_num=2)
+    answer = servers[name].generate(text=text, sampling_params=params)
+    exact, ties, failures = compare([plain], [answer], TIE_NATS)
+    alive = servers[name].generate(text=text, sampling_params={**GREEDY, "max_new_tokens": 8})
+    gpu_record("pressure_full_context", config=name, prompt_tokens=prompt_tokens, new_tokens=params["max_new_tokens"],
+               completion_tokens=answer["meta_info"]["completion_tokens"], exact=exact, ties=ties, failures=failures)
+    assert answer["meta_info"]["completion_tokens"] == params["max_new_tokens"], answer["meta_info"]
+    assert not failures, failures
+    assert alive["meta_info"]["completion_tokens"] == 8 and servers[name].proc.poll() is None
