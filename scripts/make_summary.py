@@ -879,11 +879,53 @@ def sglang_auto_ab(srcs: list[Source], **_) -> dict:
                 if detail_rows else {})}
 
 
+def long_context(srcs: list[Source], **_) -> dict:
+    """The widened 8B pair at long contexts (prompt kind `long`: standard-library source cut to 2K / 8K / 32K tokens).
+    Every ok row of the sources (later files win per setup, method, budget, batch size), keyed by its prompt tokens:
+    real8b_long_context {ctx: {bs: {method: tok/s}}}, real8b_long_context_tau (the same of tau), and
+    real8b_long_context_round_over_dflash {ctx: {bs: DDTREE's round ms / DFLASH's}} where a DDTREE budget and DFLASH
+    ran in the same file (the same run: a ratio across runs is not paired), with the per-repeat range. One setup per
+    method, context and batch size in a file (an A/B arm of the same method belongs in a figure of its own)."""
+    tps: dict = {}
+    tau: dict = {}
+    rounds: dict = {}
+    for src in srcs:
+        by_row: dict = {}
+        for key, r in _sweep_rows(src.path).items():
+            if r.get("prompt_kind") != "long":
+                continue
+            ctx, bs, label = str(r["prompt_tokens"]), str(r["batch_size"]), _method_label(r["method"], r.get("budget"))
+            tps.setdefault(ctx, {}).setdefault(bs, {})[label] = round(r["decode_tokens_per_s"], 1)
+            if r.get("tau") is not None:
+                tau.setdefault(ctx, {}).setdefault(bs, {})[label] = round(r["tau"], 4)
+            by_row.setdefault((ctx, bs), {})[label] = r
+        for (ctx, bs), rows in by_row.items():
+            chain = rows.get("dflash")
+            trees = sorted((label for label in rows if label.startswith("ddtree-")), key=lambda x: int(x.split("-")[1]))
+            if chain is None or not trees:
+                continue
+            tree = rows[trees[0]]
+            runs = [t / c for t, c in zip(tree.get("step_ms_runs") or [], chain.get("step_ms_runs") or [])]
+            rounds.setdefault(ctx, {})[bs] = {"budget": int(trees[0].split("-")[1]),
+                                              "ratio": round(tree["step_ms"] / chain["step_ms"], 4),
+                                              "range": [round(min(runs), 4), round(max(runs), 4)] if runs else None,
+                                              "source": src.name}
+
+    def ordered(d):
+        return {c: dict(sorted(v.items(), key=lambda kv: int(kv[0]))) for c, v in sorted(d.items(), key=lambda kv: int(kv[0]))}
+
+    if not tps:
+        raise ValueError("long_context: no rows of prompt kind `long`")
+    return {"real8b_long_context": ordered(tps), "real8b_long_context_tau": ordered(tau),
+            "real8b_long_context_round_over_dflash": ordered(rounds),
+            "real8b_long_context_source": [s.name for s in srcs]}
+
+
 READERS = {f.__name__: f for f in (
     sweep_table, tree_stages, tiny_pair, offline, gpu_suite, sglang_lossless, sglang_tiny_bs1, round_graphs,
     tree_overhead, best_budget, tp2, hybrid, sglang_hybrid, adaptive, sglang_auto, same_config_servers, pad_stages,
     pad_stages_captures, sglang_tau_mae, sglang_tau_mae_starts, paired, sglang_auto_ab, real8b, planted_bugs, auto_knobs,
-    hybrid_real, hybrid_tiny, trained_drafter_projection)}
+    hybrid_real, hybrid_tiny, trained_drafter_projection, long_context)}
 
 
 def load_table(path: Path = TABLE) -> list[dict]:

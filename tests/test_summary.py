@@ -322,3 +322,27 @@ def test_committed_best_budget_is_measured_from_the_real_size_sweep():
         assert row["over_dflash_run_range"] == summary["real8b_ddtree_best_over_dflash_run_range"][b]
         # (`auto`'s figure of record is the later sweep that measured it in one wave with DFLASH and the fixed
         # budgets: summary real8b_auto_over_best; this file keeps the benchmark sweep's own, another wave's)
+
+
+def test_long_context_keys_rows_by_prompt_tokens_and_pairs_rounds_within_one_file(tmp_path):
+    """The long-context figure: tokens/s and tau by context (a row's prompt_tokens), batch size and method, whatever
+    setup a row came from (short-prompt rows left out), and DDTREE's round over DFLASH's only where both ran in one
+    file, with the range of their repeat-by-repeat ratios."""
+    ms = _make_summary()
+
+    def row(setup, method, budget, ctx, bs, tps, step, kind="long"):
+        return {"kind": "result", "status": "ok", "setup": setup, "method": method, "budget": budget,
+                "batch_size": bs, "prompt_kind": kind, "prompt_tokens": ctx, "decode_tokens_per_s": tps,
+                "tau": 1.5, "step_ms": step, "step_ms_runs": [step, step * 1.1]}
+
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(x) for x in [
+        row("real-8k", "dflash", None, 8192, 1, 40.0, 20.0), row("real-8k-va", "ddtree", 15, 8192, 1, 70.0, 10.0),
+        row("8b-real", "dflash", None, 330, 1, 500.0, 5.0, kind="humaneval")]) + "\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps(row("plain-32k", "plain", None, 32768, 4, 90.0, 30.0)) + "\n")
+    out = ms.build([{"name": "long_context", "reader": "long_context", "sources": ["a.jsonl", "b.jsonl"]}],
+                   results=tmp_path)
+    assert out["real8b_long_context"] == {"8192": {"1": {"dflash": 40.0, "ddtree-15": 70.0}},
+                                          "32768": {"4": {"plain": 90.0}}}
+    rounds = out["real8b_long_context_round_over_dflash"]
+    assert list(rounds) == ["8192"] and rounds["8192"]["1"]["ratio"] == 0.5
+    assert rounds["8192"]["1"]["range"] == [0.5, 0.5] and rounds["8192"]["1"]["budget"] == 15
