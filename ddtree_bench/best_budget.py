@@ -12,9 +12,10 @@ Per batch size of the setup:
                            over_dflash_run_range: in an interleaved sweep run r of every row of a batch size was
                            measured in the same round. Only when both rows carry per-run tokens/s
                            (decode_tokens_per_s_runs) of the same length; otherwise null and `run_pairing` says why.
-  auto_*                   the `auto` row's tokens/s and tau, and auto over the better of DFLASH and the best fixed
-                           budget (the rival is picked on the rows' tokens/s; its run-by-run ratios pair auto's runs
-                           with that rival's runs)
+  auto_*                   the `auto` row's tokens/s and tau, and auto over the best of plain decoding, DFLASH and the
+                           best fixed budget, those measured (the rival is picked on the rows' tokens/s; its run-by-run
+                           ratios pair auto's runs with that rival's runs); auto_choice: the share of its batch
+                           rounds each candidate ran (its Prometheus counts over the row's runs)
   rate_outlier_runs        runs (indices) in which a compared row had requests decoding far above its median rate
                            (a request timed short inflates that run's summed tokens/s): kept in the ratios, named
                            here so a reader can discount them
@@ -120,12 +121,16 @@ def best_by_batch(rows: list[dict]) -> dict:
                         "over_plain": _r(best["decode_tokens_per_s"] / plain["decode_tokens_per_s"], 4)})
         compared = [best] + [x for x in (dflash, plain) if x is not None]
         if auto is not None:
-            rival_name, rival = "ddtree", best
-            if dflash is not None and dflash["decode_tokens_per_s"] > best["decode_tokens_per_s"]:
-                rival_name, rival = "dflash", dflash
+            rival_name, rival = f"ddtree-{best_b}", best
+            for name, other in (("dflash", dflash), ("plain", plain)):
+                if other is not None and other["decode_tokens_per_s"] > rival["decode_tokens_per_s"]:
+                    rival_name, rival = name, other
             rec.update({"auto_tokens_per_s": _r(auto["decode_tokens_per_s"], 1), "auto_tau": _r(auto.get("tau"), 4),
-                        "auto_rival": "dflash" if rival_name == "dflash" else f"ddtree-{best_b}"})
+                        "auto_rival": rival_name})
             rec.update(_ratio_fields("auto_over_best", auto, rival))
+            rounds = (auto.get("ddtree_metrics") or {}).get("auto_rounds") or {}
+            total = sum(rounds.values())
+            rec["auto_choice"] = {c: _r(n / total, 4) for c, n in sorted(rounds.items())} if total else None
             compared.append(auto)
         rec["rate_outlier_runs"] = _outlier_runs(*compared)
         rec["candidates"] = [
@@ -187,7 +192,8 @@ def format_report(result: dict) -> str:
             rng = r["over_dflash_run_range"]
             text += f", x{r['over_dflash']:.3f} over DFLASH" + (f" (runs {rng[0]:.3f}-{rng[1]:.3f})" if rng else "")
         if r.get("auto_over_best") is not None:
-            text += f"; auto x{r['auto_over_best']:.3f} of the better of DFLASH and the best budget"
+            text += (f"; auto x{r['auto_over_best']:.3f} of the best of plain, DFLASH and the best budget "
+                     f"({r['auto_rival']})")
         lines.append(text)
     return "\n".join(lines)
 

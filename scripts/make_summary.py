@@ -204,11 +204,13 @@ def _best_fixed(rows: dict, setup: str) -> dict:
 
 
 def _real8b_auto(rows: dict, setup: str) -> dict:
-    """`auto` over max(DFLASH, best fixed DDTREE) per batch size, and the min-max of its run-by-run ratios."""
+    """`auto` over max(plain where measured, DFLASH, best fixed DDTREE) per batch size, the min-max of its
+    run-by-run ratios, and the share of its rounds each candidate ran."""
     recs = {bs: r for bs, r in _best_fixed(rows, setup).items()
             if r.get("over_dflash") is not None and r.get("auto_over_best") is not None}
     return {"real8b_auto_over_best": {bs: r["auto_over_best"] for bs, r in recs.items()},
-            "real8b_auto_over_best_run_range": {bs: r["auto_over_best_run_range"] for bs, r in recs.items()}}
+            "real8b_auto_over_best_run_range": {bs: r["auto_over_best_run_range"] for bs, r in recs.items()},
+            "real8b_auto_choice": {bs: r["auto_choice"] for bs, r in recs.items() if r.get("auto_choice")}}
 
 
 def _now_over_before(rows: dict, now: str, before: str) -> dict:

@@ -145,3 +145,18 @@ def test_cli_writes_the_measured_file(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "MEASURED" in text and "best budget   64" in text
     assert bb.main(["--sweep", str(sweep), "--setup", "nope", "--out", str(tmp_path / "x.json")]) == 2
+
+
+def test_auto_is_judged_against_plain_decoding_too_and_its_choices_are_shared_out(tmp_path):
+    """At a batch where plain decoding beats DFLASH and every tree, `auto`'s rival is plain; its row's Prometheus
+    rounds per candidate become the share of rounds each ran."""
+    rows = [_row("plain", None, 64, [10000.0, 10100.0, 10050.0]),
+            _row("dflash", None, 64, [7400.0, 7500.0, 7450.0], tau=3.0),
+            _row("ddtree", 15, 64, [9000.0, 9100.0, 9050.0], tau=3.5),
+            _row("auto", None, 64, [9800.0, 9900.0, 9850.0], tau=2.0,
+                 ddtree_metrics={"auto_rounds": {"plain": 300, "15": 100}})]
+    rec = bb.best_by_batch(rows)["64"]
+    assert rec["auto_rival"] == "plain"
+    assert rec["auto_over_best"] == pytest.approx(9850 / 10050, abs=1e-4)
+    assert rec["auto_over_best_runs"] == pytest.approx([9800 / 10000, 9900 / 10100, 9850 / 10050], abs=1e-4)
+    assert rec["auto_choice"] == {"15": 0.25, "plain": 0.75}
