@@ -77,7 +77,7 @@ def parse_candidates(spec: str | Sequence, allow_plain: bool = False) -> list[in
                     x = int(x)
                 except ValueError:
                     raise ValueError(f"candidate budgets must be integers, 'chain' or 'plain', got {x!r}.") from None
-        if x == PLAIN and not isinstance(x, bool):
+        if isinstance(x, int) and x == PLAIN:
             if not allow_plain:
                 raise ValueError("'plain' (a round without a draft) is a candidate of the server's auto only.")
             out.add(PLAIN)

@@ -283,20 +283,7 @@ class DDTreeWorker(WorkerSetup, engine.worker_base()):
         ops.chain_accept(self.use_kernels, ids, r.choices, r.topk_values.reshape(bs, block - 1), prefix_lens, out)
         r.timer.mark("walk")
 
-        r.commit_lens, r.new_seq_lens, r.out_tokens, r.bonus, r.branch_lens = (
-            out["commit_lens"], out["new_seq_lens"], out["out_tokens"], out["bonus"], out["branch_lens"])
-        r.summary = out["summary"]
-        if r.on_publish is not None:
-            r.on_publish(r.new_seq_lens)
-        self._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=r.logits_output.hidden_states.view(bs * block, -1),
-            cache_loc=r.block_slots.reshape(-1),
-            positions=r.block_positions.reshape(-1),
-            cache_loc_2d=r.block_slots,
-            commit_lens=r.commit_lens,
-        )
-        r.logits_output.hidden_states = None
-        r.timer.mark("commit")
+        self._commit_in_place(r, out, r.block_slots, r.block_positions)
 
     def _plain_round(self, r: Round) -> None:
         """`auto`'s round without a draft: the target verifies each request's last committed token (the root)
@@ -318,15 +305,23 @@ class DDTreeWorker(WorkerSetup, engine.worker_base()):
         out = self._outputs(bs, prefix_lens.dtype)
         ops.plain_step(r.choices, prefix_lens, out)
         r.timer.mark("walk")
+        self._commit_in_place(r, out, slots, positions)
+
+    def _commit_in_place(self, r: Round, out: dict[str, torch.Tensor], slots: torch.Tensor,
+                         positions: torch.Tensor) -> None:
+        """The end of a round whose verified tokens already sit at their own KV slots (a causal verify: the lean
+        chain round's block, a plain round's one token; nothing to move): what leaves the round, from its output
+        buffers (`out`, ops.CHAIN_OUTPUTS), published; then the drafter's context KV from the committed rows' target
+        hidden states. slots [bs, width] and positions (bs * width of them) of the verified tokens."""
         r.commit_lens, r.new_seq_lens, r.out_tokens, r.bonus, r.branch_lens = (
             out["commit_lens"], out["new_seq_lens"], out["out_tokens"], out["bonus"], out["branch_lens"])
         r.summary = out["summary"]
         if r.on_publish is not None:
             r.on_publish(r.new_seq_lens)
         self._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=r.logits_output.hidden_states.view(bs, -1),
+            target_hidden=r.logits_output.hidden_states.view(slots.numel(), -1),
             cache_loc=slots.reshape(-1),
-            positions=positions,
+            positions=positions.reshape(-1),
             cache_loc_2d=slots,
             commit_lens=r.commit_lens,
         )
