@@ -1092,7 +1092,8 @@ def test_split_chunk_parts_install_one_call_at_a_time(tmp_path):
     # a corrupted part: the joined chunk's sha256 does not match, nothing is installed
     bad_site = tmp_path / "bad"
     victim = next(parts[1].glob("*.part-*"))
-    victim.write_bytes(b"x" + victim.read_bytes()[1:])
+    data = victim.read_bytes()
+    victim.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # always a different byte (b"x" could equal the first)
     for part in parts[:-1]:
         run_install([part], bad_site, "auto")
     res = run_install([parts[-1]], bad_site, "auto")
