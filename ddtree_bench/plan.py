@@ -151,7 +151,7 @@ class Setup:
     max_new_tokens: int
     warmup_new_tokens: int  # per (server, batch size) before the measured run: same batch shape, short
     context_length: int | None  # --context-length (None: the model's)
-    graph_token_cap: int  # capture a decode graph for batch b only if b * verify width <= this
+    graph_token_cap: int  # capture a decode graph for batch b only if b * verify width <= this (`auto`: its chain's)
     max_activation_gib: float  # skip rows whose verify activations would exceed this
     report_acceptance: bool  # False: random weights, acceptance is meaningless (costs only)
     methods: tuple[str, ...] = ("plain", "dflash", "ddtree")  # `auto` on request (--set SETUP.methods=...)
@@ -356,6 +356,13 @@ def verify_width(method: str, budget: int | None, block_size: int) -> int:
     raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}.")
 
 
+def server_width(setup: Setup, method: str, budget: int | None, block_size: int) -> int:
+    """verify_width of a setup's server: `auto` from the candidates the setup passes (auto_candidates)."""
+    if method == "auto":
+        return max(auto_widths(setup, block_size))
+    return verify_width(method, budget, block_size)
+
+
 def server_name(setup: str, method: str, budget: int | None) -> str:
     return f"{setup}-{method}" + (f"-b{budget}" if method == "ddtree" else "")
 
@@ -421,7 +428,7 @@ def derive_context_length(setup: Setup, target: ModelShape, drafter: ModelShape)
     multiple of 1024 within the models' max_position_embeddings. Long prompts need more than the 4096 the real-size
     setups pass; a need over the models' positions is refused before any server starts (SGLang refuses such
     prompts, and the rotary tables end there)."""
-    width = max(verify_width(m, b, drafter.block_size or 16) for m in setup.methods
+    width = max(server_width(setup, m, b, drafter.block_size or 16) for m in setup.methods
                 for b in (setup.budgets if m == "ddtree" else [None]))
     need = request_tokens(setup.prompt_bound(), setup.max_new_tokens, width)
     limit = min([target.max_positions] + [drafter.max_positions for m in setup.methods if m != "plain"])
@@ -459,20 +466,63 @@ def state_bytes(target: ModelShape, width: int, max_batch: int, spec: bool) -> f
 
 
 def graph_batch_sizes(setup: Setup, method: str, width: int, batch_sizes) -> tuple[int, ...]:
+    """--cuda-graph-bs-decode: the batch sizes whose verify of `width` tokens a request fits the setup's graph token
+    budget. `auto` passes its chain's width (auto_graph_width): SGLang captures every candidate's verify at every
+    size it is given, so a size in the list gives the chain and the small trees their graphs there, as a server
+    started by hand does; the widest candidates' graphs at that size come with them and are counted in
+    estimate_memory. Capping the list by the widest candidate instead left `auto` eager at batch 64 where DFLASH and
+    the fixed trees replay graphs (4878 against 7507 tok/s with graphs, sweep_8b-real-autographs_2026-12-04)."""
     return tuple(sorted(b for b in set(batch_sizes) if method == "plain" or b * width <= setup.graph_token_cap))
+
+
+def auto_candidates(setup: Setup) -> tuple[int, ...]:
+    """The `auto` candidates a setup's servers run: its --speculative-ddtree-auto-candidates (server_args, either
+    "--flag=value" or "--flag" then the value), else the server's default."""
+    from sglang_ddtree.sglang.args import parse_auto_candidates
+
+    flag, value = "--speculative-ddtree-auto-candidates", None
+    args = list(setup.server_args)
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return parse_auto_candidates(value)
+
+
+def auto_widths(setup: Setup, block_size: int) -> tuple[int, ...]:
+    """Verify tokens a request of each `auto` candidate, in candidate order: a round without a draft 1, the chain the
+    drafter's block, a tree B + 1. One verify graph runner each: the chain's and a tree's of the same width are two
+    (one causal, one with the tree mask)."""
+    return tuple(1 if c < 0 else block_size if c == 0 else c + 1 for c in auto_candidates(setup))
+
+
+def auto_graph_width(setup: Setup, block_size: int) -> int:
+    """The width an `auto` server's graph batch sizes are chosen by: its chain's (DFLASH's block)."""
+    return block_size
 
 
 def estimate_memory(setup: Setup, target: ModelShape, drafter: ModelShape, method: str, budget: int | None,
                     batch_sizes) -> MemoryEstimate:
     spec = method != "plain"
-    width = verify_width(method, budget, drafter.block_size or 16)
+    block = drafter.block_size or 16
+    width = server_width(setup, method, budget, block)
     max_batch = max(batch_sizes)
     context = setup.context_length or target.max_positions
     weights = 2 * (target.params(embeddings=True) + (drafter.params(embeddings=False) if spec else 0))
     pool = kv_pool_tokens(setup, width, max_batch)
     kv = pool * (target.kv_bytes_per_token() + (drafter.kv_bytes_per_token() if spec else 0))
-    graphs = graph_batch_sizes(setup, method, width, batch_sizes)
-    graph = (max(graphs) * width * graph_bytes_per_token(target, context, width, spec)) if graphs else 0.0
+    if method == "auto":
+        # one verify runner per candidate width, each captured at every listed size; the fp32 logits buffer is
+        # shared by all runners (SGLang's graph_shared_output), sized for the widest
+        graphs = graph_batch_sizes(setup, method, auto_graph_width(setup, block), batch_sizes)
+        logits = target.vocab * 4
+        per_size = width * logits + sum(w * (graph_bytes_per_token(target, context, w, spec) - logits)
+                                        for w in auto_widths(setup, block))
+        graph = max(graphs) * per_size if graphs else 0.0
+    else:
+        graphs = graph_batch_sizes(setup, method, width, batch_sizes)
+        graph = (max(graphs) * width * graph_bytes_per_token(target, context, width, spec)) if graphs else 0.0
     act = activation_bytes(target, drafter if spec else None, max_batch * width)
     state = state_bytes(target, width, max_batch, spec)
     resident = weights + kv + graph + state + CUDA_CONTEXT_GIB * GIB
@@ -484,7 +534,7 @@ def estimate_memory(setup: Setup, target: ModelShape, drafter: ModelShape, metho
 def skip_reason(setup: Setup, target: ModelShape, drafter: ModelShape, method: str, budget: int | None,
                 batch_size: int) -> str | None:
     """Why a row cannot run (None: it can). Deterministic, so resumed runs decide the same."""
-    width = verify_width(method, budget, drafter.block_size or 16)
+    width = server_width(setup, method, budget, drafter.block_size or 16)
     tokens = batch_size * width
     act = activation_bytes(target, drafter if method != "plain" else None, tokens) / GIB
     if act > setup.max_activation_gib:
@@ -530,9 +580,7 @@ class ServerPlan:
         # 29; at the widest width a 3-server batch-64 row was estimated at 4.5 minutes and measured in under one)
         width = self.width
         if self.method == "auto":
-            from sglang_ddtree.sglang.args import parse_auto_candidates
-
-            width = min(c for c in parse_auto_candidates(None) if c) + 1
+            width = min(c for c in auto_candidates(self.setup) if c > 0) + 1
         return steps * self.setup.est_step_ms(self.method, width, row.batch_size) / 1e3 + 1.5
 
 
@@ -631,7 +679,7 @@ def expand(setups: list[Setup], *, mem_fraction: float = 0.9, extra_args: tuple[
                                    graph_bs=mem.graph_batch_sizes, mem_fraction=mem_fraction, extra=extra_args,
                                    mamba_slots=mem.mamba_slots)
                 sig = _signature(setup, method, budget, args, sampling_params(setup))
-                width = verify_width(method, budget, drafter.block_size or 16)
+                width = server_width(setup, method, budget, drafter.block_size or 16)
                 servers.append(ServerPlan(server_name(setup.name, method, budget), setup, method, budget, runnable,
                                           mem, args, sig, width))
                 sigs.update({r.key: sig for r in runnable})

@@ -153,6 +153,18 @@ def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# Rounds between the chooser tables an `auto` server logs in a sweep (the server's default, 2000, is more rounds than
+# a batch-16 row runs, so its rows carried no table): a row then says why `auto` chose what it chose
+# (sweep.last_auto_table). A table line costs ~0.3 ms of host time: ~1 us a round at this interval.
+AUTO_TABLE_EVERY = 256
+
+
+def auto_table_env(env: dict[str, str]) -> dict[str, str]:
+    """env with SGLANG_DDTREE_AUTO_LOG_EVERY at AUTO_TABLE_EVERY, unless the launcher or the setup set it."""
+    key = "SGLANG_DDTREE_AUTO_LOG_EVERY"
+    return env if key in env else {**env, key: str(AUTO_TABLE_EVERY)}
+
+
 def pin_process(pid: int, cpus: frozenset[int]) -> int:
     """Every thread of process `pid` may run only on `cpus` from now on (threads started later inherit it from
     their parent thread). Returns how many threads were pinned. Linux only (/proc)."""
@@ -294,6 +306,8 @@ class SubprocessLauncher:
         env = self.env
         if plan.setup.server_env:  # the setup's own entries over the launcher's environment
             env = {**(os.environ if env is None else env), **plan.setup.env()}
+        if plan.method == "auto":
+            env = auto_table_env(os.environ if env is None else env)
         return SubprocessServer(plan.name, plan.args, self.log_dir, env, self.python, self.cpus, self.start_cpus)
 
 

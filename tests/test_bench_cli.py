@@ -64,6 +64,24 @@ def test_a_copied_setup_is_changed_alone_and_launches_with_its_environment(tmp_p
     # a setup without entries keeps its signature of before this field existed (no "server_env" key)
     assert "server_env" not in P.default_setups()["tiny"].params_for_signature()
 
+def test_auto_servers_log_their_chooser_table_often_enough_for_a_row(tmp_path, monkeypatch):
+    """An `auto` server of a sweep logs its chooser table every AUTO_TABLE_EVERY rounds (the server's default interval
+    is longer than a row), unless the launcher or the setup set the interval; other servers are left alone."""
+    from ddtree_bench.server import AUTO_TABLE_EVERY, SubprocessLauncher
+
+    monkeypatch.delenv("SGLANG_DDTREE_AUTO_LOG_EVERY", raising=False)
+    key = "SGLANG_DDTREE_AUTO_LOG_EVERY"
+    s = bench.apply_sets(bench.copy_setups(P.default_setups(), ["tiny-own=tiny"]),
+                         ["tiny.methods=auto,dflash", "tiny-own.methods=auto", f"tiny-own.server_env={key}=17"])
+    servers = {sv.name: sv for sv in P.expand([s["tiny"], s["tiny-own"]], mem_budget_gib=100).servers}
+    launcher = SubprocessLauncher(tmp_path)
+    assert launcher.create(servers["tiny-auto"]).env[key] == str(AUTO_TABLE_EVERY)
+    assert launcher.create(servers["tiny-own-auto"]).env[key] == "17"
+    assert key not in launcher.create(servers["tiny-dflash"]).env
+    monkeypatch.setenv(key, "5")
+    assert launcher.create(servers["tiny-auto"]).env[key] == "5"
+
+
 
 def test_a_copied_setup_launches_with_its_own_server_flags():
     """server_args: launch_server arguments of one setup's servers (the calibration A/B of two `auto` setups)."""

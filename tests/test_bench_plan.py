@@ -199,6 +199,52 @@ def test_auto_rows_are_timed_at_the_narrowest_tree_not_the_widest():
     assert per_token[0] == pytest.approx(per_token[1])
 
 
+
+
+def test_auto_gets_graphs_wherever_its_chain_fits_the_graph_budget():
+    """SGLang captures every candidate's verify at every size it is given: `auto`'s sizes are chosen by its chain's
+    width, so at batch 64 (64 x 129 tokens over the 8B setups' budget) the chain and the small trees replay graphs as
+    DFLASH and DDTREE 16 do, not eagerly."""
+    setup = dataclasses.replace(BIG, methods=("dflash", "ddtree", "auto"), budgets=(16,), batch_sizes=(16, 64))
+    servers = {s.method: s for s in P.expand([setup]).servers}
+    assert 64 * servers["auto"].width > setup.graph_token_cap
+    assert servers["auto"].memory.graph_batch_sizes == servers["dflash"].memory.graph_batch_sizes == (16, 64)
+    assert arg(servers["auto"].args, "--cuda-graph-bs-decode") == ["16", "64"]
+
+
+def test_auto_graph_memory_counts_a_runner_per_candidate_and_one_shared_logits_buffer():
+    """Each candidate width is its own verify runner (static buffers per captured token), while the fp32 logits
+    buffer is one for all runners, sized for the widest: another narrow candidate adds its runner's buffers and no
+    logits."""
+    target, drafter = BIG.shapes()
+
+    def auto_memory(candidates):
+        setup = dataclasses.replace(BIG, methods=("auto",), batch_sizes=(64,),
+                                    server_args=("--speculative-ddtree-auto-candidates", candidates))
+        return P.estimate_memory(setup, target, drafter, "auto", None, (64,))
+
+    base, more = auto_memory("chain,128"), auto_memory("chain,16,128")
+    logits = target.vocab * 4
+    per_token = P.graph_bytes_per_token(target, BIG.context_length, 17, True) - logits
+    assert (more.graph_gib - base.graph_gib) * P.GIB == pytest.approx(64 * 17 * per_token)
+    widest_alone = 64 * 129 * P.graph_bytes_per_token(target, BIG.context_length, 129, True)
+    assert base.graph_gib * P.GIB > widest_alone  # the chain's runner on top of the widest's
+    assert base.graph_gib * P.GIB < widest_alone + 64 * 16 * (per_token + logits)  # ... without a second logits buffer
+
+
+def test_auto_candidates_come_from_the_setups_server_args():
+    def setup(*args):
+        return dataclasses.replace(BIG, methods=("auto",), batch_sizes=(4,), server_args=args)
+
+    flag = "--speculative-ddtree-auto-candidates"
+    assert P.auto_widths(setup(flag, "plain,chain,7,15,63"), 16) == (1, 16, 8, 16, 64)
+    assert P.auto_widths(setup(f"{flag}=chain,32"), 16) == (16, 33)
+    assert P.auto_candidates(setup()) == P.auto_candidates(setup("--speculative-ddtree-auto-calibration", "off"))
+    small = setup(flag, "plain,chain,7,15,63")
+    server = P.expand([small]).servers[0]
+    assert server.width == 64 and arg(server.args, flag) == ["plain,chain,7,15,63"]
+    with pytest.raises(ValueError, match="auto-candidates"):
+        P.auto_candidates(setup(flag, "chain,x"))
 # ------------------------------------------------------------------------------------------- hybrid setups
 
 
