@@ -179,6 +179,9 @@ class Setup:
     # skip rows whose recurrent-state pool (a gated-delta-net target: SGLang's mamba slots and, for a speculative
     # method, one state per verify node per running request) would exceed this many GiB; None: no limit
     max_state_gib: float | None = None
+    # the `auto` servers' --speculative-ddtree-auto-candidates, one string (e.g. plain,chain,7,15,63: --set
+    # SETUP.auto_candidates=... keeps its commas, which server_args would split); None: the server's default
+    auto_candidates: str | None = None
 
     def validate(self) -> None:
         if self.backend not in ("triton", "flashinfer"):
@@ -203,6 +206,11 @@ class Setup:
         bad = [e for e in self.server_env if not e.partition("=")[0] or "=" not in e]
         if bad:
             raise ValueError(f"setup {self.name}: server_env entries must be KEY=VALUE, got {bad}.")
+        if any(a.partition("=")[0] == AUTO_CANDIDATES_FLAG for a in self.server_args):
+            raise ValueError(f"setup {self.name}: set auto's candidates with --set {self.name}.auto_candidates=..., "
+                             f"not in server_args (which splits the list at its commas).")
+        if self.auto_candidates is not None:
+            auto_candidates(self)  # a bad list is refused before any server starts
 
     def prompt_bound(self) -> int:
         """The most tokens one of its prompts holds (as far as the setup says: a text prompt's length is a bound)."""
@@ -475,19 +483,14 @@ def graph_batch_sizes(setup: Setup, method: str, width: int, batch_sizes) -> tup
     return tuple(sorted(b for b in set(batch_sizes) if method == "plain" or b * width <= setup.graph_token_cap))
 
 
+AUTO_CANDIDATES_FLAG = "--speculative-ddtree-auto-candidates"
+
+
 def auto_candidates(setup: Setup) -> tuple[int, ...]:
-    """The `auto` candidates a setup's servers run: its --speculative-ddtree-auto-candidates (server_args, either
-    "--flag=value" or "--flag" then the value), else the server's default."""
+    """The candidates of a setup's `auto` servers: its auto_candidates, else the server's default."""
     from sglang_ddtree.sglang.args import parse_auto_candidates
 
-    flag, value = "--speculative-ddtree-auto-candidates", None
-    args = list(setup.server_args)
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif a.startswith(flag + "="):
-            value = a.split("=", 1)[1]
-    return parse_auto_candidates(value)
+    return parse_auto_candidates(setup.auto_candidates)
 
 
 def auto_widths(setup: Setup, block_size: int) -> tuple[int, ...]:
@@ -628,6 +631,8 @@ def server_args(setup: Setup, method: str, budget: int | None, *, max_batch: int
     elif method in ("ddtree", "auto"):
         args += ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(setup.path("drafter")),
                  "--speculative-ddtree-budget", "auto" if method == "auto" else str(budget)]
+        if method == "auto" and setup.auto_candidates is not None:
+            args += [AUTO_CANDIDATES_FLAG, setup.auto_candidates]
     return args + list(setup.server_args) + list(extra)
 
 
@@ -719,8 +724,10 @@ def with_overrides(setup: Setup, **changes) -> Setup:
 TUPLE_FIELDS = {"methods": str, "budgets": int, "batch_sizes": int, "server_env": str, "server_args": str}
 SCALAR_FIELDS = {"max_new_tokens": int, "warmup_new_tokens": int, "prompt_tokens": int, "graph_token_cap": int,
                  "max_activation_gib": float, "context_length": int, "target": str, "drafter": str,
-                 "backend": str, "max_state_gib": float, "widen_from": str, "prompt_kind": str}
-NONE_FIELDS = ("context_length", "max_state_gib")  # fields that take none (context_length also `model` / empty)
+                 "backend": str, "max_state_gib": float, "widen_from": str, "prompt_kind": str,
+                 "auto_candidates": str}
+# fields that take none (context_length also `model` / empty)
+NONE_FIELDS = ("context_length", "max_state_gib", "auto_candidates")
 
 
 def csv_values(text: str, kind=str) -> tuple:

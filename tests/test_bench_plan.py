@@ -219,8 +219,7 @@ def test_auto_graph_memory_counts_a_runner_per_candidate_and_one_shared_logits_b
     target, drafter = BIG.shapes()
 
     def auto_memory(candidates):
-        setup = dataclasses.replace(BIG, methods=("auto",), batch_sizes=(64,),
-                                    server_args=("--speculative-ddtree-auto-candidates", candidates))
+        setup = dataclasses.replace(BIG, methods=("auto",), batch_sizes=(64,), auto_candidates=candidates)
         return P.estimate_memory(setup, target, drafter, "auto", None, (64,))
 
     base, more = auto_memory("chain,128"), auto_memory("chain,16,128")
@@ -232,19 +231,29 @@ def test_auto_graph_memory_counts_a_runner_per_candidate_and_one_shared_logits_b
     assert base.graph_gib * P.GIB < widest_alone + 64 * 16 * (per_token + logits)  # ... without a second logits buffer
 
 
-def test_auto_candidates_come_from_the_setups_server_args():
-    def setup(*args):
-        return dataclasses.replace(BIG, methods=("auto",), batch_sizes=(4,), server_args=args)
+def test_auto_candidates_are_a_setup_field_passed_to_auto_servers_only():
+    """auto_candidates (one string: --set keeps its commas) reaches the `auto` servers' flags and sets their widths in
+    the plan; in server_args the list would be split at its commas, so it is refused there; a bad list is refused
+    before any server starts."""
+    def setup(candidates=None, *args):
+        return dataclasses.replace(BIG, methods=("dflash", "auto"), batch_sizes=(4,), auto_candidates=candidates,
+                                   server_args=args)
 
-    flag = "--speculative-ddtree-auto-candidates"
-    assert P.auto_widths(setup(flag, "plain,chain,7,15,63"), 16) == (1, 16, 8, 16, 64)
-    assert P.auto_widths(setup(f"{flag}=chain,32"), 16) == (16, 33)
-    assert P.auto_candidates(setup()) == P.auto_candidates(setup("--speculative-ddtree-auto-calibration", "off"))
-    small = setup(flag, "plain,chain,7,15,63")
-    server = P.expand([small]).servers[0]
-    assert server.width == 64 and arg(server.args, flag) == ["plain,chain,7,15,63"]
+    flag = P.AUTO_CANDIDATES_FLAG
+    assert P.auto_widths(setup("plain,chain,7,15,63"), 16) == (1, 16, 8, 16, 64)
+    assert P.auto_widths(setup("chain,32"), 16) == (16, 33)
+    assert max(P.auto_widths(setup(), 16)) == P.verify_width("auto", None, 16)
+    servers = {s.method: s for s in P.expand([setup("plain,chain,7,15,63")]).servers}
+    assert servers["auto"].width == 64 and arg(servers["auto"].args, flag) == ["plain,chain,7,15,63"]
+    assert flag not in servers["dflash"].args and flag not in P.expand([setup()]).servers[1].args
+    changed = P.apply_sets({"8b-dummy": BIG}, ["8b-dummy.auto_candidates=plain,chain,15"])["8b-dummy"]
+    assert changed.auto_candidates == "plain,chain,15"
+    with pytest.raises(ValueError, match="auto_candidates"):
+        P.expand([setup(None, flag, "chain,16")])
     with pytest.raises(ValueError, match="auto-candidates"):
-        P.auto_candidates(setup(flag, "chain,x"))
+        P.expand([setup("chain,x")])
+
+
 # ------------------------------------------------------------------------------------------- hybrid setups
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -655,7 +656,11 @@ def test_real_size_plans_pick_each_pairs_servers(monkeypatch):
 
     assert sc.real_size_config_args("ddtree-64-oracle") == sc.ddtree("64", "--speculative-ddtree-oracle")
     assert sc.real_size_config_args("ddtree-auto") == sc.ddtree("auto")
-    for bad in ("ddtree-", "ddtree-x", "ddtree-64-fast", "tree-64"):
+    assert sc.real_size_config_args("ddtree-auto-plain") == sc.ddtree(
+        "auto", "--speculative-ddtree-auto-candidates", sc.AUTO_SMALL_CANDIDATES)
+    assert sc.REAL_SIZE_ENV["ddtree-auto-plain"]["SGLANG_DDTREE_AUTO_FORCE"] == "plain,15"
+    assert set(sc.REAL_SIZE_ENV) <= set(sc.REAL_SIZE_CONFIGS)
+    for bad in ("ddtree-", "ddtree-x", "ddtree-64-fast", "tree-64", "ddtree-64-plain"):
         with pytest.raises(ValueError, match="ddtree-<budget>"):
             sc.real_size_config_args(bad)
     plans = sc.REAL_SIZE_PLANS
@@ -698,6 +703,7 @@ class _FakeServers:
 
     def __init__(self, stop_at: str | None = None):
         self.started: list[list[str]] = []  # names per start call
+        self.envs: dict = {}  # name -> the environment it started with
         self.all: dict = {}
         self.up_while_answering: list[tuple[str, ...]] = []
         self.stop_at = stop_at
@@ -708,6 +714,7 @@ class _FakeServers:
         if self.stop_at in configs:
             raise KeyboardInterrupt
         self.started.append(list(configs))
+        self.envs.update({name: dict(env or {}) for name in configs})
         out = {}
         for name, args in configs.items():
             server = types.SimpleNamespace(name=name, args=list(args), alive=True)
@@ -783,6 +790,35 @@ def test_real_size_module_runs_the_27b_servers_one_at_a_time(monkeypatch, pair_n
         assert args[args.index("--mem-fraction-static") + 1] == "0.92"
         assert args[args.index("--max-total-tokens") + 1] == "8192"
         assert args[args.index("--max-running-requests") + 1] == str(plan.batch)
+
+
+def test_real_size_module_starts_a_configuration_with_its_own_environment_apart(monkeypatch):
+    """8b-real: the servers start together, but ddtree-auto-plain (auto held in turn on rounds without a draft and
+    the 15-tree) starts on its own with SGLANG_DDTREE_AUTO_FORCE, which no other server gets; it is judged as the
+    others are; one server at a time (long prompts) it keeps its environment."""
+    import types
+
+    mod = _real_size_module(monkeypatch)
+    monkeypatch.delenv("DDTREE_GPU_CONFIGS", raising=False)
+    pair = types.SimpleNamespace(base_args=lambda: ["--model-path", "t"], drafter=Path("d"), hybrid=False,
+                                 mode="8b-real")
+    plan = mod.REAL_SIZE_PLANS["8b-real"]
+    force = "SGLANG_DDTREE_AUTO_FORCE"
+    for one_at_a_time in (False, True):
+        fake = _FakeServers()
+        _no_leak(mod, monkeypatch, fake)
+        records = []
+        run = dataclasses.replace(plan, one_at_a_time=one_at_a_time)
+        mod.serve(fake, pair, run, ["a", "b"], "triton", lambda kind, **f: records.append({"kind": kind, **f}))
+        others = ["plain"] + [c for c in plan.configs if c != "ddtree-auto-plain"]
+        expected = [[c] for c in others + ["ddtree-auto-plain"]] if one_at_a_time else [others, ["ddtree-auto-plain"]]
+        assert fake.started == expected
+        assert fake.envs["ddtree-auto-plain"][force] == "plain,15"
+        assert all(force not in fake.envs[c] for c in others)
+        args = fake.all["ddtree-auto-plain"].args
+        assert args[args.index("--speculative-ddtree-auto-candidates") + 1] == "plain,chain,7,15,63"
+        assert {"ddtree-auto-plain/bs1", "ddtree-auto-plain/bs16"} <= {r["config"] for r in records
+                                                                        if r["kind"] == "real8b_greedy"}
 
 
 def test_real_size_module_sizes_its_servers_for_long_prompts(monkeypatch):

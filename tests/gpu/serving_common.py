@@ -74,8 +74,14 @@ class RealSizePlan:
     one_at_a_time: bool = False
 
 
+# `auto` with a round without a draft and small trees among its candidates; ddtree-auto-plain holds it in turn on
+# `plain` and the 15-tree (SGLANG_DDTREE_AUTO_FORCE, REAL_SIZE_ENV), so that rounds without a draft run at real size
+# whatever the chooser would pick there
+AUTO_SMALL_CANDIDATES = "plain,chain,7,15,63"
+REAL_SIZE_ENV = {"ddtree-auto-plain": {"SGLANG_DDTREE_AUTO_FORCE": "plain,15"}}
 REAL_SIZE_PLANS = {
-    "8b-real": RealSizePlan(("ddtree-15", "ddtree-64", "ddtree-256", "ddtree-auto"), 16, "ddtree-64"),
+    "8b-real": RealSizePlan(("ddtree-15", "ddtree-64", "ddtree-256", "ddtree-auto", "ddtree-auto-plain"), 16,
+                            "ddtree-64"),
     # no `auto` (refused on hybrid targets); the oracle re-verifies every accepted path as a chain
     "tiny-hybrid": RealSizePlan(("ddtree-16", "ddtree-64", "ddtree-64-oracle"), 16, "ddtree-64"),
     # 27B: weights and drafter 57 GB a server, the GDN state 147 MiB per request and verify node: alone on an H100,
@@ -87,10 +93,13 @@ REAL_SIZE_CONFIGS = tuple(dict.fromkeys(c for plan in REAL_SIZE_PLANS.values() f
 
 
 def real_size_config_args(name: str) -> list[str]:
-    """ddtree-<budget>[-oracle] -> the DDTREE server flags (the drafter path comes from the caller)."""
+    """ddtree-<budget>[-oracle] (or ddtree-auto-plain) -> the DDTREE server flags (the drafter path comes from the
+    caller; a configuration's environment: REAL_SIZE_ENV)."""
+    if name == "ddtree-auto-plain":
+        return ddtree("auto", "--speculative-ddtree-auto-candidates", AUTO_SMALL_CANDIDATES)
     budget, _, oracle = name.removeprefix("ddtree-").partition("-")
     if not budget or oracle not in ("", "oracle") or not (budget == "auto" or budget.isdigit()):
-        raise ValueError(f"{name!r} is not ddtree-<budget>[-oracle]")
+        raise ValueError(f"{name!r} is not ddtree-<budget>[-oracle] or ddtree-auto-plain")
     return ddtree(budget, *([ORACLE_FLAG] if oracle else []))
 
 

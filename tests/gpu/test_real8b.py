@@ -9,8 +9,9 @@ each pair's DDTREE configurations and batch. DDTREE_GPU_BACKEND picks the attent
 or flashinfer).
 
   - greedy, 128 new tokens, 16 HumanEval prompts (runs/bench/humaneval_prompts.jsonl, written by
-    `benchmarks/bench_budgets.py --write-prompts`; the serving prompts otherwise): DDTREE at B = 16, 64 and 256 and
-    `auto` (its default candidates) for 8b-real, at B = 16 and 64 and the in-server oracle at 64 (a hybrid target:
+    `benchmarks/bench_budgets.py --write-prompts`; the serving prompts otherwise): DDTREE at B = 15, 64 and 256,
+    `auto` (its default candidates) and `auto` held in turn on rounds without a draft and 15-tree rounds
+    (ddtree-auto-plain: serving_common.REAL_SIZE_ENV, started on its own) for 8b-real, at B = 16 and 64 and the in-server oracle at 64 (a hybrid target:
     every accepted path verified again as a chain) for tiny-hybrid, at B = 16 and its oracle for 27b-hybrid; one
     request at a time and the pair's batch at once (16; 4 for 27b-hybrid), against plain decoding one at a time; a
     first difference passes only where plain's own log-probs of its token and DDTREE's are within TIE_NATS, and every
@@ -27,7 +28,7 @@ runs/bench/long_prompts.jsonl (`benchmarks/bench_budgets.py --write-long-prompts
 batch 4, the servers' context length and KV pool raised to what those prompts need, and from 16K tokens one server at
 a time; every record names the prompt set.
 
-DDTREE_GPU_CONFIGS=ddtree-64,ddtree-auto,... starts only those DDTREE servers (plain always): all five 8B servers at
+DDTREE_GPU_CONFIGS=ddtree-64,ddtree-auto,... starts only those DDTREE servers (plain always): all six 8B servers at
 once are sized for an H200; on an H100 select fewer. 27b-hybrid runs its servers one at a time, plain first, each
 stopped once it has answered (a 27B server fills most of an H100). Tests of servers not selected skip.
 
@@ -47,8 +48,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from conftest import REPO_ROOT
-from serving_common import (ORACLE_FLAG, REAL_SIZE_CONFIGS, REAL_SIZE_PLANS, TEXT_PROMPTS, compare, flush_cache,
-                            mixed_and_aborted_load, real_size_configs, tau_of, used_tokens)
+from serving_common import (ORACLE_FLAG, REAL_SIZE_CONFIGS, REAL_SIZE_ENV, REAL_SIZE_PLANS, TEXT_PROMPTS, compare,
+                            flush_cache, mixed_and_aborted_load, real_size_configs, tau_of, used_tokens)
 
 TIE_NATS = 0.125
 NEW_TOKENS = 128
@@ -140,7 +141,7 @@ def prompts(choice: tuple[str, int] | None = None) -> list[str]:
 
 
 def common(pair, backend: str, plan, choice: tuple[str, int] | None = None) -> list[str]:
-    # Up to five 8B servers start together: a capped KV pool (--max-total-tokens) with a loose fraction, as the sweep
+    # Up to six 8B servers start together: a capped KV pool (--max-total-tokens) with a loose fraction, as the sweep
     # does. A server alone on the GPU (one at a time: the 27B) takes most of it, and a KV pool of what 16 prompts
     # need at the batch, so that its recurrent-state pool fits next to the weights. A hybrid target's mamba pool gets
     # explicit slots (ddtree_bench.plan.mamba_cache_size), or SGLang would size it from the memory free at its start.
@@ -272,13 +273,16 @@ def serve(start, pair, plan, texts: list[str], backend: str, record, choice: tup
             served.oracle[name] = _judged("real8b_oracle", record, {"pair": pair.mode, "config": name},
                                           lambda: _oracle_numbers(served, name, plan))
 
-    if not plan.one_at_a_time:
-        served.servers.update(start(configs, env=env))
+    if not plan.one_at_a_time:  # together, but a configuration with its own environment started on its own
+        shared = {n: a for n, a in configs.items() if n not in REAL_SIZE_ENV}
+        served.servers.update(start(shared, env=env))
+        for name in configs.keys() - shared.keys():
+            served.servers.update(start({name: configs[name]}, env={**env, **REAL_SIZE_ENV[name]}))
         for name, server in served.servers.items():
             answer(name, server)
         return served
     for name, args in configs.items():
-        server = start({name: args}, env=env)[name]
+        server = start({name: args}, env={**env, **REAL_SIZE_ENV.get(name, {})})[name]
         served.servers[name] = server
         try:
             answer(name, server)
