@@ -82,12 +82,23 @@ def _total(delta, sample: str, **labels) -> float:
 
 
 def auto_rounds(delta: dict[Sample, float]) -> dict[str, int]:
-    """`auto` servers: batch rounds per candidate budget in one workload's scrape difference."""
+    """`auto` servers: batch rounds per candidate budget in one workload's scrape difference (every batch bucket)."""
     out: dict[str, int] = {}
     for d, value in _select(delta, (mn.AUTO_ROUNDS.name,)):
         if "candidate" in d and value > 0:
             out[d["candidate"]] = out.get(d["candidate"], 0) + int(round(value))
     return out
+
+
+def auto_rounds_by_batch(delta: dict[Sample, float]) -> dict[str, dict[str, int]]:
+    """`auto` servers: {batch-size bucket: {candidate: batch rounds}} in one workload's scrape difference (a row at
+    batch 16 passes through smaller buckets as its requests finish); {} from a server without the `batch` label."""
+    out: dict[str, dict[str, int]] = {}
+    for d, value in _select(delta, (mn.AUTO_ROUNDS.name,)):
+        if "candidate" in d and "batch" in d and value > 0:
+            cell = out.setdefault(d["batch"], {})
+            cell[d["candidate"]] = cell.get(d["candidate"], 0) + int(round(value))
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
 def auto_calibration(delta: dict[Sample, float]) -> dict | None:

@@ -543,6 +543,7 @@ class Sweep:
             stages = prom.ddtree_summary(delta, "auto" if server.method == "auto" else server.budget)
             if stages is not None and server.method == "auto":
                 stages["auto_rounds"] = prom.auto_rounds(delta)
+                stages["auto_rounds_by_batch"] = prom.auto_rounds_by_batch(delta)
                 stages["auto_calibration"] = prom.auto_calibration(delta)
                 stages["auto_chooser_last"] = last_auto_table(getattr(handle, "log_path", None))
             if run.ab_block:

@@ -91,6 +91,15 @@ PANELS: list[dict] = [
      "targets": [(f"sum by (candidate) (rate({mn.AUTO_ROUNDS.name}[{_R}])) / ignoring (candidate) group_left "
                   f"sum (rate({mn.AUTO_ROUNDS.name}[{_R}]))", "{{candidate}}")],
      "stack": True, "max": 1},
+    {"title": "auto: chosen budget per batch size (share of the bucket's rounds)", "type": "bargauge",
+     "unit": "percentunit",
+     "description": "auto_rounds_total over the time range per batch-size bucket (the verify's CUDA-graph batch "
+                    "size) and candidate, over the bucket's rounds: what `auto` runs at each load ('plain' = rounds "
+                    "without a draft).",
+     "targets": [(f"sum by (batch, candidate) (increase({mn.AUTO_ROUNDS.name}[$__range])) / ignoring (candidate) "
+                  f"group_left sum by (batch) (increase({mn.AUTO_ROUNDS.name}[$__range]))",
+                  "batch {{batch}}: {{candidate}}")],
+     "instant": True, "max": 1},
     {"title": "Draft nodes verified per round", "type": "timeseries", "unit": "none",
      "description": "tree_nodes_total / rounds_total: the tree size actually verified (below the budget when the "
                     "drafter's vocabulary or pruning cuts the tree; `auto`'s mix of candidates).",
@@ -271,7 +280,7 @@ class ReplayServer:
         with self._lock:
             self.prom.observe(vec, 1, [{**batch.stage_ms, "host": round_ms}])
             if batch.candidate is not None:
-                self.prom.auto_round(batch.candidate)
+                self.prom.auto_round(batch.candidate, len(batch.records))
             # the offline decoders run on the host: a stage's host time is its time
             for s, ms in batch.stage_ms.items():
                 self._host_totals[s] = self._host_totals.get(s, 0.0) + ms

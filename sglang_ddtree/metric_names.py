@@ -85,9 +85,10 @@ STAGE_HOST_SECONDS = _metric("stage_host_seconds_total", COUNTER, ("stage",),
                              "after = from the commit to the end of the call).")
 STAGE_HOST_ROUNDS = _metric("stage_host_rounds_total", COUNTER, (), f"Batch rounds in {STAGE_HOST_SECONDS.name}.")
 # `auto` only (created at first use: fixed-budget servers export none of these but AUTO_ROUNDS)
-AUTO_ROUNDS = _metric("auto_rounds_total", COUNTER, ("candidate",),
+AUTO_ROUNDS = _metric("auto_rounds_total", COUNTER, ("candidate", "batch"),
                       "`auto`: rounds (batches) that verified this candidate budget ('chain' = the drafter's top-1 "
-                      "path).")
+                      "path, 'plain' = a round without a draft), by the batch-size bucket the round was chosen in "
+                      "(its verify's CUDA-graph batch size; past the largest, the next power of two).")
 AUTO_TAU_SCORED = _metric("auto_tau_scored_total", COUNTER, (),
                           "`auto`: request-rounds whose prediction error was scored (scored tree rounds).")
 AUTO_TAU_ABS_ERROR = _metric("auto_tau_abs_error_total", COUNTER, ("scores",),

@@ -43,7 +43,7 @@ def _server(budget: str, rounds: int = 5, auto: bool = False):
     series.host_stages({s: 0.25 * rounds for s in HOST_STAGES}, rounds)
     if auto:
         for k in range(rounds):
-            series.auto_round("chain" if k % 2 else "32")
+            series.auto_round("chain" if k % 2 else "32", 4 if k < 3 else 8)
         series.flush_auto_rounds()
         series.calibration_errors(3.0, 2.0, 4.0, gated_abs=2.5)
         series.calibration_table([{"depth": 1, "path_class": 0, "rank_class": 1, "ratio": 0.8, "observations": 7.0}])
@@ -107,6 +107,7 @@ def test_every_name_the_harness_reads_is_exported_and_read_right(monkeypatch):
     delta = prom.diff(prom.parse(_exposition(registry)), empty)
     summary = prom.ddtree_summary(delta, "auto")
     candidates = prom.auto_rounds(delta)
+    by_batch = prom.auto_rounds_by_batch(delta)
     calibration = prom.auto_calibration(delta)
     arms = prom.ab_arms(delta)
     exported = _exported(registry)
@@ -124,6 +125,7 @@ def test_every_name_the_harness_reads_is_exported_and_read_right(monkeypatch):
     assert summary["host_ms"] == pytest.approx(2.0)
     assert summary["host_stage_ms"] == pytest.approx({s: 0.25 for s in HOST_STAGES})
     assert candidates == {"32": 3, "chain": 2}
+    assert by_batch == {"4": {"32": 2, "chain": 1}, "8": {"32": 1, "chain": 1}} and list(by_batch) == ["4", "8"]
     assert calibration == pytest.approx({"scored_request_rounds": 4, "tau_mae_raw": 0.75, "tau_mae_calibrated": 0.5,
                                          "tau_mae_gated": 0.625})
     assert arms["auto"]["rounds"] == 1 and arms["fixed"]["tokens"] == 1 and arms["ratio"] == pytest.approx(1.0)

@@ -308,25 +308,31 @@ def test_auto_host_detail_stages_split_the_chooser_and_after_and_exist_only_wher
 
 
 def test_auto_round_counter_is_published_in_sums_of_auto_round_flush_rounds():
-    """`auto`'s rounds per candidate reach sglang:ddtree_auto_rounds_total in sums (PrometheusSeries.AUTO_ROUND_FLUSH):
-    nothing before the flush, then every candidate's rounds at once, none lost, none counted twice."""
+    """`auto`'s rounds per candidate and batch-size bucket reach sglang:ddtree_auto_rounds_total in sums
+    (PrometheusSeries.AUTO_ROUND_FLUSH): nothing before the flush, then every (candidate, batch) cell's rounds at once,
+    none lost, none counted twice, each bucket apart."""
     registry = prometheus_client.CollectorRegistry()
     prom = PrometheusSeries(depth_limit=3, budget="auto", registry=registry)
     n = prom.AUTO_ROUND_FLUSH
-    picks = ["128"] * (n - 3) + ["chain", "64", "chain"]
-    for candidate in picks[:-1]:
-        prom.auto_round(candidate)
-    assert value(registry, "sglang:ddtree_auto_rounds_total", budget="auto", candidate="128") is None
-    prom.auto_round(picks[-1])
-    for candidate in ("128", "chain", "64"):
-        assert value(registry, "sglang:ddtree_auto_rounds_total", budget="auto",
-                     candidate=candidate) == picks.count(candidate)
+    picks = [("128", 1)] * (n - 3) + [("chain", 16), ("64", 1), ("chain", 1)]
+
+    def count(candidate, batch):
+        return value(registry, "sglang:ddtree_auto_rounds_total", budget="auto", candidate=candidate,
+                     batch=str(batch))
+
+    for candidate, batch in picks[:-1]:
+        prom.auto_round(candidate, batch)
+    assert count("128", 1) is None
+    prom.auto_round(*picks[-1])
+    for cell in set(picks):
+        assert count(*cell) == picks.count(cell)
+    assert count("chain", 16) == count("chain", 1) == 1
     for _ in range(2 * n + 5):
-        prom.auto_round("32")
-    assert value(registry, "sglang:ddtree_auto_rounds_total", budget="auto", candidate="32") == 2 * n
+        prom.auto_round("32", 64)
+    assert count("32", 64) == 2 * n
     prom.flush_auto_rounds()
-    assert value(registry, "sglang:ddtree_auto_rounds_total", budget="auto", candidate="32") == 2 * n + 5
-    assert value(registry, "sglang:ddtree_auto_rounds_total", budget="auto", candidate="128") == n - 3
+    assert count("32", 64) == 2 * n + 5
+    assert count("128", 1) == n - 3
 
 
 def test_auto_host_detail_knob(monkeypatch):

@@ -151,7 +151,7 @@ class AutoRounds:
     def tree(self, w, r: Round) -> None:
         """The chosen candidate's tree stage, and the walk stage variant that follows it."""
         if w.stats.prometheus is not None:
-            w.stats.prometheus.auto_round(candidate_label(self.candidates[r.chosen]))
+            w.stats.prometheus.auto_round(candidate_label(self.candidates[r.chosen]), r.bucket)
         r.width = self.widths[r.chosen]
         r.walk_variant = variant = self.walks.variant(self.candidates[r.chosen] == CHAIN, r.sampled, self.calibration)
         r.walk_stage = self.walk_stages[r.chosen][variant]

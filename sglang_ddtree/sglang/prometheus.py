@@ -14,7 +14,7 @@ label `budget` everywhere):
   round_host_seconds (histogram per batch round: the host's time in the worker's round call, to the commit),
   stage_host_seconds_total{stage} and stage_host_rounds_total (the host's time per stage of the round call:
   choose (`auto`), draft, tree, verify, walk, commit, after; mean = the sum / stage_host_rounds_total).
-`auto` adds auto_rounds_total{candidate} (batch rounds per verified candidate) and, from its calibration table
+`auto` adds auto_rounds_total{candidate, batch} (batch rounds per verified candidate) and, from its calibration table
 (sglang_ddtree.sglang.auto.CalibrationMonitor): auto_tau_abs_error_total{scores=raw|calibrated|gated} and
 auto_tau_scored_total (mean absolute error of the predicted committed tokens per request-round, scored tree
 rounds: one sampled tree round in AutoConfig.calibration_every, every one while the table is young),
@@ -130,17 +130,20 @@ class PrometheusSeries:
     # host stages lag the same way).
     AUTO_ROUND_FLUSH = 16
 
-    def auto_round(self, candidate: str) -> None:
-        self._auto_pending[candidate] = self._auto_pending.get(candidate, 0) + 1
+    def auto_round(self, candidate: str, batch: int) -> None:
+        key = (candidate, batch)
+        self._auto_pending[key] = self._auto_pending.get(key, 0) + 1
         self._auto_unflushed += 1
         if self._auto_unflushed >= self.AUTO_ROUND_FLUSH:
             self.flush_auto_rounds()
 
     def flush_auto_rounds(self) -> None:
-        for candidate, n in self._auto_pending.items():
-            child = self._auto_children.get(candidate)
-            if child is None:  # resolved once per candidate: labels() builds and locks a lookup every call (~8 us)
-                child = self._auto_children[candidate] = self._auto.labels(**self._auto_labels, candidate=candidate)
+        for key, n in self._auto_pending.items():
+            child = self._auto_children.get(key)
+            if child is None:  # resolved once per (candidate, batch): labels() builds and locks a lookup (~8 us)
+                candidate, batch = key
+                child = self._auto_children[key] = self._auto.labels(**self._auto_labels, candidate=candidate,
+                                                                     batch=str(batch))
             child.inc(n)
         self._auto_pending.clear()
         self._auto_unflushed = 0

@@ -271,7 +271,7 @@ class DDTreeWorker(WorkerSetup, engine.worker_base()):
         if self.auto.lean_chain_rounds == 1 and self.ps.tp_rank == 0:
             logger.info("DDTREE auto: first lean chain round (batch size %d)", bs)
         if self.stats.prometheus is not None:
-            self.stats.prometheus.auto_round(candidate_label(CHAIN))
+            self.stats.prometheus.auto_round(candidate_label(CHAIN), r.bucket)
         ids = torch.cat([r.roots.to(torch.int64).view(bs, 1), r.topk_tokens.reshape(bs, block - 1)], dim=1)
         r.logits_output, r.can_run_cuda_graph = self._verify(
             batch, ids.view(-1), r.block_positions.reshape(-1), None, r.block_slots, r.seq_lens_cpu_bound,
@@ -294,7 +294,7 @@ class DDTreeWorker(WorkerSetup, engine.worker_base()):
         batch, bs, prefix_lens = r.batch, r.bs, r.prefix_lens
         r.plain = True
         if self.stats.prometheus is not None:
-            self.stats.prometheus.auto_round(candidate_label(PLAIN))
+            self.stats.prometheus.auto_round(candidate_label(PLAIN), r.bucket)
         roots = r.draft_input.bonus_tokens.view(-1).to(torch.int64)
         slots = self._slots(batch, prefix_lens, 1, bs).view(bs, 1)
         positions = prefix_lens.to(torch.int64)
