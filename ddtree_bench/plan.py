@@ -475,7 +475,7 @@ def state_bytes(target: ModelShape, width: int, max_batch: int, spec: bool) -> f
 
 def graph_batch_sizes(setup: Setup, method: str, width: int, batch_sizes) -> tuple[int, ...]:
     """--cuda-graph-bs-decode: the batch sizes whose verify of `width` tokens a request fits the setup's graph token
-    budget. `auto` passes its chain's width (auto_graph_width): SGLang captures every candidate's verify at every
+    budget. `auto` passes its chain's width (the drafter's block): SGLang captures every candidate's verify at every
     size it is given, so a size in the list gives the chain and the small trees their graphs there, as a server
     started by hand does; the widest candidates' graphs at that size come with them and are counted in
     estimate_memory. Capping the list by the widest candidate instead left `auto` eager at batch 64 where DFLASH and
@@ -500,11 +500,6 @@ def auto_widths(setup: Setup, block_size: int) -> tuple[int, ...]:
     return tuple(1 if c < 0 else block_size if c == 0 else c + 1 for c in auto_candidates(setup))
 
 
-def auto_graph_width(setup: Setup, block_size: int) -> int:
-    """The width an `auto` server's graph batch sizes are chosen by: its chain's (DFLASH's block)."""
-    return block_size
-
-
 def estimate_memory(setup: Setup, target: ModelShape, drafter: ModelShape, method: str, budget: int | None,
                     batch_sizes) -> MemoryEstimate:
     spec = method != "plain"
@@ -518,7 +513,7 @@ def estimate_memory(setup: Setup, target: ModelShape, drafter: ModelShape, metho
     if method == "auto":
         # one verify runner per candidate width, each captured at every listed size; the fp32 logits buffer is
         # shared by all runners (SGLang's graph_shared_output), sized for the widest
-        graphs = graph_batch_sizes(setup, method, auto_graph_width(setup, block), batch_sizes)
+        graphs = graph_batch_sizes(setup, method, block, batch_sizes)  # the chain's width (graph_batch_sizes)
         logits = target.vocab * 4
         per_size = width * logits + sum(w * (graph_bytes_per_token(target, context, w, spec) - logits)
                                         for w in auto_widths(setup, block))
