@@ -303,8 +303,10 @@ def _suite_run(src: Source) -> dict:
 
 
 def _suite_records(src: Source) -> list[dict]:
-    """The records of one device call's gpu_suite.json, or of runs[i] of a file of several runs."""
-    return src.json().get("records") or _suite_run(src).get("records", [])
+    """The records of one device call's gpu_suite.json (none made is an empty list, not a file of runs), or of
+    runs[i] of a file of several runs."""
+    data = src.json()
+    return data["records"] if "records" in data else _suite_run(src).get("records", [])
 
 
 def gpu_suite(srcs: list[Source], **_) -> dict:
@@ -923,11 +925,129 @@ def long_context(srcs: list[Source], **_) -> dict:
             "real8b_long_context_source": [s.name for s in srcs]}
 
 
+def _first_difference_gaps(records: list[dict]) -> list[float]:
+    """Plain's log-prob gaps at every first difference of compare()'s records (ties, and failures that carry one; a
+    failure of lengths is a string and has none)."""
+    return [d["logprob_gap"] for r in records for d in r["ties"] + r["failures"]
+            if isinstance(d, dict) and d.get("logprob_gap") is not None]
+
+
+def pressure(srcs: list[Source], **_) -> dict:
+    """DDTREE (and DFLASH beside it) with a KV pool under pressure, SGLang retracting running requests and resuming
+    them later (tests/gpu/test_pressure.py, the gpu_suite.json of run_gpu_suite.py); records of every source, summed
+    per configuration where runs repeat:
+    retraction_lossless_up_to_ties (every pressure_greedy record's outputs equal plain's up to a tie),
+    retraction_exact_ties_requests {config: [exact, ties, requests]}, retraction_max_gap_nats (the largest gap at a
+    first difference), retractions_observed {config: requests retracted, counted from the server's log: a lossless
+    figure with none proved nothing}, and where those tests ran: pressure_kv_leak_tokens {config: KV tokens still in
+    use after the run and the mixed, sampled and aborted load, over idle; the largest of its records},
+    pressure_full_context_up_to_ties {config: a request filling the whole context ended full length and equal to
+    plain's up to a tie}, pressure_model_pair (the pair served). No pressure_greedy record is an error."""
+    records = [r for src in srcs for r in _suite_records(src)]
+    greedy = [r for r in records if r.get("kind") == "pressure_greedy"]
+    if not greedy:
+        raise ValueError(f"{', '.join(s.name for s in srcs)}: no pressure_greedy records "
+                         "(tests/gpu/test_pressure.py did not record)")
+    counts: dict = {}
+    retracted: dict = {}
+    for r in greedy:
+        got = counts.setdefault(r["config"], [0, 0, 0])
+        for i, n in enumerate((r["exact"], len(r["ties"]), r["requests"])):
+            got[i] += n
+        retracted[r["config"]] = retracted.get(r["config"], 0) + r["retracted_reqs"]
+    out = {"retraction_lossless_up_to_ties": all(not r["failures"] for r in greedy),
+           "retraction_exact_ties_requests": dict(sorted(counts.items())),
+           "retraction_max_gap_nats": max(_first_difference_gaps(greedy), default=0.0),
+           "retractions_observed": dict(sorted(retracted.items()))}
+    leaks: dict = {}
+    for r in records:
+        if r.get("kind") == "pressure_kv_leak":
+            leaked = r["after_load_tokens"] - r["idle_tokens"]
+            leaks[r["config"]] = max(leaks.get(r["config"], leaked), leaked)
+    if leaks:
+        out["pressure_kv_leak_tokens"] = dict(sorted(leaks.items()))
+    full: dict = {}
+    for r in records:
+        if r.get("kind") == "pressure_full_context":
+            ok = r["completion_tokens"] == r["new_tokens"] and not r["failures"]
+            full[r["config"]] = full.get(r["config"], True) and ok
+    if full:
+        out["pressure_full_context_up_to_ties"] = dict(sorted(full.items()))
+    pairs = sorted({r["mode"] for r in records if r.get("kind") == "model_pair"})
+    if pairs:
+        out["pressure_model_pair"] = pairs
+    out["pressure_source"] = [s.name for s in srcs]
+    return out
+
+
+def long_context_lossless(srcs: list[Source], **_) -> dict:
+    """The real-size lossless module (tests/gpu/test_real8b.py) on the widened 8B pair with long prompts
+    (DDTREE_GPU_PROMPTS=long:TOKENS) or long prompts sharing a prefix (shared:TOKENS): its real8b_greedy records of
+    those prompt sets, from one file or several (records of every source, summed per run name where runs repeat).
+    real8b_long_context_lossless_up_to_ties {prompt set: every run equal to plain up to a tie, none failing to be
+    judged}, real8b_long_context_max_gap_nats {prompt set: the largest gap at a first difference},
+    real8b_long_context_exact_ties_prompts {prompt set: {run: [exact, ties, prompts]}},
+    prefix_sharing_lossless_up_to_ties (the same over the shared prompt sets, where one ran),
+    prefix_sharing_cache_hit_rate {prompt set: {run: the share of prompt tokens the radix cache served, the last
+    record's; "plain": plain's}} where the records carry it, and real8b_long_context_kv_leak_tokens {prompt set: KV
+    tokens still in use after the load over idle, the largest of its records, None where a load failed} where the
+    leak check ran. No real8b_greedy record of a long or shared prompt set is an error."""
+
+    def long_set(r: dict) -> bool:
+        return r.get("pair") == "8b-real" and r.get("prompt_set", "humaneval").startswith(("long:", "shared:"))
+
+    records = [r for src in srcs for r in _suite_records(src) if long_set(r)]
+    greedy = [r for r in records if r["kind"] == "real8b_greedy"]
+    if not greedy:
+        raise ValueError(f"{', '.join(s.name for s in srcs)}: no real8b_greedy records of pair 8b-real with a long "
+                         "or shared prompt set (DDTREE_GPU_PROMPTS)")
+    lossless: dict = {}
+    gaps: dict = {}
+    counts: dict = {}
+    hits: dict = {}
+    for r in greedy:
+        ps = r["prompt_set"]
+        judged = "error" not in r  # a run whose judging raised carries the error, not its counts
+        lossless[ps] = lossless.get(ps, True) and judged and not r["failures"]
+        if not judged:
+            continue
+        gaps[ps] = max(gaps.get(ps, 0.0), r["max_gap"])
+        got = counts.setdefault(ps, {}).setdefault(r["config"], [0, 0, 0])
+        for i, n in enumerate((r["exact"], len(r["ties"]), r["prompts"])):
+            got[i] += n
+        if ps.startswith("shared:") and r.get("cache"):
+            hits.setdefault(ps, {})[r["config"]] = r["cache"]["hit_rate"]
+            hits[ps]["plain"] = r["plain_cache"]["hit_rate"]
+
+    def by_set(d: dict) -> dict:  # prompt sets by kind, then tokens in numeric order; runs in name order
+        order = sorted(d, key=lambda ps: (ps.partition(":")[0], int(ps.partition(":")[2])))
+        return {ps: dict(sorted(d[ps].items())) if isinstance(d[ps], dict) else d[ps] for ps in order}
+
+    out = {"real8b_long_context_lossless_up_to_ties": by_set(lossless),
+           "real8b_long_context_max_gap_nats": by_set(gaps),
+           "real8b_long_context_exact_ties_prompts": by_set(counts)}
+    shared = [ok for ps, ok in lossless.items() if ps.startswith("shared:")]
+    if shared:
+        out["prefix_sharing_lossless_up_to_ties"] = all(shared)
+    if hits:
+        out["prefix_sharing_cache_hit_rate"] = by_set(hits)
+    leaks: dict = {}
+    for r in records:  # a load that failed (its error in the record) has no count: None, whatever other runs leaked
+        if r["kind"] == "real8b_kv_leak":
+            ps, leaked = r["prompt_set"], r.get("leaked")
+            before = leaks.get(ps, leaked)
+            leaks[ps] = None if before is None or leaked is None else max(before, leaked)
+    if leaks:
+        out["real8b_long_context_kv_leak_tokens"] = by_set(leaks)
+    out["real8b_long_context_lossless_source"] = [s.name for s in srcs]
+    return out
+
+
 READERS = {f.__name__: f for f in (
     sweep_table, tree_stages, tiny_pair, offline, gpu_suite, sglang_lossless, sglang_tiny_bs1, round_graphs,
     tree_overhead, best_budget, tp2, hybrid, sglang_hybrid, adaptive, sglang_auto, same_config_servers, pad_stages,
     pad_stages_captures, sglang_tau_mae, sglang_tau_mae_starts, paired, sglang_auto_ab, real8b, planted_bugs, auto_knobs,
-    hybrid_real, hybrid_tiny, trained_drafter_projection, long_context)}
+    hybrid_real, hybrid_tiny, trained_drafter_projection, long_context, pressure, long_context_lossless)}
 
 
 def load_table(path: Path = TABLE) -> list[dict]:

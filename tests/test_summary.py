@@ -346,3 +346,159 @@ def test_long_context_keys_rows_by_prompt_tokens_and_pairs_rounds_within_one_fil
     rounds = out["real8b_long_context_round_over_dflash"]
     assert list(rounds) == ["8192"] and rounds["8192"]["1"]["ratio"] == 0.5
     assert rounds["8192"]["1"]["range"] == [0.5, 0.5] and rounds["8192"]["1"]["budget"] == 15
+
+
+def _gpu_suite_file(path, records):
+    """A gpu_suite.json as scripts/device/run_gpu_suite.py writes it for one device call: the report's keys, its
+    records those of tests/gpu/conftest.py's record() (kind, time, the test's fields), server starts apart."""
+    report = {"tests_requested": ["tests/gpu/x.py"], "out": "/tmp/out", "env": {"gpu": "GPU X"}, "site": {},
+              "site_check": {}, "jit_cache": {"restore": {}}, "pytest_exit_code": 0, "pytest_timed_out": False,
+              "leftover_servers_killed": [], "bench": [], "counts": {"passed": 1, "failed": 0, "skipped": 0,
+                                                                     "errors": 0},
+              "tests": [], "server_starts": [{"kind": "server_start", "time": 1.0, "name": "plain", "ok": True}],
+              "records": [{"kind": kind, "time": 2.0 + i, **fields} for i, (kind, fields) in enumerate(records)],
+              "moved_to_logs": [], "ok": True, "phases_s": {"install": 1.0, "suite": 2.0}}
+    path.write_text(json.dumps(report, indent=1) + "\n")
+
+
+def _tie(prompt, gap):
+    """A first difference as serving_common.compare() records it."""
+    return {"prompt": prompt, "position": 7, "plain": 11, "candidate": 12, "logprob_gap": gap}
+
+
+def test_pressure_reads_retraction_records_and_refuses_a_file_without_them(tmp_path):
+    """tests/gpu/test_pressure.py's records, by a table row naming the `pressure` reader: lossless under retraction
+    only while no pressure_greedy record has a failure; exact / ties / requests and the retractions per config (summed
+    where a config ran twice), the largest gap at a first difference, the KV left over idle after the load and the
+    full-context request; a suite file without pressure records is an error, not a figure."""
+    import pytest
+
+    ms = _make_summary()
+
+    def greedy(config, exact, ties, failures, retracted):
+        return ("pressure_greedy", {"config": config, "requests": 16, "new_tokens": 256, "exact": exact, "ties": ties,
+                                    "failures": failures, "retracted_reqs": retracted, "pool_tokens": None})
+
+    records = [("model_pair", {"mode": "tiny", "target": "t", "drafter": "d", "tiny_missing": None}),
+               greedy("ddtree-pressure", 15, [_tie(3, 0.0625)], [], 9),
+               greedy("ddtree-retract", 16, [], [], 40),
+               greedy("dflash-retract", 14, [_tie(1, 0.125), _tie(5, 0.25)], [], 38),
+               ("pressure_kv_leak", {"config": "ddtree-pressure", "idle_tokens": 0, "after_run": [0, 0],
+                                     "after_load_tokens": 0, "after_load_reqs": 0, "kinds": {"aborted": 20},
+                                     "retracted_reqs": 12}),
+               ("pressure_kv_leak", {"config": "ddtree-retract", "idle_tokens": 64, "after_run": [64, 0],
+                                     "after_load_tokens": 320, "after_load_reqs": 0, "kinds": {"aborted": 20},
+                                     "retracted_reqs": 50}),
+               ("pressure_full_context", {"config": "ddtree-pressure", "prompt_tokens": 30, "new_tokens": 994,
+                                          "completion_tokens": 994, "exact": 1, "ties": [], "failures": []}),
+               ("pressure_full_context", {"config": "dflash-retract", "prompt_tokens": 30, "new_tokens": 994,
+                                          "completion_tokens": 990, "exact": 0, "ties": [], "failures": []})]
+    _gpu_suite_file(tmp_path / "suite.json", records)
+    table = [{"name": "pressure", "reader": "pressure", "sources": ["suite.json"]}]
+    out = ms.build(table, results=tmp_path)
+    assert out["retraction_lossless_up_to_ties"] is True
+    assert out["retraction_exact_ties_requests"] == {"ddtree-pressure": [15, 1, 16], "ddtree-retract": [16, 0, 16],
+                                                     "dflash-retract": [14, 2, 16]}
+    assert out["retractions_observed"] == {"ddtree-pressure": 9, "ddtree-retract": 40, "dflash-retract": 38}
+    assert out["retraction_max_gap_nats"] == 0.25
+    assert out["pressure_kv_leak_tokens"] == {"ddtree-pressure": 0, "ddtree-retract": 256}
+    assert out["pressure_full_context_up_to_ties"] == {"ddtree-pressure": True, "dflash-retract": False}
+    assert out["pressure_model_pair"] == ["tiny"] and out["pressure_source"] == ["suite.json"]
+    assert out["missing"] == []
+    # a second run of one config, with a difference plain's log-probs do not call a tie: not lossless; counts add up
+    _gpu_suite_file(tmp_path / "again.json", [greedy("ddtree-retract", 15, [], [_tie(2, 1.5)], 7)])
+    table[0]["sources"].append("again.json")
+    out = ms.build(table, results=tmp_path)
+    assert out["retraction_lossless_up_to_ties"] is False
+    assert out["retraction_exact_ties_requests"]["ddtree-retract"] == [31, 0, 32]
+    assert out["retractions_observed"]["ddtree-retract"] == 47 and out["retraction_max_gap_nats"] == 1.5
+    # a failure of lengths (a string) fails the figure too, and has no gap
+    _gpu_suite_file(tmp_path / "short.json", [greedy("ddtree-pressure", 15, [], ["prompt 4: lengths differ"], 3)])
+    out = ms.pressure([ms.source("short.json", tmp_path)])
+    assert out["retraction_lossless_up_to_ties"] is False and out["retraction_max_gap_nats"] == 0.0
+    # leak and full-context keys only where those tests recorded
+    assert "pressure_kv_leak_tokens" not in out and "pressure_full_context_up_to_ties" not in out
+    for name, recs in (("other.json", records[:1]), ("empty.json", [])):
+        _gpu_suite_file(tmp_path / name, recs)
+        with pytest.raises(ValueError, match=f"{name}: no pressure_greedy records"):
+            ms.pressure([ms.source(name, tmp_path)])
+
+
+def test_long_context_lossless_reads_prompt_sets_from_one_file_or_several(tmp_path):
+    """tests/gpu/test_real8b.py's records of the 8B pair with long or shared-prefix prompts (DDTREE_GPU_PROMPTS):
+    lossless, the largest gap and exact / ties / prompts per prompt set and run, the shared prefix's own figure and
+    its radix-cache hit rate, the KV leak; HumanEval records and other pairs' are not read. The same records in one
+    file or split over two give the same figures; a run with a failure or whose judging raised is not lossless; no
+    long or shared record is an error."""
+    import pytest
+
+    ms = _make_summary()
+
+    def greedy(prompt_set, config, exact, ties, failures, max_gap, pair="8b-real", hit=None):
+        fields = {"pair": pair, "config": config, "backend": "triton", "prompt_set": prompt_set, "prompts": 16,
+                  "new_tokens": 128, "exact": exact, "ties": ties, "failures": failures, "max_gap": max_gap,
+                  "tau": 3.0, "tie_nats": 0.125, "ok": not failures,
+                  "cache": {"prompt_tokens": 1000, "cached_tokens": 0, "hit_rate": hit if hit is not None else 0.0},
+                  "plain_cache": {"prompt_tokens": 1000, "cached_tokens": 0, "hit_rate": 0.5 if hit else 0.0}}
+        return ("real8b_greedy", fields)
+
+    def leak(prompt_set, leaked):
+        return ("real8b_kv_leak", {"pair": "8b-real", "config": "ddtree-64", "prompt_set": prompt_set,
+                                   "idle_tokens": 0, "idle_reqs": 0, "after_tokens": leaked, "after_reqs": 0,
+                                   "kinds": {"aborted": 30}, "alive": True, "leaked": leaked, "ok": leaked == 0})
+
+    long_recs = [("model_pair", {"mode": "8b-real"}),
+                 greedy("long:8192", "ddtree-64/bs1", 14, [_tie(2, 0.0625)], [], 0.0625),
+                 greedy("long:8192", "ddtree-64/bs4", 13, [_tie(2, 0.0625), _tie(9, 0.125)], [], 0.125),
+                 greedy("long:2048", "ddtree-64/bs1", 16, [], [], 0.0),
+                 greedy("humaneval", "ddtree-64/bs1", 0, [], [_tie(1, 3.0)], 3.0),  # not a long prompt set
+                 greedy("long:8192", "ddtree-16/bs1", 0, [], [_tie(1, 3.0)], 3.0, pair="tiny-hybrid"),
+                 leak("long:8192", 0)]
+    shared_recs = [greedy("shared:8192", "ddtree-64/bs1", 15, [_tie(0, 0.03125)], [], 0.03125, hit=0.9),
+                   greedy("shared:8192", "ddtree-64/bs4", 16, [], [], 0.0, hit=0.95), leak("shared:8192", 0)]
+    _gpu_suite_file(tmp_path / "long.json", long_recs)
+    _gpu_suite_file(tmp_path / "shared.json", shared_recs)
+    _gpu_suite_file(tmp_path / "both.json", long_recs + shared_recs)
+    two = ms.build([{"name": "lc", "reader": "long_context_lossless", "sources": ["long.json", "shared.json"]}],
+                   results=tmp_path)
+    one = ms.long_context_lossless([ms.source("both.json", tmp_path)])
+    assert two.pop("missing") == []
+    assert two.pop("real8b_long_context_lossless_source") == ["long.json", "shared.json"]
+    assert one.pop("real8b_long_context_lossless_source") == ["both.json"]
+    assert one == two
+    assert list(one["real8b_long_context_lossless_up_to_ties"]) == ["long:2048", "long:8192", "shared:8192"]
+    assert all(one["real8b_long_context_lossless_up_to_ties"].values())
+    assert one["real8b_long_context_max_gap_nats"] == {"long:2048": 0.0, "long:8192": 0.125, "shared:8192": 0.03125}
+    assert one["real8b_long_context_exact_ties_prompts"] == {
+        "long:2048": {"ddtree-64/bs1": [16, 0, 16]},
+        "long:8192": {"ddtree-64/bs1": [14, 1, 16], "ddtree-64/bs4": [13, 2, 16]},
+        "shared:8192": {"ddtree-64/bs1": [15, 1, 16], "ddtree-64/bs4": [16, 0, 16]}}
+    assert one["prefix_sharing_lossless_up_to_ties"] is True
+    assert one["prefix_sharing_cache_hit_rate"] == {"shared:8192": {"ddtree-64/bs1": 0.9, "ddtree-64/bs4": 0.95,
+                                                                    "plain": 0.5}}
+    assert one["real8b_long_context_kv_leak_tokens"] == {"long:8192": 0, "shared:8192": 0}
+    # long prompts alone: no shared-prefix figure
+    alone = ms.long_context_lossless([ms.source("long.json", tmp_path)])
+    assert not any(k.startswith("prefix_sharing") for k in alone)
+    # a shared-prefix run with a difference that is no tie fails its prompt set and the shared figure
+    _gpu_suite_file(tmp_path / "bad.json", shared_recs + [greedy("shared:8192", "ddtree-15/bs4", 15, [],
+                                                                  [_tie(4, 0.5)], 0.5)])
+    bad = ms.long_context_lossless([ms.source("long.json", tmp_path), ms.source("bad.json", tmp_path)])
+    assert bad["prefix_sharing_lossless_up_to_ties"] is False
+    assert bad["real8b_long_context_lossless_up_to_ties"] == {"long:2048": True, "long:8192": True,
+                                                              "shared:8192": False}
+    assert bad["real8b_long_context_max_gap_nats"]["shared:8192"] == 0.5
+    # a run whose judging raised (test_real8b.py's _judged: ok False, the error, no counts) is not lossless either
+    raised = ("real8b_greedy", {"pair": "8b-real", "config": "ddtree-64/bs1", "backend": "triton",
+                                "prompt_set": "long:2048", "ok": False, "error": "KeyError: 'output_ids'"})
+    failed_leak = ("real8b_kv_leak", {"pair": "8b-real", "config": "ddtree-64", "prompt_set": "long:8192", "ok": False,
+                                      "error": "TimeoutError"})
+    _gpu_suite_file(tmp_path / "raised.json", long_recs + [raised, failed_leak])
+    got = ms.long_context_lossless([ms.source("raised.json", tmp_path)])
+    assert got["real8b_long_context_lossless_up_to_ties"] == {"long:2048": False, "long:8192": True}
+    assert got["real8b_long_context_exact_ties_prompts"]["long:2048"] == {"ddtree-64/bs1": [16, 0, 16]}
+    assert got["real8b_long_context_kv_leak_tokens"] == {"long:8192": None}
+    # HumanEval and other pairs' records only: no figure
+    _gpu_suite_file(tmp_path / "short.json", long_recs[:1] + long_recs[4:6])
+    with pytest.raises(ValueError, match="short.json: no real8b_greedy records of pair 8b-real"):
+        ms.long_context_lossless([ms.source("short.json", tmp_path)])
