@@ -925,6 +925,33 @@ def long_context(srcs: list[Source], **_) -> dict:
             "real8b_long_context_source": [s.name for s in srcs]}
 
 
+def long_context_acceptance(srcs: list[Source], keep: float = 0.8, **_) -> dict:
+    """Whether the pair that the long-context table measures accepts at long context what it accepts at short
+    (benchmarks/long_context_offline.py: the tiny pair offline, which its 8B widening reproduces logit for logit):
+    tiny_long_context_tau {ctx: {method: {"long": tau with the whole prompt, "tail": tau on the prompt's last tokens
+    alone}}}, tiny_long_context_nll_delta {bin "lo-hi": the target's NLL with all the context over the same tokens'
+    with a training-length window}, and real8b_long_context_acceptance_meaningful: every method's tau with the long
+    context at least `keep` of its tau on the tail alone, at every length. False: the long-context table's tau and
+    tokens/s describe a pair that breaks past its training length, not the methods (its round costs and lossless
+    checks stand)."""
+    data = srcs[0].json()
+    taus: dict = {}
+    for ctx, group in sorted(data["decode_groups"].items(), key=lambda kv: int(kv[0])):
+        taus[ctx] = {m: {part: round(group[part]["taus"][m]["tau"], 3) for part in ("long", "tail")}
+                     for m in group["long"]["taus"]}
+    if not taus:
+        raise ValueError(f"{srcs[0].name}: no decode groups")
+    deltas: dict = {}
+    for ctx, pooled in data["nll_pooled"].items():  # the longest prompts' bins: every bin their length reaches
+        if int(ctx) == max(int(c) for c in data["nll_pooled"]):
+            deltas = {f"{b['lo']}-{b['hi']}": round(b["delta"], 3) for b in pooled["bins"]}
+    meaningful = all(t["long"] >= keep * t["tail"] for by_method in taus.values() for t in by_method.values())
+    return {"tiny_long_context_tau": taus, "tiny_long_context_nll_delta": deltas,
+            "real8b_long_context_acceptance_meaningful": meaningful,
+            "tiny_long_context_lossless": bool(data["lossless_all"]),
+            "tiny_long_context_source": srcs[0].name}
+
+
 def _first_difference_gaps(records: list[dict]) -> list[float]:
     """Plain's log-prob gaps at every first difference of compare()'s records (ties, and failures that carry one; a
     failure of lengths is a string and has none)."""
@@ -1047,7 +1074,8 @@ READERS = {f.__name__: f for f in (
     sweep_table, tree_stages, tiny_pair, offline, gpu_suite, sglang_lossless, sglang_tiny_bs1, round_graphs,
     tree_overhead, best_budget, tp2, hybrid, sglang_hybrid, adaptive, sglang_auto, same_config_servers, pad_stages,
     pad_stages_captures, sglang_tau_mae, sglang_tau_mae_starts, paired, sglang_auto_ab, real8b, planted_bugs, auto_knobs,
-    hybrid_real, hybrid_tiny, trained_drafter_projection, long_context, pressure, long_context_lossless)}
+    hybrid_real, hybrid_tiny, trained_drafter_projection, long_context, long_context_acceptance, pressure,
+    long_context_lossless)}
 
 
 def load_table(path: Path = TABLE) -> list[dict]:

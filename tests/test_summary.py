@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -347,6 +349,35 @@ def test_long_context_keys_rows_by_prompt_tokens_and_pairs_rounds_within_one_fil
     assert list(rounds) == ["8192"] and rounds["8192"]["1"]["ratio"] == 0.5
     assert rounds["8192"]["1"]["range"] == [0.5, 0.5] and rounds["8192"]["1"]["budget"] == 15
 
+
+def test_long_context_acceptance_says_whether_the_pairs_long_context_tau_means_anything(tmp_path):
+    """The offline study's taus with the whole long prompt and on its tail alone: meaningful only where every
+    method keeps `keep` of its tail tau at every length; the NLL deltas come from the longest prompts' bins; a file
+    without decode groups is refused."""
+    ms = _make_summary()
+
+    def study(long_tau, path):
+        group = {part: {"taus": {"dflash": {"tau": t}, "ddtree_b16": {"tau": t * 1.2}}}
+                 for part, t in (("long", long_tau), ("tail", 3.0), ("head", 4.0))}
+        bins = {"2048": {"bins": [{"lo": 0, "hi": 512, "delta": 0.0}, {"lo": 1024, "hi": 2048, "delta": 0.1}]},
+                "8192": {"bins": [{"lo": 0, "hi": 512, "delta": 0.0}, {"lo": 4096, "hi": 8192, "delta": 0.9}]}}
+        path.write_text(json.dumps({"decode_groups": {"8192": group, "2048": group}, "nll_pooled": bins,
+                                    "lossless_all": True}))
+
+    def read(name):
+        return ms.build([{"name": "lca", "reader": "long_context_acceptance", "sources": [name]}], results=tmp_path)
+
+    study(2.7, tmp_path / "good.json")
+    study(1.2, tmp_path / "broken.json")
+    good, broken = read("good.json"), read("broken.json")
+    assert good["real8b_long_context_acceptance_meaningful"] is True
+    assert broken["real8b_long_context_acceptance_meaningful"] is False
+    assert list(broken["tiny_long_context_tau"]) == ["2048", "8192"]
+    assert broken["tiny_long_context_tau"]["8192"]["dflash"] == {"long": 1.2, "tail": 3.0}
+    assert broken["tiny_long_context_nll_delta"] == {"0-512": 0.0, "4096-8192": 0.9}
+    (tmp_path / "empty.json").write_text(json.dumps({"decode_groups": {}, "nll_pooled": {}, "lossless_all": True}))
+    with pytest.raises(ValueError, match="no decode groups"):
+        read("empty.json")
 
 def _gpu_suite_file(path, records):
     """A gpu_suite.json as scripts/device/run_gpu_suite.py writes it for one device call: the report's keys, its
