@@ -10,19 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from fixtures.offline_models import one_thread
-from sglang_ddtree import tiny
+from fixtures.offline_models import needs_tiny_pair, one_thread, tiny_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import long_context_offline as lc  # noqa: E402
 
-needs_pair = pytest.mark.skipif(
-    not (tiny.tiny_dir() / "target" / "model.safetensors").is_file()
-    or not (tiny.tiny_dir() / "drafter" / "model.safetensors").is_file(),
-    reason=f"the tiny pair is not built yet under {tiny.tiny_dir()}",
-)
 
 CODE = '''
 def parse_header(data, offset=0):
@@ -57,11 +51,8 @@ class Reader:
 
 @pytest.fixture(scope="module")
 def pair():
-    with one_thread():
-        tok = tiny.load_tokenizer()
-        target = tiny.load_target()
-        target.config._attn_implementation = "sdpa"
-        yield tok, target, tiny.load_drafter()
+    with tiny_pair() as loaded:
+        yield loaded
 
 
 def _ids(tok, n):
@@ -70,7 +61,7 @@ def _ids(tok, n):
     return ids[:n]
 
 
-@needs_pair
+@needs_tiny_pair
 def test_chunked_nll_and_window_agree_with_one_forward(pair):
     tok, target, _ = pair
     ids = _ids(tok, 300)
@@ -115,7 +106,7 @@ def test_loop_measures():
     assert lc.common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
 
 
-@needs_pair
+@needs_tiny_pair
 def test_decoders_equal_plain_and_taus_pool(pair):
     from sglang_ddtree.offline.drafts import DFlashDraftSource
 
@@ -138,7 +129,7 @@ def test_decoders_equal_plain_and_taus_pool(pair):
         assert pooled[m]["tau"] == pytest.approx(pooled[m]["tokens"] / pooled[m]["rounds"])
 
 
-@needs_pair
+@needs_tiny_pair
 def test_main_writes_every_field(pair, tmp_path, capsys):
     tok = pair[0]
     prompts = tmp_path / "prompts.jsonl"

@@ -4,26 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.offline_models import one_thread
-from sglang_ddtree import tiny
+from fixtures.offline_models import needs_tiny_pair, one_thread, tiny_pair
 
-pytestmark = pytest.mark.skipif(
-    not (tiny.tiny_dir() / "target" / "model.safetensors").is_file()
-    or not (tiny.tiny_dir() / "drafter" / "model.safetensors").is_file(),
-    reason=f"the tiny pair is not built yet under {tiny.tiny_dir()}",
-)
+pytestmark = needs_tiny_pair
 
 MAX_NEW = 32
 
 
 @pytest.fixture(scope="module")
 def pair():
-    with one_thread():
-        tok = tiny.load_tokenizer()
-        target = tiny.load_target()
-        target.config._attn_implementation = "sdpa"
-        drafter = tiny.load_drafter()
-        yield tok, target, drafter
+    with tiny_pair() as loaded:
+        yield loaded
 
 
 def test_tiny_pair_is_lossless_at_t0(pair):

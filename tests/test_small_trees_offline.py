@@ -8,19 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.offline_models import one_thread
-from sglang_ddtree import tiny
+from fixtures.offline_models import needs_tiny_pair, one_thread, tiny_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import small_trees_offline as st  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not (tiny.tiny_dir() / "target" / "model.safetensors").is_file()
-    or not (tiny.tiny_dir() / "drafter" / "model.safetensors").is_file(),
-    reason=f"the tiny pair is not built yet under {tiny.tiny_dir()}",
-)
+pytestmark = needs_tiny_pair
 
 MAX_NEW = 8
 BUDGETS = (1, 3, 15)
@@ -33,11 +28,8 @@ def run():
     from sglang_ddtree.offline.drafts import DFlashDraftSource
     from sglang_ddtree.offline.runner import PromptInput
 
-    with one_thread():
-        tok = tiny.load_tokenizer()
-        target = tiny.load_target()
-        target.config._attn_implementation = "sdpa"
-        draft = DFlashDraftSource(tiny.load_drafter(), target)
+    with tiny_pair() as (tok, target, drafter):
+        draft = DFlashDraftSource(drafter, target)
         prompts = [PromptInput(p.id, p.index, encode_prompt(tok, p)) for p in load_prompts("humaneval", limit=2)]
         eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
         log = io.StringIO()
