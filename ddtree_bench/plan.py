@@ -347,8 +347,10 @@ def row_key(setup: str, method: str, budget: int | None, batch_size: int) -> str
     return f"{setup}|{method}|{budget if budget is not None else '-'}|{batch_size}"
 
 
-def verify_width(method: str, budget: int | None, block_size: int) -> int:
-    """Tokens the target verifies per request per step: plain 1, DFLASH the block, DDTREE the tree (B+1)."""
+def verify_width(method: str, budget: int | None, block_size: int, auto_candidates: str | None = None) -> int:
+    """Tokens the target verifies per request per step: plain 1, DFLASH the block, DDTREE the tree (B+1), `auto` its
+    widest candidate's (KV reservation and the largest verify graphs; auto_candidates: the server's flag, None: its
+    default)."""
     if method == "plain":
         return 1
     if method == "dflash":
@@ -357,18 +359,18 @@ def verify_width(method: str, budget: int | None, block_size: int) -> int:
         if budget is None:
             raise ValueError("ddtree rows need a budget.")
         return budget + 1
-    if method == "auto":  # the widest candidate (KV reservation and the largest verify graphs)
+    if method == "auto":
         from sglang_ddtree.sglang.args import parse_auto_candidates
 
-        return max(parse_auto_candidates(None)) + 1
+        return max(candidate_widths(parse_auto_candidates(auto_candidates), block_size))
     raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}.")
 
 
-def server_width(setup: Setup, method: str, budget: int | None, block_size: int) -> int:
-    """verify_width of a setup's server: `auto` from the candidates the setup passes (auto_candidates)."""
-    if method == "auto":
-        return max(auto_widths(setup, block_size))
-    return verify_width(method, budget, block_size)
+def candidate_widths(candidates, block_size: int) -> tuple[int, ...]:
+    """Verify tokens a request of each `auto` candidate, in candidate order: a round without a draft 1, the chain the
+    drafter's block, a tree B + 1. One verify graph runner each: the chain's and a tree's of the same width are two
+    (one causal, one with the tree mask)."""
+    return tuple(1 if c < 0 else block_size if c == 0 else c + 1 for c in candidates)
 
 
 def server_name(setup: str, method: str, budget: int | None) -> str:
@@ -436,7 +438,7 @@ def derive_context_length(setup: Setup, target: ModelShape, drafter: ModelShape)
     multiple of 1024 within the models' max_position_embeddings. Long prompts need more than the 4096 the real-size
     setups pass; a need over the models' positions is refused before any server starts (SGLang refuses such
     prompts, and the rotary tables end there)."""
-    width = max(server_width(setup, m, b, drafter.block_size or 16) for m in setup.methods
+    width = max(verify_width(m, b, drafter.block_size or 16, setup.auto_candidates) for m in setup.methods
                 for b in (setup.budgets if m == "ddtree" else [None]))
     need = request_tokens(setup.prompt_bound(), setup.max_new_tokens, width)
     limit = min([target.max_positions] + [drafter.max_positions for m in setup.methods if m != "plain"])
@@ -494,17 +496,15 @@ def auto_candidates(setup: Setup) -> tuple[int, ...]:
 
 
 def auto_widths(setup: Setup, block_size: int) -> tuple[int, ...]:
-    """Verify tokens a request of each `auto` candidate, in candidate order: a round without a draft 1, the chain the
-    drafter's block, a tree B + 1. One verify graph runner each: the chain's and a tree's of the same width are two
-    (one causal, one with the tree mask)."""
-    return tuple(1 if c < 0 else block_size if c == 0 else c + 1 for c in auto_candidates(setup))
+    """candidate_widths of a setup's `auto` servers."""
+    return candidate_widths(auto_candidates(setup), block_size)
 
 
 def estimate_memory(setup: Setup, target: ModelShape, drafter: ModelShape, method: str, budget: int | None,
                     batch_sizes) -> MemoryEstimate:
     spec = method != "plain"
     block = drafter.block_size or 16
-    width = server_width(setup, method, budget, block)
+    width = verify_width(method, budget, block, setup.auto_candidates)
     max_batch = max(batch_sizes)
     context = setup.context_length or target.max_positions
     weights = 2 * (target.params(embeddings=True) + (drafter.params(embeddings=False) if spec else 0))
@@ -532,7 +532,7 @@ def estimate_memory(setup: Setup, target: ModelShape, drafter: ModelShape, metho
 def skip_reason(setup: Setup, target: ModelShape, drafter: ModelShape, method: str, budget: int | None,
                 batch_size: int) -> str | None:
     """Why a row cannot run (None: it can). Deterministic, so resumed runs decide the same."""
-    width = server_width(setup, method, budget, drafter.block_size or 16)
+    width = verify_width(method, budget, drafter.block_size or 16, setup.auto_candidates)
     tokens = batch_size * width
     act = activation_bytes(target, drafter if method != "plain" else None, tokens) / GIB
     if act > setup.max_activation_gib:
@@ -679,7 +679,7 @@ def expand(setups: list[Setup], *, mem_fraction: float = 0.9, extra_args: tuple[
                                    graph_bs=mem.graph_batch_sizes, mem_fraction=mem_fraction, extra=extra_args,
                                    mamba_slots=mem.mamba_slots)
                 sig = _signature(setup, method, budget, args, sampling_params(setup))
-                width = server_width(setup, method, budget, drafter.block_size or 16)
+                width = verify_width(method, budget, drafter.block_size or 16, setup.auto_candidates)
                 servers.append(ServerPlan(server_name(setup.name, method, budget), setup, method, budget, runnable,
                                           mem, args, sig, width))
                 sigs.update({r.key: sig for r in runnable})

@@ -941,10 +941,9 @@ def long_context_acceptance(srcs: list[Source], keep: float = 0.8, **_) -> dict:
                      for m in group["long"]["taus"]}
     if not taus:
         raise ValueError(f"{srcs[0].name}: no decode groups")
-    deltas: dict = {}
-    for ctx, pooled in data["nll_pooled"].items():  # the longest prompts' bins: every bin their length reaches
-        if int(ctx) == max(int(c) for c in data["nll_pooled"]):
-            deltas = {f"{b['lo']}-{b['hi']}": round(b["delta"], 3) for b in pooled["bins"]}
+    pooled = data["nll_pooled"]  # the longest prompts' bins: every bin a prompt length reaches
+    bins = pooled[max(pooled, key=int)]["bins"] if pooled else []
+    deltas = {f"{b['lo']}-{b['hi']}": round(b["delta"], 3) for b in bins}
     meaningful = all(t["long"] >= keep * t["tail"] for by_method in taus.values() for t in by_method.values())
     return {"tiny_long_context_tau": taus, "tiny_long_context_nll_delta": deltas,
             "real8b_long_context_acceptance_meaningful": meaningful,
