@@ -44,6 +44,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sglang_ddtree.compare import first_divergence  # noqa: E402
 from sglang_ddtree.offline.decoders import plain_decode, speculative_decode  # noqa: E402
 
 EDGES = (0, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -179,12 +180,9 @@ def loop_stats(tokens: list[int], tail: int = 64) -> dict:
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    """Tokens two outputs share from their start (sglang_ddtree.compare.first_divergence; equal ones: all)."""
+    at = first_divergence(a, b)
+    return len(a) if at is None else at
 
 
 # ----------------------------------------------------------------------------------------------- decoding
